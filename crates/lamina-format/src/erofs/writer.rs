@@ -1,0 +1,720 @@
+//! The EROFS writer: a merged tree whose regular files are already placed in
+//! data blobs goes in, the bytes of a mountable metadata image come out.
+//!
+//! Layout, in one place so that planning and emitting cannot drift:
+//! block 0 holds the superblock (byte 1024) and the device table (byte 1152);
+//! inodes follow from block 1 in placement order (each directory's children
+//! together, directories depth-first, so `ls -lR` reads few blocks); full
+//! directory/symlink blocks come after the inodes. Tails of directories and
+//! symlinks are inlined right after their inode when they fit in its block.
+
+use std::collections::HashMap;
+
+use lamina_tree::{NodeId, NodeKind, Tree};
+use sha2::Digest as _;
+use zerocopy::IntoBytes;
+
+use super::format::*;
+
+/// Where a regular file's bytes are: one entry per chunk of `1 << chunk_bits`
+/// bytes (the last one partial).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileChunks {
+    /// log2 of the chunk size; at least 12 (one block).
+    pub chunk_bits: u8,
+    /// The chunks, in file order.
+    pub chunks: Vec<ChunkAddr>,
+}
+
+/// Address of one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChunkAddr {
+    /// All zeros; nothing stored.
+    Hole,
+    /// Stored on extra device `device` (1-based) from block `blkaddr`.
+    Data {
+        /// 1-based index into the device table.
+        device: u16,
+        /// First block on that device.
+        blkaddr: u32,
+    },
+}
+
+/// One extra device: a data blob (its uncompressed, block-addressed form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Tag, at most 64 bytes (lamina uses the blob digest's hex).
+    pub tag: String,
+    /// Size in blocks.
+    pub blocks: u32,
+}
+
+/// Figures about a written image.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageStats {
+    /// Inodes written.
+    pub inodes: u64,
+    /// Of which compact (32-byte).
+    pub compact_inodes: u64,
+    /// Total image size in blocks.
+    pub blocks: u32,
+    /// Bytes of inline xattr areas.
+    pub xattr_bytes: u64,
+}
+
+/// Why a tree cannot be written.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// A name longer than 255 bytes or containing `/` or NUL.
+    #[error("invalid file name {0:?}")]
+    InvalidName(String),
+    /// An xattr whose namespace EROFS cannot store.
+    #[error("xattr {0:?}: EROFS stores only user., trusted., security. and POSIX ACL xattrs")]
+    UnsupportedXattr(String),
+    /// An xattr name or value too long for the on-disk fields.
+    #[error("xattr {0:?} is too long")]
+    XattrTooLong(String),
+    /// Device numbers that do not fit the 32-bit rdev encoding.
+    #[error("device number {major}:{minor} does not fit EROFS's rdev")]
+    DeviceNumber {
+        /// Major.
+        major: u32,
+        /// Minor.
+        minor: u32,
+    },
+    /// A file whose chunk list does not match its size.
+    #[error("file of {size} bytes has {got} chunks of 2^{bits} bytes")]
+    ChunkCount {
+        /// File size.
+        size: u64,
+        /// Chunks given.
+        got: usize,
+        /// Chunk bits.
+        bits: u8,
+    },
+    /// A chunk naming a device that is not in the table, or bad chunk bits.
+    #[error("chunk address invalid: {0}")]
+    BadChunk(String),
+    /// Too many devices, inodes or blocks for the format.
+    #[error("image too large: {0}")]
+    TooLarge(&'static str),
+}
+
+/// What goes after an inode and how its data is laid out.
+#[derive(Debug)]
+enum Payload {
+    /// No data (devices, fifos, empty files).
+    None { rdev: u32 },
+    /// Directory or symlink bytes: full blocks elsewhere, tail maybe inline.
+    Flat { data: FlatData, inline_tail: bool },
+    /// Chunk indexes.
+    Chunked { format: u16, indexes: Vec<ChunkIndex> },
+}
+
+#[derive(Debug)]
+enum FlatData {
+    Dir { blocks: Vec<std::ops::Range<usize>>, entries: Vec<(Vec<u8>, NodeId, FileType)> },
+    Symlink(Vec<u8>),
+}
+
+#[derive(Debug)]
+struct Plan {
+    node: NodeId,
+    extended: bool,
+    nlink: u32,
+    size: u64,
+    xattrs: Vec<u8>,
+    payload: Payload,
+    /// Byte offset of the inode (meta_blkaddr is 0).
+    offset: usize,
+    /// First full data block, when there are any.
+    raw_blkaddr: u32,
+}
+
+impl Plan {
+    fn inode_size(&self) -> usize {
+        if self.extended {
+            64
+        } else {
+            32
+        }
+    }
+    /// Inode plus inline xattrs.
+    fn base(&self) -> usize {
+        self.inode_size() + self.xattrs.len()
+    }
+    fn full_blocks(&self) -> u32 {
+        match &self.payload {
+            Payload::Flat { inline_tail, .. } => {
+                let blocks = self.size.div_ceil(BLOCK_SIZE as u64) as u32;
+                blocks - u32::from(*inline_tail)
+            }
+            _ => 0,
+        }
+    }
+    fn tail_len(&self) -> usize {
+        match &self.payload {
+            Payload::Flat { inline_tail: true, .. } => (self.size % BLOCK_SIZE as u64) as usize,
+            _ => 0,
+        }
+    }
+}
+
+/// Writes the EROFS image of `tree` with `devices` as its extra devices.
+pub fn write_image(
+    tree: &Tree<FileChunks>,
+    devices: &[Device],
+) -> Result<(Vec<u8>, ImageStats), FormatError> {
+    if devices.len() > usize::from(u16::MAX) - 1 {
+        return Err(FormatError::TooLarge("more than 65534 devices"));
+    }
+    let (order, parents, nlinks) = place_order(tree);
+    let build_time = most_common_mtime(tree, &order);
+
+    // Plan every inode's sizes.
+    let mut plans = Vec::with_capacity(order.len());
+    for (i, &node) in order.iter().enumerate() {
+        plans.push(plan_inode(tree, node, nlinks[i], parents[i], build_time, devices.len())?);
+    }
+
+    // Place inodes. Block 0: superblock + device table.
+    let devt_end = SUPERBLOCK_OFFSET + 128 + devices.len() * size_of::<DeviceSlot>();
+    let mut cursor = devt_end.next_multiple_of(BLOCK_SIZE);
+    for plan in &mut plans {
+        let mut start = cursor.next_multiple_of(INODE_SLOT_SIZE);
+        let in_block = plan.base() + plan.tail_len();
+        if start % BLOCK_SIZE + in_block > BLOCK_SIZE {
+            start = start.next_multiple_of(BLOCK_SIZE);
+        }
+        plan.offset = start;
+        cursor = start + in_block;
+        if let Payload::Chunked { indexes, .. } = &plan.payload {
+            cursor = cursor.next_multiple_of(size_of::<ChunkIndex>()) + indexes.len() * 8;
+        }
+    }
+    let nid_of: HashMap<NodeId, u64> = plans
+        .iter()
+        .map(|p| (p.node, (p.offset / INODE_SLOT_SIZE) as u64))
+        .collect();
+    let root_nid = u16::try_from(nid_of[&tree.root])
+        .map_err(|_| FormatError::TooLarge("root inode beyond nid 65535"))?;
+
+    // Full data blocks after the inode area.
+    let mut next_block =
+        u32::try_from(cursor.div_ceil(BLOCK_SIZE)).map_err(|_| FormatError::TooLarge("blocks"))?;
+    for plan in &mut plans {
+        let full = plan.full_blocks();
+        plan.raw_blkaddr = if full > 0 { next_block } else { NULL_ADDR };
+        next_block = next_block
+            .checked_add(full)
+            .ok_or(FormatError::TooLarge("blocks"))?;
+    }
+    let total_blocks = next_block;
+
+    // Emit.
+    let mut out = vec![0u8; total_blocks as usize * BLOCK_SIZE];
+    let mut stats = ImageStats {
+        inodes: plans.len() as u64,
+        blocks: total_blocks,
+        ..ImageStats::default()
+    };
+    for (ino, plan) in plans.iter().enumerate() {
+        let node = &tree.nodes[plan.node];
+        let mode = (node.file_type_bits() | (node.meta.mode & 0o7777)) as u16;
+        let (layout, i_u) = match &plan.payload {
+            Payload::None { rdev } => (DataLayout::FlatPlain, *rdev),
+            Payload::Flat { inline_tail, .. } => (
+                if *inline_tail {
+                    DataLayout::FlatInline
+                } else {
+                    DataLayout::FlatPlain
+                },
+                plan.raw_blkaddr,
+            ),
+            Payload::Chunked { format, .. } => (DataLayout::ChunkBased, u32::from(*format)),
+        };
+        let icount = if plan.xattrs.is_empty() {
+            0
+        } else {
+            (1 + (plan.xattrs.len() - 12) / 4) as u16
+        };
+        let mut pos = plan.offset;
+        let ino = ino as u32 + 1;
+        if plan.extended {
+            let inode = InodeExtended {
+                i_format: layout.i_format(true).into(),
+                i_xattr_icount: icount.into(),
+                i_mode: mode.into(),
+                i_size: plan.size.into(),
+                i_u: i_u.into(),
+                i_ino: ino.into(),
+                i_uid: node.meta.uid.into(),
+                i_gid: node.meta.gid.into(),
+                i_mtime: (node.meta.mtime as u64).into(),
+                i_mtime_nsec: node.meta.mtime_nsec.into(),
+                i_nlink: plan.nlink.into(),
+                ..InodeExtended::default()
+            };
+            put(&mut out, &mut pos, inode.as_bytes());
+        } else {
+            stats.compact_inodes += 1;
+            let inode = InodeCompact {
+                i_format: layout.i_format(false).into(),
+                i_xattr_icount: icount.into(),
+                i_mode: mode.into(),
+                i_nlink: (plan.nlink as u16).into(),
+                i_size: (plan.size as u32).into(),
+                i_u: i_u.into(),
+                i_ino: ino.into(),
+                i_uid: (node.meta.uid as u16).into(),
+                i_gid: (node.meta.gid as u16).into(),
+                ..InodeCompact::default()
+            };
+            put(&mut out, &mut pos, inode.as_bytes());
+        }
+        put(&mut out, &mut pos, &plan.xattrs);
+        stats.xattr_bytes += plan.xattrs.len() as u64;
+        match &plan.payload {
+            Payload::None { .. } => {}
+            Payload::Chunked { indexes, .. } => {
+                pos = pos.next_multiple_of(size_of::<ChunkIndex>());
+                for index in indexes {
+                    put(&mut out, &mut pos, index.as_bytes());
+                }
+            }
+            Payload::Flat { data, inline_tail } => {
+                let bytes = match data {
+                    FlatData::Symlink(target) => target.clone(),
+                    FlatData::Dir { blocks, entries } => dir_bytes(blocks, entries, &nid_of),
+                };
+                let full = plan.full_blocks() as usize * BLOCK_SIZE;
+                let full_len = full.min(bytes.len());
+                if full_len > 0 {
+                    let at = plan.raw_blkaddr as usize * BLOCK_SIZE;
+                    out[at..at + full_len].copy_from_slice(&bytes[..full_len]);
+                }
+                if *inline_tail {
+                    put(&mut out, &mut pos, &bytes[full_len..]);
+                }
+            }
+        }
+    }
+
+    let devt_slotoff = (SUPERBLOCK_OFFSET + 128) / size_of::<DeviceSlot>();
+    for (i, dev) in devices.iter().enumerate() {
+        let mut tag = [0u8; 64];
+        let t = dev.tag.as_bytes();
+        tag[..t.len().min(64)].copy_from_slice(&t[..t.len().min(64)]);
+        let slot = DeviceSlot {
+            tag,
+            blocks: dev.blocks.into(),
+            mapped_blkaddr: 0.into(),
+            reserved: [0; 56],
+        };
+        let mut pos = (devt_slotoff + i) * size_of::<DeviceSlot>();
+        put(&mut out, &mut pos, slot.as_bytes());
+    }
+
+    let mut volume_name = [0u8; 16];
+    volume_name[..6].copy_from_slice(b"lamina");
+    let mut sb = SuperBlock {
+        magic: EROFS_MAGIC.into(),
+        blkszbits: BLOCK_BITS,
+        root_nid: root_nid.into(),
+        inos: (plans.len() as u64).into(),
+        build_time: (build_time.0 as u64).into(),
+        build_time_nsec: build_time.1.into(),
+        blocks: total_blocks.into(),
+        volume_name,
+        feature_incompat: (FEATURE_INCOMPAT_CHUNKED_FILE
+            | if devices.is_empty() {
+                0
+            } else {
+                FEATURE_INCOMPAT_DEVICE_TABLE
+            })
+        .into(),
+        extra_devices: (devices.len() as u16).into(),
+        devt_slotoff: (if devices.is_empty() { 0 } else { devt_slotoff as u16 }).into(),
+        ..SuperBlock::default()
+    };
+    // The UUID is a digest of everything else, so equal trees give equal images.
+    let digest = sha2::Sha256::digest(&out);
+    sb.uuid.copy_from_slice(&digest[..16]);
+    let mut pos = SUPERBLOCK_OFFSET;
+    put(&mut out, &mut pos, sb.as_bytes());
+    Ok((out, stats))
+}
+
+fn put(out: &mut [u8], pos: &mut usize, bytes: &[u8]) {
+    out[*pos..*pos + bytes.len()].copy_from_slice(bytes);
+    *pos += bytes.len();
+}
+
+/// Placement order: root, then each directory's children together,
+/// directories depth-first in name order. Returns the order, each inode's
+/// parent directory (for `..`) and its link count.
+fn place_order(tree: &Tree<FileChunks>) -> (Vec<NodeId>, Vec<NodeId>, Vec<u32>) {
+    let mut slot: HashMap<NodeId, usize> = HashMap::new();
+    let mut order = vec![tree.root];
+    let mut parents = vec![tree.root];
+    let mut nlinks = vec![2u32];
+    slot.insert(tree.root, 0);
+    let mut stack = vec![tree.root];
+    while let Some(dir) = stack.pop() {
+        let Some(entries) = tree.entries(dir) else {
+            continue;
+        };
+        let mut subdirs = Vec::new();
+        for entry in entries.values() {
+            match slot.get(&entry.node) {
+                Some(&i) => nlinks[i] += 1,
+                None => {
+                    slot.insert(entry.node, order.len());
+                    order.push(entry.node);
+                    parents.push(dir);
+                    let is_dir = tree.nodes[entry.node].is_dir();
+                    nlinks.push(if is_dir { 2 } else { 1 });
+                    if is_dir {
+                        subdirs.push(entry.node);
+                    }
+                }
+            }
+        }
+        nlinks[slot[&dir]] += subdirs.len() as u32;
+        stack.extend(subdirs.into_iter().rev());
+    }
+    (order, parents, nlinks)
+}
+
+/// The most frequent (mtime, nsec): compact inodes carry no mtime of their own.
+fn most_common_mtime(tree: &Tree<FileChunks>, order: &[NodeId]) -> (i64, u32) {
+    let mut counts: HashMap<(i64, u32), usize> = HashMap::new();
+    for &n in order {
+        let m = &tree.nodes[n].meta;
+        if m.mtime >= 0 {
+            *counts.entry((m.mtime, m.mtime_nsec)).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map(|(t, _)| t)
+        .unwrap_or((0, 0))
+}
+
+fn file_type<C>(kind: &NodeKind<C>) -> FileType {
+    match kind {
+        NodeKind::Directory { .. } => FileType::Directory,
+        NodeKind::Regular { .. } => FileType::Regular,
+        NodeKind::Symlink { .. } => FileType::Symlink,
+        NodeKind::CharDevice { .. } => FileType::CharDevice,
+        NodeKind::BlockDevice { .. } => FileType::BlockDevice,
+        NodeKind::Fifo => FileType::Fifo,
+        NodeKind::Socket => FileType::Socket,
+    }
+}
+
+fn plan_inode(
+    tree: &Tree<FileChunks>,
+    id: NodeId,
+    nlink: u32,
+    parent: NodeId,
+    build_time: (i64, u32),
+    device_count: usize,
+) -> Result<Plan, FormatError> {
+    let node = &tree.nodes[id];
+    let xattrs = encode_xattrs(&node.meta.xattrs)?;
+    let (size, payload) = match &node.kind {
+        NodeKind::Directory { entries } => {
+            let mut list: Vec<(Vec<u8>, NodeId, FileType)> = Vec::with_capacity(entries.len() + 2);
+            list.push((b".".to_vec(), id, FileType::Directory));
+            list.push((b"..".to_vec(), parent, FileType::Directory));
+            for (name, entry) in entries {
+                if name.is_empty()
+                    || name.len() > MAX_NAME_LEN
+                    || name.contains(&b'/')
+                    || name.contains(&0)
+                    || name == b"."
+                    || name == b".."
+                {
+                    return Err(FormatError::InvalidName(
+                        String::from_utf8_lossy(name).into_owned(),
+                    ));
+                }
+                list.push((name.clone(), entry.node, file_type(&tree.nodes[entry.node].kind)));
+            }
+            list.sort_by(|a, b| a.0.cmp(&b.0));
+            let (blocks, size) = pack_dir_blocks(&list);
+            (
+                size,
+                FlatData::Dir {
+                    blocks,
+                    entries: list,
+                },
+            )
+                .into_flat()
+        }
+        NodeKind::Symlink { target } => {
+            (target.len() as u64, FlatData::Symlink(target.clone())).into_flat()
+        }
+        NodeKind::Regular { size, content } => {
+            if *size == 0 {
+                (0, Payload::None { rdev: NULL_ADDR })
+            } else {
+                let bits = content.chunk_bits;
+                if !(BLOCK_BITS..=BLOCK_BITS + 31).contains(&bits) {
+                    return Err(FormatError::BadChunk(format!("chunk bits {bits}")));
+                }
+                let expected = size.div_ceil(1u64 << bits);
+                if content.chunks.len() as u64 != expected {
+                    return Err(FormatError::ChunkCount {
+                        size: *size,
+                        got: content.chunks.len(),
+                        bits,
+                    });
+                }
+                let indexes = content
+                    .chunks
+                    .iter()
+                    .map(|c| match *c {
+                        ChunkAddr::Hole => Ok(ChunkIndex {
+                            blkaddr: NULL_ADDR.into(),
+                            ..ChunkIndex::default()
+                        }),
+                        ChunkAddr::Data { device, blkaddr } => {
+                            if device == 0 || usize::from(device) > device_count {
+                                return Err(FormatError::BadChunk(format!(
+                                    "device {device} of {device_count}"
+                                )));
+                            }
+                            Ok(ChunkIndex {
+                                advise: 0.into(),
+                                device_id: device.into(),
+                                blkaddr: blkaddr.into(),
+                            })
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let format = u16::from(bits - BLOCK_BITS) | CHUNK_FORMAT_INDEXES;
+                (*size, Payload::Chunked { format, indexes })
+            }
+        }
+        NodeKind::CharDevice { major, minor } | NodeKind::BlockDevice { major, minor } => {
+            (0, Payload::None { rdev: encode_rdev(*major, *minor)? })
+        }
+        NodeKind::Fifo | NodeKind::Socket => (0, Payload::None { rdev: 0 }),
+    };
+    let meta = &node.meta;
+    let extended = meta.uid > 0xFFFF
+        || meta.gid > 0xFFFF
+        || nlink > 0xFFFF
+        || size > u64::from(u32::MAX)
+        || (meta.mtime, meta.mtime_nsec) != build_time;
+    let mut plan = Plan {
+        node: id,
+        extended,
+        nlink,
+        size,
+        xattrs,
+        payload,
+        offset: 0,
+        raw_blkaddr: NULL_ADDR,
+    };
+    // Inline the tail only when it fits in one block with the inode.
+    let tail = (size % BLOCK_SIZE as u64) as usize;
+    let fits = tail > 0 && plan.base() + tail <= BLOCK_SIZE;
+    if let Payload::Flat { inline_tail, .. } = &mut plan.payload {
+        *inline_tail = fits;
+    }
+    Ok(plan)
+}
+
+trait IntoFlat {
+    fn into_flat(self) -> (u64, Payload);
+}
+
+impl IntoFlat for (u64, FlatData) {
+    fn into_flat(self) -> (u64, Payload) {
+        (
+            self.0,
+            Payload::Flat {
+                data: self.1,
+                inline_tail: false,
+            },
+        )
+    }
+}
+
+/// Splits sorted directory entries into blocks; returns each block's entry
+/// range and the directory size (full blocks plus the used part of the last).
+fn pack_dir_blocks(list: &[(Vec<u8>, NodeId, FileType)]) -> (Vec<std::ops::Range<usize>>, u64) {
+    let mut blocks = Vec::new();
+    let mut start = 0;
+    let mut used = 0;
+    for (i, (name, _, _)) in list.iter().enumerate() {
+        let need = size_of::<Dirent>() + name.len();
+        if used + need > BLOCK_SIZE {
+            blocks.push(start..i);
+            start = i;
+            used = 0;
+        }
+        used += need;
+    }
+    blocks.push(start..list.len());
+    let size = (blocks.len() as u64 - 1) * BLOCK_SIZE as u64 + used as u64;
+    (blocks, size)
+}
+
+fn dir_bytes(
+    blocks: &[std::ops::Range<usize>],
+    entries: &[(Vec<u8>, NodeId, FileType)],
+    nid_of: &HashMap<NodeId, u64>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(blocks.len() * BLOCK_SIZE);
+    for (b, range) in blocks.iter().enumerate() {
+        let block_start = b * BLOCK_SIZE;
+        out.resize(block_start, 0);
+        let slice = &entries[range.clone()];
+        let mut nameoff = slice.len() * size_of::<Dirent>();
+        for (name, node, ft) in slice {
+            let dirent = Dirent {
+                nid: nid_of[node].into(),
+                nameoff: (nameoff as u16).into(),
+                file_type: *ft as u8,
+                reserved: 0,
+            };
+            out.extend_from_slice(dirent.as_bytes());
+            nameoff += name.len();
+        }
+        for (name, _, _) in slice {
+            out.extend_from_slice(name);
+        }
+    }
+    out
+}
+
+/// The kernel's `new_encode_dev`: 12-bit major, 20-bit minor.
+fn encode_rdev(major: u32, minor: u32) -> Result<u32, FormatError> {
+    if major > 0xFFF || minor > 0xF_FFFF {
+        return Err(FormatError::DeviceNumber { major, minor });
+    }
+    Ok((minor & 0xFF) | (major << 8) | ((minor & !0xFF) << 12))
+}
+
+/// The inline xattr area: header, then entries padded to 4 bytes.
+fn encode_xattrs(
+    xattrs: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+) -> Result<Vec<u8>, FormatError> {
+    if xattrs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out = XattrIbodyHeader::default().as_bytes().to_vec();
+    for (name, value) in xattrs {
+        let shown = || String::from_utf8_lossy(name).into_owned();
+        let (index, suffix) = XATTR_PREFIXES
+            .iter()
+            .find_map(|(i, p)| name.strip_prefix(*p).map(|s| (*i, s)))
+            .ok_or_else(|| FormatError::UnsupportedXattr(shown()))?;
+        // The ACL names are whole names; anything longer is not an ACL.
+        if (index == 2 || index == 3) && !suffix.is_empty() {
+            return Err(FormatError::UnsupportedXattr(shown()));
+        }
+        let name_len = u8::try_from(suffix.len()).map_err(|_| FormatError::XattrTooLong(shown()))?;
+        let value_size =
+            u16::try_from(value.len()).map_err(|_| FormatError::XattrTooLong(shown()))?;
+        let entry = XattrEntry {
+            e_name_len: name_len,
+            e_name_index: index,
+            e_value_size: value_size.into(),
+        };
+        out.extend_from_slice(entry.as_bytes());
+        out.extend_from_slice(suffix);
+        out.extend_from_slice(value);
+        out.resize(out.len().next_multiple_of(4), 0);
+    }
+    if (out.len() - 12) / 4 + 1 > usize::from(u16::MAX) {
+        return Err(FormatError::TooLarge("inline xattrs"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_tree::{DirEntry, Metadata, Node};
+
+    fn meta(mtime: i64) -> Metadata {
+        Metadata {
+            mode: 0o755,
+            mtime,
+            ..Metadata::default()
+        }
+    }
+
+    fn add(tree: &mut Tree<FileChunks>, dir: NodeId, name: &[u8], node: Node<FileChunks>) -> NodeId {
+        let id = tree.add_node(node);
+        if let NodeKind::Directory { entries } = &mut tree.nodes[dir].kind {
+            entries.insert(name.to_vec(), DirEntry { node: id, layer: 0 });
+        }
+        id
+    }
+
+    #[test]
+    fn dir_blocks_split_and_size() {
+        let names: Vec<(Vec<u8>, NodeId, FileType)> = (0..1000)
+            .map(|i| (format!("name-{i:05}").into_bytes(), 0, FileType::Regular))
+            .collect();
+        let (blocks, size) = pack_dir_blocks(&names);
+        // 22 bytes per entry: 186 entries fit in a 4096-byte block.
+        assert_eq!(blocks[0], 0..186);
+        assert_eq!(blocks.len(), 1000_usize.div_ceil(186));
+        assert_eq!(size, 5 * 4096 + (1000 - 5 * 186) as u64 * 22);
+    }
+
+    #[test]
+    fn rdev_encoding_matches_kernel() {
+        assert_eq!(encode_rdev(1, 3).unwrap(), 0x103);
+        assert_eq!(encode_rdev(259, 70000).unwrap(), (70000 & 0xff) | (259 << 8) | ((70000 & !0xff) << 12));
+        assert!(encode_rdev(4096, 0).is_err());
+    }
+
+    #[test]
+    fn image_is_reproducible_and_sized() {
+        let mut tree: Tree<FileChunks> = Tree::new();
+        let root = tree.root;
+        let sub = add(&mut tree, root, b"sub", Node { meta: meta(5), kind: NodeKind::Directory { entries: Default::default() } });
+        for i in 0..300 {
+            add(&mut tree, sub, format!("f{i}").as_bytes(), Node {
+                meta: meta(7),
+                kind: NodeKind::Regular { size: 5000, content: FileChunks { chunk_bits: 20, chunks: vec![ChunkAddr::Data { device: 1, blkaddr: i * 2 }] } },
+            });
+        }
+        add(&mut tree, root, b"link", Node { meta: meta(1), kind: NodeKind::Symlink { target: vec![b'x'; 3000] } });
+        let devices = vec![Device { tag: "blob".into(), blocks: 600 }];
+        let (a, stats) = write_image(&tree, &devices).unwrap();
+        let (b, _) = write_image(&tree, &devices).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(stats.inodes, 303);
+        assert_eq!(a.len(), stats.blocks as usize * BLOCK_SIZE);
+        assert_eq!(&a[1024..1028], &EROFS_MAGIC.to_le_bytes());
+        // The 300 files share mtime 7, so they are compact.
+        assert_eq!(stats.compact_inodes, 300);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let mut tree: Tree<FileChunks> = Tree::new();
+        let root = tree.root;
+        add(&mut tree, root, b"f", Node {
+            meta: meta(0),
+            kind: NodeKind::Regular { size: 3 << 20, content: FileChunks { chunk_bits: 20, chunks: vec![ChunkAddr::Hole] } },
+        });
+        assert!(matches!(write_image(&tree, &[]), Err(FormatError::ChunkCount { .. })));
+
+        let mut tree: Tree<FileChunks> = Tree::new();
+        let mut m = meta(0);
+        m.xattrs.insert(b"system.nfs4_acl".to_vec(), b"x".to_vec());
+        add(&mut tree, 0, b"x", Node { meta: m, kind: NodeKind::Fifo });
+        assert!(matches!(write_image(&tree, &[]), Err(FormatError::UnsupportedXattr(_))));
+    }
+}

@@ -1,0 +1,308 @@
+//! The chunk index: for every stored chunk, where it sits compressed in its
+//! data blob and where its bytes go in the blob's uncompressed cache file,
+//! plus the digest its bytes must have before anyone may read them.
+//!
+//! ```text
+//! IndexHeader (32 bytes)
+//! BlobEntry   x blob_count   (96 bytes each, in device order: blob i is EROFS device i+1)
+//! ChunkEntry  x chunk_count  (64 bytes each, grouped by blob, by cache offset)
+//! ```
+//! All integers little-endian. Version 1.
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// `IndexHeader::magic`.
+pub const INDEX_MAGIC: [u8; 8] = *b"LAMINDX\x01";
+/// The only version this code reads and writes.
+pub const INDEX_VERSION: u32 = 1;
+/// `ChunkEntry::flags`: the stored bytes are one zstd frame (else raw).
+pub const CHUNK_ZSTD: u32 = 1;
+
+/// Start of the index.
+#[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct IndexHeader {
+    /// [`INDEX_MAGIC`].
+    pub magic: [u8; 8],
+    /// [`INDEX_VERSION`].
+    pub version: U32,
+    /// log2 of the chunk size files were cut into.
+    pub chunk_bits: U32,
+    /// Number of [`BlobEntry`] records.
+    pub blob_count: U32,
+    /// Number of [`ChunkEntry`] records.
+    pub chunk_count: U32,
+    /// Zero.
+    pub reserved: [u8; 8],
+}
+
+/// One data blob.
+#[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct BlobEntry {
+    /// sha256 of the compressed blob (its OCI descriptor digest).
+    pub digest: [u8; 32],
+    /// Size of the compressed blob in bytes.
+    pub compressed_size: U64,
+    /// Size of the uncompressed cache file (a multiple of 4096).
+    pub cache_size: U64,
+    /// First chunk of this blob in the chunk array.
+    pub first_chunk: U32,
+    /// Number of chunks in this blob.
+    pub chunk_count: U32,
+    /// Zero.
+    pub reserved: [u8; 40],
+}
+
+/// One stored chunk.
+#[derive(Debug, Clone, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct ChunkEntry {
+    /// Byte offset in the cache file (block-aligned).
+    pub cache_offset: U64,
+    /// Byte offset in the compressed blob.
+    pub compressed_offset: U64,
+    /// Stored length in the blob.
+    pub compressed_size: U32,
+    /// Length of the chunk's bytes.
+    pub size: U32,
+    /// [`CHUNK_ZSTD`] or 0.
+    pub flags: U32,
+    /// Zero.
+    pub reserved: U32,
+    /// sha256 of the chunk's uncompressed bytes.
+    pub digest: [u8; 32],
+}
+
+const _: () = assert!(size_of::<IndexHeader>() == 32);
+const _: () = assert!(size_of::<BlobEntry>() == 96);
+const _: () = assert!(size_of::<ChunkEntry>() == 64);
+
+/// A parsed index (owned; the index is small).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkIndex {
+    /// log2 of the chunk size.
+    pub chunk_bits: u8,
+    /// Blobs in device order.
+    pub blobs: Vec<IndexBlob>,
+}
+
+/// A blob and its chunks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexBlob {
+    /// sha256 of the compressed blob.
+    pub digest: [u8; 32],
+    /// Compressed size.
+    pub compressed_size: u64,
+    /// Cache file size.
+    pub cache_size: u64,
+    /// Chunks ordered by cache offset.
+    pub chunks: Vec<ChunkEntry>,
+}
+
+/// A malformed index.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// Too short for what it claims to hold.
+    #[error("chunk index truncated")]
+    Truncated,
+    /// Not an index, or a version this build does not know.
+    #[error("not a lamina chunk index (bad magic or version)")]
+    BadMagic,
+    /// Offsets that overlap or run past the blob or cache sizes.
+    #[error("chunk index inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+impl ChunkIndex {
+    /// Serialises the index.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let chunk_count: usize = self.blobs.iter().map(|b| b.chunks.len()).sum();
+        let header = IndexHeader {
+            magic: INDEX_MAGIC,
+            version: INDEX_VERSION.into(),
+            chunk_bits: u32::from(self.chunk_bits).into(),
+            blob_count: (self.blobs.len() as u32).into(),
+            chunk_count: (chunk_count as u32).into(),
+            reserved: [0; 8],
+        };
+        let mut out = header.as_bytes().to_vec();
+        let mut first = 0u32;
+        for blob in &self.blobs {
+            let entry = BlobEntry {
+                digest: blob.digest,
+                compressed_size: blob.compressed_size.into(),
+                cache_size: blob.cache_size.into(),
+                first_chunk: first.into(),
+                chunk_count: (blob.chunks.len() as u32).into(),
+                reserved: [0; 40],
+            };
+            first += blob.chunks.len() as u32;
+            out.extend_from_slice(entry.as_bytes());
+        }
+        for blob in &self.blobs {
+            for chunk in &blob.chunks {
+                out.extend_from_slice(chunk.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// Parses and validates an index: every chunk lies inside its blob and
+    /// its cache file, and chunks of a blob do not overlap in the cache file.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, IndexError> {
+        let (header, rest) = IndexHeader::read_from_prefix(bytes).map_err(|_| IndexError::Truncated)?;
+        if header.magic != INDEX_MAGIC || header.version.get() != INDEX_VERSION {
+            return Err(IndexError::BadMagic);
+        }
+        let blob_count = header.blob_count.get() as usize;
+        let chunk_count = header.chunk_count.get() as usize;
+        let blob_bytes = blob_count
+            .checked_mul(size_of::<BlobEntry>())
+            .ok_or(IndexError::Truncated)?;
+        if rest.len() < blob_bytes {
+            return Err(IndexError::Truncated);
+        }
+        let (blob_area, chunk_area) = rest.split_at(blob_bytes);
+        if chunk_area.len() != chunk_count.saturating_mul(size_of::<ChunkEntry>()) {
+            return Err(IndexError::Truncated);
+        }
+        let chunk_bits = u8::try_from(header.chunk_bits.get())
+            .ok()
+            .filter(|b| (12..=30).contains(b))
+            .ok_or_else(|| IndexError::Inconsistent("chunk bits".into()))?;
+        let chunks: Vec<ChunkEntry> = chunk_area
+            .chunks_exact(size_of::<ChunkEntry>())
+            .map(|c| ChunkEntry::read_from_bytes(c).map_err(|_| IndexError::Truncated))
+            .collect::<Result<_, _>>()?;
+        let mut blobs = Vec::with_capacity(blob_count);
+        for raw in blob_area.chunks_exact(size_of::<BlobEntry>()) {
+            let b = BlobEntry::read_from_bytes(raw).map_err(|_| IndexError::Truncated)?;
+            let first = b.first_chunk.get() as usize;
+            let end = first
+                .checked_add(b.chunk_count.get() as usize)
+                .filter(|&e| e <= chunks.len())
+                .ok_or_else(|| IndexError::Inconsistent("blob chunk range".into()))?;
+            let blob = IndexBlob {
+                digest: b.digest,
+                compressed_size: b.compressed_size.get(),
+                cache_size: b.cache_size.get(),
+                chunks: chunks[first..end].to_vec(),
+            };
+            blob.validate(chunk_bits)?;
+            blobs.push(blob);
+        }
+        Ok(ChunkIndex { chunk_bits, blobs })
+    }
+}
+
+impl IndexBlob {
+    fn validate(&self, chunk_bits: u8) -> Result<(), IndexError> {
+        let bad = |what: &str| Err(IndexError::Inconsistent(what.into()));
+        if self.cache_size % 4096 != 0 {
+            return bad("cache size not block aligned");
+        }
+        let mut cache_end = 0u64;
+        for c in &self.chunks {
+            let off = c.cache_offset.get();
+            let size = u64::from(c.size.get());
+            if off % 4096 != 0 || off < cache_end || size == 0 || size > 1 << chunk_bits {
+                return bad("chunk cache range");
+            }
+            cache_end = off + size;
+            if cache_end > self.cache_size {
+                return bad("chunk beyond cache size");
+            }
+            let cend = c.compressed_offset.get().checked_add(u64::from(c.compressed_size.get()));
+            if cend.is_none_or(|e| e > self.compressed_size) {
+                return bad("chunk beyond blob size");
+            }
+            if c.flags.get() & !CHUNK_ZSTD != 0 {
+                return bad("unknown chunk flags");
+            }
+            if c.flags.get() & CHUNK_ZSTD == 0 && c.compressed_size != c.size {
+                return bad("raw chunk size");
+            }
+        }
+        Ok(())
+    }
+
+    /// The chunks whose cache ranges intersect `[offset, offset + len)`.
+    pub fn chunks_covering(&self, offset: u64, len: u64) -> &[ChunkEntry] {
+        let end = offset.saturating_add(len);
+        let first = self
+            .chunks
+            .partition_point(|c| c.cache_offset.get() + u64::from(c.size.get()) <= offset);
+        let last = self.chunks.partition_point(|c| c.cache_offset.get() < end);
+        &self.chunks[first..last.max(first)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(cache: u64, comp: u64, csize: u32, size: u32) -> ChunkEntry {
+        ChunkEntry {
+            cache_offset: cache.into(),
+            compressed_offset: comp.into(),
+            compressed_size: csize.into(),
+            size: size.into(),
+            flags: CHUNK_ZSTD.into(),
+            reserved: 0.into(),
+            digest: [cache as u8; 32],
+        }
+    }
+
+    fn sample() -> ChunkIndex {
+        ChunkIndex {
+            chunk_bits: 20,
+            blobs: vec![
+                IndexBlob {
+                    digest: [1; 32],
+                    compressed_size: 300,
+                    cache_size: 3 * 4096,
+                    chunks: vec![chunk(0, 0, 100, 5000), chunk(8192, 100, 200, 10)],
+                },
+                IndexBlob {
+                    digest: [2; 32],
+                    compressed_size: 50,
+                    cache_size: 4096,
+                    chunks: vec![chunk(0, 0, 50, 4096)],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let index = sample();
+        assert_eq!(ChunkIndex::from_bytes(&index.to_bytes()).unwrap(), index);
+    }
+
+    #[test]
+    fn rejects_corruption() {
+        let bytes = sample().to_bytes();
+        assert!(matches!(ChunkIndex::from_bytes(&bytes[..40]), Err(IndexError::Truncated)));
+        let mut bad = bytes.clone();
+        bad[0] = b'X';
+        assert!(matches!(ChunkIndex::from_bytes(&bad), Err(IndexError::BadMagic)));
+        let mut index = sample();
+        index.blobs[0].chunks[1].cache_offset = 4096.into(); // overlaps chunk 0
+        assert!(ChunkIndex::from_bytes(&index.to_bytes()).is_err());
+        let mut index = sample();
+        index.blobs[1].chunks[0].compressed_size = 51.into(); // past blob end
+        assert!(ChunkIndex::from_bytes(&index.to_bytes()).is_err());
+    }
+
+    #[test]
+    fn covering() {
+        let index = sample();
+        let b = &index.blobs[0];
+        assert_eq!(b.chunks_covering(0, 1).len(), 1);
+        assert_eq!(b.chunks_covering(4096, 4096).len(), 1); // tail of chunk 0
+        assert_eq!(b.chunks_covering(5000, 3000).len(), 0); // gap
+        assert_eq!(b.chunks_covering(0, 9000).len(), 2);
+    }
+}

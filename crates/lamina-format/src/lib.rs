@@ -1,0 +1,10 @@
+//! lamina's on-disk formats. Pure: byte slices and `Vec<u8>` in and out, no I/O.
+//!
+//! - [`erofs`]: the kernel-mountable metadata image (our own writer).
+//! - [`index`]: the chunk table that maps each stored chunk to its place in a
+//!   compressed data blob and in the blob's uncompressed cache file.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod erofs;
+pub mod index;
