@@ -1,0 +1,289 @@
+//! Arguments and the glue from them to library calls.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use lamina_image::artifact::{self, LaminaLayers};
+use lamina_image::build::BuildOptions;
+use lamina_image::convert::{convert, ConvertOptions, Progress};
+use lamina_mount::MountOptions;
+use lamina_oci::{open_source, ImageRef, SourceOptions};
+
+/// Lazy-loading container images on EROFS.
+///
+/// Image references: oci:DIR[:TAG], docker-archive:FILE[:REF],
+/// docker://HOST[:PORT]/REPO[:TAG|@DIGEST].
+#[derive(Debug, Parser)]
+#[command(name = "lamina", version)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+    /// Print a JSON document instead of human-readable text.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Registry host reached over plain HTTP (loopback hosts always are).
+    #[arg(long = "insecure-registry", global = true, value_name = "HOST[:PORT]")]
+    insecure: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Convert an image into a lamina image (EROFS metadata + chunked zstd blobs).
+    Convert {
+        /// Source image.
+        src: String,
+        /// Destination: oci:DIR[:TAG] or docker://HOST/REPO[:TAG].
+        dst: String,
+        /// Chunk size in bytes (power of two, 4 KiB..16 MiB).
+        #[arg(long, default_value = "1048576")]
+        chunk_size: u64,
+        /// zstd level for data chunks.
+        #[arg(long, default_value = "3")]
+        zstd_level: i32,
+        /// Directory for blobs while they are built (default: system temp dir).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
+    /// Mount a lamina image read-only with the kernel (file-backed EROFS).
+    Mount {
+        /// The lamina image.
+        image: String,
+        /// Where to mount it.
+        mountpoint: PathBuf,
+        /// Cache directory.
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        cache_dir: PathBuf,
+    },
+    /// Unmount a lamina mount.
+    Umount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+    },
+    /// Show an image's layers, chunks, sizes and dedup ratio.
+    Inspect {
+        /// The image (lamina or plain OCI).
+        image: String,
+    },
+}
+
+fn parse_ref(s: &str) -> Result<ImageRef> {
+    s.parse::<ImageRef>()
+        .with_context(|| format!("bad image reference {s:?}"))
+}
+
+/// Runs one command.
+pub fn run(args: Args) -> Result<()> {
+    let source = SourceOptions {
+        insecure_hosts: args.insecure.clone(),
+        ..SourceOptions::default()
+    };
+    match args.command {
+        Command::Convert {
+            src,
+            dst,
+            chunk_size,
+            zstd_level,
+            work_dir,
+        } => {
+            if !chunk_size.is_power_of_two() || !(4096..=16 << 20).contains(&chunk_size) {
+                bail!("--chunk-size must be a power of two between 4096 and 16777216");
+            }
+            let opts = ConvertOptions {
+                build: BuildOptions {
+                    chunk_bits: chunk_size.trailing_zeros() as u8,
+                    zstd_level,
+                },
+                source,
+                work_dir,
+            };
+            let (src, dst) = (parse_ref(&src)?, parse_ref(&dst)?);
+            let bar = progress_bar(args.json);
+            let report = convert(&src, &dst, &opts, &|p| report_progress(&bar, p))
+                .with_context(|| format!("converting {src} to {dst}"));
+            bar.finish_and_clear();
+            let report = report?;
+            if args.json {
+                print_json(&report)?;
+            } else {
+                let s = &report.stats;
+                println!("converted {src} -> {dst} in {:.2} s", report.seconds);
+                println!("  manifest     {}", report.manifest_digest);
+                println!(
+                    "  tree         {} entries, {} files, {} bytes",
+                    s.entries, s.files, s.file_bytes
+                );
+                println!(
+                    "  metadata     {} bytes EROFS ({} compressed), index {} bytes",
+                    report.metadata_bytes, report.metadata_compressed_bytes, report.index_bytes
+                );
+                println!(
+                    "  data         {} blobs, {} chunks stored, {} bytes -> {} compressed (source layers {})",
+                    report.blobs.len(),
+                    s.chunks_stored,
+                    s.stored_bytes,
+                    s.compressed_bytes,
+                    report.source_layer_bytes
+                );
+                println!("  dedup ratio  {:.3}", report.dedup_ratio);
+                if s.confined_paths > 0 {
+                    println!("  confined     {} hostile paths kept inside the image", s.confined_paths);
+                }
+            }
+        }
+        Command::Mount {
+            image,
+            mountpoint,
+            cache_dir,
+        } => {
+            let image = parse_ref(&image)?;
+            let opts = MountOptions { cache_dir, source };
+            let info = lamina_mount::mount_image(&image, &mountpoint, &opts)
+                .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
+            if args.json {
+                print_json(&info)?;
+            } else {
+                println!(
+                    "mounted {image} at {} ({} blobs, {} bytes fetched)",
+                    mountpoint.display(),
+                    info.blob_paths.len(),
+                    info.fetched_bytes
+                );
+            }
+        }
+        Command::Umount { mountpoint } => {
+            lamina_mount::unmount(&mountpoint)?;
+            if !args.json {
+                println!("unmounted {}", mountpoint.display());
+            }
+        }
+        Command::Inspect { image } => {
+            let image = parse_ref(&image)?;
+            inspect(&image, &source, args.json)?;
+        }
+    }
+    Ok(())
+}
+
+fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
+    let src = open_source(image, source).with_context(|| format!("opening {image}"))?;
+    let img = src.image();
+    let ann = &img.manifest.annotations;
+    let num = |key: &str| ann.get(key).and_then(|v| v.parse::<u64>().ok());
+    let layers = match LaminaLayers::from_manifest(&img.manifest) {
+        Ok(l) => l,
+        Err(_) => {
+            // A plain image: list its layers.
+            let layers: Vec<_> = img
+                .layers
+                .iter()
+                .map(|l| serde_json::json!({"digest": l.descriptor.digest.to_string(), "media_type": l.descriptor.media_type, "size": l.descriptor.size, "diff_id": l.diff_id.to_string()}))
+                .collect();
+            let doc = serde_json::json!({"image": image.to_string(), "lamina": false, "manifest_digest": img.manifest_digest.to_string(), "layers": layers});
+            if json {
+                print_json(&doc)?;
+            } else {
+                println!("{image}: not a lamina image ({} layers)", layers.len());
+                for l in &img.layers {
+                    println!("  {} {} {}", l.descriptor.digest, l.descriptor.size, l.descriptor.media_type);
+                }
+            }
+            return Ok(());
+        }
+    };
+    let index = artifact::read_index(src.as_ref(), &layers)?;
+    let chunks: usize = index.blobs.iter().map(|b| b.chunks.len()).sum();
+    let stored: u64 = index
+        .blobs
+        .iter()
+        .flat_map(|b| &b.chunks)
+        .map(|c| u64::from(c.size.get()))
+        .sum();
+    let compressed: u64 = index.blobs.iter().map(|b| b.compressed_size).sum();
+    let metadata_bytes = layers
+        .metadata
+        .annotations
+        .get(artifact::ANNOTATION_UNCOMPRESSED_SIZE)
+        .and_then(|v| v.parse::<u64>().ok());
+    let file_bytes = num(artifact::ANNOTATION_STATS_FILE_BYTES);
+    let doc = serde_json::json!({
+        "image": image.to_string(),
+        "lamina": true,
+        "manifest_digest": img.manifest_digest.to_string(),
+        "source_manifest_digest": ann.get(artifact::ANNOTATION_SOURCE),
+        "chunk_size": num(artifact::ANNOTATION_CHUNK_SIZE),
+        "entries": num(artifact::ANNOTATION_STATS_ENTRIES),
+        "files": num(artifact::ANNOTATION_STATS_FILES),
+        "file_bytes": file_bytes,
+        "metadata_bytes": metadata_bytes,
+        "metadata_compressed_bytes": layers.metadata.size,
+        "index_compressed_bytes": layers.index.size,
+        "chunks": chunks,
+        "stored_bytes": stored,
+        "compressed_bytes": compressed,
+        "dedup_ratio": file_bytes.map(|f| if stored == 0 { 1.0 } else { f as f64 / stored as f64 }),
+        "blobs": index.blobs.iter().zip(&layers.blobs).map(|(b, d)| serde_json::json!({
+            "digest": d.digest.to_string(), "compressed_bytes": b.compressed_size,
+            "cache_bytes": b.cache_size, "chunks": b.chunks.len(),
+        })).collect::<Vec<_>>(),
+    });
+    if json {
+        return print_json(&doc);
+    }
+    println!("{image}: lamina image {}", img.manifest_digest);
+    println!(
+        "  tree      {} entries, {} files, {} bytes",
+        doc["entries"], doc["files"], doc["file_bytes"]
+    );
+    println!(
+        "  metadata  {} bytes EROFS ({} compressed)",
+        doc["metadata_bytes"], layers.metadata.size
+    );
+    println!(
+        "  chunks    {chunks} stored, {stored} bytes, {compressed} compressed, chunk size {}",
+        doc["chunk_size"]
+    );
+    println!("  dedup     {}", doc["dedup_ratio"]);
+    for (b, d) in index.blobs.iter().zip(&layers.blobs) {
+        println!(
+            "  blob      {} {} bytes, {} chunks, cache {} bytes",
+            d.digest,
+            b.compressed_size,
+            b.chunks.len(),
+            b.cache_size
+        );
+    }
+    Ok(())
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn progress_bar(json: bool) -> ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {bytes} {binary_bytes_per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar
+}
+
+fn report_progress(bar: &ProgressBar, p: Progress) {
+    match p {
+        Progress::Layer { index, total, .. } => {
+            bar.set_message(format!("layer {}/{total}", index + 1));
+            bar.set_position(0);
+        }
+        Progress::Bytes(n) => bar.set_position(n),
+        Progress::Writing => bar.set_message("writing"),
+    }
+}

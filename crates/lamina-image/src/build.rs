@@ -1,0 +1,412 @@
+//! Building an image: layer tars in, a merged tree whose files are cut into
+//! chunks (deduplicated by digest across all layers), one zstd data blob per
+//! layer that brought new chunks, and at the end the EROFS metadata image and
+//! the chunk index.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use lamina_format::erofs::{self, ChunkAddr, Device, FileChunks};
+use lamina_format::index::{ChunkEntry, ChunkIndex, IndexBlob, CHUNK_ZSTD};
+use lamina_tree::{apply_layer, ApplyError, LayerStats, NodeKind, Tree};
+use sha2::{Digest as _, Sha256};
+
+/// Build settings.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    /// log2 of the chunk size (default 20: 1 MiB).
+    pub chunk_bits: u8,
+    /// zstd level for data chunks.
+    pub zstd_level: i32,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        BuildOptions {
+            chunk_bits: 20,
+            zstd_level: 3,
+        }
+    }
+}
+
+/// Why a build failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A layer could not be applied (bad tar, hostile entry, digest failure).
+    #[error(transparent)]
+    Layer(#[from] ApplyError),
+    /// The tree cannot be written as EROFS.
+    #[error("writing the EROFS image failed: {0}")]
+    Format(#[from] erofs::FormatError),
+    /// Local I/O on the work directory.
+    #[error("work directory I/O failed: {0}")]
+    Io(#[from] io::Error),
+    /// Settings out of range.
+    #[error("invalid build option: {0}")]
+    Options(String),
+}
+
+/// One finished data blob: a file in the work directory.
+#[derive(Debug, Clone)]
+pub struct BuiltBlob {
+    /// Path of the compressed blob.
+    pub path: PathBuf,
+    /// sha256 of the compressed blob.
+    pub digest: [u8; 32],
+    /// Compressed size.
+    pub size: u64,
+    /// Uncompressed, block-addressed size (the cache file's size).
+    pub cache_size: u64,
+    /// Index of the source layer that produced it.
+    pub layer: u32,
+}
+
+/// Counts for the conversion summary.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct BuildStats {
+    /// Entries in the final tree (all types, hardlinks counted once per name).
+    pub entries: u64,
+    /// Regular files (distinct inodes).
+    pub files: u64,
+    /// Bytes of regular file content in the final tree.
+    pub file_bytes: u64,
+    /// Chunks referenced by the final tree, holes excluded.
+    pub chunk_refs: u64,
+    /// Bytes of the final tree's files that live in blobs (holes excluded).
+    pub referenced_bytes: u64,
+    /// Chunks stored (over all blobs).
+    pub chunks_stored: u64,
+    /// All-zero chunks stored as holes.
+    pub holes: u64,
+    /// Uncompressed bytes stored in blobs (including data of files later deleted).
+    pub stored_bytes: u64,
+    /// Compressed bytes of all blobs.
+    pub compressed_bytes: u64,
+    /// Tar entries read over all layers.
+    pub tar_entries: u64,
+    /// Paths confined into the image (absolute, `..`, symlinks out).
+    pub confined_paths: u64,
+    /// Inodes in the EROFS image, and how many of them are compact.
+    pub inodes: u64,
+    /// Compact (32-byte) inodes.
+    pub compact_inodes: u64,
+}
+
+/// The result of a build.
+#[derive(Debug)]
+pub struct BuiltImage {
+    /// The EROFS metadata image.
+    pub metadata: Vec<u8>,
+    /// The chunk index.
+    pub index: ChunkIndex,
+    /// Data blobs in device order (blob i is EROFS device i + 1).
+    pub blobs: Vec<BuiltBlob>,
+    /// Figures.
+    pub stats: BuildStats,
+}
+
+/// A data blob being written.
+#[derive(Debug)]
+struct BlobWriter {
+    file: BufWriter<File>,
+    path: PathBuf,
+    hasher: Sha256,
+    compressed_len: u64,
+    cache_len: u64,
+    chunks: Vec<ChunkEntry>,
+    layer: u32,
+}
+
+/// Chunk storage shared by all layers: the dedup table and the blobs.
+struct ChunkStore<'a> {
+    opts: &'a BuildOptions,
+    work_dir: &'a Path,
+    compressor: zstd::bulk::Compressor<'static>,
+    dedup: HashMap<[u8; 32], ChunkAddr>,
+    finished: Vec<BuiltBlob>,
+    finished_chunks: Vec<Vec<ChunkEntry>>,
+    current: Option<BlobWriter>,
+    buf: Vec<u8>,
+    stats: BuildStats,
+}
+
+impl std::fmt::Debug for ChunkStore<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkStore").field("blobs", &self.finished.len()).finish()
+    }
+}
+
+impl ChunkStore<'_> {
+    fn device_count(&self) -> usize {
+        self.finished.len() + usize::from(self.current.is_some())
+    }
+
+    /// Cuts one file into chunks, storing the ones not seen before.
+    fn add_file(&mut self, reader: &mut dyn Read, size: u64, layer: u32) -> io::Result<FileChunks> {
+        let chunk_size = 1usize << self.opts.chunk_bits;
+        let mut chunks = Vec::with_capacity(size.div_ceil(chunk_size as u64) as usize);
+        let mut remaining = size;
+        while remaining > 0 {
+            let want = remaining.min(chunk_size as u64) as usize;
+            self.buf.resize(want, 0);
+            reader.read_exact(&mut self.buf)?;
+            remaining -= want as u64;
+            chunks.push(self.store_chunk(layer)?);
+        }
+        Ok(FileChunks {
+            chunk_bits: self.opts.chunk_bits,
+            chunks,
+        })
+    }
+
+    fn store_chunk(&mut self, layer: u32) -> io::Result<ChunkAddr> {
+        let data = &self.buf;
+        if data.iter().all(|&b| b == 0) {
+            self.stats.holes += 1;
+            return Ok(ChunkAddr::Hole);
+        }
+        let digest: [u8; 32] = Sha256::digest(data).into();
+        if let Some(addr) = self.dedup.get(&digest) {
+            return Ok(*addr);
+        }
+        if self.current.is_none() {
+            let path = self.work_dir.join(format!("blob-{}", self.finished.len()));
+            self.current = Some(BlobWriter {
+                file: BufWriter::with_capacity(1 << 20, File::create(&path)?),
+                path,
+                hasher: Sha256::new(),
+                compressed_len: 0,
+                cache_len: 0,
+                chunks: Vec::new(),
+                layer,
+            });
+        }
+        let device = self.device_count() as u16;
+        let compressed = self.compressor.compress(data)?;
+        let (stored, flags): (&[u8], u32) = if compressed.len() < data.len() {
+            (&compressed, CHUNK_ZSTD)
+        } else {
+            (data, 0)
+        };
+        let Some(blob) = self.current.as_mut() else {
+            return Err(io::Error::other("no open data blob"));
+        };
+        blob.file.write_all(stored)?;
+        blob.hasher.update(stored);
+        let blkaddr = u32::try_from(blob.cache_len / 4096)
+            .map_err(|_| io::Error::other("data blob larger than 16 TiB"))?;
+        blob.chunks.push(ChunkEntry {
+            cache_offset: blob.cache_len.into(),
+            compressed_offset: blob.compressed_len.into(),
+            compressed_size: (stored.len() as u32).into(),
+            size: (data.len() as u32).into(),
+            flags: flags.into(),
+            reserved: 0.into(),
+            digest,
+        });
+        blob.compressed_len += stored.len() as u64;
+        blob.cache_len += (data.len() as u64).next_multiple_of(4096);
+        self.stats.chunks_stored += 1;
+        self.stats.stored_bytes += data.len() as u64;
+        let addr = ChunkAddr::Data { device, blkaddr };
+        self.dedup.insert(digest, addr);
+        Ok(addr)
+    }
+
+    fn finish_blob(&mut self) -> io::Result<()> {
+        if let Some(blob) = self.current.take() {
+            let file = blob.file.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            self.stats.compressed_bytes += blob.compressed_len;
+            self.finished.push(BuiltBlob {
+                path: blob.path,
+                digest: blob.hasher.finalize().into(),
+                size: blob.compressed_len,
+                cache_size: blob.cache_len,
+                layer: blob.layer,
+            });
+            self.finished_chunks.push(blob.chunks);
+        }
+        Ok(())
+    }
+}
+
+/// Builds an image layer by layer; blobs go to `work_dir`.
+pub struct ImageBuilder<'a> {
+    tree: Tree<FileChunks>,
+    store: ChunkStore<'a>,
+    layers: u32,
+}
+
+impl std::fmt::Debug for ImageBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageBuilder").field("layers", &self.layers).finish()
+    }
+}
+
+impl<'a> ImageBuilder<'a> {
+    /// A builder writing blobs into `work_dir` (which must exist).
+    pub fn new(opts: &'a BuildOptions, work_dir: &'a Path) -> Result<Self, BuildError> {
+        if !(12..=24).contains(&opts.chunk_bits) {
+            return Err(BuildError::Options(format!(
+                "chunk size 2^{} is outside 4 KiB..16 MiB",
+                opts.chunk_bits
+            )));
+        }
+        let compressor = zstd::bulk::Compressor::new(opts.zstd_level)?;
+        Ok(ImageBuilder {
+            tree: Tree::new(),
+            store: ChunkStore {
+                opts,
+                work_dir,
+                compressor,
+                dedup: HashMap::new(),
+                finished: Vec::new(),
+                finished_chunks: Vec::new(),
+                current: None,
+                buf: Vec::new(),
+                stats: BuildStats::default(),
+            },
+            layers: 0,
+        })
+    }
+
+    /// Applies the next layer (an uncompressed tar stream, read to EOF).
+    pub fn add_layer(&mut self, tar: impl Read) -> Result<LayerStats, BuildError> {
+        let layer = self.layers;
+        self.layers += 1;
+        let store = &mut self.store;
+        let stats = apply_layer(&mut self.tree, layer, tar, |_, reader, size| {
+            store.add_file(reader, size, layer)
+        })?;
+        self.store.finish_blob()?;
+        self.store.stats.tar_entries += stats.entries;
+        self.store.stats.confined_paths += stats.confined;
+        Ok(stats)
+    }
+
+    /// Writes the metadata image and index.
+    pub fn finish(mut self) -> Result<BuiltImage, BuildError> {
+        self.store.finish_blob()?;
+        let devices: Vec<Device> = self
+            .store
+            .finished
+            .iter()
+            .map(|b| Device {
+                tag: hex::encode(b.digest),
+                blocks: (b.cache_size / 4096) as u32,
+            })
+            .collect();
+        let (metadata, image_stats) = erofs::write_image(&self.tree, &devices)?;
+        let mut stats = self.store.stats;
+        stats.inodes = image_stats.inodes;
+        stats.compact_inodes = image_stats.compact_inodes;
+        let mut seen = std::collections::HashSet::new();
+        let tree = &self.tree;
+        tree.walk(|_, id| {
+            stats.entries += 1;
+            if let NodeKind::Regular { size, content } = &tree.nodes[id].kind {
+                if seen.insert(id) {
+                    stats.files += 1;
+                    stats.file_bytes += size;
+                    let cs = 1u64 << content.chunk_bits;
+                    for (i, c) in content.chunks.iter().enumerate() {
+                        if matches!(c, ChunkAddr::Data { .. }) {
+                            stats.chunk_refs += 1;
+                            stats.referenced_bytes += cs.min(size - i as u64 * cs);
+                        }
+                    }
+                }
+            }
+        });
+        stats.entries -= 1; // the root
+        let index = ChunkIndex {
+            chunk_bits: self.store.opts.chunk_bits,
+            blobs: self
+                .store
+                .finished
+                .iter()
+                .zip(self.store.finished_chunks)
+                .map(|(b, chunks)| IndexBlob {
+                    digest: b.digest,
+                    compressed_size: b.size,
+                    cache_size: b.cache_size,
+                    chunks,
+                })
+                .collect(),
+        };
+        Ok(BuiltImage {
+            metadata,
+            index,
+            blobs: self.store.finished,
+            stats,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(1);
+            b.append_data(&mut h, path, &data[..]).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dedup_within_and_across_layers_and_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = BuildOptions { chunk_bits: 16, zstd_level: 1 };
+        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
+        let a = noise(1 << 16, 1);
+        let mut twice = a.clone();
+        twice.extend_from_slice(&a); // two identical chunks
+        b.add_layer(&layer(&[("a", a.clone()), ("twice", twice), ("zeros", vec![0; 1 << 17])])[..])
+            .unwrap();
+        b.add_layer(&layer(&[("copy", a.clone()), ("new", noise(100, 2))])[..]).unwrap();
+        let img = b.finish().unwrap();
+        // Layer 0 stores one chunk; layer 1 stores only "new".
+        assert_eq!(img.stats.chunks_stored, 2);
+        assert_eq!(img.stats.holes, 2);
+        assert_eq!(img.blobs.len(), 2);
+        assert_eq!(img.index.blobs[1].chunks.len(), 1);
+        assert_eq!(img.stats.chunk_refs, 1 + 2 + 1 + 1);
+        // The blob on disk hashes to its recorded digest.
+        let bytes = std::fs::read(&img.blobs[0].path).unwrap();
+        assert_eq!(<[u8; 32]>::from(Sha256::digest(&bytes)), img.blobs[0].digest);
+    }
+
+    #[test]
+    fn layer_without_new_chunks_makes_no_blob() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = BuildOptions::default();
+        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
+        b.add_layer(&layer(&[("empty", vec![])])[..]).unwrap();
+        let img = b.finish().unwrap();
+        assert!(img.blobs.is_empty());
+        assert!(img.metadata.len() >= 8192);
+    }
+}

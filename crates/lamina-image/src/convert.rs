@@ -1,0 +1,310 @@
+//! `lamina convert`: source image in, lamina image out, atomically.
+
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use lamina_oci::{media_types, open_sink, open_source, Descriptor, Digest, ImageRef, Manifest, SourceOptions};
+
+use crate::artifact::*;
+use crate::build::{BuildError, BuildOptions, BuildStats, ImageBuilder};
+
+/// Conversion settings.
+#[derive(Debug, Clone, Default)]
+pub struct ConvertOptions {
+    /// Chunking and compression.
+    pub build: BuildOptions,
+    /// Registry credentials, platform, temp dir.
+    pub source: SourceOptions,
+    /// Where blobs are staged while building (default: the system temp dir).
+    pub work_dir: Option<PathBuf>,
+}
+
+/// Progress reports for a terminal.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress {
+    /// Starting layer `index` of `total`, whose compressed size is `size`.
+    Layer {
+        /// 0-based.
+        index: usize,
+        /// Layer count.
+        total: usize,
+        /// Compressed size.
+        size: u64,
+    },
+    /// Uncompressed tar bytes read so far in the current layer.
+    Bytes(u64),
+    /// Writing blobs and manifest to the destination.
+    Writing,
+}
+
+/// Why a conversion failed. Nothing is left tagged at the destination.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// Opening or reading the source, or writing the destination.
+    #[error(transparent)]
+    Oci(#[from] lamina_oci::OciError),
+    /// Building the image.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The source config is unusable.
+    #[error("source image config: {0}")]
+    Config(String),
+    /// Local I/O.
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// What a conversion produced.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConvertReport {
+    /// Digest of the lamina manifest.
+    pub manifest_digest: String,
+    /// Digest of the source manifest.
+    pub source_manifest_digest: String,
+    /// EROFS metadata image size, uncompressed.
+    pub metadata_bytes: u64,
+    /// Its compressed size in the registry.
+    pub metadata_compressed_bytes: u64,
+    /// Chunk index size, uncompressed.
+    pub index_bytes: u64,
+    /// Data blobs: digest, compressed size, cache size.
+    pub blobs: Vec<BlobReport>,
+    /// Compressed size of the source layers.
+    pub source_layer_bytes: u64,
+    /// Counts.
+    pub stats: BuildStats,
+    /// Bytes the final tree references in blobs / bytes stored in blobs
+    /// (below 1 when layers stored data that later layers deleted).
+    pub dedup_ratio: f64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+}
+
+/// One data blob in the report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BlobReport {
+    /// Blob digest.
+    pub digest: String,
+    /// Compressed size.
+    pub size: u64,
+    /// Uncompressed, block-addressed size.
+    pub cache_size: u64,
+}
+
+
+/// Converts `src` into a lamina image stored at `dst`.
+pub fn convert(
+    src: &ImageRef,
+    dst: &ImageRef,
+    opts: &ConvertOptions,
+    progress: &dyn Fn(Progress),
+) -> Result<ConvertReport, ConvertError> {
+    let started = Instant::now();
+    let mut sink = open_sink(dst, &opts.source)?;
+    let source = open_source(src, &opts.source)?;
+    let image = source.image();
+
+    let work = match &opts.work_dir {
+        Some(dir) => tempfile::Builder::new().prefix("lamina-convert-").tempdir_in(dir)?,
+        None => tempfile::Builder::new().prefix("lamina-convert-").tempdir()?,
+    };
+    let mut builder = ImageBuilder::new(&opts.build, work.path())?;
+    let total = image.layers.len();
+    for (i, layer) in image.layers.iter().enumerate() {
+        progress(Progress::Layer {
+            index: i,
+            total,
+            size: layer.descriptor.size,
+        });
+        let reader = source.open_layer(i)?;
+        with_readahead(reader, progress, |tar| builder.add_layer(tar))?;
+    }
+    let built = builder.finish()?;
+    progress(Progress::Writing);
+
+    let metadata_z = zstd::bulk::compress(&built.metadata, 12)?;
+    let index_raw = built.index.to_bytes();
+    let index_z = zstd::bulk::compress(&index_raw, 12)?;
+
+    let mut layers = Vec::new();
+    let mut blob_reports = Vec::new();
+    for blob in &built.blobs {
+        let desc = Descriptor {
+            media_type: MEDIA_TYPE_BLOB.to_string(),
+            digest: Digest::from_sha256(blob.digest),
+            size: blob.size,
+            annotations: [(ANNOTATION_UNCOMPRESSED_SIZE.to_string(), blob.cache_size.to_string())]
+                .into(),
+            platform: None,
+        };
+        sink.put_blob(&desc, &blob.path)?;
+        blob_reports.push(BlobReport {
+            digest: desc.digest.to_string(),
+            size: blob.size,
+            cache_size: blob.cache_size,
+        });
+        layers.push(desc);
+    }
+    for (raw, compressed, media_type) in [
+        (&index_raw, &index_z, MEDIA_TYPE_INDEX),
+        (&built.metadata, &metadata_z, MEDIA_TYPE_METADATA),
+    ] {
+        let desc = Descriptor {
+            media_type: media_type.to_string(),
+            digest: Digest::of_bytes(compressed),
+            size: compressed.len() as u64,
+            annotations: content_annotations(raw),
+            platform: None,
+        };
+        sink.put_blob_bytes(&desc, compressed)?;
+        layers.push(desc);
+    }
+
+    // The runtime config stays the source's; only the layer list changes.
+    let mut config = image.config.clone();
+    let obj = config
+        .as_object_mut()
+        .ok_or_else(|| ConvertError::Config("not a JSON object".into()))?;
+    obj.remove("history");
+    obj.insert(
+        "rootfs".into(),
+        serde_json::json!({
+            "type": "layers",
+            "diff_ids": layers.iter().map(|l| l.digest.to_string()).collect::<Vec<_>>(),
+        }),
+    );
+    let config_bytes = serde_json::to_vec(&config).map_err(|e| ConvertError::Config(e.to_string()))?;
+    let config_desc = Descriptor {
+        media_type: media_types::OCI_CONFIG.to_string(),
+        digest: Digest::of_bytes(&config_bytes),
+        size: config_bytes.len() as u64,
+        annotations: Default::default(),
+        platform: None,
+    };
+    sink.put_blob_bytes(&config_desc, &config_bytes)?;
+
+    let manifest = Manifest {
+        schema_version: 2,
+        media_type: Some(media_types::OCI_MANIFEST.to_string()),
+        config: config_desc,
+        layers,
+        annotations: [
+            (ANNOTATION_FORMAT.to_string(), FORMAT_VERSION.to_string()),
+            (ANNOTATION_SOURCE.to_string(), image.manifest_digest.to_string()),
+            (
+                ANNOTATION_CHUNK_SIZE.to_string(),
+                (1u64 << opts.build.chunk_bits).to_string(),
+            ),
+            (ANNOTATION_STATS_ENTRIES.to_string(), built.stats.entries.to_string()),
+            (ANNOTATION_STATS_FILES.to_string(), built.stats.files.to_string()),
+            (ANNOTATION_STATS_FILE_BYTES.to_string(), built.stats.file_bytes.to_string()),
+        ]
+        .into(),
+    };
+    let manifest_bytes =
+        serde_json::to_vec(&manifest).map_err(|e| ConvertError::Config(e.to_string()))?;
+    let manifest_digest = sink.commit(&manifest_bytes, media_types::OCI_MANIFEST)?;
+
+    let stats = built.stats;
+    Ok(ConvertReport {
+        manifest_digest: manifest_digest.to_string(),
+        source_manifest_digest: image.manifest_digest.to_string(),
+        metadata_bytes: built.metadata.len() as u64,
+        metadata_compressed_bytes: metadata_z.len() as u64,
+        index_bytes: index_raw.len() as u64,
+        blobs: blob_reports,
+        source_layer_bytes: image.layers.iter().map(|l| l.descriptor.size).sum(),
+        dedup_ratio: if stats.stored_bytes == 0 {
+            1.0
+        } else {
+            stats.referenced_bytes as f64 / stats.stored_bytes as f64
+        },
+        stats,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs `reader` (decompression and digest checks) on a second thread, so
+/// that it overlaps with chunking and compression on this one.
+fn with_readahead<T>(
+    mut reader: Box<dyn Read + Send + '_>,
+    progress: &dyn Fn(Progress),
+    consume: impl FnOnce(&mut dyn Read) -> T,
+) -> T {
+    const BUF: usize = 1 << 20;
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(8);
+        scope.spawn(move || loop {
+            let mut buf = vec![0u8; BUF];
+            let mut filled = 0;
+            let result = loop {
+                match reader.read(&mut buf[filled..]) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => {
+                        filled += n;
+                        if filled == BUF {
+                            break Ok(());
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            buf.truncate(filled);
+            let done = filled < BUF;
+            let sent = match result {
+                Ok(()) if filled == 0 => break,
+                Ok(()) => tx.send(Ok(buf)),
+                Err(e) => {
+                    let _ = tx.send(Ok(buf));
+                    let _ = tx.send(Err(e));
+                    break;
+                }
+            };
+            if sent.is_err() || done {
+                break;
+            }
+        });
+        let mut chan = ChannelReader {
+            rx,
+            buf: Vec::new(),
+            pos: 0,
+            total: 0,
+            progress,
+        };
+        let out = consume(&mut chan);
+        drop(chan);
+        out
+    })
+}
+
+struct ChannelReader<'p> {
+    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
+    buf: Vec<u8>,
+    pos: usize,
+    total: u64,
+    progress: &'p dyn Fn(Progress),
+}
+
+impl Read for ChannelReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.buf.len() {
+            match self.rx.recv() {
+                Ok(Ok(buf)) => {
+                    self.total += buf.len() as u64;
+                    (self.progress)(Progress::Bytes(self.total));
+                    self.buf = buf;
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(0), // producer finished
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}

@@ -1,0 +1,8 @@
+//! lamina images: building them from layer tars ([`build`]), their layout as
+//! OCI artifacts ([`artifact`]) and the whole conversion ([`convert`]).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod artifact;
+pub mod build;
+pub mod convert;

@@ -1,0 +1,193 @@
+//! Filling cache files from data blobs, verifying every chunk on the way.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use lamina_format::index::{IndexBlob, CHUNK_ZSTD};
+use sha2::{Digest as _, Sha256};
+
+/// Why the cache could not be filled.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Local file I/O.
+    #[error("cache {path}: {source}")]
+    Io {
+        /// File concerned.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the blob failed (network, digest mismatch at the end, ...).
+    #[error("reading blob {blob}: {source}")]
+    Read {
+        /// Blob digest.
+        blob: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A chunk did not decompress to its recorded size and digest.
+    #[error("blob {blob}: chunk at blob offset {offset} failed verification: {reason}")]
+    BadChunk {
+        /// Blob digest.
+        blob: String,
+        /// Compressed offset of the chunk.
+        offset: u64,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
+    move |source| CacheError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` atomically (temp file, fsync, rename).
+pub fn store_metadata(path: &Path, bytes: &[u8]) -> Result<(), CacheError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let tmp = partial_name(path);
+    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(bytes).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_err(path))?;
+    Ok(())
+}
+
+fn partial_name(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".partial-{}", std::process::id()));
+    PathBuf::from(name)
+}
+
+/// Fills the cache file `path` for `blob` from `reader` (the blob's bytes,
+/// in order, digest-checked by the reader at EOF). Each chunk is decompressed
+/// and checked against its digest before it is written; the file appears
+/// under `path` only when the whole blob verified.
+pub fn materialize_blob(
+    path: &Path,
+    blob: &IndexBlob,
+    mut reader: impl Read,
+) -> Result<(), CacheError> {
+    let name = hex::encode(blob.digest);
+    let read_err = |source| CacheError::Read {
+        blob: name.clone(),
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let tmp = partial_name(path);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
+    let result = (|| {
+        file.set_len(blob.cache_size).map_err(io_err(&tmp))?;
+        let mut pos = 0u64;
+        let mut stored = Vec::new();
+        let mut decompressor = zstd::bulk::Decompressor::new().map_err(read_err)?;
+        let mut chunks: Vec<_> = blob.chunks.iter().collect();
+        chunks.sort_by_key(|c| c.compressed_offset.get());
+        for chunk in chunks {
+            let offset = chunk.compressed_offset.get();
+            let bad = |reason: String| CacheError::BadChunk {
+                blob: name.clone(),
+                offset,
+                reason,
+            };
+            if offset < pos {
+                return Err(bad("chunks overlap in the blob".into()));
+            }
+            io::copy(&mut (&mut reader).take(offset - pos), &mut io::sink()).map_err(read_err)?;
+            stored.resize(chunk.compressed_size.get() as usize, 0);
+            reader.read_exact(&mut stored).map_err(read_err)?;
+            pos = offset + stored.len() as u64;
+            let size = chunk.size.get() as usize;
+            let data = if chunk.flags.get() & CHUNK_ZSTD != 0 {
+                decompressor
+                    .decompress(&stored, size)
+                    .map_err(|e| bad(format!("zstd: {e}")))?
+            } else {
+                stored.clone()
+            };
+            if data.len() != size {
+                return Err(bad(format!("{} bytes, expected {size}", data.len())));
+            }
+            if <[u8; 32]>::from(Sha256::digest(&data)) != chunk.digest {
+                return Err(bad("content digest mismatch".into()));
+            }
+            file.write_all_at(&data, chunk.cache_offset.get())
+                .map_err(io_err(&tmp))?;
+        }
+        // The rest of the blob, so the reader checks the whole-blob digest.
+        io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
+        file.sync_all().map_err(io_err(&tmp))?;
+        fs::rename(&tmp, path).map_err(io_err(path))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_format::index::ChunkEntry;
+
+    fn blob_with(data: &[u8]) -> (IndexBlob, Vec<u8>) {
+        let z = zstd::bulk::compress(data, 1).unwrap();
+        let mut stored = vec![0xEE; 7]; // bytes the index does not name
+        stored.extend_from_slice(&z);
+        let blob = IndexBlob {
+            digest: [9; 32],
+            compressed_size: stored.len() as u64,
+            cache_size: 8192,
+            chunks: vec![ChunkEntry {
+                cache_offset: 4096.into(),
+                compressed_offset: 7.into(),
+                compressed_size: (z.len() as u32).into(),
+                size: (data.len() as u32).into(),
+                flags: CHUNK_ZSTD.into(),
+                reserved: 0.into(),
+                digest: Sha256::digest(data).into(),
+            }],
+        };
+        (blob, stored)
+    }
+
+    #[test]
+    fn fills_and_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.cache");
+        let (blob, stored) = blob_with(b"hello chunk");
+        materialize_blob(&path, &blob, &stored[..]).unwrap();
+        let got = fs::read(&path).unwrap();
+        assert_eq!(got.len(), 8192);
+        assert_eq!(&got[4096..4096 + 11], b"hello chunk");
+        assert!(got[..4096].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn corrupt_chunk_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.cache");
+        let (blob, mut stored) = blob_with(b"hello chunk");
+        let last = stored.len() - 3;
+        stored[last] ^= 0xFF;
+        assert!(materialize_blob(&path, &blob, &stored[..]).is_err());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+        // Truncated input too.
+        let (blob, stored) = blob_with(b"hello chunk");
+        assert!(materialize_blob(&path, &blob, &stored[..10]).is_err());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,188 @@
+//! Mounting a lamina image with the kernel: the metadata image as a
+//! file-backed EROFS, each data blob's cache file as one `device=`.
+//!
+//! util-linux's `mount` would wrap the image in a loop device, after which the
+//! kernel refuses file paths as `device=`; calling mount(2) on the regular
+//! file keeps EROFS in file-backed mode, where `device=` takes files too.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
+use lamina_oci::{open_source, ImageRef, SourceOptions};
+use rustix::mount::{MountFlags, UnmountFlags};
+use sha2::Digest as _;
+
+use crate::cache::{materialize_blob, store_metadata, CacheError};
+
+/// Mount settings.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Cache directory.
+    pub cache_dir: PathBuf,
+    /// How to reach the image.
+    pub source: SourceOptions,
+}
+
+/// Why a mount failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// Opening the image.
+    #[error(transparent)]
+    Oci(#[from] lamina_oci::OciError),
+    /// The image is not a lamina image or its metadata is corrupt.
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    /// Filling the cache.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// The mountpoint is unusable.
+    #[error("mountpoint {0}: {1}")]
+    Mountpoint(PathBuf, String),
+    /// The mount(2) or umount(2) call failed.
+    #[error("{op} {path}: {errno}{hint}")]
+    Syscall {
+        /// Which call.
+        op: &'static str,
+        /// Mountpoint.
+        path: PathBuf,
+        /// The error.
+        errno: rustix::io::Errno,
+        /// What might help.
+        hint: &'static str,
+    },
+    /// A cache path the kernel's option parser cannot take.
+    #[error("cache path {0} contains a comma; choose another --cache-dir")]
+    BadCachePath(PathBuf),
+    /// Local I/O.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+/// A live mount.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MountInfo {
+    /// Where it is mounted.
+    pub mountpoint: PathBuf,
+    /// Manifest digest of the mounted image.
+    pub manifest_digest: String,
+    /// The EROFS metadata image.
+    pub metadata_path: PathBuf,
+    /// The cache files, in device order.
+    pub blob_paths: Vec<PathBuf>,
+    /// Bytes of blobs read from the source (0 when all were cached).
+    pub fetched_bytes: u64,
+}
+
+/// Mounts `image` (read-only) at `mountpoint`, filling the cache first.
+pub fn mount_image(
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<MountInfo, MountError> {
+    let meta = fs::metadata(mountpoint)
+        .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(MountError::Mountpoint(
+            mountpoint.to_path_buf(),
+            "not a directory".into(),
+        ));
+    }
+    let source = open_source(image, &opts.source)?;
+    let img = source.image();
+    let layers = LaminaLayers::from_manifest(&img.manifest)?;
+    let index = artifact::read_index(source.as_ref(), &layers)?;
+
+    // Metadata: reuse a cached copy only if it still hashes right.
+    let meta_path = opts
+        .cache_dir
+        .join("meta")
+        .join(format!("{}.erofs", layers.metadata.digest.hex()));
+    let expected = layers
+        .metadata
+        .annotations
+        .get(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)
+        .cloned()
+        .unwrap_or_default();
+    let cached_ok = fs::read(&meta_path)
+        .map(|b| format!("sha256:{}", hex::encode(sha2::Sha256::digest(&b))) == expected)
+        .unwrap_or(false);
+    if !cached_ok {
+        let bytes = artifact::read_compressed_layer(source.as_ref(), &layers.metadata, "metadata")?;
+        store_metadata(&meta_path, &bytes)?;
+    }
+
+    let mut blob_paths = Vec::new();
+    let mut fetched = 0;
+    for (desc, blob) in layers.blobs.iter().zip(&index.blobs) {
+        let path = opts
+            .cache_dir
+            .join("blobs")
+            .join(format!("{}.cache", desc.digest.hex()));
+        let complete = fs::metadata(&path).is_ok_and(|m| m.len() == blob.cache_size);
+        if !complete {
+            let reader = source.open_blob(desc)?;
+            materialize_blob(&path, blob, reader)?;
+            fetched += desc.size;
+        }
+        blob_paths.push(path);
+    }
+
+    let mut data = String::new();
+    for path in &blob_paths {
+        let s = path.to_string_lossy();
+        if s.contains(',') {
+            return Err(MountError::BadCachePath(path.clone()));
+        }
+        if !data.is_empty() {
+            data.push(',');
+        }
+        data.push_str("device=");
+        data.push_str(&s);
+    }
+    let data_c = std::ffi::CString::new(data)
+        .map_err(|_| MountError::BadCachePath(opts.cache_dir.clone()))?;
+    rustix::mount::mount(
+        meta_path.as_path(),
+        mountpoint,
+        "erofs",
+        MountFlags::RDONLY,
+        Some(data_c.as_c_str()),
+    )
+    .map_err(|errno| MountError::Syscall {
+        op: "mount",
+        path: mountpoint.to_path_buf(),
+        errno,
+        hint: match errno {
+            rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => " (mounting needs root)",
+            rustix::io::Errno::NODEV => " (the kernel has no EROFS support: modprobe erofs)",
+            rustix::io::Errno::NOTBLK | rustix::io::Errno::INVAL => {
+                " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later)"
+            }
+            _ => "",
+        },
+    })?;
+    Ok(MountInfo {
+        mountpoint: mountpoint.to_path_buf(),
+        manifest_digest: img.manifest_digest.to_string(),
+        metadata_path: meta_path,
+        blob_paths,
+        fetched_bytes: fetched,
+    })
+}
+
+/// Unmounts a lamina mount.
+pub fn unmount(mountpoint: &Path) -> Result<(), MountError> {
+    rustix::mount::unmount(mountpoint, UnmountFlags::empty()).map_err(|errno| {
+        MountError::Syscall {
+            op: "umount",
+            path: mountpoint.to_path_buf(),
+            errno,
+            hint: if errno == rustix::io::Errno::BUSY {
+                " (still in use)"
+            } else {
+                ""
+            },
+        }
+    })
+}

@@ -1,0 +1,321 @@
+//! Registry client, source and sink against a real registry
+//! (`/usr/bin/docker-registry`, skipped when absent) and a tiny fake token
+//! server for the Bearer auth flow.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{check_layers, drain, TestImage};
+use lamina_oci::{
+    media_types as mt, open_sink, open_source, Descriptor, Digest, ImageIndex, ImageRef, OciError,
+    Platform, RegistryClient, RegistryReference, SourceOptions,
+};
+
+const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
+
+struct Registry {
+    child: Child,
+    host: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn start_registry() -> Option<Registry> {
+    if !Path::new(REGISTRY_BIN).exists() {
+        println!("skipping registry test: {REGISTRY_BIN} not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let host = format!("127.0.0.1:{port}");
+    let config = format!(
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
+        dir.path().join("storage").display()
+    );
+    let config_path = dir.path().join("config.yml");
+    std::fs::write(&config_path, config).expect("write config");
+    let child = Command::new(REGISTRY_BIN)
+        .arg("serve")
+        .arg(&config_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn registry");
+    let reg = Registry {
+        child,
+        host,
+        _dir: dir,
+    };
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("client");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = client.get(format!("http://{}/v2/", reg.host)).send() {
+            if r.status().is_success() {
+                return Some(reg);
+            }
+        }
+        assert!(Instant::now() < deadline, "registry did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn reg_ref(host: &str, rest: &str) -> ImageRef {
+    format!("docker://{host}/{rest}").parse().expect("ref")
+}
+
+#[test]
+fn push_pull_range_against_real_registry() {
+    let Some(reg) = start_registry() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let opts = SourceOptions::default();
+    let host = reg.host.as_str();
+
+    // Push, pull back, compare.
+    let img = TestImage::simple("registry");
+    let digest = img.push(
+        open_sink(&reg_ref(host, "lamina/test:v1"), &opts).expect("sink"),
+        tmp.path(),
+    );
+    assert_eq!(digest, img.manifest_digest());
+    let src = open_source(&reg_ref(host, "lamina/test:v1"), &opts).expect("source");
+    assert_eq!(src.image().manifest_digest, digest);
+    assert_eq!(src.image().manifest_bytes, img.manifest_bytes);
+    assert_eq!(src.image().config_bytes, img.config);
+    check_layers(src.as_ref(), &img);
+    let blob = drain(&mut src.open_blob(&img.layers[0].descriptor).expect("blob")).expect("read");
+    assert_eq!(blob, img.layers[0].blob);
+
+    // By digest.
+    let src =
+        open_source(&reg_ref(host, &format!("lamina/test@{digest}")), &opts).expect("by digest");
+    check_layers(src.as_ref(), &img);
+
+    // Range reads.
+    let client = RegistryClient::new(host, &opts).expect("client");
+    let layer = &img.layers[0];
+    let got = client
+        .get_blob_range("lamina/test", &layer.descriptor.digest, 3, 10)
+        .expect("range");
+    assert_eq!(got, layer.blob[3..13]);
+    let size = layer.blob.len() as u64;
+    let got = client
+        .get_blob_range("lamina/test", &layer.descriptor.digest, size - 5, 100)
+        .expect("range at end");
+    assert_eq!(got, layer.blob[layer.blob.len() - 5..]);
+    assert!(client
+        .get_blob_range("lamina/test", &layer.descriptor.digest, 0, 0)
+        .expect("empty")
+        .is_empty());
+    let mut r = client
+        .get_blob("lamina/test", &layer.descriptor.digest)
+        .expect("get_blob");
+    let mut all = Vec::new();
+    r.read_to_end(&mut all).expect("read blob");
+    assert_eq!(all, layer.blob);
+    let missing = Digest::of_bytes(b"missing");
+    assert!(matches!(
+        client.get_blob_range("lamina/test", &missing, 0, 1),
+        Err(OciError::BlobNotFound { .. })
+    ));
+    assert_eq!(
+        client
+            .blob_exists("lamina/test", &layer.descriptor.digest)
+            .expect("head"),
+        Some(size)
+    );
+
+    // Missing tag.
+    let err = open_source(&reg_ref(host, "lamina/test:nope"), &opts).expect_err("missing tag");
+    assert!(matches!(err, OciError::NotFound { .. }), "{err}");
+
+    // Re-push the same blobs under another tag (HEAD says present).
+    img.push(
+        open_sink(&reg_ref(host, "lamina/test:v2"), &opts).expect("sink"),
+        tmp.path(),
+    );
+    let m = client
+        .get_manifest("lamina/test", &RegistryReference::Tag("v2".into()))
+        .expect("manifest");
+    assert_eq!(m.digest, digest);
+
+    // A bad blob is refused before upload.
+    let mut sink = open_sink(&reg_ref(host, "lamina/test:v3"), &opts).expect("sink");
+    let mut bad = img.config_desc.clone();
+    bad.digest = Digest::of_bytes(b"x");
+    assert!(matches!(
+        sink.put_blob_bytes(&bad, &img.config),
+        Err(OciError::DigestMismatch { .. })
+    ));
+    drop(sink);
+
+    // Multi-platform index: manifests pushed by digest, index by tag.
+    let amd = TestImage::simple("amd");
+    let arm = TestImage::simple("arm");
+    let mut entries = Vec::new();
+    for (i, arch) in [(&amd, "amd64"), (&arm, "arm64")] {
+        let r = reg_ref(host, &format!("lamina/multi@{}", i.manifest_digest()));
+        i.push(open_sink(&r, &opts).expect("sink"), tmp.path());
+        let mut d = Descriptor::of_bytes(mt::OCI_MANIFEST, &i.manifest_bytes);
+        d.platform = Some(Platform {
+            os: "linux".into(),
+            architecture: arch.into(),
+            ..Platform::default()
+        });
+        entries.push(d);
+    }
+    let index = ImageIndex {
+        manifests: entries,
+        ..ImageIndex::default()
+    };
+    let index_bytes = serde_json::to_vec(&index).expect("json");
+    let sink = open_sink(&reg_ref(host, "lamina/multi:latest"), &opts).expect("sink");
+    sink.commit(&index_bytes, mt::OCI_INDEX)
+        .expect("push index");
+    for (arch, i) in [("amd64", &amd), ("arm64", &arm)] {
+        let o = SourceOptions {
+            platform: ("linux".into(), arch.into()),
+            ..SourceOptions::default()
+        };
+        let src = open_source(&reg_ref(host, "lamina/multi"), &o).expect("multi");
+        assert_eq!(src.image().manifest_digest, i.manifest_digest());
+        check_layers(src.as_ref(), i);
+    }
+}
+
+/// Minimal HTTP/1.1 request head.
+struct Req {
+    path: String,
+    headers: Vec<(String, String)>,
+}
+
+fn read_req(stream: &TcpStream) -> Option<Req> {
+    let mut r = BufReader::new(stream.try_clone().ok()?);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let path = line.split_whitespace().nth(1)?.to_string();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).ok()?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    Some(Req { path, headers })
+}
+
+fn respond(mut s: &TcpStream, status: &str, extra: &[(&str, String)], body: &[u8]) {
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let _ = s.write_all(head.as_bytes());
+    let _ = s.write_all(body);
+}
+
+#[test]
+fn bearer_token_flow_with_fake_registry() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let manifest = TestImage::simple("auth").manifest_bytes;
+    let token_calls = Arc::new(AtomicUsize::new(0));
+    let calls = token_calls.clone();
+    let body = manifest.clone();
+    let server = std::thread::spawn(move || {
+        // Bounded: serve at most 10 connections, each with a read timeout.
+        for _ in 0..10 {
+            let Ok((stream, _)) = listener.accept() else {
+                return;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let Some(req) = read_req(&stream) else {
+                continue;
+            };
+            let auth = req
+                .headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.clone());
+            if req.path.starts_with("/token") {
+                calls.fetch_add(1, Ordering::SeqCst);
+                assert!(
+                    req.path.contains("scope=repository%3Aa%2Fb%3Apull"),
+                    "{}",
+                    req.path
+                );
+                assert!(req.path.contains("service=fake"), "{}", req.path);
+                respond(&stream, "200 OK", &[], br#"{"token":"tok123"}"#);
+            } else if req.path == "/stop" {
+                respond(&stream, "200 OK", &[], b"");
+                return;
+            } else if auth.as_deref() == Some("Bearer tok123") {
+                respond(
+                    &stream,
+                    "200 OK",
+                    &[("Content-Type", mt::OCI_MANIFEST.to_string())],
+                    &body,
+                );
+            } else {
+                let challenge = format!(
+                    r#"Bearer realm="http://127.0.0.1:{port}/token",service="fake",scope="repository:a/b:pull""#
+                );
+                respond(
+                    &stream,
+                    "401 Unauthorized",
+                    &[("WWW-Authenticate", challenge)],
+                    b"{}",
+                );
+            }
+        }
+    });
+    let host = format!("127.0.0.1:{port}");
+    let client =
+        RegistryClient::with_timeout(&host, &SourceOptions::default(), Duration::from_secs(10))
+            .expect("client");
+    for _ in 0..2 {
+        let m = client
+            .get_manifest("a/b", &RegistryReference::Tag("t".into()))
+            .expect("manifest");
+        assert_eq!(m.bytes, manifest);
+        assert_eq!(m.media_type.as_deref(), Some(mt::OCI_MANIFEST));
+    }
+    // The token is cached: fetched once for two manifest requests.
+    assert_eq!(token_calls.load(Ordering::SeqCst), 1);
+    // Digest reference that does not match the content is refused.
+    let err = client
+        .get_manifest("a/b", &RegistryReference::Digest(Digest::of_bytes(b"x")))
+        .expect_err("digest");
+    assert!(matches!(err, OciError::DigestMismatch { .. }), "{err}");
+    let _ = reqwest::blocking::get(format!("http://{host}/stop"));
+    server.join().expect("server thread");
+}

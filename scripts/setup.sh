@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Idempotent test-machine setup for lamina (fresh Debian bookworm, run as root).
+#
+# Usage: scripts/setup.sh
+#
+# - installs the Debian packages the tests need (apt-get update runs once, and
+#   only when something is missing);
+# - installs Rust through rustup only when `cargo` is not found (sources
+#   ~/.cargo/env first, so a preinstalled rustup toolchain is reused).
+# Quiet on success; on failure prints the tail of the failing command's output.
+set -euo pipefail
+
+PACKAGES=(
+    docker-registry umoci skopeo erofs-utils squashfs-tools debootstrap hyperfine
+    fuse3 attr zstd jq python3 e2fsprogs util-linux iproute2 containerd runc
+    ca-certificates curl build-essential pkg-config
+)
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "must run as root"
+command -v apt-get >/dev/null || die "apt-get not found (expects Debian bookworm)"
+
+LOG=$(mktemp /tmp/lamina-setup.XXXXXX.log)
+trap 'rm -f "$LOG"' EXIT
+
+# run CMD... quietly; show its output and fail if it fails
+run() {
+    if ! "$@" >"$LOG" 2>&1; then
+        log "command failed: $*"
+        tail -n 40 "$LOG" >&2
+        exit 1
+    fi
+}
+
+export DEBIAN_FRONTEND=noninteractive
+
+# --- Debian packages -------------------------------------------------------------
+missing=()
+for p in "${PACKAGES[@]}"; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+    [ "$status" = installed ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing: ${missing[*]}"
+    run apt-get update -qq
+    run apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+    log "all ${#PACKAGES[@]} Debian packages already installed"
+fi
+
+# Debian's docker-registry package enables a system-wide registry on :5000.
+# Tests start their own instance (tests/tools/registry.sh); stop the global one
+# when systemd is running so it does not hold resources.
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    if systemctl is-enabled --quiet docker-registry 2>/dev/null; then
+        run systemctl disable --now docker-registry
+        log "disabled the system docker-registry service"
+    fi
+fi
+
+# --- Rust --------------------------------------------------------------------------
+# shellcheck disable=SC1091
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+if ! command -v cargo >/dev/null 2>&1; then
+    if command -v rustup >/dev/null 2>&1; then
+        log "rustup present without a usable cargo: installing the stable toolchain"
+        run rustup toolchain install stable --profile minimal
+        run rustup default stable
+    else
+        log "installing Rust via rustup"
+        installer=$(mktemp /tmp/rustup-init.XXXXXX.sh)
+        run curl --proto '=https' --tlsv1.2 -fsSL -o "$installer" https://sh.rustup.rs
+        run sh "$installer" -y --profile minimal --default-toolchain stable --no-modify-path
+        rm -f "$installer"
+    fi
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+    command -v cargo >/dev/null || die "cargo still not found after installing Rust"
+fi
+log "cargo: $(cargo --version)"
+
+# --- sanity ------------------------------------------------------------------------
+for tool in umoci skopeo docker-registry mkfs.erofs zstd debootstrap jq python3 curl hyperfine unsquashfs; do
+    command -v "$tool" >/dev/null || die "tool not on PATH after install: $tool"
+done
+log "ok"

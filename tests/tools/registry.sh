@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Throw-away local OCI registry (Debian's docker-registry) for tests.
+#
+# Usage:
+#   tests/tools/registry.sh start DIR   # prints the port; DIR/port, DIR/pid, DIR/config.yml, DIR/registry.log
+#   tests/tools/registry.sh stop DIR    # stops it (idempotent), keeps DIR/data
+#   tests/tools/registry.sh status DIR  # exit 0 and print the port if running
+#
+# The registry listens on 127.0.0.1:<free port>, plain HTTP (use
+# --dest-tls-verify=false / --src-tls-verify=false with skopeo), stores blobs in
+# DIR/data and allows deletes. `start` is idempotent: when the registry of DIR
+# already answers, it just prints the port.
+#
+# Example:
+#   port=$(tests/tools/registry.sh start /tmp/reg)
+#   skopeo copy --preserve-digests --dest-tls-verify=false oci:/tmp/fx/edge:edge docker://127.0.0.1:$port/edge:latest
+#   (without --preserve-digests skopeo gzips uncompressed layers: other manifest digest)
+#   tests/tools/registry.sh stop /tmp/reg
+set -euo pipefail
+
+REGISTRY_BIN=${REGISTRY_BIN:-/usr/bin/docker-registry}
+WAIT_SECONDS=20
+
+die() { printf 'registry.sh: %s\n' "$*" >&2; exit 1; }
+usage() { die "usage: $0 start|stop|status DIR"; }
+
+[ $# -eq 2 ] || usage
+cmd=$1
+dir=$2
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+
+# pid of our registry if it is running (checks the pid really is docker-registry with our config)
+running_pid() {
+    local pid
+    [ -f "$dir/pid" ] || return 1
+    pid=$(cat "$dir/pid")
+    [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$dir/config.yml" || return 1
+    echo "$pid"
+}
+
+answers() {
+    curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$1/v2/" 2>/dev/null
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+start() {
+    local pid port i
+    if pid=$(running_pid) && port=$(cat "$dir/port" 2>/dev/null) && answers "$port"; then
+        echo "$port"
+        return 0
+    fi
+    [ -x "$REGISTRY_BIN" ] || die "$REGISTRY_BIN not found (apt-get install docker-registry)"
+    stop_quiet
+    mkdir -p "$dir/data"
+    port=$(free_port)
+    cat >"$dir/config.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: $dir/data
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:$port
+EOF
+    # own session: survives the caller's job control, no terminal signals
+    setsid "$REGISTRY_BIN" serve "$dir/config.yml" >"$dir/registry.log" 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$dir/pid"
+    echo "$port" >"$dir/port"
+    for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+        if answers "$port"; then
+            echo "$port"
+            return 0
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 20 "$dir/registry.log" >&2 || true
+            rm -f "$dir/pid" "$dir/port"
+            die "docker-registry exited during startup"
+        fi
+        sleep 0.1
+    done
+    tail -n 20 "$dir/registry.log" >&2 || true
+    stop_quiet
+    die "docker-registry did not answer on 127.0.0.1:$port within ${WAIT_SECONDS}s"
+}
+
+stop_quiet() {
+    local pid i
+    if pid=$(running_pid); then
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 50; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$dir/pid" "$dir/port"
+}
+
+case "$cmd" in
+start) start ;;
+stop) stop_quiet ;;
+status)
+    if running_pid >/dev/null && port=$(cat "$dir/port" 2>/dev/null) && answers "$port"; then
+        echo "$port"
+    else
+        exit 1
+    fi
+    ;;
+*) usage ;;
+esac
