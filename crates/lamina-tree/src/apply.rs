@@ -84,16 +84,103 @@ where
     let mut archive = tar::Archive::new(tar);
     let mut stats = LayerStats::default();
     {
+        // Raw entries: PAX and GNU long-name records are handled here, because
+        // the tar crate splits PAX records at newlines and so misreads binary
+        // xattr values (a capability set can contain 0x0a).
         let entries = archive.entries().map_err(read_err)?;
+        let entries = entries.raw(true);
+        let mut pending = Pending::default();
         for entry in entries {
             let mut entry = entry.map_err(read_err)?;
+            match entry.header().entry_type() {
+                tar::EntryType::XHeader => {
+                    let data = read_small(&mut entry).map_err(read_err)?;
+                    pending.pax = parse_pax(&data).map_err(read_err)?;
+                    continue;
+                }
+                tar::EntryType::XGlobalHeader => {
+                    stats.skipped += 1;
+                    continue;
+                }
+                tar::EntryType::GNULongName => {
+                    pending.long_name = Some(trim_nul(read_small(&mut entry).map_err(read_err)?));
+                    continue;
+                }
+                tar::EntryType::GNULongLink => {
+                    pending.long_link = Some(trim_nul(read_small(&mut entry).map_err(read_err)?));
+                    continue;
+                }
+                _ => {}
+            }
             stats.entries += 1;
-            apply_entry(tree, layer, &mut entry, &mut stats, &mut content)?;
+            let pending = std::mem::take(&mut pending);
+            apply_entry(tree, layer, &mut entry, pending, &mut stats, &mut content)?;
         }
     }
     // Trailing zero blocks and padding must reach the digest check too.
     io::copy(&mut archive.into_inner(), &mut io::sink()).map_err(read_err)?;
     Ok(stats)
+}
+
+/// PAX and GNU records that apply to the next real entry.
+#[derive(Debug, Default)]
+struct Pending {
+    pax: Vec<(Vec<u8>, Vec<u8>)>,
+    long_name: Option<Vec<u8>>,
+    long_link: Option<Vec<u8>>,
+}
+
+impl Pending {
+    fn pax(&self, key: &[u8]) -> Option<&[u8]> {
+        self.pax
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Reads a metadata record (PAX or long name), refusing absurd sizes.
+fn read_small<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Vec<u8>> {
+    const MAX: u64 = 16 << 20;
+    if entry.size() > MAX {
+        return Err(invalid(format!("tar metadata record of {} bytes", entry.size())));
+    }
+    let mut data = Vec::with_capacity(entry.size() as usize);
+    entry.read_to_end(&mut data)?;
+    Ok(data)
+}
+
+fn trim_nul(mut v: Vec<u8>) -> Vec<u8> {
+    while v.last() == Some(&0) {
+        v.pop();
+    }
+    v
+}
+
+/// Parses PAX records (`LEN KEY=VALUE\n`, LEN counting the whole record), by
+/// length, so values may hold any bytes.
+fn parse_pax(mut data: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    while !data.is_empty() {
+        if data.iter().all(|&b| b == 0) {
+            break; // padding some writers leave
+        }
+        let bad = || invalid("malformed PAX record".into());
+        let space = data.iter().position(|&b| b == b' ').ok_or_else(bad)?;
+        let len: usize = std::str::from_utf8(&data[..space])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(bad)?;
+        if len <= space + 1 || len > data.len() || data[len - 1] != b'\n' {
+            return Err(bad());
+        }
+        let record = &data[space + 1..len - 1];
+        let eq = record.iter().position(|&b| b == b'=').ok_or_else(bad)?;
+        out.push((record[..eq].to_vec(), record[eq + 1..].to_vec()));
+        data = &data[len..];
+    }
+    Ok(out)
 }
 
 /// One parsed tar entry, reduced to what the tree needs.
@@ -111,13 +198,18 @@ fn apply_entry<C, R: Read, F>(
     tree: &mut Tree<C>,
     layer: u32,
     entry: &mut tar::Entry<'_, R>,
+    pending: Pending,
     stats: &mut LayerStats,
     content: &mut F,
 ) -> Result<(), ApplyError>
 where
     F: FnMut(&[u8], &mut dyn Read, u64) -> io::Result<C>,
 {
-    let raw_path = entry.path_bytes().into_owned();
+    let raw_path = match (pending.pax(b"path"), &pending.long_name) {
+        (Some(p), _) => p.to_vec(),
+        (None, Some(p)) => p.clone(),
+        (None, None) => entry.header().path_bytes().into_owned(),
+    };
     let shown = String::from_utf8_lossy(&raw_path).into_owned();
     let fail = |reason: String| ApplyError::Entry {
         layer,
@@ -133,10 +225,23 @@ where
         Ok((major, minor))
     };
     let link_target = |e: &tar::Entry<'_, R>| -> Result<Vec<u8>, ApplyError> {
-        e.link_name_bytes()
-            .map(|l| l.into_owned())
-            .ok_or_else(|| fail("link entry without a link name".into()))
+        match (pending.pax(b"linkpath"), &pending.long_link) {
+            (Some(l), _) => Ok(l.to_vec()),
+            (None, Some(l)) => Ok(l.clone()),
+            (None, None) => e
+                .header()
+                .link_name_bytes()
+                .map(|l| l.into_owned())
+                .ok_or_else(|| fail("link entry without a link name".into())),
+        }
     };
+    if let Some(size) = pending.pax(b"size") {
+        // Raw iteration reads the header's size; a different PAX size would
+        // desynchronise the stream, so refuse it rather than guess.
+        if std::str::from_utf8(size).ok().and_then(|s| s.parse::<u64>().ok()) != Some(entry.size()) {
+            return Err(fail("PAX size record differs from the header size (files over 8 GiB are not supported)".into()));
+        }
+    }
     let incoming = match header.entry_type() {
         tar::EntryType::Directory => Incoming::Dir,
         tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
@@ -158,7 +263,7 @@ where
             return Ok(());
         }
     };
-    let meta = read_metadata(entry).map_err(read_err)?;
+    let meta = read_metadata(entry, &pending).map_err(read_err)?;
 
     let (parent_comps, name, confined) = split_path(&raw_path);
     if confined {
@@ -412,7 +517,7 @@ fn walk<C>(
 
 /// Reads owner, mode, mtime and xattrs, with PAX records overriding the
 /// fixed header fields (uids above 2^21, fractional mtimes).
-fn read_metadata<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Metadata> {
+fn read_metadata<R: Read>(entry: &tar::Entry<'_, R>, pending: &Pending) -> io::Result<Metadata> {
     let header = entry.header();
     let mut meta = Metadata {
         mode: header.mode()? & 0o7777,
@@ -422,11 +527,9 @@ fn read_metadata<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Metadata>
         mtime_nsec: 0,
         xattrs: BTreeMap::new(),
     };
-    if let Some(pax) = entry.pax_extensions()? {
-        for ext in pax {
-            let ext = ext?;
-            let key = ext.key_bytes();
-            let value = ext.value_bytes();
+    {
+        for (key, value) in &pending.pax {
+            let (key, value) = (key.as_slice(), value.as_slice());
             let parse_u32 = |v: &[u8]| {
                 std::str::from_utf8(v)
                     .ok()
@@ -693,6 +796,26 @@ mod tests {
         raw.truncate(2048);
         let err = apply(&mut T::new(), 0, raw).unwrap_err();
         assert!(matches!(err, ApplyError::Read { .. } | ApplyError::Content { .. }), "{err}");
+    }
+
+    #[test]
+    fn pax_records_with_binary_values() {
+        let value = b"a\nb=c\x00";
+        let mut rec = b" SCHILY.xattr.security.capability=".to_vec();
+        rec.extend_from_slice(value);
+        rec.push(b'\n');
+        let mut len = rec.len() + 1;
+        while len.to_string().len() + rec.len() != len {
+            len = len.to_string().len() + rec.len();
+        }
+        let mut data = format!("{len}").into_bytes();
+        data.extend_from_slice(&rec);
+        data.extend_from_slice(b"11 path=ab\n");
+        let got = parse_pax(&data).unwrap();
+        assert_eq!(got[0].1, value);
+        assert_eq!(got[1], (b"path".to_vec(), b"ab".to_vec()));
+        assert!(parse_pax(b"99 path=x\n").is_err());
+        assert!(parse_pax(b"5 a=b\n").is_err());
     }
 
     #[test]

@@ -220,7 +220,14 @@ pub fn write_image(
     };
     for (ino, plan) in plans.iter().enumerate() {
         let node = &tree.nodes[plan.node];
-        let mode = (node.file_type_bits() | (node.meta.mode & 0o7777)) as u16;
+        // Linux creates every symlink 0777 whatever a tar header says, so an
+        // unpacked image (and overlayfs over one) shows 0777: do the same.
+        let perm = if matches!(node.kind, NodeKind::Symlink { .. }) {
+            0o777
+        } else {
+            node.meta.mode & 0o7777
+        };
+        let mode = (node.file_type_bits() | perm) as u16;
         let (layout, i_u) = match &plan.payload {
             Payload::None { rdev } => (DataLayout::FlatPlain, *rdev),
             Payload::Flat { inline_tail, .. } => (
