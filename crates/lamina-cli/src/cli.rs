@@ -129,7 +129,10 @@ pub fn run(args: Args) -> Result<()> {
                 );
                 println!("  dedup ratio  {:.3}", report.dedup_ratio);
                 if s.confined_paths > 0 {
-                    println!("  confined     {} hostile paths kept inside the image", s.confined_paths);
+                    println!(
+                        "  confined     {} hostile paths kept inside the image",
+                        s.confined_paths
+                    );
                 }
             }
         }
@@ -187,7 +190,10 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
             } else {
                 println!("{image}: not a lamina image ({} layers)", layers.len());
                 for l in &img.layers {
-                    println!("  {} {} {}", l.descriptor.digest, l.descriptor.size, l.descriptor.media_type);
+                    println!(
+                        "  {} {} {}",
+                        l.descriptor.digest, l.descriptor.size, l.descriptor.media_type
+                    );
                 }
             }
             return Ok(());

@@ -45,16 +45,21 @@ fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
             _ => return None,
         });
     }
-    if cause.downcast_ref::<lamina_tree::ApplyError>().is_some_and(|e| {
-        // A read error may be a digest check underneath: let the chain decide.
-        !matches!(e, lamina_tree::ApplyError::Read { .. })
-    }) {
+    if cause
+        .downcast_ref::<lamina_tree::ApplyError>()
+        .is_some_and(|e| {
+            // A read error may be a digest check underneath: let the chain decide.
+            !matches!(e, lamina_tree::ApplyError::Read { .. })
+        })
+    {
         return Some(3);
     }
-    if cause.downcast_ref::<lamina_format::erofs::FormatError>().is_some()
-        || cause.downcast_ref::<lamina_image::artifact::ArtifactError>().is_some_and(|e| {
-            !matches!(e, lamina_image::artifact::ArtifactError::Oci(_))
-        })
+    if cause
+        .downcast_ref::<lamina_format::erofs::FormatError>()
+        .is_some()
+        || cause
+            .downcast_ref::<lamina_image::artifact::ArtifactError>()
+            .is_some_and(|e| !matches!(e, lamina_image::artifact::ArtifactError::Oci(_)))
     {
         return Some(3);
     }

@@ -152,7 +152,8 @@ impl ChunkIndex {
     /// Parses and validates an index: every chunk lies inside its blob and
     /// its cache file, and chunks of a blob do not overlap in the cache file.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, IndexError> {
-        let (header, rest) = IndexHeader::read_from_prefix(bytes).map_err(|_| IndexError::Truncated)?;
+        let (header, rest) =
+            IndexHeader::read_from_prefix(bytes).map_err(|_| IndexError::Truncated)?;
         if header.magic != INDEX_MAGIC || header.version.get() != INDEX_VERSION {
             return Err(IndexError::BadMagic);
         }
@@ -200,21 +201,24 @@ impl ChunkIndex {
 impl IndexBlob {
     fn validate(&self, chunk_bits: u8) -> Result<(), IndexError> {
         let bad = |what: &str| Err(IndexError::Inconsistent(what.into()));
-        if self.cache_size % 4096 != 0 {
+        if !self.cache_size.is_multiple_of(4096) {
             return bad("cache size not block aligned");
         }
         let mut cache_end = 0u64;
         for c in &self.chunks {
             let off = c.cache_offset.get();
             let size = u64::from(c.size.get());
-            if off % 4096 != 0 || off < cache_end || size == 0 || size > 1 << chunk_bits {
+            if !off.is_multiple_of(4096) || off < cache_end || size == 0 || size > 1 << chunk_bits {
                 return bad("chunk cache range");
             }
             cache_end = off + size;
             if cache_end > self.cache_size {
                 return bad("chunk beyond cache size");
             }
-            let cend = c.compressed_offset.get().checked_add(u64::from(c.compressed_size.get()));
+            let cend = c
+                .compressed_offset
+                .get()
+                .checked_add(u64::from(c.compressed_size.get()));
             if cend.is_none_or(|e| e > self.compressed_size) {
                 return bad("chunk beyond blob size");
             }
@@ -284,10 +288,16 @@ mod tests {
     #[test]
     fn rejects_corruption() {
         let bytes = sample().to_bytes();
-        assert!(matches!(ChunkIndex::from_bytes(&bytes[..40]), Err(IndexError::Truncated)));
+        assert!(matches!(
+            ChunkIndex::from_bytes(&bytes[..40]),
+            Err(IndexError::Truncated)
+        ));
         let mut bad = bytes.clone();
         bad[0] = b'X';
-        assert!(matches!(ChunkIndex::from_bytes(&bad), Err(IndexError::BadMagic)));
+        assert!(matches!(
+            ChunkIndex::from_bytes(&bad),
+            Err(IndexError::BadMagic)
+        ));
         let mut index = sample();
         index.blobs[0].chunks[1].cache_offset = 4096.into(); // overlaps chunk 0
         assert!(ChunkIndex::from_bytes(&index.to_bytes()).is_err());

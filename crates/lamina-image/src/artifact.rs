@@ -98,12 +98,15 @@ impl LaminaLayers {
                 MEDIA_TYPE_METADATA if metadata.is_none() => metadata = Some(layer.clone()),
                 MEDIA_TYPE_INDEX if index.is_none() => index = Some(layer.clone()),
                 other => {
-                    return Err(ArtifactError::NotLamina(format!("unexpected layer type {other}")))
+                    return Err(ArtifactError::NotLamina(format!(
+                        "unexpected layer type {other}"
+                    )))
                 }
             }
         }
         Ok(LaminaLayers {
-            metadata: metadata.ok_or_else(|| ArtifactError::NotLamina("no metadata layer".into()))?,
+            metadata: metadata
+                .ok_or_else(|| ArtifactError::NotLamina("no metadata layer".into()))?,
             index: index.ok_or_else(|| ArtifactError::NotLamina("no index layer".into()))?,
             blobs,
         })
@@ -178,6 +181,9 @@ pub fn content_annotations(raw: &[u8]) -> BTreeMap<String, String> {
             ANNOTATION_UNCOMPRESSED_DIGEST.to_string(),
             Digest::of_bytes(raw).to_string(),
         ),
-        (ANNOTATION_UNCOMPRESSED_SIZE.to_string(), raw.len().to_string()),
+        (
+            ANNOTATION_UNCOMPRESSED_SIZE.to_string(),
+            raw.len().to_string(),
+        ),
     ])
 }

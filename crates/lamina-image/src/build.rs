@@ -134,7 +134,9 @@ struct ChunkStore<'a> {
 
 impl std::fmt::Debug for ChunkStore<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChunkStore").field("blobs", &self.finished.len()).finish()
+        f.debug_struct("ChunkStore")
+            .field("blobs", &self.finished.len())
+            .finish()
     }
 }
 
@@ -242,7 +244,9 @@ pub struct ImageBuilder<'a> {
 
 impl std::fmt::Debug for ImageBuilder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ImageBuilder").field("layers", &self.layers).finish()
+        f.debug_struct("ImageBuilder")
+            .field("layers", &self.layers)
+            .finish()
     }
 }
 
@@ -379,14 +383,24 @@ mod tests {
     #[test]
     fn dedup_within_and_across_layers_and_holes() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = BuildOptions { chunk_bits: 16, zstd_level: 1 };
+        let opts = BuildOptions {
+            chunk_bits: 16,
+            zstd_level: 1,
+        };
         let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
         let a = noise(1 << 16, 1);
         let mut twice = a.clone();
         twice.extend_from_slice(&a); // two identical chunks
-        b.add_layer(&layer(&[("a", a.clone()), ("twice", twice), ("zeros", vec![0; 1 << 17])])[..])
+        b.add_layer(
+            &layer(&[
+                ("a", a.clone()),
+                ("twice", twice),
+                ("zeros", vec![0; 1 << 17]),
+            ])[..],
+        )
+        .unwrap();
+        b.add_layer(&layer(&[("copy", a.clone()), ("new", noise(100, 2))])[..])
             .unwrap();
-        b.add_layer(&layer(&[("copy", a.clone()), ("new", noise(100, 2))])[..]).unwrap();
         let img = b.finish().unwrap();
         // Layer 0 stores one chunk; layer 1 stores only "new".
         assert_eq!(img.stats.chunks_stored, 2);
@@ -396,7 +410,10 @@ mod tests {
         assert_eq!(img.stats.chunk_refs, 1 + 2 + 1 + 1);
         // The blob on disk hashes to its recorded digest.
         let bytes = std::fs::read(&img.blobs[0].path).unwrap();
-        assert_eq!(<[u8; 32]>::from(Sha256::digest(&bytes)), img.blobs[0].digest);
+        assert_eq!(
+            <[u8; 32]>::from(Sha256::digest(&bytes)),
+            img.blobs[0].digest
+        );
     }
 
     #[test]

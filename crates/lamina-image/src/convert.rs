@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use lamina_oci::{media_types, open_sink, open_source, Descriptor, Digest, ImageRef, Manifest, SourceOptions};
+use lamina_oci::{
+    media_types, open_sink, open_source, Descriptor, Digest, ImageRef, Manifest, SourceOptions,
+};
 
 use crate::artifact::*;
 use crate::build::{BuildError, BuildOptions, BuildStats, ImageBuilder};
@@ -93,7 +95,6 @@ pub struct BlobReport {
     pub cache_size: u64,
 }
 
-
 /// Converts `src` into a lamina image stored at `dst`.
 pub fn convert(
     src: &ImageRef,
@@ -107,8 +108,12 @@ pub fn convert(
     let image = source.image();
 
     let work = match &opts.work_dir {
-        Some(dir) => tempfile::Builder::new().prefix("lamina-convert-").tempdir_in(dir)?,
-        None => tempfile::Builder::new().prefix("lamina-convert-").tempdir()?,
+        Some(dir) => tempfile::Builder::new()
+            .prefix("lamina-convert-")
+            .tempdir_in(dir)?,
+        None => tempfile::Builder::new()
+            .prefix("lamina-convert-")
+            .tempdir()?,
     };
     let mut builder = ImageBuilder::new(&opts.build, work.path())?;
     let total = image.layers.len();
@@ -135,8 +140,11 @@ pub fn convert(
             media_type: MEDIA_TYPE_BLOB.to_string(),
             digest: Digest::from_sha256(blob.digest),
             size: blob.size,
-            annotations: [(ANNOTATION_UNCOMPRESSED_SIZE.to_string(), blob.cache_size.to_string())]
-                .into(),
+            annotations: [(
+                ANNOTATION_UNCOMPRESSED_SIZE.to_string(),
+                blob.cache_size.to_string(),
+            )]
+            .into(),
             platform: None,
         };
         sink.put_blob(&desc, &blob.path)?;
@@ -175,7 +183,8 @@ pub fn convert(
             "diff_ids": layers.iter().map(|l| l.digest.to_string()).collect::<Vec<_>>(),
         }),
     );
-    let config_bytes = serde_json::to_vec(&config).map_err(|e| ConvertError::Config(e.to_string()))?;
+    let config_bytes =
+        serde_json::to_vec(&config).map_err(|e| ConvertError::Config(e.to_string()))?;
     let config_desc = Descriptor {
         media_type: media_types::OCI_CONFIG.to_string(),
         digest: Digest::of_bytes(&config_bytes),
@@ -192,14 +201,26 @@ pub fn convert(
         layers,
         annotations: [
             (ANNOTATION_FORMAT.to_string(), FORMAT_VERSION.to_string()),
-            (ANNOTATION_SOURCE.to_string(), image.manifest_digest.to_string()),
+            (
+                ANNOTATION_SOURCE.to_string(),
+                image.manifest_digest.to_string(),
+            ),
             (
                 ANNOTATION_CHUNK_SIZE.to_string(),
                 (1u64 << opts.build.chunk_bits).to_string(),
             ),
-            (ANNOTATION_STATS_ENTRIES.to_string(), built.stats.entries.to_string()),
-            (ANNOTATION_STATS_FILES.to_string(), built.stats.files.to_string()),
-            (ANNOTATION_STATS_FILE_BYTES.to_string(), built.stats.file_bytes.to_string()),
+            (
+                ANNOTATION_STATS_ENTRIES.to_string(),
+                built.stats.entries.to_string(),
+            ),
+            (
+                ANNOTATION_STATS_FILES.to_string(),
+                built.stats.files.to_string(),
+            ),
+            (
+                ANNOTATION_STATS_FILE_BYTES.to_string(),
+                built.stats.file_bytes.to_string(),
+            ),
         ]
         .into(),
     };

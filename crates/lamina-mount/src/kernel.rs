@@ -173,16 +173,14 @@ pub fn mount_image(
 
 /// Unmounts a lamina mount.
 pub fn unmount(mountpoint: &Path) -> Result<(), MountError> {
-    rustix::mount::unmount(mountpoint, UnmountFlags::empty()).map_err(|errno| {
-        MountError::Syscall {
-            op: "umount",
-            path: mountpoint.to_path_buf(),
-            errno,
-            hint: if errno == rustix::io::Errno::BUSY {
-                " (still in use)"
-            } else {
-                ""
-            },
-        }
+    rustix::mount::unmount(mountpoint, UnmountFlags::empty()).map_err(|errno| MountError::Syscall {
+        op: "umount",
+        path: mountpoint.to_path_buf(),
+        errno,
+        hint: if errno == rustix::io::Errno::BUSY {
+            " (still in use)"
+        } else {
+            ""
+        },
     })
 }

@@ -144,7 +144,10 @@ impl Pending {
 fn read_small<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Vec<u8>> {
     const MAX: u64 = 16 << 20;
     if entry.size() > MAX {
-        return Err(invalid(format!("tar metadata record of {} bytes", entry.size())));
+        return Err(invalid(format!(
+            "tar metadata record of {} bytes",
+            entry.size()
+        )));
     }
     let mut data = Vec::with_capacity(entry.size() as usize);
     entry.read_to_end(&mut data)?;
@@ -238,8 +241,15 @@ where
     if let Some(size) = pending.pax(b"size") {
         // Raw iteration reads the header's size; a different PAX size would
         // desynchronise the stream, so refuse it rather than guess.
-        if std::str::from_utf8(size).ok().and_then(|s| s.parse::<u64>().ok()) != Some(entry.size()) {
-            return Err(fail("PAX size record differs from the header size (files over 8 GiB are not supported)".into()));
+        if std::str::from_utf8(size)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            != Some(entry.size())
+        {
+            return Err(fail(
+                "PAX size record differs from the header size (files over 8 GiB are not supported)"
+                    .into(),
+            ));
         }
     }
     let incoming = match header.entry_type() {
@@ -534,7 +544,9 @@ fn read_metadata<R: Read>(entry: &tar::Entry<'_, R>, pending: &Pending) -> io::R
                 std::str::from_utf8(v)
                     .ok()
                     .and_then(|s| s.trim().parse::<u32>().ok())
-                    .ok_or_else(|| invalid(format!("bad PAX number {:?}", String::from_utf8_lossy(v))))
+                    .ok_or_else(|| {
+                        invalid(format!("bad PAX number {:?}", String::from_utf8_lossy(v)))
+                    })
             };
             match key {
                 b"uid" => meta.uid = parse_u32(value)?,
@@ -618,7 +630,11 @@ mod tests {
         fn add(&mut self, path: &str, ty: tar::EntryType, data: &[u8], link: Option<&str>) {
             let mut h = tar::Header::new_gnu();
             h.set_entry_type(ty);
-            h.set_mode(if ty == tar::EntryType::Directory { 0o755 } else { 0o644 });
+            h.set_mode(if ty == tar::EntryType::Directory {
+                0o755
+            } else {
+                0o644
+            });
             h.set_size(data.len() as u64);
             h.set_mtime(1000);
             h.set_uid(0);
@@ -677,7 +693,11 @@ mod tests {
     fn whiteouts_and_opaque_dirs() {
         let mut t = T::new();
         let mut l0 = LayerBuilder::new();
-        l0.dir("a").file("a/x", b"1").file("a/y", b"2").dir("b").file("b/z", b"3");
+        l0.dir("a")
+            .file("a/x", b"1")
+            .file("a/y", b"2")
+            .dir("b")
+            .file("b/z", b"3");
         apply(&mut t, 0, l0.bytes()).unwrap();
         let mut l1 = LayerBuilder::new();
         l1.dir("a")
@@ -740,7 +760,9 @@ mod tests {
     fn hostile_paths_are_confined() {
         let mut t = T::new();
         let mut l0 = LayerBuilder::new();
-        l0.dir("tmp").symlink("evil", "/tmp").symlink("up", "../../..");
+        l0.dir("tmp")
+            .symlink("evil", "/tmp")
+            .symlink("up", "../../..");
         let mut raw = l0.bytes();
         // tar::Builder refuses "..", so splice hostile names in by hand.
         raw.truncate(raw.len() - 1024);
@@ -795,7 +817,10 @@ mod tests {
         let mut raw = l0.bytes();
         raw.truncate(2048);
         let err = apply(&mut T::new(), 0, raw).unwrap_err();
-        assert!(matches!(err, ApplyError::Read { .. } | ApplyError::Content { .. }), "{err}");
+        assert!(
+            matches!(err, ApplyError::Read { .. } | ApplyError::Content { .. }),
+            "{err}"
+        );
     }
 
     #[test]

@@ -108,12 +108,18 @@ enum Payload {
     /// Directory or symlink bytes: full blocks elsewhere, tail maybe inline.
     Flat { data: FlatData, inline_tail: bool },
     /// Chunk indexes.
-    Chunked { format: u16, indexes: Vec<ChunkIndex> },
+    Chunked {
+        format: u16,
+        indexes: Vec<ChunkIndex>,
+    },
 }
 
 #[derive(Debug)]
 enum FlatData {
-    Dir { blocks: Vec<std::ops::Range<usize>>, entries: Vec<(Vec<u8>, NodeId, FileType)> },
+    Dir {
+        blocks: Vec<std::ops::Range<usize>>,
+        entries: Vec<(Vec<u8>, NodeId, FileType)>,
+    },
     Symlink(Vec<u8>),
 }
 
@@ -154,7 +160,9 @@ impl Plan {
     }
     fn tail_len(&self) -> usize {
         match &self.payload {
-            Payload::Flat { inline_tail: true, .. } => (self.size % BLOCK_SIZE as u64) as usize,
+            Payload::Flat {
+                inline_tail: true, ..
+            } => (self.size % BLOCK_SIZE as u64) as usize,
             _ => 0,
         }
     }
@@ -174,7 +182,14 @@ pub fn write_image(
     // Plan every inode's sizes.
     let mut plans = Vec::with_capacity(order.len());
     for (i, &node) in order.iter().enumerate() {
-        plans.push(plan_inode(tree, node, nlinks[i], parents[i], build_time, devices.len())?);
+        plans.push(plan_inode(
+            tree,
+            node,
+            nlinks[i],
+            parents[i],
+            build_time,
+            devices.len(),
+        )?);
     }
 
     // Place inodes. Block 0: superblock + device table.
@@ -341,7 +356,12 @@ pub fn write_image(
             })
         .into(),
         extra_devices: (devices.len() as u16).into(),
-        devt_slotoff: (if devices.is_empty() { 0 } else { devt_slotoff as u16 }).into(),
+        devt_slotoff: (if devices.is_empty() {
+            0
+        } else {
+            devt_slotoff as u16
+        })
+        .into(),
         ..SuperBlock::default()
     };
     // The UUID is a digest of everything else, so equal trees give equal images.
@@ -448,7 +468,11 @@ fn plan_inode(
                         String::from_utf8_lossy(name).into_owned(),
                     ));
                 }
-                list.push((name.clone(), entry.node, file_type(&tree.nodes[entry.node].kind)));
+                list.push((
+                    name.clone(),
+                    entry.node,
+                    file_type(&tree.nodes[entry.node].kind),
+                ));
             }
             list.sort_by(|a, b| a.0.cmp(&b.0));
             let (blocks, size) = pack_dir_blocks(&list);
@@ -506,9 +530,12 @@ fn plan_inode(
                 (*size, Payload::Chunked { format, indexes })
             }
         }
-        NodeKind::CharDevice { major, minor } | NodeKind::BlockDevice { major, minor } => {
-            (0, Payload::None { rdev: encode_rdev(*major, *minor)? })
-        }
+        NodeKind::CharDevice { major, minor } | NodeKind::BlockDevice { major, minor } => (
+            0,
+            Payload::None {
+                rdev: encode_rdev(*major, *minor)?,
+            },
+        ),
         NodeKind::Fifo | NodeKind::Socket => (0, Payload::None { rdev: 0 }),
     };
     let meta = &node.meta;
@@ -626,7 +653,8 @@ fn encode_xattrs(
         if (index == 2 || index == 3) && !suffix.is_empty() {
             return Err(FormatError::UnsupportedXattr(shown()));
         }
-        let name_len = u8::try_from(suffix.len()).map_err(|_| FormatError::XattrTooLong(shown()))?;
+        let name_len =
+            u8::try_from(suffix.len()).map_err(|_| FormatError::XattrTooLong(shown()))?;
         let value_size =
             u16::try_from(value.len()).map_err(|_| FormatError::XattrTooLong(shown()))?;
         let entry = XattrEntry {
@@ -658,7 +686,12 @@ mod tests {
         }
     }
 
-    fn add(tree: &mut Tree<FileChunks>, dir: NodeId, name: &[u8], node: Node<FileChunks>) -> NodeId {
+    fn add(
+        tree: &mut Tree<FileChunks>,
+        dir: NodeId,
+        name: &[u8],
+        node: Node<FileChunks>,
+    ) -> NodeId {
         let id = tree.add_node(node);
         if let NodeKind::Directory { entries } = &mut tree.nodes[dir].kind {
             entries.insert(name.to_vec(), DirEntry { node: id, layer: 0 });
@@ -681,7 +714,10 @@ mod tests {
     #[test]
     fn rdev_encoding_matches_kernel() {
         assert_eq!(encode_rdev(1, 3).unwrap(), 0x103);
-        assert_eq!(encode_rdev(259, 70000).unwrap(), (70000 & 0xff) | (259 << 8) | ((70000 & !0xff) << 12));
+        assert_eq!(
+            encode_rdev(259, 70000).unwrap(),
+            (70000 & 0xff) | (259 << 8) | ((70000 & !0xff) << 12)
+        );
         assert!(encode_rdev(4096, 0).is_err());
     }
 
@@ -689,15 +725,52 @@ mod tests {
     fn image_is_reproducible_and_sized() {
         let mut tree: Tree<FileChunks> = Tree::new();
         let root = tree.root;
-        let sub = add(&mut tree, root, b"sub", Node { meta: meta(5), kind: NodeKind::Directory { entries: Default::default() } });
+        let sub = add(
+            &mut tree,
+            root,
+            b"sub",
+            Node {
+                meta: meta(5),
+                kind: NodeKind::Directory {
+                    entries: Default::default(),
+                },
+            },
+        );
         for i in 0..300 {
-            add(&mut tree, sub, format!("f{i}").as_bytes(), Node {
-                meta: meta(7),
-                kind: NodeKind::Regular { size: 5000, content: FileChunks { chunk_bits: 20, chunks: vec![ChunkAddr::Data { device: 1, blkaddr: i * 2 }] } },
-            });
+            add(
+                &mut tree,
+                sub,
+                format!("f{i}").as_bytes(),
+                Node {
+                    meta: meta(7),
+                    kind: NodeKind::Regular {
+                        size: 5000,
+                        content: FileChunks {
+                            chunk_bits: 20,
+                            chunks: vec![ChunkAddr::Data {
+                                device: 1,
+                                blkaddr: i * 2,
+                            }],
+                        },
+                    },
+                },
+            );
         }
-        add(&mut tree, root, b"link", Node { meta: meta(1), kind: NodeKind::Symlink { target: vec![b'x'; 3000] } });
-        let devices = vec![Device { tag: "blob".into(), blocks: 600 }];
+        add(
+            &mut tree,
+            root,
+            b"link",
+            Node {
+                meta: meta(1),
+                kind: NodeKind::Symlink {
+                    target: vec![b'x'; 3000],
+                },
+            },
+        );
+        let devices = vec![Device {
+            tag: "blob".into(),
+            blocks: 600,
+        }];
         let (a, stats) = write_image(&tree, &devices).unwrap();
         let (b, _) = write_image(&tree, &devices).unwrap();
         assert_eq!(a, b);
@@ -712,16 +785,41 @@ mod tests {
     fn bad_inputs_are_errors() {
         let mut tree: Tree<FileChunks> = Tree::new();
         let root = tree.root;
-        add(&mut tree, root, b"f", Node {
-            meta: meta(0),
-            kind: NodeKind::Regular { size: 3 << 20, content: FileChunks { chunk_bits: 20, chunks: vec![ChunkAddr::Hole] } },
-        });
-        assert!(matches!(write_image(&tree, &[]), Err(FormatError::ChunkCount { .. })));
+        add(
+            &mut tree,
+            root,
+            b"f",
+            Node {
+                meta: meta(0),
+                kind: NodeKind::Regular {
+                    size: 3 << 20,
+                    content: FileChunks {
+                        chunk_bits: 20,
+                        chunks: vec![ChunkAddr::Hole],
+                    },
+                },
+            },
+        );
+        assert!(matches!(
+            write_image(&tree, &[]),
+            Err(FormatError::ChunkCount { .. })
+        ));
 
         let mut tree: Tree<FileChunks> = Tree::new();
         let mut m = meta(0);
         m.xattrs.insert(b"system.nfs4_acl".to_vec(), b"x".to_vec());
-        add(&mut tree, 0, b"x", Node { meta: m, kind: NodeKind::Fifo });
-        assert!(matches!(write_image(&tree, &[]), Err(FormatError::UnsupportedXattr(_))));
+        add(
+            &mut tree,
+            0,
+            b"x",
+            Node {
+                meta: m,
+                kind: NodeKind::Fifo,
+            },
+        );
+        assert!(matches!(
+            write_image(&tree, &[]),
+            Err(FormatError::UnsupportedXattr(_))
+        ));
     }
 }
