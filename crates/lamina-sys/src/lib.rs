@@ -81,9 +81,8 @@ impl FanotifyGroup {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fd was just returned by fanotify_init and is owned by no one else.
-        Ok(FanotifyGroup {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(FanotifyGroup { fd })
     }
 
     /// Wraps a group fd received from another process.
