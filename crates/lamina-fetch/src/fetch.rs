@@ -1,0 +1,341 @@
+//! Fetching chunks: merged range reads, retries with backoff, and a digest
+//! check of every chunk before anyone may see its bytes.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lamina_format::index::{ChunkEntry, CHUNK_ZSTD};
+use lamina_oci::{Digest, RegistryClient};
+use sha2::{Digest as _, Sha256};
+
+/// Where compressed blob bytes come from.
+pub trait RangeSource: Send + Sync + std::fmt::Debug {
+    /// Reads `len` bytes of blob `digest` from `offset`.
+    fn read_range(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>>;
+}
+
+/// A registry repository, read with HTTP Range requests over one pooled client.
+#[derive(Debug, Clone)]
+pub struct RegistrySource {
+    /// The client (keep-alive pool, cached bearer tokens).
+    pub client: RegistryClient,
+    /// Repository name.
+    pub repository: String,
+}
+
+impl RangeSource for RegistrySource {
+    fn read_range(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        self.client
+            .get_blob_range(&self.repository, digest, offset, len)
+            .map_err(|e| e.into_io())
+    }
+}
+
+/// An OCI layout directory on local disk.
+#[derive(Debug, Clone)]
+pub struct LayoutSource {
+    /// The layout's root.
+    pub dir: PathBuf,
+}
+
+impl RangeSource for LayoutSource {
+    fn read_range(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let path = lamina_oci::layout::blob_path(&self.dir, digest);
+        let mut buf = vec![0u8; len as usize];
+        File::open(path)?.read_exact_at(&mut buf, offset)?;
+        Ok(buf)
+    }
+}
+
+/// Fetch tuning.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    /// Chunks closer than this in the blob are fetched in one request.
+    pub merge_gap: u64,
+    /// Largest single request.
+    pub max_request: u64,
+    /// Attempts per request before giving up.
+    pub attempts: u32,
+    /// First backoff; doubles per attempt.
+    pub backoff: Duration,
+    /// Give up when this much time has passed, whatever the attempts left.
+    pub deadline: Duration,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        FetchOptions {
+            merge_gap: 64 * 1024,
+            max_request: 16 << 20,
+            attempts: 4,
+            backoff: Duration::from_millis(100),
+            deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why chunks could not be fetched. Readers get EIO.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// Every attempt failed.
+    #[error("blob {blob}: bytes {offset}+{len}: {attempts} attempts failed, last: {last}")]
+    Exhausted {
+        /// Blob digest.
+        blob: String,
+        /// Request offset.
+        offset: u64,
+        /// Request length.
+        len: u64,
+        /// Attempts made.
+        attempts: u32,
+        /// Last error.
+        last: String,
+    },
+}
+
+/// Counters shared by fetching threads.
+#[derive(Debug, Default)]
+pub struct FetchStats {
+    /// Compressed bytes received (including retries).
+    pub bytes: AtomicU64,
+    /// Requests sent.
+    pub requests: AtomicU64,
+    /// Chunks that failed verification (then retried).
+    pub bad_chunks: AtomicU64,
+}
+
+/// Groups chunk indices (sorted by blob offset) into request spans.
+fn plan_requests(chunks: &[ChunkEntry], wanted: &[usize], opts: &FetchOptions) -> Vec<Vec<usize>> {
+    let mut sorted = wanted.to_vec();
+    sorted.sort_by_key(|&i| chunks[i].compressed_offset.get());
+    let mut spans: Vec<Vec<usize>> = Vec::new();
+    for i in sorted {
+        let c = &chunks[i];
+        let start = c.compressed_offset.get();
+        let end = start + u64::from(c.compressed_size.get());
+        if let Some(span) = spans.last_mut() {
+            let first = &chunks[span[0]];
+            let last = &chunks[*span.last().unwrap_or(&span[0])];
+            let span_start = first.compressed_offset.get();
+            let span_end = last.compressed_offset.get() + u64::from(last.compressed_size.get());
+            if start <= span_end + opts.merge_gap && end - span_start <= opts.max_request {
+                span.push(i);
+                continue;
+            }
+        }
+        spans.push(vec![i]);
+    }
+    spans
+}
+
+/// Decompresses and verifies one chunk's stored bytes.
+pub fn decode_chunk(chunk: &ChunkEntry, stored: &[u8]) -> Result<Vec<u8>, String> {
+    let size = chunk.size.get() as usize;
+    let data = if chunk.flags.get() & CHUNK_ZSTD != 0 {
+        zstd::bulk::decompress(stored, size).map_err(|e| format!("zstd: {e}"))?
+    } else {
+        stored.to_vec()
+    };
+    if data.len() != size {
+        return Err(format!("decoded {} bytes, expected {size}", data.len()));
+    }
+    if <[u8; 32]>::from(Sha256::digest(&data)) != chunk.digest {
+        return Err("chunk digest mismatch".into());
+    }
+    Ok(data)
+}
+
+/// Fetches, decompresses and verifies the chunks `wanted` of a blob, calling
+/// `deliver(index, bytes)` for each verified chunk as it arrives. Chunks that
+/// fail verification are fetched again; nothing unverified is delivered.
+pub fn fetch_chunks(
+    source: &dyn RangeSource,
+    blob: &Digest,
+    chunks: &[ChunkEntry],
+    wanted: &[usize],
+    opts: &FetchOptions,
+    stats: &FetchStats,
+    mut deliver: impl FnMut(usize, Vec<u8>) -> io::Result<()>,
+) -> Result<(), FetchError> {
+    let started = Instant::now();
+    for span in plan_requests(chunks, wanted, opts) {
+        let mut pending = span;
+        let mut attempt = 0;
+        let mut last_err = String::new();
+        while !pending.is_empty() {
+            if attempt >= opts.attempts || (attempt > 0 && started.elapsed() > opts.deadline) {
+                let first = &chunks[pending[0]];
+                return Err(FetchError::Exhausted {
+                    blob: blob.to_string(),
+                    offset: first.compressed_offset.get(),
+                    len: pending
+                        .iter()
+                        .map(|&i| u64::from(chunks[i].compressed_size.get()))
+                        .sum(),
+                    attempts: attempt,
+                    last: last_err,
+                });
+            }
+            if attempt > 0 {
+                std::thread::sleep(opts.backoff * 2u32.pow(attempt - 1));
+            }
+            attempt += 1;
+            let first = &chunks[pending[0]];
+            let last = &chunks[*pending.last().unwrap_or(&pending[0])];
+            let start = first.compressed_offset.get();
+            let end = last.compressed_offset.get() + u64::from(last.compressed_size.get());
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            let bytes = match source.read_range(blob, start, end - start) {
+                Ok(b) => b,
+                Err(e) => {
+                    last_err = e.to_string();
+                    continue;
+                }
+            };
+            stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let mut failed = Vec::new();
+            for &i in &pending {
+                let c = &chunks[i];
+                let from = (c.compressed_offset.get() - start) as usize;
+                let to = from + c.compressed_size.get() as usize;
+                let Some(stored) = bytes.get(from..to) else {
+                    last_err = format!("short read: {} of {} bytes", bytes.len(), end - start);
+                    failed.push(i);
+                    continue;
+                };
+                match decode_chunk(c, stored) {
+                    Ok(data) => deliver(i, data).map_err(|e| FetchError::Exhausted {
+                        blob: blob.to_string(),
+                        offset: c.compressed_offset.get(),
+                        len: u64::from(c.compressed_size.get()),
+                        attempts: attempt,
+                        last: format!("writing the cache: {e}"),
+                    })?,
+                    Err(reason) => {
+                        stats.bad_chunks.fetch_add(1, Ordering::Relaxed);
+                        last_err = reason;
+                        failed.push(i);
+                    }
+                }
+            }
+            pending = failed;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Debug)]
+    struct Flaky {
+        blob: Vec<u8>,
+        /// Per call: 0 ok, 1 error, 2 corrupt a byte, 3 truncate.
+        script: Mutex<Vec<u8>>,
+    }
+
+    impl RangeSource for Flaky {
+        fn read_range(&self, _: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+            let mode = {
+                let mut s = self.script.lock().unwrap();
+                if s.is_empty() {
+                    0
+                } else {
+                    s.remove(0)
+                }
+            };
+            let mut b = self.blob[offset as usize..(offset + len) as usize].to_vec();
+            match mode {
+                1 => Err(io::Error::other("connection reset")),
+                2 => {
+                    b.iter_mut().for_each(|x| *x ^= 0xFF);
+                    Ok(b)
+                }
+                3 => {
+                    b.truncate(b.len() / 3);
+                    Ok(b)
+                }
+                _ => Ok(b),
+            }
+        }
+    }
+
+    fn make(parts: &[Vec<u8>]) -> (Vec<u8>, Vec<ChunkEntry>) {
+        let mut blob = Vec::new();
+        let mut chunks = Vec::new();
+        let mut cache = 0u64;
+        for p in parts {
+            let z = zstd::bulk::compress(p, 1).unwrap();
+            chunks.push(ChunkEntry {
+                cache_offset: cache.into(),
+                compressed_offset: (blob.len() as u64).into(),
+                compressed_size: (z.len() as u32).into(),
+                size: (p.len() as u32).into(),
+                flags: CHUNK_ZSTD.into(),
+                reserved: 0.into(),
+                digest: Sha256::digest(p).into(),
+            });
+            blob.extend_from_slice(&z);
+            cache += (p.len() as u64).next_multiple_of(4096);
+        }
+        (blob, chunks)
+    }
+
+    fn run(script: Vec<u8>) -> (Result<(), FetchError>, Vec<(usize, Vec<u8>)>) {
+        let parts: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8 + 1; 10_000 + i * 7]).collect();
+        let (blob, chunks) = make(&parts);
+        let src = Flaky {
+            blob,
+            script: Mutex::new(script),
+        };
+        let opts = FetchOptions {
+            backoff: Duration::from_millis(1),
+            ..FetchOptions::default()
+        };
+        let mut got = Vec::new();
+        let digest = Digest::of_bytes(b"x");
+        let r = fetch_chunks(
+            &src,
+            &digest,
+            &chunks,
+            &[3, 0, 1],
+            &opts,
+            &FetchStats::default(),
+            |i, d| {
+                assert_eq!(d, parts[i]);
+                got.push((i, d));
+                Ok(())
+            },
+        );
+        (r, got)
+    }
+
+    #[test]
+    fn merges_and_delivers_verified_chunks() {
+        let (r, got) = run(vec![]);
+        r.unwrap();
+        let mut idx: Vec<usize> = got.iter().map(|g| g.0).collect();
+        idx.sort();
+        assert_eq!(idx, vec![0, 1, 3]);
+    }
+
+    #[test]
+    fn retries_errors_corruption_and_truncation() {
+        let (r, got) = run(vec![1, 2, 3]);
+        r.unwrap();
+        assert_eq!(got.len(), 3);
+    }
+
+    #[test]
+    fn gives_up_after_attempts_without_delivering_bad_bytes() {
+        let (r, got) = run(vec![2, 2, 2, 2, 2, 2]);
+        assert!(r.is_err());
+        assert!(got.is_empty(), "nothing unverified may be delivered");
+    }
+}

@@ -1,0 +1,8 @@
+//! The chunk store and fetcher: per-blob sparse cache files with a
+//! crash-safe fill record ([`store`]) and verified, merged, retried range
+//! fetches from a registry or a local layout ([`fetch`]).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod fetch;
+pub mod store;
