@@ -287,7 +287,9 @@ mod tests {
         (blob, chunks)
     }
 
-    fn run(script: Vec<u8>) -> (Result<(), FetchError>, Vec<(usize, Vec<u8>)>) {
+    type Delivered = Vec<(usize, Vec<u8>)>;
+
+    fn run(script: Vec<u8>) -> (Result<(), FetchError>, Delivered) {
         let parts: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8 + 1; 10_000 + i * 7]).collect();
         let (blob, chunks) = make(&parts);
         let src = Flaky {
