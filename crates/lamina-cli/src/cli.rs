@@ -48,6 +48,10 @@ enum Command {
         work_dir: Option<PathBuf>,
     },
     /// Mount a lamina image read-only with the kernel (file-backed EROFS).
+    ///
+    /// Registry images mount lazily: data is fetched on first read through
+    /// fanotify pre-content events, served by a background daemon. Local
+    /// images are fetched whole first (use --lazy to serve them lazily too).
     Mount {
         /// The lamina image.
         image: String,
@@ -56,11 +60,52 @@ enum Command {
         /// Cache directory.
         #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
         cache_dir: PathBuf,
+        /// Serve data on demand (default for docker:// images).
+        #[arg(long, conflicts_with = "eager")]
+        lazy: bool,
+        /// Fetch all data before mounting (default for oci: images).
+        #[arg(long)]
+        eager: bool,
+        /// Seconds a reader waits for missing data before getting EIO.
+        #[arg(long, default_value = "60")]
+        timeout: u64,
+        /// Bytes fetched around each miss (cache-file offsets).
+        #[arg(long, default_value = "1048576")]
+        fill_window: u64,
+        /// After the boot set, fetch the rest of the image in the background.
+        #[arg(long)]
+        prefetch_all: bool,
+        /// Record the chunks a workload reads, in order, to FILE (for a boot set).
+        #[arg(long, value_name = "FILE")]
+        record_trace: Option<PathBuf>,
     },
-    /// Unmount a lamina mount.
+    /// Unmount a lamina mount (and stop its daemon).
     Umount {
         /// The mountpoint.
         mountpoint: PathBuf,
+        /// Cache directory.
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        cache_dir: PathBuf,
+    },
+    /// Show lazy mounts: bytes fetched and cached, misses, prefetch progress.
+    Status {
+        /// Cache directory.
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        cache_dir: PathBuf,
+    },
+    /// Internal: the fanotify holder of one lazy mount.
+    #[command(hide = true)]
+    InternalHolder {
+        /// Daemon config.
+        config: PathBuf,
+    },
+    /// Internal: the fetching worker of one lazy mount.
+    #[command(hide = true)]
+    InternalWorker {
+        /// Daemon config.
+        config: PathBuf,
+        /// Inherited socket to the holder.
+        fd: i32,
     },
     /// Show an image's layers, chunks, sizes and dedup ratio.
     Inspect {
@@ -140,11 +185,31 @@ pub fn run(args: Args) -> Result<()> {
             image,
             mountpoint,
             cache_dir,
+            lazy,
+            eager,
+            timeout,
+            fill_window,
+            prefetch_all,
+            record_trace,
         } => {
             let image = parse_ref(&image)?;
             let opts = MountOptions { cache_dir, source };
-            let info = lamina_mount::mount_image(&image, &mountpoint, &opts)
-                .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
+            let lazy = lazy
+                || record_trace.is_some()
+                || (!eager && matches!(image, ImageRef::Registry(_)));
+            let info = if lazy {
+                let lazy_opts = lamina_mount::LazyOptions {
+                    timeout: std::time::Duration::from_secs(timeout.max(1)),
+                    fill_window,
+                    prefetch_all,
+                    record_trace,
+                    ..lamina_mount::LazyOptions::default()
+                };
+                lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts)
+            } else {
+                lamina_mount::mount_image(&image, &mountpoint, &opts)
+            }
+            .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
             if args.json {
                 print_json(&info)?;
             } else {
@@ -156,11 +221,26 @@ pub fn run(args: Args) -> Result<()> {
                 );
             }
         }
-        Command::Umount { mountpoint } => {
+        Command::Umount {
+            mountpoint,
+            cache_dir,
+        } => {
             lamina_mount::unmount(&mountpoint)?;
-            if !args.json {
+            let status = lamina_mount::finish_unmount(&cache_dir, &mountpoint);
+            if args.json {
+                let status: serde_json::Value = status
+                    .and_then(|s| serde_json::from_str(&s).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                print_json(&serde_json::json!({"unmounted": mountpoint, "last_status": status}))?;
+            } else {
                 println!("unmounted {}", mountpoint.display());
             }
+        }
+        Command::Status { cache_dir } => status(&cache_dir, args.json)?,
+        Command::InternalHolder { config } => lamina_daemon::holder::run_holder(&config)?,
+        Command::InternalWorker { config, fd } => {
+            let sock = lamina_sys::adopt_inherited_fd(fd)?;
+            lamina_daemon::worker::run_worker(&config, sock)?
         }
         Command::Inspect { image } => {
             let image = parse_ref(&image)?;
@@ -259,6 +339,56 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
             b.compressed_size,
             b.chunks.len(),
             b.cache_size
+        );
+    }
+    Ok(())
+}
+
+fn status(cache_dir: &std::path::Path, json: bool) -> Result<()> {
+    let mut mounts = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(cache_dir.join("mounts")) {
+        for entry in dir.flatten() {
+            let read = |name: &str| -> Option<serde_json::Value> {
+                serde_json::from_slice(&std::fs::read(entry.path().join(name)).ok()?).ok()
+            };
+            let (Some(config), Some(ready)) = (read("config.json"), read("ready")) else {
+                continue;
+            };
+            let alive = ready["pid"]
+                .as_u64()
+                .is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+            mounts.push(serde_json::json!({
+                "mountpoint": config["mountpoint"],
+                "image": config["image"],
+                "manifest_digest": config["manifest_digest"],
+                "holder_pid": ready["pid"],
+                "alive": alive,
+                "status": read("status.json"),
+            }));
+        }
+    }
+    if json {
+        return print_json(&mounts);
+    }
+    if mounts.is_empty() {
+        println!("no lazy mounts");
+    }
+    for m in &mounts {
+        let s = &m["status"];
+        println!(
+            "{} {} ({})",
+            m["mountpoint"],
+            m["image"],
+            if m["alive"] == true {
+                "serving"
+            } else {
+                "holder gone"
+            }
+        );
+        println!(
+            "  cached {} / {} bytes, fetched {} bytes in {} requests, {} misses ({} failed), prefetch {}/{}",
+            s["cached_bytes"], s["total_bytes"], s["fetched_bytes"], s["requests"],
+            s["misses"], s["failed_misses"], s["prefetch_done"], s["prefetch_total"]
         );
     }
     Ok(())

@@ -110,6 +110,21 @@ impl BlobStore {
             // No record, or one for another layout: start empty.
             return self.write_state_full();
         }
+        let flags = u32::from_le_bytes([raw[12], raw[13], raw[14], raw[15]]);
+        let all_bits = (0..n).all(|i| raw[STATE_HEADER + i / 8] & (1 << (i % 8)) != 0);
+        if flags & FLAG_COMPLETE != 0 && all_bits {
+            // The complete flag is written only after the cache file was
+            // synced, so it needs no second check.
+            self.filled = vec![true; n];
+            self.filled_count = n;
+            self.filled_bytes = self
+                .blob
+                .chunks
+                .iter()
+                .map(|c| u64::from(c.size.get()))
+                .sum();
+            return Ok(());
+        }
         let mut buf = Vec::new();
         let mut changed = false;
         for i in 0..n {

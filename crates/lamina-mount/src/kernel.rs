@@ -57,6 +57,9 @@ pub enum MountError {
     /// Local I/O.
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
+    /// The lazy-mount daemon could not start or mount.
+    #[error("lazy mount: {0}")]
+    Daemon(String),
 }
 
 /// A live mount.

@@ -14,6 +14,8 @@
 
 mod cache;
 mod kernel;
+mod lazy;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
+pub use lazy::{finish_unmount, mount_lazy, run_dir, LazyOptions};

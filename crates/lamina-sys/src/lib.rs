@@ -241,3 +241,38 @@ mod tests {
         assert!(parse_events(&b).is_err());
     }
 }
+
+/// Makes SIGTERM, SIGINT, SIGHUP and SIGPIPE no-ops for this process.
+///
+/// The holder of a fanotify group must not die of a stray signal: when the
+/// group's last fd closes, the kernel lets every pending and later read of an
+/// unfilled range through as zeros.
+pub fn ignore_termination_signals() -> io::Result<()> {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
+        // SAFETY: SIG_IGN installs no handler code; signal() only changes this
+        // process's disposition for a valid signal number.
+        let prev = unsafe { libc::signal(sig, libc::SIG_IGN) };
+        if prev == libc::SIG_ERR {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Takes ownership of an fd this process inherited (its number passed on the
+/// command line), after checking that it is open.
+pub fn adopt_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD only reads the fd's flags; an invalid number yields EBADF.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if fd <= 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "refusing to adopt stdio",
+        ));
+    }
+    // SAFETY: the fd is open (checked above), was handed to us by our parent
+    // for exactly this purpose, and nothing else in this process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

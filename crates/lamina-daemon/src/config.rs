@@ -1,0 +1,94 @@
+//! What `lamina mount` hands the holder and worker: one JSON file in the
+//! mount's run directory.
+
+use std::path::{Path, PathBuf};
+
+/// Where blob bytes come from.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SourceSpec {
+    /// A registry repository.
+    Registry {
+        /// `host[:port]`.
+        host: String,
+        /// Repository.
+        repository: String,
+        /// Hosts spoken to over plain HTTP.
+        insecure_hosts: Vec<String>,
+    },
+    /// A local OCI layout.
+    Layout {
+        /// Its directory.
+        dir: PathBuf,
+    },
+}
+
+/// One data blob of the mount.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct BlobSpec {
+    /// Blob digest.
+    pub digest: String,
+    /// Cache file (the EROFS device).
+    pub cache_path: PathBuf,
+    /// Already complete when the mount started (never watched).
+    pub complete: bool,
+}
+
+/// Everything the daemon processes need.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct DaemonConfig {
+    /// Image reference, for status.
+    pub image: String,
+    /// Manifest digest, for status.
+    pub manifest_digest: String,
+    /// Mountpoint.
+    pub mountpoint: PathBuf,
+    /// EROFS metadata image.
+    pub metadata_path: PathBuf,
+    /// Chunk index (uncompressed).
+    pub index_path: PathBuf,
+    /// Directory of cache and state files.
+    pub blob_dir: PathBuf,
+    /// Blobs in device order.
+    pub blobs: Vec<BlobSpec>,
+    /// Where blob bytes come from.
+    pub source: SourceSpec,
+    /// Run directory (status, logs, ready marker).
+    pub run_dir: PathBuf,
+    /// A reader waits at most this long for its bytes, then gets EIO.
+    pub timeout_secs: u64,
+    /// A miss fetches the chunks of this many bytes around it (cache offsets).
+    pub fill_window: u64,
+    /// Threads serving misses.
+    pub workers: usize,
+    /// Fetch the image's boot set in the background.
+    pub prefetch: bool,
+    /// Then fetch everything else too.
+    pub prefetch_all: bool,
+    /// Append the digests of chunks fetched for misses, in order, to this file.
+    pub record_trace: Option<PathBuf>,
+}
+
+impl DaemonConfig {
+    /// Reads the config.
+    pub fn load(path: &Path) -> std::io::Result<Self> {
+        let bytes = std::fs::read(path)?;
+        serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+    }
+
+    /// Writes the config atomically.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        write_atomic(
+            path,
+            &serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?,
+        )
+    }
+}
+
+/// Writes a small file via a temp file and rename, so readers never see half of it.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,337 @@
+//! The holder: owns the fanotify group for the whole life of the mount.
+//!
+//! It creates the group, watches the incomplete cache files, mounts the
+//! image, and then only pumps events: each miss goes (with the event's fd) to
+//! the worker, each answer from the worker goes back to the kernel. It never
+//! fetches, so it has little reason to fail. When the worker dies the holder
+//! keeps every pending event, starts a new worker and hands them over again:
+//! readers wait (up to the timeout, then EIO) and never see the zeros a
+//! closed group would let through. It ignores SIGTERM/SIGINT/SIGHUP and exits
+//! on its own once the filesystem is unmounted.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lamina_sys::{FanotifyGroup, Response};
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+
+use crate::config::{write_atomic, DaemonConfig};
+use crate::protocol::{self, Message};
+
+/// Written to `<run_dir>/ready` once the mount is usable (or failed).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Ready {
+    /// Holder pid.
+    pub pid: u32,
+    /// `None` when mounted; otherwise why not.
+    pub error: Option<String>,
+}
+
+struct PendingMiss {
+    file: OwnedFd,
+    response_fd: i32,
+    blob: u32,
+    offset: u64,
+    count: u64,
+    deadline: Instant,
+    sent: bool,
+}
+
+struct Worker {
+    child: Child,
+    sock: OwnedFd,
+    ready: bool,
+}
+
+fn spawn_worker(exe: &Path, config_path: &Path, log: &Path) -> io::Result<Worker> {
+    let (ours, theirs) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    // The worker's end must survive exec; the holder is single-threaded, so
+    // no other thread can fork in between.
+    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty())?;
+    let log = File::options().create(true).append(true).open(log)?;
+    let child = Command::new(exe)
+        .arg("internal-worker")
+        .arg(config_path)
+        .arg(rustix::fd::AsRawFd::as_raw_fd(&theirs).to_string())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    drop(theirs);
+    Ok(Worker {
+        child,
+        sock: ours,
+        ready: false,
+    })
+}
+
+fn mount_options(config: &DaemonConfig) -> io::Result<std::ffi::CString> {
+    let mut data = String::new();
+    for b in &config.blobs {
+        let p = b.cache_path.to_string_lossy();
+        if p.contains(',') {
+            return Err(io::Error::other(format!("cache path {p} contains a comma")));
+        }
+        if !data.is_empty() {
+            data.push(',');
+        }
+        data.push_str("device=");
+        data.push_str(&p);
+    }
+    std::ffi::CString::new(data).map_err(io::Error::other)
+}
+
+fn write_ready(config: &DaemonConfig, error: Option<String>) -> io::Result<()> {
+    let ready = Ready {
+        pid: std::process::id(),
+        error,
+    };
+    write_atomic(
+        &config.run_dir.join("ready"),
+        &serde_json::to_vec(&ready).map_err(io::Error::other)?,
+    )
+}
+
+/// Runs the holder for the mount described by `config_path`. Returns when
+/// the filesystem has been unmounted, or with an error (also written to the
+/// ready file) if the mount could not be set up.
+pub fn run_holder(config_path: &Path) -> io::Result<()> {
+    let _ = rustix::process::setsid();
+    lamina_sys::ignore_termination_signals()?;
+    let config = DaemonConfig::load(config_path)?;
+    match setup(&config, config_path) {
+        Ok((group, worker, watched, mounted_dev)) => {
+            write_ready(&config, None)?;
+            serve(&config, config_path, group, worker, watched, mounted_dev)
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            write_ready(&config, Some(msg.clone()))?;
+            Err(io::Error::other(msg))
+        }
+    }
+}
+
+type Setup = (FanotifyGroup, Worker, HashMap<(u64, u64), u32>, u64);
+
+fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
+    let group = FanotifyGroup::new().map_err(|e| {
+        io::Error::other(format!(
+            "fanotify pre-content group: {e} (lazy mounts need root and Linux 6.14+ with CONFIG_FANOTIFY_ACCESS_PERMISSIONS)"
+        ))
+    })?;
+    let mut watched = HashMap::new();
+    for (i, b) in config.blobs.iter().enumerate() {
+        if b.complete {
+            continue;
+        }
+        group.watch(&b.cache_path).map_err(|e| {
+            io::Error::other(format!(
+                "watching {}: {e} (the cache directory's filesystem must support fanotify pre-content events, e.g. ext4, xfs, btrfs, tmpfs; choose another --cache-dir)",
+                b.cache_path.display()
+            ))
+        })?;
+        let m = std::fs::metadata(&b.cache_path)?;
+        watched.insert((m.dev(), m.ino()), i as u32);
+    }
+    let exe = std::env::current_exe()?;
+    let worker = spawn_worker(&exe, config_path, &config.run_dir.join("worker.log"))?;
+    let data = mount_options(config)?;
+    let mounted = rustix::mount::mount(
+        config.metadata_path.as_path(),
+        config.mountpoint.as_path(),
+        "erofs",
+        rustix::mount::MountFlags::RDONLY,
+        Some(data.as_c_str()),
+    );
+    if let Err(e) = mounted {
+        let mut w = worker;
+        let _ = w.child.kill();
+        let _ = w.child.wait();
+        return Err(io::Error::other(format!(
+            "mount {}: {e}",
+            config.mountpoint.display()
+        )));
+    }
+    let dev = std::fs::metadata(&config.mountpoint)?.dev();
+    Ok((group, worker, watched, dev))
+}
+
+fn serve(
+    config: &DaemonConfig,
+    config_path: &Path,
+    group: FanotifyGroup,
+    mut worker: Worker,
+    mut watched: HashMap<(u64, u64), u32>,
+    mounted_dev: u64,
+) -> io::Result<()> {
+    let exe = std::env::current_exe()?;
+    let log = config.run_dir.join("worker.log");
+    let timeout = Duration::from_secs(config.timeout_secs);
+    let mut pending: HashMap<u64, PendingMiss> = HashMap::new();
+    let mut next_id = 1u64;
+    let mut buf = Vec::new();
+    let mut last_mount_check = Instant::now();
+    let mut last_respawn = Instant::now();
+    let paths: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
+
+    loop {
+        let now = Instant::now();
+        let next_deadline = pending.values().map(|p| p.deadline).min();
+        let wait = next_deadline
+            .map(|d| d.saturating_duration_since(now))
+            .unwrap_or(Duration::from_millis(200))
+            .min(Duration::from_millis(200));
+        let group_fd = group.as_fd();
+        let mut fds = [
+            PollFd::new(&group_fd, PollFlags::IN),
+            PollFd::new(&worker.sock, PollFlags::IN),
+        ];
+        let ts = rustix::event::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()),
+        };
+        match poll(&mut fds, Some(&ts)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let group_ready = fds[0].revents().contains(PollFlags::IN);
+        let worker_ready = !fds[1].revents().is_empty();
+
+        if group_ready {
+            let worker_pid = worker.child.id() as i32;
+            for ev in group.read_events(&mut buf)? {
+                let Some(file) = ev.file else {
+                    eprintln!("holder: fanotify queue overflow");
+                    continue;
+                };
+                // The worker's own prefetch writes are verified data: let them through.
+                if ev.pid == worker_pid {
+                    group.respond(ev.response_fd, Response::Allow)?;
+                    continue;
+                }
+                let stat = rustix::fs::fstat(&file)?;
+                let key = (stat.st_dev, stat.st_ino);
+                let Some(&blob) = watched.get(&key) else {
+                    group.respond(ev.response_fd, Response::Allow)?;
+                    continue;
+                };
+                let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
+                let id = next_id;
+                next_id += 1;
+                let mut miss = PendingMiss {
+                    file,
+                    response_fd: ev.response_fd,
+                    blob,
+                    offset,
+                    count,
+                    deadline: Instant::now() + timeout,
+                    sent: false,
+                };
+                if worker.ready {
+                    miss.sent = forward(&worker, id, &miss);
+                }
+                pending.insert(id, miss);
+            }
+        }
+
+        if worker_ready {
+            match protocol::recv(worker.sock.as_fd()) {
+                Ok(Some((msg, _))) => match msg {
+                    Message::Hello => {
+                        worker.ready = true;
+                        for (id, miss) in pending.iter_mut().filter(|(_, m)| !m.sent) {
+                            miss.sent = forward(&worker, *id, miss);
+                        }
+                    }
+                    Message::Done { id, errno } => {
+                        if let Some(miss) = pending.remove(&id) {
+                            let response = if errno == 0 {
+                                Response::Allow
+                            } else {
+                                Response::DenyErrno(errno)
+                            };
+                            group.respond(miss.response_fd, response)?;
+                        }
+                    }
+                    Message::Complete { blob } => {
+                        if let Some(path) = paths.get(blob as usize) {
+                            match group.unwatch(path) {
+                                Ok(()) => watched.retain(|_, b| *b != blob),
+                                Err(e) => eprintln!("holder: unwatch {}: {e}", path.display()),
+                            }
+                        }
+                    }
+                    Message::Miss { .. } => {}
+                },
+                Ok(None) | Err(_) => {
+                    // The worker is gone: keep the events, start another.
+                    let _ = worker.child.kill();
+                    let status = worker.child.wait();
+                    eprintln!("holder: worker exited ({status:?}); restarting");
+                    let since = last_respawn.elapsed();
+                    if since < Duration::from_millis(500) {
+                        std::thread::sleep(Duration::from_millis(500) - since);
+                    }
+                    last_respawn = Instant::now();
+                    worker = spawn_worker(&exe, config_path, &log)?;
+                    for miss in pending.values_mut() {
+                        miss.sent = false;
+                    }
+                }
+            }
+        }
+
+        // Readers never wait past the timeout.
+        let now = Instant::now();
+        let expired: Vec<u64> = pending
+            .iter()
+            .filter(|(_, m)| m.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            if let Some(miss) = pending.remove(&id) {
+                eprintln!(
+                    "holder: blob {} bytes {}+{}: timed out, reader gets EIO",
+                    miss.blob, miss.offset, miss.count
+                );
+                group.respond(miss.response_fd, Response::DenyErrno(libc::EIO))?;
+            }
+        }
+
+        if last_mount_check.elapsed() >= Duration::from_millis(200) {
+            last_mount_check = Instant::now();
+            let still = std::fs::metadata(&config.mountpoint).map(|m| m.dev() == mounted_dev);
+            if !matches!(still, Ok(true)) {
+                for (_, miss) in pending.drain() {
+                    let _ = group.respond(miss.response_fd, Response::DenyErrno(libc::EIO));
+                }
+                let _ = worker.child.kill();
+                let _ = worker.child.wait();
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn forward(worker: &Worker, id: u64, miss: &PendingMiss) -> bool {
+    let msg = Message::Miss {
+        id,
+        blob: miss.blob,
+        offset: miss.offset,
+        count: miss.count,
+    };
+    protocol::send_owned(&worker.sock, msg, Some(&miss.file)).is_ok()
+}

@@ -1,0 +1,13 @@
+//! The kernel on-demand path: a file-backed EROFS mount whose blob cache
+//! files are filled on first read through fanotify pre-content events.
+//!
+//! Two processes per mount: the [`holder`] owns the fanotify group and the
+//! mount and only relays events; the [`worker`] fetches, verifies and fills.
+//! See the holder's docs for why the split makes crashes safe.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod holder;
+pub mod protocol;
+pub mod worker;

@@ -1,0 +1,209 @@
+//! Holder <-> worker messages over a SOCK_SEQPACKET socketpair. Each message
+//! is one fixed 32-byte record; a miss carries the event's fd as SCM_RIGHTS.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+const MSG_LEN: usize = 32;
+
+/// A message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message {
+    /// Worker -> holder: ready; events may be forwarded.
+    Hello,
+    /// Holder -> worker: fill `[offset, offset + count)` of blob `blob`
+    /// (comes with the event fd).
+    Miss {
+        /// Request id.
+        id: u64,
+        /// Blob index (device order).
+        blob: u32,
+        /// Cache file offset.
+        offset: u64,
+        /// Bytes.
+        count: u64,
+    },
+    /// Worker -> holder: request `id` done; `errno` 0 means filled.
+    Done {
+        /// Request id.
+        id: u64,
+        /// 0 or an errno for the reader.
+        errno: i32,
+    },
+    /// Worker -> holder: blob complete, stop watching it.
+    Complete {
+        /// Blob index.
+        blob: u32,
+    },
+}
+
+impl Message {
+    fn encode(&self) -> [u8; MSG_LEN] {
+        let mut b = [0u8; MSG_LEN];
+        match *self {
+            Message::Hello => b[0] = 1,
+            Message::Miss {
+                id,
+                blob,
+                offset,
+                count,
+            } => {
+                b[0] = 2;
+                b[4..8].copy_from_slice(&blob.to_le_bytes());
+                b[8..16].copy_from_slice(&id.to_le_bytes());
+                b[16..24].copy_from_slice(&offset.to_le_bytes());
+                b[24..32].copy_from_slice(&count.to_le_bytes());
+            }
+            Message::Done { id, errno } => {
+                b[0] = 3;
+                b[4..8].copy_from_slice(&errno.to_le_bytes());
+                b[8..16].copy_from_slice(&id.to_le_bytes());
+            }
+            Message::Complete { blob } => {
+                b[0] = 4;
+                b[4..8].copy_from_slice(&blob.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    fn decode(b: &[u8]) -> io::Result<Self> {
+        if b.len() != MSG_LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad message length",
+            ));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let u64_at = |at: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(x)
+        };
+        Ok(match b[0] {
+            1 => Message::Hello,
+            2 => Message::Miss {
+                blob: u32_at(4),
+                id: u64_at(8),
+                offset: u64_at(16),
+                count: u64_at(24),
+            },
+            3 => Message::Done {
+                errno: u32_at(4) as i32,
+                id: u64_at(8),
+            },
+            4 => Message::Complete { blob: u32_at(4) },
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "bad message kind",
+                ))
+            }
+        })
+    }
+}
+
+/// Sends a message, with an fd attached if given.
+pub fn send(sock: BorrowedFd<'_>, msg: Message, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let bytes = msg.encode();
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    let fds;
+    if let Some(fd) = fd {
+        fds = [fd];
+        if !anc.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(io::Error::other("ancillary buffer too small"));
+        }
+    }
+    loop {
+        match sendmsg(
+            sock,
+            &[io::IoSlice::new(&bytes)],
+            &mut anc,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receives one message and its fd, if any. `Ok(None)` means the peer closed.
+pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Option<(Message, Option<OwnedFd>)>> {
+    let mut bytes = [0u8; MSG_LEN];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let got = loop {
+        match recvmsg(
+            sock,
+            &mut [io::IoSliceMut::new(&mut bytes)],
+            &mut anc,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => break r,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut fd = None;
+    for m in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for f in fds {
+                if fd.is_none() {
+                    fd = Some(f);
+                }
+            }
+        }
+    }
+    if got.bytes == 0 {
+        return Ok(None);
+    }
+    Ok(Some((Message::decode(&bytes[..got.bytes])?, fd)))
+}
+
+/// Helper for callers holding an `OwnedFd`.
+pub fn send_owned(sock: &OwnedFd, msg: Message, fd: Option<&OwnedFd>) -> io::Result<()> {
+    send(sock.as_fd(), msg, fd.map(|f| f.as_fd()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+
+    #[test]
+    fn round_trip_with_fd() {
+        let (a, b) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let file = std::fs::File::open("/proc/self/exe").unwrap();
+        let msg = Message::Miss {
+            id: 7,
+            blob: 2,
+            offset: 1 << 40,
+            count: 4096,
+        };
+        send(a.as_fd(), msg, Some(file.as_fd())).unwrap();
+        let (got, fd) = recv(b.as_fd()).unwrap().unwrap();
+        assert_eq!(got, msg);
+        assert!(fd.is_some());
+        send(b.as_fd(), Message::Done { id: 7, errno: 5 }, None).unwrap();
+        assert_eq!(
+            recv(a.as_fd()).unwrap().unwrap().0,
+            Message::Done { id: 7, errno: 5 }
+        );
+        drop(b);
+        assert!(recv(a.as_fd()).unwrap().is_none());
+    }
+}

@@ -1,0 +1,439 @@
+//! The worker: fills misses and prefetches. It may crash or be killed at any
+//! time; the holder keeps the events and starts another, which re-verifies
+//! the fill records and carries on.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use lamina_fetch::fetch::{
+    fetch_chunks, FetchOptions, FetchStats, LayoutSource, RangeSource, RegistrySource,
+};
+use lamina_fetch::store::BlobStore;
+use lamina_format::index::ChunkIndex;
+use lamina_oci::{Digest, RegistryClient, SourceOptions};
+
+use crate::config::{write_atomic, DaemonConfig, SourceSpec};
+use crate::protocol::{self, Message};
+
+/// Live figures, written to `<run_dir>/status.json`.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Status {
+    /// Worker pid.
+    pub pid: u32,
+    /// Image reference.
+    pub image: String,
+    /// Mountpoint.
+    pub mountpoint: String,
+    /// Compressed bytes fetched by this worker.
+    pub fetched_bytes: u64,
+    /// Range requests sent.
+    pub requests: u64,
+    /// Misses served.
+    pub misses: u64,
+    /// Misses that failed (reader got EIO).
+    pub failed_misses: u64,
+    /// Chunks that failed verification and were fetched again.
+    pub bad_chunks: u64,
+    /// Bytes present in the cache / total, over all blobs.
+    pub cached_bytes: u64,
+    /// Total uncompressed bytes of all chunks.
+    pub total_bytes: u64,
+    /// Boot-set / prefetch chunks done.
+    pub prefetch_done: u64,
+    /// Boot-set / prefetch chunks planned.
+    pub prefetch_total: u64,
+    /// Per blob: (digest, chunks filled, chunks, complete).
+    pub blobs: Vec<BlobStatus>,
+}
+
+/// One blob's progress.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct BlobStatus {
+    /// Digest.
+    pub digest: String,
+    /// Chunks present.
+    pub filled_chunks: usize,
+    /// Chunks in all.
+    pub chunks: usize,
+    /// Whether complete.
+    pub complete: bool,
+}
+
+struct Shared {
+    config: DaemonConfig,
+    digests: Vec<Digest>,
+    stores: Vec<Mutex<BlobStore>>,
+    source: Box<dyn RangeSource>,
+    fetch: FetchOptions,
+    stats: FetchStats,
+    inflight: Mutex<HashSet<(u32, usize)>>,
+    landed: Condvar,
+    misses: AtomicU64,
+    failed: AtomicU64,
+    active_misses: AtomicU64,
+    prefetch_done: AtomicU64,
+    prefetch_total: AtomicU64,
+    complete_sent: Vec<AtomicBool>,
+    sock: OwnedFd,
+    trace: Option<Mutex<File>>,
+}
+
+/// Runs the worker on the socket `sock` from the holder.
+pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
+    let config = DaemonConfig::load(config_path)?;
+    let index =
+        ChunkIndex::from_bytes(&std::fs::read(&config.index_path)?).map_err(io::Error::other)?;
+    let mut stores = Vec::new();
+    let mut digests = Vec::new();
+    for (spec, blob) in config.blobs.iter().zip(index.blobs) {
+        digests.push(Digest::parse(&spec.digest).map_err(io::Error::other)?);
+        stores.push(Mutex::new(BlobStore::open(&config.blob_dir, blob)?));
+    }
+    let source: Box<dyn RangeSource> = match &config.source {
+        SourceSpec::Registry {
+            host,
+            repository,
+            insecure_hosts,
+        } => {
+            let opts = SourceOptions {
+                insecure_hosts: insecure_hosts.clone(),
+                ..SourceOptions::default()
+            };
+            let client = RegistryClient::with_timeout(
+                host,
+                &opts,
+                Duration::from_secs(config.timeout_secs.max(1)),
+            )
+            .map_err(io::Error::other)?;
+            Box::new(RegistrySource {
+                client,
+                repository: repository.clone(),
+            })
+        }
+        SourceSpec::Layout { dir } => Box::new(LayoutSource { dir: dir.clone() }),
+    };
+    let trace = match &config.record_trace {
+        Some(p) => Some(Mutex::new(
+            File::options().create(true).append(true).open(p)?,
+        )),
+        None => None,
+    };
+    let n = stores.len();
+    let shared = Arc::new(Shared {
+        fetch: FetchOptions {
+            deadline: Duration::from_secs(config.timeout_secs),
+            ..FetchOptions::default()
+        },
+        config,
+        digests,
+        stores,
+        source,
+        stats: FetchStats::default(),
+        inflight: Mutex::new(HashSet::new()),
+        landed: Condvar::new(),
+        misses: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        active_misses: AtomicU64::new(0),
+        prefetch_done: AtomicU64::new(0),
+        prefetch_total: AtomicU64::new(0),
+        complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        sock,
+        trace,
+    });
+    // Blobs completed by an earlier worker: tell the holder again.
+    for b in 0..n {
+        shared.check_complete(b as u32);
+    }
+    protocol::send_owned(&shared.sock, Message::Hello, None)?;
+
+    let (tx, rx) = mpsc::channel::<(u64, u32, u64, u64, File)>();
+    let rx = Arc::new(Mutex::new(rx));
+    for _ in 0..shared.config.workers.max(1) {
+        let shared = shared.clone();
+        let rx = rx.clone();
+        std::thread::spawn(move || loop {
+            let job = match rx.lock() {
+                Ok(r) => r.recv(),
+                Err(_) => return,
+            };
+            let Ok((id, blob, offset, count, file)) = job else {
+                return;
+            };
+            let errno = match shared.serve_miss(blob, offset, count, &file) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("worker: blob {blob} bytes {offset}+{count}: {e}");
+                    shared.failed.fetch_add(1, Ordering::Relaxed);
+                    libc::EIO
+                }
+            };
+            shared.active_misses.fetch_sub(1, Ordering::Relaxed);
+            let _ = protocol::send_owned(&shared.sock, Message::Done { id, errno }, None);
+        });
+    }
+    {
+        let shared = shared.clone();
+        std::thread::spawn(move || loop {
+            let _ = shared.write_status();
+            std::thread::sleep(Duration::from_millis(500));
+        });
+    }
+    if shared.config.prefetch || shared.config.prefetch_all {
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.prefetch());
+    }
+
+    loop {
+        match protocol::recv(std::os::fd::AsFd::as_fd(&shared.sock))? {
+            None => {
+                let _ = shared.write_status();
+                return Ok(()); // the holder is gone
+            }
+            Some((
+                Message::Miss {
+                    id,
+                    blob,
+                    offset,
+                    count,
+                },
+                Some(fd),
+            )) => {
+                shared.misses.fetch_add(1, Ordering::Relaxed);
+                shared.active_misses.fetch_add(1, Ordering::Relaxed);
+                if blob as usize >= shared.stores.len() {
+                    let _ = protocol::send_owned(
+                        &shared.sock,
+                        Message::Done {
+                            id,
+                            errno: libc::EIO,
+                        },
+                        None,
+                    );
+                    continue;
+                }
+                let _ = tx.send((id, blob, offset, count, File::from(fd)));
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+impl Shared {
+    fn lock_store(&self, blob: u32) -> io::Result<std::sync::MutexGuard<'_, BlobStore>> {
+        self.stores[blob as usize]
+            .lock()
+            .map_err(|_| io::Error::other("store lock poisoned"))
+    }
+
+    /// Fills the chunks under `[offset, offset + count)` (and the rest of the
+    /// fill window around it), writing through the event's `file`.
+    fn serve_miss(&self, blob: u32, offset: u64, count: u64, file: &File) -> io::Result<()> {
+        let (needed, window) = {
+            let store = self.lock_store(blob)?;
+            let needed = store.chunks_covering(offset, count.max(1));
+            let w = self.config.fill_window.max(1);
+            let start = offset / w * w;
+            let win = store.chunks_covering(start, w.max(offset + count - start));
+            (needed, win)
+        };
+        let mine = self.claim(blob, window.clone().chain(needed.clone()))?;
+        if !mine.is_empty() {
+            let result = self.fetch_into(blob, &mine, Some(file), true);
+            self.release(blob, &mine);
+            result?;
+        }
+        // Chunks another thread was fetching: wait for them.
+        let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
+        let mut inflight = self
+            .inflight
+            .lock()
+            .map_err(|_| io::Error::other("lock poisoned"))?;
+        loop {
+            let store = self.lock_store(blob)?;
+            if needed.clone().all(|i| store.is_filled(i)) {
+                return Ok(());
+            }
+            drop(store);
+            if needed.clone().any(|i| !inflight.contains(&(blob, i))) {
+                // Not filled and nobody fetching: fetch ourselves.
+                drop(inflight);
+                let store = self.lock_store(blob)?;
+                let missing: Vec<usize> = needed.clone().filter(|&i| !store.is_filled(i)).collect();
+                drop(store);
+                let mine = self.claim(blob, missing.into_iter())?;
+                let r = self.fetch_into(blob, &mine, Some(file), true);
+                self.release(blob, &mine);
+                r?;
+                inflight = self
+                    .inflight
+                    .lock()
+                    .map_err(|_| io::Error::other("lock poisoned"))?;
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "waiting for chunks",
+                ));
+            }
+            inflight = self
+                .landed
+                .wait_timeout(inflight, left.min(Duration::from_millis(100)))
+                .map_err(|_| io::Error::other("lock poisoned"))?
+                .0;
+        }
+    }
+
+    /// Marks the unfilled, unclaimed chunks among `chunks` as ours.
+    fn claim(&self, blob: u32, chunks: impl Iterator<Item = usize>) -> io::Result<Vec<usize>> {
+        let mut inflight = self
+            .inflight
+            .lock()
+            .map_err(|_| io::Error::other("lock poisoned"))?;
+        let store = self.lock_store(blob)?;
+        let mut mine = Vec::new();
+        for i in chunks {
+            if !store.is_filled(i) && inflight.insert((blob, i)) {
+                mine.push(i);
+            }
+        }
+        Ok(mine)
+    }
+
+    fn release(&self, blob: u32, chunks: &[usize]) {
+        if let Ok(mut inflight) = self.inflight.lock() {
+            for i in chunks {
+                inflight.remove(&(blob, *i));
+            }
+        }
+        self.landed.notify_all();
+    }
+
+    fn fetch_into(
+        &self,
+        blob: u32,
+        chunks: &[usize],
+        via: Option<&File>,
+        traced: bool,
+    ) -> io::Result<()> {
+        let entries = self.lock_store(blob)?.blob.chunks.clone();
+        let result = fetch_chunks(
+            self.source.as_ref(),
+            &self.digests[blob as usize],
+            &entries,
+            chunks,
+            &self.fetch,
+            &self.stats,
+            |i, data| {
+                self.lock_store(blob)?.fill(i, &data, via)?;
+                if traced {
+                    if let Some(trace) = &self.trace {
+                        if let Ok(mut t) = trace.lock() {
+                            writeln!(t, "{}", hex::encode(entries[i].digest))?;
+                        }
+                    }
+                }
+                Ok(())
+            },
+        );
+        self.landed.notify_all();
+        self.check_complete(blob);
+        result.map_err(io::Error::other)
+    }
+
+    fn check_complete(&self, blob: u32) {
+        let complete = self
+            .lock_store(blob)
+            .map(|s| s.is_complete())
+            .unwrap_or(false);
+        if complete && !self.complete_sent[blob as usize].swap(true, Ordering::Relaxed) {
+            let _ = protocol::send_owned(&self.sock, Message::Complete { blob }, None);
+        }
+    }
+
+    /// Background fetching, below misses in priority: the boot set first
+    /// (not yet in the index format), then, with prefetch_all, everything.
+    fn prefetch(&self) {
+        let mut plan: Vec<(u32, usize)> = Vec::new();
+        if self.config.prefetch_all {
+            for (b, store) in self.stores.iter().enumerate() {
+                if let Ok(s) = store.lock() {
+                    plan.extend(
+                        (0..s.blob.chunks.len())
+                            .filter(|&i| !s.is_filled(i))
+                            .map(|i| (b as u32, i)),
+                    );
+                }
+            }
+        }
+        self.prefetch_total
+            .store(plan.len() as u64, Ordering::Relaxed);
+        for batch in plan.chunks(32) {
+            while self.active_misses.load(Ordering::Relaxed) > 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let blob = batch[0].0;
+            let same: Vec<usize> = batch.iter().filter(|c| c.0 == blob).map(|c| c.1).collect();
+            let others: Vec<(u32, usize)> = batch.iter().filter(|c| c.0 != blob).copied().collect();
+            for (b, idx) in
+                std::iter::once((blob, same)).chain(others.into_iter().map(|(b, i)| (b, vec![i])))
+            {
+                if let Ok(mine) = self.claim(b, idx.into_iter()) {
+                    if let Err(e) = self.fetch_into(b, &mine, None, false) {
+                        eprintln!("worker: prefetch: {e}");
+                    }
+                    self.release(b, &mine);
+                }
+            }
+            self.prefetch_done
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn write_status(&self) -> io::Result<()> {
+        let mut status = Status {
+            pid: std::process::id(),
+            image: self.config.image.clone(),
+            mountpoint: self.config.mountpoint.display().to_string(),
+            fetched_bytes: self.stats.bytes.load(Ordering::Relaxed),
+            requests: self.stats.requests.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            failed_misses: self.failed.load(Ordering::Relaxed),
+            bad_chunks: self.stats.bad_chunks.load(Ordering::Relaxed),
+            prefetch_done: self.prefetch_done.load(Ordering::Relaxed),
+            prefetch_total: self.prefetch_total.load(Ordering::Relaxed),
+            ..Status::default()
+        };
+        for (store, digest) in self.stores.iter().zip(&self.digests) {
+            let s = store
+                .lock()
+                .map_err(|_| io::Error::other("lock poisoned"))?;
+            let (filled, bytes) = s.filled();
+            status.cached_bytes += bytes;
+            status.total_bytes += s
+                .blob
+                .chunks
+                .iter()
+                .map(|c| u64::from(c.size.get()))
+                .sum::<u64>();
+            status.blobs.push(BlobStatus {
+                digest: digest.to_string(),
+                filled_chunks: filled,
+                chunks: s.blob.chunks.len(),
+                complete: s.is_complete(),
+            });
+        }
+        write_atomic(
+            &self.config.run_dir.join("status.json"),
+            &serde_json::to_vec_pretty(&status).map_err(io::Error::other)?,
+        )
+    }
+}

@@ -1,0 +1,213 @@
+//! Lazy mounts: fetch manifest, index and metadata, create sparse cache
+//! files, then hand over to a holder process (see `lamina-daemon`) that
+//! mounts and serves misses. Returns once the mount is usable.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lamina_daemon::config::{BlobSpec, DaemonConfig, SourceSpec};
+use lamina_daemon::holder::Ready;
+use lamina_fetch::store::BlobStore;
+use lamina_image::artifact::{self, LaminaLayers};
+use lamina_oci::{open_source, ImageRef, RegistryRef};
+use sha2::Digest as _;
+
+use crate::cache::store_metadata;
+use crate::kernel::{MountError, MountInfo, MountOptions};
+
+/// Settings of the on-demand path.
+#[derive(Debug, Clone)]
+pub struct LazyOptions {
+    /// A reader waits at most this long for its bytes, then gets EIO.
+    pub timeout: Duration,
+    /// A miss fetches the chunks in this many bytes around it.
+    pub fill_window: u64,
+    /// Threads serving misses.
+    pub workers: usize,
+    /// Fetch everything in the background after the boot set.
+    pub prefetch_all: bool,
+    /// Record the chunks fetched for misses, in order, to this file.
+    pub record_trace: Option<PathBuf>,
+}
+
+impl Default for LazyOptions {
+    fn default() -> Self {
+        LazyOptions {
+            timeout: Duration::from_secs(60),
+            fill_window: 1 << 20,
+            workers: 8,
+            prefetch_all: false,
+            record_trace: None,
+        }
+    }
+}
+
+/// The run directory of the mount at `mountpoint`.
+pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
+    let canonical = fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    cache_dir.join("mounts").join(hex::encode(&digest[..8]))
+}
+
+/// Mounts `image` at `mountpoint` lazily.
+pub fn mount_lazy(
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    lazy: &LazyOptions,
+) -> Result<MountInfo, MountError> {
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |e| MountError::Io(p, e)
+    };
+    let mountpoint = fs::canonicalize(mountpoint)
+        .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
+    if !mountpoint.is_dir() {
+        return Err(MountError::Mountpoint(mountpoint, "not a directory".into()));
+    }
+    let source = open_source(image, &opts.source)?;
+    let img = source.image();
+    let layers = LaminaLayers::from_manifest(&img.manifest)?;
+    let index_bytes =
+        artifact::read_compressed_layer(source.as_ref(), &layers.index, "chunk index")?;
+    let index = artifact::read_index(source.as_ref(), &layers)?;
+    let meta_dir = opts.cache_dir.join("meta");
+    let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
+    let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
+    if !meta_path.exists() {
+        let bytes = artifact::read_compressed_layer(source.as_ref(), &layers.metadata, "metadata")?;
+        store_metadata(&meta_path, &bytes)?;
+    }
+    store_metadata(&index_path, &index_bytes)?;
+
+    let blob_dir = opts.cache_dir.join("blobs");
+    let mut blobs = Vec::new();
+    for (desc, blob) in layers.blobs.iter().zip(index.blobs) {
+        let store = BlobStore::open(&blob_dir, blob).map_err(io(&blob_dir))?;
+        blobs.push(BlobSpec {
+            digest: desc.digest.to_string(),
+            cache_path: store.cache_path.clone(),
+            complete: store.is_complete(),
+        });
+    }
+
+    let run = run_dir(&opts.cache_dir, &mountpoint);
+    if let Ok(bytes) = fs::read(run.join("ready")) {
+        if let Ok(ready) = serde_json::from_slice::<Ready>(&bytes) {
+            if ready.error.is_none() && Path::new(&format!("/proc/{}", ready.pid)).exists() {
+                return Err(MountError::Mountpoint(
+                    mountpoint,
+                    format!("already served by lamina (holder pid {})", ready.pid),
+                ));
+            }
+        }
+    }
+    let _ = fs::remove_dir_all(&run);
+    fs::create_dir_all(&run).map_err(io(&run))?;
+    let spec = match image {
+        ImageRef::Registry(RegistryRef {
+            host, repository, ..
+        }) => SourceSpec::Registry {
+            host: host.clone(),
+            repository: repository.clone(),
+            insecure_hosts: opts.source.insecure_hosts.clone(),
+        },
+        ImageRef::Oci { dir, .. } => SourceSpec::Layout {
+            dir: fs::canonicalize(dir).map_err(io(dir))?,
+        },
+        ImageRef::DockerArchive { .. } => {
+            return Err(MountError::Mountpoint(
+                mountpoint,
+                "a docker-archive holds no lamina image; convert it first".into(),
+            ))
+        }
+    };
+    let config = DaemonConfig {
+        image: image.to_string(),
+        manifest_digest: img.manifest_digest.to_string(),
+        mountpoint: mountpoint.clone(),
+        metadata_path: meta_path.clone(),
+        index_path,
+        blob_dir,
+        blobs: blobs.clone(),
+        source: spec,
+        run_dir: run.clone(),
+        timeout_secs: lazy.timeout.as_secs().max(1),
+        fill_window: lazy.fill_window,
+        workers: lazy.workers,
+        prefetch: lazy.record_trace.is_none(),
+        prefetch_all: lazy.prefetch_all && lazy.record_trace.is_none(),
+        record_trace: lazy.record_trace.clone(),
+    };
+    let config_path = run.join("config.json");
+    config.save(&config_path).map_err(io(&config_path))?;
+
+    let exe = std::env::current_exe().map_err(io(Path::new("/proc/self/exe")))?;
+    let log_path = run.join("holder.log");
+    let log = fs::File::create(&log_path).map_err(io(&log_path))?;
+    let mut holder = Command::new(exe)
+        .arg("internal-holder")
+        .arg(&config_path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(io(&log_path))?)
+        .stderr(log)
+        .spawn()
+        .map_err(io(&config_path))?;
+
+    // Wait until the holder has mounted (or failed).
+    let started = Instant::now();
+    let ready_path = run.join("ready");
+    loop {
+        if let Ok(bytes) = fs::read(&ready_path) {
+            let ready: Ready = serde_json::from_slice(&bytes)
+                .map_err(|e| MountError::Daemon(format!("bad ready file: {e}")))?;
+            if let Some(err) = ready.error {
+                let _ = holder.wait();
+                return Err(MountError::Daemon(err));
+            }
+            break;
+        }
+        if let Ok(Some(status)) = holder.try_wait() {
+            let log = fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(MountError::Daemon(format!(
+                "holder exited ({status}) before mounting: {}",
+                log.trim()
+            )));
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = holder.kill();
+            return Err(MountError::Daemon(
+                "holder did not get ready in 60 s".into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(MountInfo {
+        mountpoint,
+        manifest_digest: img.manifest_digest.to_string(),
+        metadata_path: meta_path,
+        blob_paths: blobs.iter().map(|b| b.cache_path.clone()).collect(),
+        fetched_bytes: 0,
+    })
+}
+
+/// After an unmount: waits for the mount's holder to notice and exit, then
+/// removes its run directory. Returns the holder's final status text, if any.
+pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Option<String> {
+    let run = run_dir(cache_dir, mountpoint);
+    let ready: Ready = serde_json::from_slice(&fs::read(run.join("ready")).ok()?).ok()?;
+    let proc = PathBuf::from(format!("/proc/{}", ready.pid));
+    let started = Instant::now();
+    while proc.exists() && started.elapsed() < Duration::from_secs(10) {
+        // A zombie (our own child) still has /proc; check its state.
+        if fs::read_to_string(proc.join("stat")).is_ok_and(|s| s.contains(") Z ")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = fs::read_to_string(run.join("status.json")).ok();
+    let _ = fs::remove_dir_all(&run);
+    status
+}
