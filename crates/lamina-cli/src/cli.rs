@@ -46,6 +46,10 @@ enum Command {
         /// Directory for blobs while they are built (default: system temp dir).
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// Boot set: a trace from `lamina mount --record-trace`; its chunks are
+        /// fetched first, in order, when the image is mounted lazily.
+        #[arg(long, value_name = "TRACE")]
+        prefetch: Option<PathBuf>,
     },
     /// Mount a lamina image read-only with the kernel (file-backed EROFS).
     ///
@@ -132,6 +136,7 @@ pub fn run(args: Args) -> Result<()> {
             chunk_size,
             zstd_level,
             work_dir,
+            prefetch,
         } => {
             if !chunk_size.is_power_of_two() || !(4096..=16 << 20).contains(&chunk_size) {
                 bail!("--chunk-size must be a power of two between 4096 and 16777216");
@@ -143,6 +148,7 @@ pub fn run(args: Args) -> Result<()> {
                 },
                 source,
                 work_dir,
+                prefetch_trace: prefetch,
             };
             let (src, dst) = (parse_ref(&src)?, parse_ref(&dst)?);
             let bar = progress_bar(args.json);

@@ -81,6 +81,7 @@ struct Shared {
     prefetch_done: AtomicU64,
     prefetch_total: AtomicU64,
     complete_sent: Vec<AtomicBool>,
+    boot_set: Vec<(u32, u32)>,
     sock: OwnedFd,
     trace: Option<Mutex<File>>,
 }
@@ -90,6 +91,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let config = DaemonConfig::load(config_path)?;
     let index =
         ChunkIndex::from_bytes(&std::fs::read(&config.index_path)?).map_err(io::Error::other)?;
+    let boot_set = index.prefetch.clone();
     let mut stores = Vec::new();
     let mut digests = Vec::new();
     for (spec, blob) in config.blobs.iter().zip(index.blobs) {
@@ -144,6 +146,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         prefetch_done: AtomicU64::new(0),
         prefetch_total: AtomicU64::new(0),
         complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        boot_set,
         sock,
         trace,
     });
@@ -182,7 +185,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         let shared = shared.clone();
         std::thread::spawn(move || loop {
             let _ = shared.write_status();
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(Duration::from_millis(200));
         });
     }
     if shared.config.prefetch || shared.config.prefetch_all {
@@ -359,42 +362,52 @@ impl Shared {
         }
     }
 
-    /// Background fetching, below misses in priority: the boot set first
-    /// (not yet in the index format), then, with prefetch_all, everything.
+    /// Background fetching, below misses in priority: the boot set in its
+    /// recorded order, then, with prefetch_all, everything else.
     fn prefetch(&self) {
         let mut plan: Vec<(u32, usize)> = Vec::new();
+        let mut planned = HashSet::new();
+        if self.config.prefetch {
+            for &(b, i) in &self.boot_set {
+                if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
+                    plan.push((b, i as usize));
+                }
+            }
+        }
         if self.config.prefetch_all {
             for (b, store) in self.stores.iter().enumerate() {
                 if let Ok(s) = store.lock() {
-                    plan.extend(
-                        (0..s.blob.chunks.len())
-                            .filter(|&i| !s.is_filled(i))
-                            .map(|i| (b as u32, i)),
-                    );
+                    for i in 0..s.blob.chunks.len() {
+                        if planned.insert((b as u32, i)) {
+                            plan.push((b as u32, i));
+                        }
+                    }
                 }
             }
         }
         self.prefetch_total
             .store(plan.len() as u64, Ordering::Relaxed);
-        for batch in plan.chunks(32) {
+        let mut at = 0;
+        while at < plan.len() {
             while self.active_misses.load(Ordering::Relaxed) > 0 {
                 std::thread::sleep(Duration::from_millis(2));
             }
-            let blob = batch[0].0;
-            let same: Vec<usize> = batch.iter().filter(|c| c.0 == blob).map(|c| c.1).collect();
-            let others: Vec<(u32, usize)> = batch.iter().filter(|c| c.0 != blob).copied().collect();
-            for (b, idx) in
-                std::iter::once((blob, same)).chain(others.into_iter().map(|(b, i)| (b, vec![i])))
-            {
-                if let Ok(mine) = self.claim(b, idx.into_iter()) {
-                    if let Err(e) = self.fetch_into(b, &mine, None, false) {
-                        eprintln!("worker: prefetch: {e}");
-                    }
-                    self.release(b, &mine);
+            // Up to 32 consecutive entries of one blob per round of requests.
+            let blob = plan[at].0;
+            let mut end = at;
+            while end < plan.len() && end - at < 32 && plan[end].0 == blob {
+                end += 1;
+            }
+            let batch: Vec<usize> = plan[at..end].iter().map(|p| p.1).collect();
+            if let Ok(mine) = self.claim(blob, batch.into_iter()) {
+                if let Err(e) = self.fetch_into(blob, &mine, None, false) {
+                    eprintln!("worker: prefetch: {e}");
                 }
+                self.release(blob, &mine);
             }
             self.prefetch_done
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                .fetch_add((end - at) as u64, Ordering::Relaxed);
+            at = end;
         }
     }
 

@@ -4,8 +4,9 @@
 //!
 //! ```text
 //! IndexHeader (32 bytes)
-//! BlobEntry   x blob_count   (96 bytes each, in device order: blob i is EROFS device i+1)
-//! ChunkEntry  x chunk_count  (64 bytes each, grouped by blob, by cache offset)
+//! BlobEntry   x blob_count     (96 bytes each, in device order: blob i is EROFS device i+1)
+//! ChunkEntry  x chunk_count    (64 bytes each, grouped by blob, by cache offset)
+//! u32         x prefetch_count (the boot set: chunk numbers, in the order to fetch them)
 //! ```
 //! All integers little-endian. Version 1.
 
@@ -33,8 +34,10 @@ pub struct IndexHeader {
     pub blob_count: U32,
     /// Number of [`ChunkEntry`] records.
     pub chunk_count: U32,
+    /// Number of boot-set entries after the chunks.
+    pub prefetch_count: U32,
     /// Zero.
-    pub reserved: [u8; 8],
+    pub reserved: [u8; 4],
 }
 
 /// One data blob.
@@ -86,6 +89,9 @@ pub struct ChunkIndex {
     pub chunk_bits: u8,
     /// Blobs in device order.
     pub blobs: Vec<IndexBlob>,
+    /// The boot set: chunks in the order a recorded workload first needed
+    /// them, as (blob, chunk) positions.
+    pub prefetch: Vec<(u32, u32)>,
 }
 
 /// A blob and its chunks.
@@ -125,7 +131,8 @@ impl ChunkIndex {
             chunk_bits: u32::from(self.chunk_bits).into(),
             blob_count: (self.blobs.len() as u32).into(),
             chunk_count: (chunk_count as u32).into(),
-            reserved: [0; 8],
+            prefetch_count: (self.prefetch.len() as u32).into(),
+            reserved: [0; 4],
         };
         let mut out = header.as_bytes().to_vec();
         let mut first = 0u32;
@@ -141,10 +148,18 @@ impl ChunkIndex {
             first += blob.chunks.len() as u32;
             out.extend_from_slice(entry.as_bytes());
         }
+        let mut firsts = Vec::with_capacity(self.blobs.len());
+        let mut first = 0u32;
         for blob in &self.blobs {
+            firsts.push(first);
+            first += blob.chunks.len() as u32;
             for chunk in &blob.chunks {
                 out.extend_from_slice(chunk.as_bytes());
             }
+        }
+        for &(blob, chunk) in &self.prefetch {
+            let global = firsts.get(blob as usize).copied().unwrap_or(u32::MAX) + chunk;
+            out.extend_from_slice(&global.to_le_bytes());
         }
         out
     }
@@ -165,10 +180,13 @@ impl ChunkIndex {
         if rest.len() < blob_bytes {
             return Err(IndexError::Truncated);
         }
-        let (blob_area, chunk_area) = rest.split_at(blob_bytes);
-        if chunk_area.len() != chunk_count.saturating_mul(size_of::<ChunkEntry>()) {
+        let (blob_area, rest) = rest.split_at(blob_bytes);
+        let chunk_bytes = chunk_count.saturating_mul(size_of::<ChunkEntry>());
+        let prefetch_count = header.prefetch_count.get() as usize;
+        if rest.len() != chunk_bytes.saturating_add(prefetch_count.saturating_mul(4)) {
             return Err(IndexError::Truncated);
         }
+        let (chunk_area, prefetch_area) = rest.split_at(chunk_bytes);
         let chunk_bits = u8::try_from(header.chunk_bits.get())
             .ok()
             .filter(|b| (12..=30).contains(b))
@@ -178,6 +196,7 @@ impl ChunkIndex {
             .map(|c| ChunkEntry::read_from_bytes(c).map_err(|_| IndexError::Truncated))
             .collect::<Result<_, _>>()?;
         let mut blobs = Vec::with_capacity(blob_count);
+        let mut ranges = Vec::with_capacity(blob_count);
         for raw in blob_area.chunks_exact(size_of::<BlobEntry>()) {
             let b = BlobEntry::read_from_bytes(raw).map_err(|_| IndexError::Truncated)?;
             let first = b.first_chunk.get() as usize;
@@ -192,9 +211,24 @@ impl ChunkIndex {
                 chunks: chunks[first..end].to_vec(),
             };
             blob.validate(chunk_bits)?;
+            ranges.push(first..end);
             blobs.push(blob);
         }
-        Ok(ChunkIndex { chunk_bits, blobs })
+        let mut prefetch = Vec::with_capacity(prefetch_count);
+        for raw in prefetch_area.chunks_exact(4) {
+            let global = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize;
+            let (blob, range) = ranges
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.contains(&global))
+                .ok_or_else(|| IndexError::Inconsistent("boot-set entry names no chunk".into()))?;
+            prefetch.push((blob as u32, (global - range.start) as u32));
+        }
+        Ok(ChunkIndex {
+            chunk_bits,
+            blobs,
+            prefetch,
+        })
     }
 }
 
@@ -261,6 +295,7 @@ mod tests {
 
     fn sample() -> ChunkIndex {
         ChunkIndex {
+            prefetch: vec![(1, 0), (0, 1)],
             chunk_bits: 20,
             blobs: vec![
                 IndexBlob {

@@ -92,6 +92,8 @@ pub struct BuildStats {
     pub inodes: u64,
     /// Compact (32-byte) inodes.
     pub compact_inodes: u64,
+    /// Chunks in the boot set (prefetch list).
+    pub boot_set_chunks: u64,
 }
 
 /// The result of a build.
@@ -291,8 +293,10 @@ impl<'a> ImageBuilder<'a> {
         Ok(stats)
     }
 
-    /// Writes the metadata image and index.
-    pub fn finish(mut self) -> Result<BuiltImage, BuildError> {
+    /// Writes the metadata image and index. `boot_set` lists chunk digests
+    /// (from `lamina mount --record-trace`) in the order a workload needed
+    /// them; those stored in this image become its prefetch list.
+    pub fn finish(mut self, boot_set: &[[u8; 32]]) -> Result<BuiltImage, BuildError> {
         self.store.finish_blob()?;
         let devices: Vec<Device> = self
             .store
@@ -326,7 +330,21 @@ impl<'a> ImageBuilder<'a> {
             }
         });
         stats.entries -= 1; // the root
+        let mut position = HashMap::new();
+        for (b, chunks) in self.store.finished_chunks.iter().enumerate() {
+            for (i, c) in chunks.iter().enumerate() {
+                position.entry(c.digest).or_insert((b as u32, i as u32));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        let prefetch: Vec<(u32, u32)> = boot_set
+            .iter()
+            .filter_map(|d| position.get(d).copied())
+            .filter(|p| seen.insert(*p))
+            .collect();
+        stats.boot_set_chunks = prefetch.len() as u64;
         let index = ChunkIndex {
+            prefetch,
             chunk_bits: self.store.opts.chunk_bits,
             blobs: self
                 .store
@@ -401,7 +419,7 @@ mod tests {
         .unwrap();
         b.add_layer(&layer(&[("copy", a.clone()), ("new", noise(100, 2))])[..])
             .unwrap();
-        let img = b.finish().unwrap();
+        let img = b.finish(&[]).unwrap();
         // Layer 0 stores one chunk; layer 1 stores only "new".
         assert_eq!(img.stats.chunks_stored, 2);
         assert_eq!(img.stats.holes, 2);
@@ -422,7 +440,7 @@ mod tests {
         let opts = BuildOptions::default();
         let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
         b.add_layer(&layer(&[("empty", vec![])])[..]).unwrap();
-        let img = b.finish().unwrap();
+        let img = b.finish(&[]).unwrap();
         assert!(img.blobs.is_empty());
         assert!(img.metadata.len() >= 8192);
     }

@@ -21,6 +21,8 @@ pub struct ConvertOptions {
     pub source: SourceOptions,
     /// Where blobs are staged while building (default: the system temp dir).
     pub work_dir: Option<PathBuf>,
+    /// A trace from `lamina mount --record-trace`: its chunks become the boot set.
+    pub prefetch_trace: Option<PathBuf>,
 }
 
 /// Progress reports for a terminal.
@@ -126,7 +128,11 @@ pub fn convert(
         let reader = source.open_layer(i)?;
         with_readahead(reader, progress, |tar| builder.add_layer(tar))?;
     }
-    let built = builder.finish()?;
+    let boot_set = match &opts.prefetch_trace {
+        Some(path) => read_trace(path)?,
+        None => Vec::new(),
+    };
+    let built = builder.finish(&boot_set)?;
     progress(Progress::Writing);
 
     let metadata_z = zstd::bulk::compress(&built.metadata, 12)?;
@@ -245,6 +251,21 @@ pub fn convert(
         stats,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Reads a trace: one chunk digest (64 hex digits) per line.
+pub fn read_trace(path: &std::path::Path) -> Result<Vec<[u8; 32]>, ConvertError> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut d = [0u8; 32];
+            hex::decode_to_slice(l, &mut d).map(|_| d).map_err(|_| {
+                ConvertError::Config(format!("{}: bad trace line {l:?}", path.display()))
+            })
+        })
+        .collect()
 }
 
 /// Runs `reader` (decompression and digest checks) on a second thread, so
