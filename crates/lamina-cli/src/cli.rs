@@ -97,6 +97,15 @@ enum Command {
         #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
         cache_dir: PathBuf,
     },
+    /// Evict cache files no live mount uses, oldest first, down to a size.
+    Gc {
+        /// Largest cache size to keep, in bytes (suffixes K, M, G allowed).
+        #[arg(long, value_parser = parse_size)]
+        max_size: u64,
+        /// Cache directory.
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        cache_dir: PathBuf,
+    },
     /// Internal: the fanotify holder of one lazy mount.
     #[command(hide = true)]
     InternalHolder {
@@ -116,6 +125,27 @@ enum Command {
         /// The image (lamina or plain OCI).
         image: String,
     },
+}
+
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mult = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1u64 << 40,
+                _ => return Err(format!("unknown size suffix in {s:?}")),
+            };
+            (&s[..i], mult)
+        }
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("bad size {s:?}"))
 }
 
 fn parse_ref(s: &str) -> Result<ImageRef> {
@@ -243,6 +273,24 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
         Command::Status { cache_dir } => status(&cache_dir, args.json)?,
+        Command::Gc {
+            max_size,
+            cache_dir,
+        } => {
+            let report = lamina_mount::gc(&cache_dir, max_size)
+                .with_context(|| format!("collecting {}", cache_dir.display()))?;
+            if args.json {
+                print_json(&report)?;
+            } else {
+                println!(
+                    "evicted {} files ({} bytes); {} bytes kept, {} files in use",
+                    report.evicted.len(),
+                    report.freed_bytes,
+                    report.kept_bytes,
+                    report.in_use
+                );
+            }
+        }
         Command::InternalHolder { config } => lamina_daemon::holder::run_holder(&config)?,
         Command::InternalWorker { config, fd } => {
             let sock = lamina_sys::adopt_inherited_fd(fd)?;

@@ -165,6 +165,22 @@ pub fn mount_image(
             _ => "",
         },
     })?;
+    // A record for gc and umount; losing it only makes gc less careful.
+    if let Ok(m) = fs::metadata(mountpoint) {
+        let run = crate::lazy::run_dir(&opts.cache_dir, mountpoint);
+        let mut files = blob_paths.clone();
+        files.push(meta_path.clone());
+        let record = crate::gc::EagerRecord {
+            mountpoint: fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf()),
+            dev: std::os::unix::fs::MetadataExt::dev(&m),
+            files,
+        };
+        if fs::create_dir_all(&run).is_ok() {
+            if let Ok(bytes) = serde_json::to_vec(&record) {
+                let _ = fs::write(run.join("eager.json"), bytes);
+            }
+        }
+    }
     Ok(MountInfo {
         mountpoint: mountpoint.to_path_buf(),
         manifest_digest: img.manifest_digest.to_string(),

@@ -197,7 +197,13 @@ pub fn mount_lazy(
 /// removes its run directory. Returns the holder's final status text, if any.
 pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Option<String> {
     let run = run_dir(cache_dir, mountpoint);
-    let ready: Ready = serde_json::from_slice(&fs::read(run.join("ready")).ok()?).ok()?;
+    let Some(ready) = fs::read(run.join("ready"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Ready>(&b).ok())
+    else {
+        let _ = fs::remove_dir_all(&run); // an eager mount's record
+        return None;
+    };
     let proc = PathBuf::from(format!("/proc/{}", ready.pid));
     let started = Instant::now();
     while proc.exists() && started.elapsed() < Duration::from_secs(10) {

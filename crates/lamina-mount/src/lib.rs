@@ -13,9 +13,11 @@
 #![warn(missing_docs)]
 
 mod cache;
+mod gc;
 mod kernel;
 mod lazy;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
+pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
 pub use lazy::{finish_unmount, mount_lazy, run_dir, LazyOptions};

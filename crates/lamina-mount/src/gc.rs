@@ -1,0 +1,151 @@
+//! Evicting cache files no live mount uses, least recently used first.
+
+use std::collections::HashSet;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// A record of an eager mount, so gc knows its files are in use.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct EagerRecord {
+    /// Mountpoint.
+    pub mountpoint: PathBuf,
+    /// `st_dev` of the mountpoint while mounted.
+    pub dev: u64,
+    /// Files the mount uses.
+    pub files: Vec<PathBuf>,
+}
+
+/// What gc did.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct GcReport {
+    /// Files removed.
+    pub evicted: Vec<PathBuf>,
+    /// Bytes (allocated) freed.
+    pub freed_bytes: u64,
+    /// Bytes (allocated) left in the cache.
+    pub kept_bytes: u64,
+    /// Files kept because a live mount uses them.
+    pub in_use: usize,
+}
+
+/// Files used by live mounts (lazy: holder alive; eager: still mounted).
+fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
+    let mut used = HashSet::new();
+    let Ok(dir) = fs::read_dir(cache_dir.join("mounts")) else {
+        return used;
+    };
+    for entry in dir.flatten() {
+        let run = entry.path();
+        if let Ok(bytes) = fs::read(run.join("eager.json")) {
+            if let Ok(rec) = serde_json::from_slice::<EagerRecord>(&bytes) {
+                if fs::metadata(&rec.mountpoint).is_ok_and(|m| m.dev() == rec.dev) {
+                    used.extend(rec.files);
+                }
+            }
+            continue;
+        }
+        let ready: Option<lamina_daemon::holder::Ready> = fs::read(run.join("ready"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let alive = ready.is_some_and(|r| Path::new(&format!("/proc/{}", r.pid)).exists());
+        if !alive {
+            continue;
+        }
+        if let Ok(config) = lamina_daemon::config::DaemonConfig::load(&run.join("config.json")) {
+            used.insert(config.metadata_path);
+            used.insert(config.index_path);
+            for b in config.blobs {
+                used.insert(b.cache_path.with_extension("state"));
+                used.insert(b.cache_path);
+            }
+        }
+    }
+    used
+}
+
+/// Removes unused cache files, oldest first, until the cache's allocated
+/// size is at most `max_size` bytes.
+pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
+    let used = files_in_use(cache_dir);
+    let mut report = GcReport::default();
+    // (mtime, allocated bytes, paths removed together)
+    let mut candidates: Vec<(i64, u64, Vec<PathBuf>)> = Vec::new();
+    let mut total = 0u64;
+    for sub in ["blobs", "meta"] {
+        let Ok(dir) = fs::read_dir(cache_dir.join(sub)) else {
+            continue;
+        };
+        for entry in dir.flatten() {
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else { continue };
+            let size = meta.blocks() * 512;
+            total += size;
+            if path.extension().is_some_and(|e| e == "state") {
+                continue; // goes with its cache file
+            }
+            if used.contains(&path) {
+                report.in_use += 1;
+                continue;
+            }
+            let mut group = vec![path.clone()];
+            let mut bytes = size;
+            if path.extension().is_some_and(|e| e == "cache") {
+                let state = path.with_extension("state");
+                if let Ok(m) = fs::metadata(&state) {
+                    bytes += m.blocks() * 512;
+                    group.push(state);
+                }
+            }
+            candidates.push((meta.mtime(), bytes, group));
+        }
+    }
+    candidates.sort_by_key(|c| c.0);
+    for (_, bytes, group) in candidates {
+        if total <= max_size {
+            break;
+        }
+        for p in group {
+            if fs::remove_file(&p).is_ok() {
+                report.evicted.push(p);
+            }
+        }
+        total = total.saturating_sub(bytes);
+        report.freed_bytes += bytes;
+    }
+    report.kept_bytes = total;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_oldest_unused_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = dir.path().join("blobs");
+        fs::create_dir_all(&blobs).unwrap();
+        for (i, name) in ["a", "b", "c"].iter().enumerate() {
+            let p = blobs.join(format!("{name}.cache"));
+            fs::write(&p, vec![1u8; 8192]).unwrap();
+            fs::write(p.with_extension("state"), b"s").unwrap();
+            let t =
+                std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
+            fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        }
+        let report = gc(dir.path(), 20_000).unwrap();
+        // a is oldest: it and its state go first; then the cache fits.
+        assert!(report.evicted.contains(&blobs.join("a.cache")));
+        assert!(report.evicted.contains(&blobs.join("a.state")));
+        assert!(blobs.join("c.cache").exists());
+        assert!(report.kept_bytes <= 20_000 + 4096, "{report:?}");
+        let report = gc(dir.path(), 0).unwrap();
+        assert_eq!(report.kept_bytes, 0);
+    }
+}
