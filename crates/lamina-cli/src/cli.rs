@@ -3,7 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use lamina_image::artifact::{self, LaminaLayers};
@@ -38,7 +38,7 @@ enum Command {
         /// Destination: oci:DIR[:TAG] or docker://HOST/REPO[:TAG].
         dst: String,
         /// Chunk size in bytes (power of two, 4 KiB..16 MiB).
-        #[arg(long, default_value = "1048576")]
+        #[arg(long, default_value = "1048576", value_parser = parse_chunk_size)]
         chunk_size: u64,
         /// zstd level for data chunks.
         #[arg(long, default_value = "3")]
@@ -127,6 +127,14 @@ enum Command {
     },
 }
 
+fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
+    let n = parse_size(s)?;
+    if !n.is_power_of_two() || !(4096..=16 << 20).contains(&n) {
+        return Err("must be a power of two between 4096 and 16777216".into());
+    }
+    Ok(n)
+}
+
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last() {
@@ -168,9 +176,6 @@ pub fn run(args: Args) -> Result<()> {
             work_dir,
             prefetch,
         } => {
-            if !chunk_size.is_power_of_two() || !(4096..=16 << 20).contains(&chunk_size) {
-                bail!("--chunk-size must be a power of two between 4096 and 16777216");
-            }
             let opts = ConvertOptions {
                 build: BuildOptions {
                     chunk_bits: chunk_size.trailing_zeros() as u8,
@@ -348,6 +353,7 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         .get(artifact::ANNOTATION_UNCOMPRESSED_SIZE)
         .and_then(|v| v.parse::<u64>().ok());
     let file_bytes = num(artifact::ANNOTATION_STATS_FILE_BYTES);
+    let referenced = num(artifact::ANNOTATION_STATS_REFERENCED_BYTES);
     let doc = serde_json::json!({
         "image": image.to_string(),
         "lamina": true,
@@ -363,7 +369,8 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         "chunks": chunks,
         "stored_bytes": stored,
         "compressed_bytes": compressed,
-        "dedup_ratio": file_bytes.map(|f| if stored == 0 { 1.0 } else { f as f64 / stored as f64 }),
+        "referenced_bytes": referenced,
+        "dedup_ratio": referenced.map(|f| if stored == 0 { 1.0 } else { f as f64 / stored as f64 }),
         "blobs": index.blobs.iter().zip(&layers.blobs).map(|(b, d)| serde_json::json!({
             "digest": d.digest.to_string(), "compressed_bytes": b.compressed_size,
             "cache_bytes": b.cache_size, "chunks": b.chunks.len(),

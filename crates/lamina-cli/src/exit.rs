@@ -1,23 +1,91 @@
-//! Mapping errors to exit codes by walking the error chain.
+//! Mapping errors to exit codes, and printing them.
+//!
+//! `#[error(transparent)]` wrappers hand on their inner error's *source*,
+//! not the inner error itself, so walking `Error::source` alone would skip
+//! exactly the errors that decide the code. [`inner`] unwraps them by type.
 
 use std::error::Error;
 use std::io;
 
+use lamina_image::artifact::ArtifactError;
+use lamina_image::build::BuildError;
+use lamina_image::convert::ConvertError;
+use lamina_mount::{CacheError, MountError};
 use lamina_oci::OciError;
+use lamina_tree::ApplyError;
 
 /// Exit code for a failed command (see the crate docs for the table).
 pub fn code_for(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
-        if let Some(code) = classify(cause) {
+        if let Some(code) = classify_deep(cause) {
             return code;
-        }
-        if let Some(io) = cause.downcast_ref::<io::Error>() {
-            if let Some(code) = io.get_ref().and_then(|inner| classify(inner)) {
-                return code;
-            }
         }
     }
     1
+}
+
+/// Classifies `cause` or, failing that, what it wraps.
+fn classify_deep(cause: &(dyn Error + 'static)) -> Option<u8> {
+    let mut current = Some(cause);
+    let mut depth = 0;
+    while let Some(c) = current {
+        if let Some(code) = classify(c) {
+            return Some(code);
+        }
+        depth += 1;
+        if depth > 16 {
+            return None;
+        }
+        current = inner(c);
+    }
+    None
+}
+
+/// The error a wrapper carries, for wrapper types and `io::Error`.
+fn inner<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'static)> {
+    if let Some(e) = cause.downcast_ref::<ConvertError>() {
+        return match e {
+            ConvertError::Oci(e) => Some(e),
+            ConvertError::Build(e) => Some(e),
+            ConvertError::Io(e) => Some(e),
+            ConvertError::Config(_) => None,
+        };
+    }
+    if let Some(e) = cause.downcast_ref::<BuildError>() {
+        return match e {
+            BuildError::Layer(e) => Some(e),
+            BuildError::Format(e) => Some(e),
+            BuildError::Io(e) => Some(e),
+            BuildError::Options(_) => None,
+        };
+    }
+    if let Some(e) = cause.downcast_ref::<MountError>() {
+        return match e {
+            MountError::Oci(e) => Some(e),
+            MountError::Artifact(e) => Some(e),
+            MountError::Cache(e) => Some(e),
+            _ => None,
+        };
+    }
+    if let Some(ArtifactError::Oci(e)) = cause.downcast_ref::<ArtifactError>() {
+        return Some(e);
+    }
+    if let Some(e) = cause.downcast_ref::<ApplyError>() {
+        return match e {
+            ApplyError::Read { source, .. } | ApplyError::Content { source, .. } => Some(source),
+            ApplyError::Entry { .. } => None,
+        };
+    }
+    if let Some(e) = cause.downcast_ref::<CacheError>() {
+        return match e {
+            CacheError::Read { source, .. } | CacheError::Io { source, .. } => Some(source),
+            CacheError::BadChunk { .. } => None,
+        };
+    }
+    if let Some(e) = cause.downcast_ref::<io::Error>() {
+        return e.get_ref().map(|r| r as &(dyn Error + 'static));
+    }
+    cause.source()
 }
 
 fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
@@ -38,6 +106,7 @@ fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
             | OciError::BlobNotFound { .. }
             | OciError::NoMatchingPlatform { .. }
             | OciError::Ambiguous { .. } => 4,
+            OciError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => 4,
             OciError::Http { .. }
             | OciError::HttpStatus { .. }
             | OciError::Auth { .. }
@@ -45,30 +114,24 @@ fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
             _ => return None,
         });
     }
-    if cause
-        .downcast_ref::<lamina_tree::ApplyError>()
-        .is_some_and(|e| {
-            // A read error may be a digest check underneath: let the chain decide.
-            !matches!(e, lamina_tree::ApplyError::Read { .. })
-        })
-    {
+    if let Some(ApplyError::Entry { .. }) = cause.downcast_ref::<ApplyError>() {
         return Some(3);
     }
     if cause
         .downcast_ref::<lamina_format::erofs::FormatError>()
         .is_some()
-        || cause
-            .downcast_ref::<lamina_image::artifact::ArtifactError>()
-            .is_some_and(|e| !matches!(e, lamina_image::artifact::ArtifactError::Oci(_)))
     {
         return Some(3);
     }
-    if let Some(e) = cause.downcast_ref::<lamina_mount::CacheError>() {
-        if matches!(e, lamina_mount::CacheError::BadChunk { .. }) {
+    if let Some(e) = cause.downcast_ref::<ArtifactError>() {
+        if !matches!(e, ArtifactError::Oci(_)) {
             return Some(3);
         }
     }
-    if let Some(lamina_mount::MountError::Syscall { .. }) = cause.downcast_ref() {
+    if let Some(CacheError::BadChunk { .. }) = cause.downcast_ref::<CacheError>() {
+        return Some(3);
+    }
+    if let Some(MountError::Syscall { .. }) = cause.downcast_ref::<MountError>() {
         return Some(6);
     }
     None
@@ -80,4 +143,21 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
         c.downcast_ref::<io::Error>()
             .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
     })
+}
+
+/// The error and its causes on one line, leaving out a cause whose text the
+/// previous message already ends with (wrappers often repeat their source).
+pub fn render(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let msg = cause.to_string();
+        if out.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
 }

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
             if exit::is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("lamina: {err:#}");
+            eprintln!("lamina: {}", exit::render(&err));
             ExitCode::from(exit::code_for(&err))
         }
     }

@@ -29,6 +29,8 @@ pub const ANNOTATION_STATS_ENTRIES: &str = "dev.lamina.stats.entries";
 pub const ANNOTATION_STATS_FILES: &str = "dev.lamina.stats.files";
 /// Manifest annotation: bytes of regular file content in the image tree.
 pub const ANNOTATION_STATS_FILE_BYTES: &str = "dev.lamina.stats.file-bytes";
+/// Manifest annotation: bytes of the tree's files that live in blobs (holes excluded).
+pub const ANNOTATION_STATS_REFERENCED_BYTES: &str = "dev.lamina.stats.referenced-bytes";
 /// Layer annotation: digest of the uncompressed content (metadata, index).
 pub const ANNOTATION_UNCOMPRESSED_DIGEST: &str = "dev.lamina.uncompressed.digest";
 /// Layer annotation: size of the uncompressed content; for blobs, the cache file size.

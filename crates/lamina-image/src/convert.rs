@@ -227,6 +227,10 @@ pub fn convert(
                 ANNOTATION_STATS_FILE_BYTES.to_string(),
                 built.stats.file_bytes.to_string(),
             ),
+            (
+                ANNOTATION_STATS_REFERENCED_BYTES.to_string(),
+                built.stats.referenced_bytes.to_string(),
+            ),
         ]
         .into(),
     };

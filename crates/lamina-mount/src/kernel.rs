@@ -196,10 +196,10 @@ pub fn unmount(mountpoint: &Path) -> Result<(), MountError> {
         op: "umount",
         path: mountpoint.to_path_buf(),
         errno,
-        hint: if errno == rustix::io::Errno::BUSY {
-            " (still in use)"
-        } else {
-            ""
+        hint: match errno {
+            rustix::io::Errno::BUSY => " (still in use)",
+            rustix::io::Errno::INVAL => " (not a mount point)",
+            _ => "",
         },
     })
 }

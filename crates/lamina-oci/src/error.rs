@@ -111,10 +111,7 @@ pub enum OciError {
     },
 
     /// A tag or image was not found; `available` lists what exists.
-    #[error(
-        "{location}: {wanted} not found (available: {})",
-        list_or_none(available)
-    )]
+    #[error("{location}: {wanted} not found{}", available_suffix(available))]
     NotFound {
         /// Where we looked (directory, archive, registry repository).
         location: String,
@@ -299,5 +296,14 @@ fn body_suffix(body: &str) -> String {
         String::new()
     } else {
         format!(": {trimmed}")
+    }
+}
+
+/// ` (available: a, b)` when something is known to exist, else nothing.
+fn available_suffix(available: &[String]) -> String {
+    if available.is_empty() {
+        String::new()
+    } else {
+        format!(" (available: {})", available.join(", "))
     }
 }

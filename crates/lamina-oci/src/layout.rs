@@ -65,10 +65,17 @@ fn check_layout_file(dir: &Path) -> Result<(), OciError> {
     let bytes = match read_small(&path, 64 << 10) {
         Ok(b) => b,
         Err(OciError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            if !dir.exists() {
+                return Err(OciError::NotFound {
+                    location: dir.display().to_string(),
+                    wanted: "an OCI image layout".to_string(),
+                    available: Vec::new(),
+                });
+            }
             return Err(layout_err(
                 dir,
                 "no oci-layout file (not an OCI image layout)",
-            ))
+            ));
         }
         Err(e) => return Err(e),
     };

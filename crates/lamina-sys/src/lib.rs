@@ -212,36 +212,6 @@ fn parse_events(mut buf: &[u8]) -> io::Result<Vec<Event>> {
     Ok(events)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_event_with_range() {
-        let mut b = Vec::new();
-        b.extend_from_slice(&48u32.to_ne_bytes());
-        b.push(METADATA_VERSION);
-        b.push(0);
-        b.extend_from_slice(&(METADATA_LEN as u16).to_ne_bytes());
-        b.extend_from_slice(&FAN_PRE_ACCESS.to_ne_bytes());
-        b.extend_from_slice(&(-1i32).to_ne_bytes());
-        b.extend_from_slice(&1234i32.to_ne_bytes());
-        b.push(INFO_TYPE_RANGE);
-        b.push(0);
-        b.extend_from_slice(&24u16.to_ne_bytes());
-        b.extend_from_slice(&0u32.to_ne_bytes());
-        b.extend_from_slice(&8192u64.to_ne_bytes());
-        b.extend_from_slice(&4096u64.to_ne_bytes());
-        let ev = parse_events(&b).unwrap();
-        assert_eq!(ev.len(), 1);
-        assert_eq!(ev[0].range, Some((8192, 4096)));
-        assert_eq!(ev[0].pid, 1234);
-        assert!(ev[0].file.is_none());
-        b[0] = 200; // longer than the buffer
-        assert!(parse_events(&b).is_err());
-    }
-}
-
 /// Makes SIGTERM, SIGINT, SIGHUP and SIGPIPE no-ops for this process.
 ///
 /// The holder of a fanotify group must not die of a stray signal: when the
@@ -275,4 +245,34 @@ pub fn adopt_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: the fd is open (checked above), was handed to us by our parent
     // for exactly this purpose, and nothing else in this process owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_event_with_range() {
+        let mut b = Vec::new();
+        b.extend_from_slice(&48u32.to_ne_bytes());
+        b.push(METADATA_VERSION);
+        b.push(0);
+        b.extend_from_slice(&(METADATA_LEN as u16).to_ne_bytes());
+        b.extend_from_slice(&FAN_PRE_ACCESS.to_ne_bytes());
+        b.extend_from_slice(&(-1i32).to_ne_bytes());
+        b.extend_from_slice(&1234i32.to_ne_bytes());
+        b.push(INFO_TYPE_RANGE);
+        b.push(0);
+        b.extend_from_slice(&24u16.to_ne_bytes());
+        b.extend_from_slice(&0u32.to_ne_bytes());
+        b.extend_from_slice(&8192u64.to_ne_bytes());
+        b.extend_from_slice(&4096u64.to_ne_bytes());
+        let ev = parse_events(&b).unwrap();
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].range, Some((8192, 4096)));
+        assert_eq!(ev[0].pid, 1234);
+        assert!(ev[0].file.is_none());
+        b[0] = 200; // longer than the buffer
+        assert!(parse_events(&b).is_err());
+    }
 }

@@ -468,7 +468,10 @@ fn walk<C>(
     follows: &mut u32,
     stats: &mut LayerStats,
 ) -> Result<bool, ResolveError> {
-    for comp in comps {
+    let mut at = 0;
+    while at < comps.len() {
+        let comp = &comps[at];
+        at += 1;
         if comp == b".." {
             if stack.len() > 1 {
                 stack.pop();
@@ -478,6 +481,11 @@ fn walk<C>(
         let cur = *stack.last().unwrap_or(&tree.root);
         let existing = tree.entries(cur).and_then(|e| e.get(comp)).map(|e| e.node);
         let child = match existing {
+            // `missing/..` names the current directory: create nothing.
+            None if comps.get(at).is_some_and(|c| c == b"..") => {
+                at += 1;
+                continue;
+            }
             Some(child) => child,
             None if create => {
                 let node = tree.add_node(Node {
@@ -789,6 +797,7 @@ mod tests {
         assert_eq!(content(&t, "abs").unwrap(), b"a");
         assert_eq!(content(&t, "tmp/through").unwrap(), b"e");
         assert_eq!(content(&t, "via-dotdot").unwrap(), b"u");
+        assert_eq!(paths(&t).len(), 8, "{:?}", paths(&t));
         assert!(stats.confined >= 4, "{stats:?}");
     }
 

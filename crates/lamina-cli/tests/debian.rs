@@ -1,0 +1,82 @@
+//! The reference workload: a 2-layer Debian bookworm image (debootstrap
+//! minbase + python3, nginx-light, redis-server) built by
+//! scripts/debian-image.sh and cached per machine.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+
+/// Size target from the issue: the EROFS metadata of the Debian image.
+const METADATA_LIMIT: u64 = 1_100_000;
+
+#[test]
+fn debian_bookworm_converts_mounts_and_runs() {
+    if !require(&["umoci", "debootstrap", "jq", "chroot", "fsck.erofs", "zstd"]) {
+        return;
+    }
+    // Built once per machine (~2 min); a no-op when cached.
+    let layout = std::env::var_os("LAMINA_DEBIAN_OCI")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/lamina-test/debian-oci"));
+    let mut c = command(
+        "bash",
+        [
+            repo_file("scripts/debian-image.sh").as_os_str(),
+            layout.as_os_str(),
+        ],
+    );
+    run(&mut c, Duration::from_secs(1800)).ok();
+
+    let t = TestDir::new("debian");
+    let out = t.join("out");
+    let image = oci_ref(&out, "bookworm");
+    let report = lamina_timeout(
+        ["convert", "--json", &oci_ref(&layout, "bookworm"), &image],
+        Duration::from_secs(1200),
+    )
+    .ok()
+    .json();
+    let metadata = report["metadata_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no metadata_bytes in {report}"));
+    let entries = report["stats"]["entries"].as_u64().unwrap_or(0);
+    assert!(
+        entries > 5000,
+        "a Debian tree has thousands of entries, report says {entries}"
+    );
+    assert!(
+        metadata <= METADATA_LIMIT,
+        "metadata is {metadata} bytes, the target is <= {METADATA_LIMIT} ({entries} entries)"
+    );
+
+    let m = Mount::new(&image, &t.join("mnt"), &t.join("cache"));
+    let mut chroot = command(
+        tool("chroot"),
+        [
+            m.path.as_os_str(),
+            "/usr/bin/python3".as_ref(),
+            "-c".as_ref(),
+            "print(\"ok\")".as_ref(),
+        ],
+    );
+    chroot
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C");
+    let o = run(&mut chroot, TIMEOUT).ok();
+    assert_eq!(
+        o.stdout,
+        "ok\n",
+        "python3 in the mounted image:\n{}",
+        o.describe()
+    );
+
+    let rootfs = umoci_unpack(&format!("{}:bookworm", layout.display()), &t.join("bundle"));
+    let n = treecmp(&[], &rootfs, &m.path);
+    assert!(n > 5000, "compared only {n} entries");
+    fsck_erofs(&m);
+    m.unmount();
+}
