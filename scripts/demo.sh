@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# lamina end to end, on a fresh Debian bookworm machine, as root:
+#
+#   1. scripts/setup.sh (Debian packages, Rust), cargo build --release -p lamina-cli
+#   2. the reference Debian image (scripts/debian-image.sh; cached per machine)
+#   3. a throw-away registry on 127.0.0.1, the image pushed into it with skopeo
+#   4. lamina convert  docker://127.0.0.1:PORT/debian:bookworm
+#                      docker://127.0.0.1:PORT/debian:bookworm-lamina   (pull, convert, push)
+#   5. lamina mount    docker://127.0.0.1:PORT/debian:bookworm-lamina MNT  (fresh cache dir;
+#                      registry images mount lazily: chunks are fetched on first read)
+#   6. runc runs `python3 -c 'print("hello from a lamina container")'` in a container
+#      whose rootfs is an overlayfs: lowerdir = the lamina mount, upper/work in a temp dir
+#
+# Prints the time of every step and the bytes fetched (at mount time, and on
+# demand while the container ran, from `lamina status`). Everything (container,
+# mounts, registry, temp dir) is removed on exit, also on failure or Ctrl-C.
+#
+# Usage: bash scripts/demo.sh [--no-build]
+#   --no-build   skip setup.sh and cargo build and use the existing
+#                target/release/lamina (for machines already set up)
+set -euo pipefail
+
+BUILD=1
+case "${1:-}" in
+"") ;;
+--no-build) BUILD=0 ;;
+-h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+*) echo "usage: $0 [--no-build]" >&2; exit 2 ;;
+esac
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+log() { printf '\033[1m[demo]\033[0m %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+human() { numfmt --to=iec-i --suffix=B --format='%.1f' "$1" 2>/dev/null || echo "$1 B"; }
+
+[ "$(id -u)" = 0 ] || die "must run as root"
+
+declare -a STEP_NAMES=() STEP_SECS=()
+step() { # name start end
+    STEP_NAMES+=("$1")
+    STEP_SECS+=("$(secs "$2" "$3")")
+    log "$(printf '%-34s %8ss' "$1" "$(secs "$2" "$3")")"
+}
+
+# ---- 1. setup and build ----------------------------------------------------------
+LAMINA="$ROOT/target/release/lamina"
+if [ "$BUILD" = 1 ]; then
+    t=$(now)
+    bash scripts/setup.sh
+    # shellcheck disable=SC1091
+    [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+    step "setup.sh" "$t" "$(now)"
+
+    t=$(now)
+    log "cargo build --release -p lamina-cli"
+    cargo build --release -p lamina-cli
+    step "cargo build" "$t" "$(now)"
+else
+    log "--no-build: using the existing $LAMINA"
+    for tool in runc skopeo jq umoci docker-registry; do
+        command -v "$tool" >/dev/null || die "missing tool: $tool (run without --no-build)"
+    done
+fi
+[ -x "$LAMINA" ] || die "no $LAMINA"
+
+# ---- 2. source image ----------------------------------------------------------------
+t=$(now)
+IMAGE_DIR=/var/cache/lamina-test/debian-oci
+bash scripts/debian-image.sh "$IMAGE_DIR"
+step "Debian image (build or cache)" "$t" "$(now)"
+
+# ---- temp dir and cleanup ----------------------------------------------------------
+TMP=$(mktemp -d /tmp/lamina-demo.XXXXXX)
+REG="$TMP/registry"
+MNT="$TMP/lamina-mnt"
+CACHE="$TMP/cache"
+BUNDLE="$TMP/bundle"
+OVL="$TMP/overlay"
+CID="lamina-demo-$$"
+RUNC_STARTED=0
+
+# wait (up to 10 s) until the given pids have exited
+wait_gone() {
+    local p i
+    for p in "$@"; do
+        for ((i = 0; i < 200; i++)); do
+            [ -e "/proc/$p" ] || break
+            sleep 0.05
+        done
+        [ -e "/proc/$p" ] && log "warning: lamina daemon pid $p still running"
+    done
+    return 0
+}
+
+cleanup() {
+    local rc=$? m
+    trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
+    set +e
+    if [ "$RUNC_STARTED" = 1 ]; then
+        runc delete --force "$CID" >/dev/null 2>&1
+    fi
+    # the overlay first, then the lamina mount through lamina (stops its lazy daemon)
+    mountpoint -q "$BUNDLE/rootfs" 2>/dev/null && umount "$BUNDLE/rootfs"
+    if mountpoint -q "$MNT" 2>/dev/null; then
+        local pids
+        pids=$("$LAMINA" status --json --cache-dir "$CACHE" 2>/dev/null |
+            jq -r --arg m "$MNT" '.[] | select(.mountpoint == $m) | .holder_pid, .status.pid // empty' 2>/dev/null)
+        "$LAMINA" umount "$MNT" >/dev/null || log "warning: lamina umount $MNT failed"
+        wait_gone $pids
+    fi
+    # anything else still mounted below $TMP, deepest first
+    while read -r m; do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
+    done < <(awk -v p="$TMP/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
+    [ -d "$REG" ] && tests/tools/registry.sh stop "$REG"
+    if awk -v p="$TMP/" 'index($2, p) == 1 { found = 1 } END { exit !found }' /proc/self/mounts; then
+        log "warning: something is still mounted under $TMP; left in place"
+    else
+        rm -rf --one-file-system "$TMP"
+    fi
+    if [ $rc -eq 0 ]; then
+        log "cleaned up (container, mounts, registry, $TMP)"
+    else
+        log "FAILED (rc=$rc); cleaned up"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---- 3. registry + push ---------------------------------------------------------------
+t=$(now)
+PORT=$(tests/tools/registry.sh start "$REG")
+R="127.0.0.1:$PORT"
+step "registry start ($R)" "$t" "$(now)"
+
+t=$(now)
+log "skopeo copy oci:$IMAGE_DIR:bookworm docker://$R/debian:bookworm"
+skopeo copy --quiet --dest-tls-verify=false --preserve-digests \
+    "oci:$IMAGE_DIR:bookworm" "docker://$R/debian:bookworm"
+step "skopeo push (source image)" "$t" "$(now)"
+
+# ---- 4. convert -------------------------------------------------------------------------
+t=$(now)
+log "lamina convert docker://$R/debian:bookworm docker://$R/debian:bookworm-lamina"
+"$LAMINA" convert --json "docker://$R/debian:bookworm" "docker://$R/debian:bookworm-lamina" >"$TMP/convert.json"
+step "lamina convert (pull+convert+push)" "$t" "$(now)"
+jq -r '"  source layers \(.source_layer_bytes) B -> metadata \(.metadata_bytes) B (zstd \(.metadata_compressed_bytes) B), chunk index \(.index_bytes) B, \(.blobs | length) blobs \([.blobs[].size] | add) B; \(.stats.entries) entries, \(.stats.chunks_stored) chunks, dedup \(.dedup_ratio * 1000 | round / 1000)"' \
+    "$TMP/convert.json" >&2
+
+# ---- 5. mount ------------------------------------------------------------------------------
+mkdir -p "$MNT"
+t=$(now)
+log "lamina mount docker://$R/debian:bookworm-lamina $MNT --cache-dir $CACHE"
+"$LAMINA" mount --json "docker://$R/debian:bookworm-lamina" "$MNT" --cache-dir "$CACHE" >"$TMP/mount.json"
+step "lamina mount (fresh cache)" "$t" "$(now)"
+MOUNT_FETCHED=$(jq -r '.fetched_bytes' "$TMP/mount.json")
+log "  fetched $MOUNT_FETCHED bytes at mount time; cache uses $(du -s --block-size=1 "$CACHE" | cut -f1) bytes on disk"
+grep -F " $MNT " /proc/self/mounts | sed 's/^/  /' >&2
+# registry images mount lazily: a daemon fetches chunks on first read
+lazy_status() { "$LAMINA" status --json --cache-dir "$CACHE" | jq --arg m "$MNT" '.[] | select(.mountpoint == $m) | .status'; }
+LAZY=0
+if "$LAMINA" status --help >/dev/null 2>&1 && [ -n "$(lazy_status 2>/dev/null)" ]; then
+    LAZY=1
+    lazy_status | jq -r '"  lazy mount: \(.cached_bytes) of \(.total_bytes) bytes cached"' >&2
+fi
+
+# ---- 6. container on overlayfs(lower = lamina mount) -----------------------------------------
+mkdir -p "$OVL/upper" "$OVL/work" "$BUNDLE/rootfs"
+t=$(now)
+mount -t overlay overlay -o "lowerdir=$MNT,upperdir=$OVL/upper,workdir=$OVL/work" "$BUNDLE/rootfs"
+step "overlay mount" "$t" "$(now)"
+
+(cd "$BUNDLE" && runc spec)
+jq --arg root "$BUNDLE/rootfs" '
+    .root.path = $root
+    | .root.readonly = false
+    | .process.terminal = false
+    | .process.args = ["python3", "-c", "print(\"hello from a lamina container\")"]' \
+    "$BUNDLE/config.json" >"$BUNDLE/config.json.new"
+mv "$BUNDLE/config.json.new" "$BUNDLE/config.json"
+
+log "runc run --bundle $BUNDLE $CID"
+t=$(now)
+RUNC_STARTED=1
+set +e
+runc run --bundle "$BUNDLE" "$CID" </dev/null | tee "$TMP/container.out"
+RC=${PIPESTATUS[0]}
+set -e
+step "runc run (container)" "$t" "$(now)"
+[ "$RC" = 0 ] || die "container exited with $RC"
+FETCHED=$MOUNT_FETCHED
+if [ "$LAZY" = 1 ]; then
+    lazy_status >"$TMP/status.json"
+    FETCHED=$(jq -r '.fetched_bytes' "$TMP/status.json")
+    jq -r '"  lazy fetches for the container: \(.fetched_bytes) bytes in \(.requests) requests (\(.misses) misses, \(.failed_misses) failed); \(.cached_bytes) of \(.total_bytes) bytes now cached"' \
+        "$TMP/status.json" >&2
+fi
+grep -qx "hello from a lamina container" "$TMP/container.out" || die "unexpected container output"
+runc delete --force "$CID" >/dev/null 2>&1 || true
+RUNC_STARTED=0
+
+# ---- summary ----------------------------------------------------------------------------------
+echo
+echo "lamina demo: $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
+for i in "${!STEP_NAMES[@]}"; do
+    printf '  %-36s %8s s\n' "${STEP_NAMES[$i]}" "${STEP_SECS[$i]}"
+done
+printf '  %-36s %8s\n' "source layers (gzip)" "$(human "$(jq -r .source_layer_bytes "$TMP/convert.json")")"
+printf '  %-36s %8s\n' "lamina blobs pushed (zstd)" "$(human "$(jq -r '[.blobs[].size] | add' "$TMP/convert.json")")"
+if [ "$LAZY" = 1 ]; then
+    printf '  %-36s %8s\n' "fetched at mount (lazy)" "$(human "$MOUNT_FETCHED")"
+    printf '  %-36s %8s  (%s of %s cached)\n' "fetched on demand, total" "$(human "$FETCHED")" \
+        "$(human "$(jq -r .cached_bytes "$TMP/status.json")")" "$(human "$(jq -r .total_bytes "$TMP/status.json")")"
+else
+    printf '  %-36s %8s\n' "bytes fetched by mount" "$(human "$FETCHED")"
+fi
+printf '  %-36s %8s\n' "files written by the container" "$(find "$OVL/upper" -mindepth 1 | wc -l)"
+echo "  container said: $(cat "$TMP/container.out")"
