@@ -37,8 +37,9 @@ enum Command {
         src: String,
         /// Destination: oci:DIR[:TAG] or docker://HOST/REPO[:TAG].
         dst: String,
-        /// Chunk size in bytes (power of two, 4 KiB..16 MiB).
-        #[arg(long, default_value = "1048576", value_parser = parse_chunk_size)]
+        /// Chunk size in bytes (power of two, 4 KiB..16 MiB): the unit of
+        /// dedup and of lazy fetching.
+        #[arg(long, default_value = "262144", value_parser = parse_chunk_size)]
         chunk_size: u64,
         /// zstd level for data chunks.
         #[arg(long, default_value = "3")]
@@ -73,8 +74,9 @@ enum Command {
         /// Seconds a reader waits for missing data before getting EIO.
         #[arg(long, default_value = "60")]
         timeout: u64,
-        /// Bytes fetched around each miss (cache-file offsets).
-        #[arg(long, default_value = "1048576")]
+        /// Also fetch the chunks within this many bytes around each miss
+        /// (cache-file offsets); 0 fetches only the chunks the read needs.
+        #[arg(long, default_value = "0")]
         fill_window: u64,
         /// After the boot set, fetch the rest of the image in the background.
         #[arg(long)]

@@ -16,7 +16,8 @@ use sha2::{Digest as _, Sha256};
 /// Build settings.
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
-    /// log2 of the chunk size (default 20: 1 MiB).
+    /// log2 of the chunk size (default 18: 256 KiB, chosen by measuring
+    /// lazy starts; see docs/benchmarks.md).
     pub chunk_bits: u8,
     /// zstd level for data chunks.
     pub zstd_level: i32,
@@ -25,7 +26,7 @@ pub struct BuildOptions {
 impl Default for BuildOptions {
     fn default() -> Self {
         BuildOptions {
-            chunk_bits: 20,
+            chunk_bits: 18,
             zstd_level: 3,
         }
     }

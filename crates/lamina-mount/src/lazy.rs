@@ -36,7 +36,7 @@ impl Default for LazyOptions {
     fn default() -> Self {
         LazyOptions {
             timeout: Duration::from_secs(60),
-            fill_window: 1 << 20,
+            fill_window: 0,
             workers: 8,
             prefetch_all: false,
             record_trace: None,
