@@ -139,7 +139,7 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
         }
         group.watch(&b.cache_path).map_err(|e| {
             io::Error::other(format!(
-                "watching {}: {e} (the cache directory's filesystem must support fanotify pre-content events, e.g. ext4, xfs, btrfs, tmpfs; choose another --cache-dir)",
+                "watching {}: {e} (the cache directory's filesystem does not support fanotify pre-content events; ext4 does, tmpfs does not: choose another --cache-dir)",
                 b.cache_path.display()
             ))
         })?;
