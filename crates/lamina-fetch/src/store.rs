@@ -82,14 +82,7 @@ impl BlobStore {
             filled_bytes: 0,
         };
         if eager_complete {
-            store.filled = vec![true; n];
-            store.filled_count = n;
-            store.filled_bytes = store
-                .blob
-                .chunks
-                .iter()
-                .map(|c| u64::from(c.size.get()))
-                .sum();
+            store.mark_all_filled();
             store.write_state_full()?;
         } else {
             store.load_and_verify()?;
@@ -115,14 +108,7 @@ impl BlobStore {
         if flags & FLAG_COMPLETE != 0 && all_bits {
             // The complete flag is written only after the cache file was
             // synced, so it needs no second check.
-            self.filled = vec![true; n];
-            self.filled_count = n;
-            self.filled_bytes = self
-                .blob
-                .chunks
-                .iter()
-                .map(|c| u64::from(c.size.get()))
-                .sum();
+            self.mark_all_filled();
             return Ok(());
         }
         let mut buf = Vec::new();
@@ -147,6 +133,17 @@ impl BlobStore {
             self.write_state_full()?;
         }
         Ok(())
+    }
+
+    fn mark_all_filled(&mut self) {
+        self.filled = vec![true; self.filled.len()];
+        self.filled_count = self.filled.len();
+        self.filled_bytes = self
+            .blob
+            .chunks
+            .iter()
+            .map(|c| u64::from(c.size.get()))
+            .sum();
     }
 
     fn write_state_full(&mut self) -> io::Result<()> {
