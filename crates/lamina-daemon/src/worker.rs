@@ -246,6 +246,13 @@ impl Shared {
             let win = store.chunks_covering(start, w.max(offset + count - start));
             (needed, win)
         };
+        // Chunks another mount sharing this cache file already filled.
+        {
+            let mut store = self.lock_store(blob)?;
+            for i in needed.clone() {
+                store.adopt(i, file)?;
+            }
+        }
         let mine = self.claim(blob, window.clone().chain(needed.clone()))?;
         if !mine.is_empty() {
             let result = self.fetch_into(blob, &mine, Some(file), true);

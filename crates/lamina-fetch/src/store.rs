@@ -203,23 +203,43 @@ impl BlobStore {
         self.filled_count += 1;
         self.filled_bytes += data.len() as u64;
         // Data first, then the bit: a crash in between only costs a refetch.
-        let byte_at = STATE_HEADER + i / 8;
+        // OR with the byte on disk: another mount may share this blob.
+        let byte_at = (STATE_HEADER + i / 8) as u64;
         let mut byte = [0u8];
-        for (j, f) in self.filled[(i / 8) * 8..((i / 8) * 8 + 8).min(self.filled.len())]
-            .iter()
-            .enumerate()
-        {
-            if *f {
-                byte[0] |= 1 << j;
-            }
-        }
-        self.state.write_all_at(&byte, byte_at as u64)?;
+        self.state.read_exact_at(&mut byte, byte_at)?;
+        byte[0] |= 1 << (i % 8);
+        self.state.write_all_at(&byte, byte_at)?;
         if self.is_complete() {
             self.cache.sync_data()?;
             self.state.write_all_at(&FLAG_COMPLETE.to_le_bytes(), 12)?;
             self.state.sync_data()?;
         }
         Ok(())
+    }
+
+    /// Takes chunk `i` as filled if another process sharing this cache
+    /// recorded it and its bytes, read through `via`, match the digest.
+    /// Returns whether the chunk is now filled.
+    pub fn adopt(&mut self, i: usize, via: &File) -> io::Result<bool> {
+        if self.filled[i] {
+            return Ok(true);
+        }
+        let mut byte = [0u8];
+        self.state
+            .read_exact_at(&mut byte, (STATE_HEADER + i / 8) as u64)?;
+        if byte[0] & (1 << (i % 8)) == 0 {
+            return Ok(false);
+        }
+        let chunk = &self.blob.chunks[i];
+        let mut buf = vec![0u8; chunk.size.get() as usize];
+        via.read_exact_at(&mut buf, chunk.cache_offset.get())?;
+        if <[u8; 32]>::from(Sha256::digest(&buf)) != chunk.digest {
+            return Ok(false);
+        }
+        self.filled[i] = true;
+        self.filled_count += 1;
+        self.filled_bytes += buf.len() as u64;
+        Ok(true)
     }
 
     /// Path of the fill record.
