@@ -176,7 +176,7 @@ pub fn write_image(
     if devices.len() > usize::from(u16::MAX) - 1 {
         return Err(FormatError::TooLarge("more than 65534 devices"));
     }
-    let (order, parents, nlinks) = place_order(tree);
+    let (order, parents, nlinks, group_starts) = place_order(tree);
     let build_time = most_common_mtime(tree, &order);
 
     // Plan every inode's sizes.
@@ -192,20 +192,50 @@ pub fn write_image(
         )?);
     }
 
-    // Place inodes. Block 0: superblock + device table.
+    // Place inodes. Block 0: superblock + device table. A directory's full
+    // data blocks go at the next block boundary just before its children's
+    // inodes, so a listing reads dirents and then the inodes they name from
+    // one region; the inode cursor flows around such reserved blocks.
+    let slot_of: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let devt_end = SUPERBLOCK_OFFSET + 128 + devices.len() * size_of::<DeviceSlot>();
     let mut cursor = devt_end.next_multiple_of(BLOCK_SIZE);
-    for plan in &mut plans {
-        let mut start = cursor.next_multiple_of(INODE_SLOT_SIZE);
+    let mut reserved: Vec<std::ops::Range<usize>> = Vec::new(); // byte ranges, increasing
+    let mut reserved_end = 0usize; // bytes
+    for k in 0..plans.len() {
+        if let Some(dir) = group_starts.get(&k) {
+            let d = slot_of[dir];
+            let full = plans[d].full_blocks() as usize;
+            if full > 0 {
+                let at = cursor.next_multiple_of(BLOCK_SIZE).max(reserved_end);
+                plans[d].raw_blkaddr =
+                    u32::try_from(at / BLOCK_SIZE).map_err(|_| FormatError::TooLarge("blocks"))?;
+                reserved_end = at + full * BLOCK_SIZE;
+                reserved.push(at..reserved_end);
+            }
+        }
+        let plan = &mut plans[k];
         let in_block = plan.base() + plan.tail_len();
-        if start % BLOCK_SIZE + in_block > BLOCK_SIZE {
-            start = start.next_multiple_of(BLOCK_SIZE);
+        let indexes = match &plan.payload {
+            Payload::Chunked { indexes, .. } => indexes.len() * 8,
+            _ => 0,
+        };
+        let mut start = cursor.next_multiple_of(INODE_SLOT_SIZE);
+        loop {
+            if start % BLOCK_SIZE + in_block > BLOCK_SIZE {
+                start = start.next_multiple_of(BLOCK_SIZE);
+            }
+            let end = (start + in_block).next_multiple_of(size_of::<ChunkIndex>()) + indexes;
+            match reserved.iter().find(|r| r.start < end && start < r.end) {
+                Some(r) => start = r.end,
+                None => break,
+            }
         }
         plan.offset = start;
         cursor = start + in_block;
-        if let Payload::Chunked { indexes, .. } = &plan.payload {
-            cursor = cursor.next_multiple_of(size_of::<ChunkIndex>()) + indexes.len() * 8;
+        if indexes > 0 {
+            cursor = cursor.next_multiple_of(size_of::<ChunkIndex>()) + indexes;
         }
+        reserved.retain(|r| r.end > cursor);
     }
     let nid_of: HashMap<NodeId, u64> = plans
         .iter()
@@ -214,15 +244,20 @@ pub fn write_image(
     let root_nid = u16::try_from(nid_of[&tree.root])
         .map_err(|_| FormatError::TooLarge("root inode beyond nid 65535"))?;
 
-    // Full data blocks after the inode area.
-    let mut next_block =
-        u32::try_from(cursor.div_ceil(BLOCK_SIZE)).map_err(|_| FormatError::TooLarge("blocks"))?;
+    // Remaining full data blocks (symlinks, and directories placed above
+    // already have theirs) after everything else.
+    let mut next_block = u32::try_from(cursor.max(reserved_end).div_ceil(BLOCK_SIZE))
+        .map_err(|_| FormatError::TooLarge("blocks"))?;
     for plan in &mut plans {
         let full = plan.full_blocks();
-        plan.raw_blkaddr = if full > 0 { next_block } else { NULL_ADDR };
-        next_block = next_block
-            .checked_add(full)
-            .ok_or(FormatError::TooLarge("blocks"))?;
+        if full == 0 {
+            plan.raw_blkaddr = NULL_ADDR;
+        } else if plan.raw_blkaddr == NULL_ADDR {
+            plan.raw_blkaddr = next_block;
+            next_block = next_block
+                .checked_add(full)
+                .ok_or(FormatError::TooLarge("blocks"))?;
+        }
     }
     let total_blocks = next_block;
 
@@ -380,17 +415,22 @@ fn put(out: &mut [u8], pos: &mut usize, bytes: &[u8]) {
 /// Placement order: root, then each directory's children together,
 /// directories depth-first in name order. Returns the order, each inode's
 /// parent directory (for `..`) and its link count.
-fn place_order(tree: &Tree<FileChunks>) -> (Vec<NodeId>, Vec<NodeId>, Vec<u32>) {
+/// Where each directory's group of children starts in the order.
+type GroupStarts = HashMap<usize, NodeId>;
+
+fn place_order(tree: &Tree<FileChunks>) -> (Vec<NodeId>, Vec<NodeId>, Vec<u32>, GroupStarts) {
     let mut slot: HashMap<NodeId, usize> = HashMap::new();
     let mut order = vec![tree.root];
     let mut parents = vec![tree.root];
     let mut nlinks = vec![2u32];
+    let mut group_starts = GroupStarts::new();
     slot.insert(tree.root, 0);
     let mut stack = vec![tree.root];
     while let Some(dir) = stack.pop() {
         let Some(entries) = tree.entries(dir) else {
             continue;
         };
+        group_starts.insert(order.len(), dir);
         let mut subdirs = Vec::new();
         for entry in entries.values() {
             match slot.get(&entry.node) {
@@ -410,7 +450,7 @@ fn place_order(tree: &Tree<FileChunks>) -> (Vec<NodeId>, Vec<NodeId>, Vec<u32>) 
         nlinks[slot[&dir]] += subdirs.len() as u32;
         stack.extend(subdirs.into_iter().rev());
     }
-    (order, parents, nlinks)
+    (order, parents, nlinks, group_starts)
 }
 
 /// The most frequent (mtime, nsec): compact inodes carry no mtime of their own.
