@@ -129,6 +129,12 @@ enum Command {
     },
 }
 
+/// The cache dir as an absolute path: records compare paths, and the daemon
+/// and the kernel (`device=`) must not depend on a working directory.
+fn absolute(path: &std::path::Path) -> Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("cache dir {}", path.display()))
+}
+
 fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
     let n = parse_size(s)?;
     if !n.is_power_of_two() || !(4096..=16 << 20).contains(&n) {
@@ -236,6 +242,7 @@ pub fn run(args: Args) -> Result<()> {
             record_trace,
         } => {
             let image = parse_ref(&image)?;
+            let cache_dir = absolute(&cache_dir)?;
             let opts = MountOptions { cache_dir, source };
             let lazy = lazy
                 || record_trace.is_some()
@@ -269,7 +276,7 @@ pub fn run(args: Args) -> Result<()> {
             cache_dir,
         } => {
             lamina_mount::unmount(&mountpoint)?;
-            let status = lamina_mount::finish_unmount(&cache_dir, &mountpoint);
+            let status = lamina_mount::finish_unmount(&absolute(&cache_dir)?, &mountpoint);
             if args.json {
                 let status: serde_json::Value = status
                     .and_then(|s| serde_json::from_str(&s).ok())
@@ -279,11 +286,12 @@ pub fn run(args: Args) -> Result<()> {
                 println!("unmounted {}", mountpoint.display());
             }
         }
-        Command::Status { cache_dir } => status(&cache_dir, args.json)?,
+        Command::Status { cache_dir } => status(&absolute(&cache_dir)?, args.json)?,
         Command::Gc {
             max_size,
             cache_dir,
         } => {
+            let cache_dir = absolute(&cache_dir)?;
             let report = lamina_mount::gc(&cache_dir, max_size)
                 .with_context(|| format!("collecting {}", cache_dir.display()))?;
             if args.json {

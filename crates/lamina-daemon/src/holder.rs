@@ -185,6 +185,7 @@ fn serve(
     let mut buf = Vec::new();
     let mut last_mount_check = Instant::now();
     let mut last_respawn = Instant::now();
+    let mut respawn_delay = Duration::from_millis(250);
     let paths: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
 
     loop {
@@ -281,9 +282,17 @@ fn serve(
                     let _ = worker.child.kill();
                     let status = worker.child.wait();
                     eprintln!("holder: worker exited ({status:?}); restarting");
-                    let since = last_respawn.elapsed();
-                    if since < Duration::from_millis(500) {
-                        std::thread::sleep(Duration::from_millis(500) - since);
+                    // Back off while workers keep dying young (0.5 s up to 8 s);
+                    // pending readers still get EIO at their deadline.
+                    if last_respawn.elapsed() < Duration::from_secs(10) {
+                        respawn_delay = (respawn_delay * 2).min(Duration::from_secs(8));
+                    } else {
+                        respawn_delay = Duration::from_millis(500);
+                    }
+                    let wake = Instant::now() + respawn_delay;
+                    while Instant::now() < wake {
+                        expire(&group, &mut pending)?;
+                        std::thread::sleep(Duration::from_millis(50));
                     }
                     last_respawn = Instant::now();
                     worker = spawn_worker(&exe, config_path, &log)?;
@@ -294,22 +303,7 @@ fn serve(
             }
         }
 
-        // Readers never wait past the timeout.
-        let now = Instant::now();
-        let expired: Vec<u64> = pending
-            .iter()
-            .filter(|(_, m)| m.deadline <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in expired {
-            if let Some(miss) = pending.remove(&id) {
-                eprintln!(
-                    "holder: blob {} bytes {}+{}: timed out, reader gets EIO",
-                    miss.blob, miss.offset, miss.count
-                );
-                group.respond(miss.response_fd, Response::DenyErrno(libc::EIO))?;
-            }
-        }
+        expire(&group, &mut pending)?;
 
         if last_mount_check.elapsed() >= Duration::from_millis(200) {
             last_mount_check = Instant::now();
@@ -324,6 +318,26 @@ fn serve(
             }
         }
     }
+}
+
+/// Readers never wait past the timeout: expired misses get EIO.
+fn expire(group: &FanotifyGroup, pending: &mut HashMap<u64, PendingMiss>) -> io::Result<()> {
+    let now = Instant::now();
+    let expired: Vec<u64> = pending
+        .iter()
+        .filter(|(_, m)| m.deadline <= now)
+        .map(|(id, _)| *id)
+        .collect();
+    for id in expired {
+        if let Some(miss) = pending.remove(&id) {
+            eprintln!(
+                "holder: blob {} bytes {}+{}: timed out, reader gets EIO",
+                miss.blob, miss.offset, miss.count
+            );
+            group.respond(miss.response_fd, Response::DenyErrno(libc::EIO))?;
+        }
+    }
+    Ok(())
 }
 
 fn forward(worker: &Worker, id: u64, miss: &PendingMiss) -> bool {
