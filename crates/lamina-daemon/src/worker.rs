@@ -72,6 +72,8 @@ struct Shared {
     stores: Vec<Mutex<BlobStore>>,
     source: Box<dyn RangeSource>,
     fetch: FetchOptions,
+    /// Boot-set requests: gaps up to 128 KiB are fetched rather than split.
+    boot_fetch: FetchOptions,
     stats: FetchStats,
     inflight: Mutex<HashSet<(u32, usize)>>,
     landed: Condvar,
@@ -131,6 +133,11 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let shared = Arc::new(Shared {
         fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
+            ..FetchOptions::default()
+        },
+        boot_fetch: FetchOptions {
+            deadline: Duration::from_secs(config.timeout_secs),
+            merge_gap: 128 << 10,
             ..FetchOptions::default()
         },
         config,
@@ -334,13 +341,24 @@ impl Shared {
         via: Option<&File>,
         traced: bool,
     ) -> io::Result<()> {
+        self.fetch_with(blob, chunks, via, traced, &self.fetch)
+    }
+
+    fn fetch_with(
+        &self,
+        blob: u32,
+        chunks: &[usize],
+        via: Option<&File>,
+        traced: bool,
+        opts: &FetchOptions,
+    ) -> io::Result<()> {
         let entries = self.lock_store(blob)?.blob.chunks.clone();
         let result = fetch_chunks(
             self.source.as_ref(),
             &self.digests[blob as usize],
             &entries,
             chunks,
-            &self.fetch,
+            opts,
             &self.stats,
             |i, data| {
                 self.lock_store(blob)?.fill(i, &data, via)?;
@@ -369,52 +387,91 @@ impl Shared {
         }
     }
 
-    /// Background fetching, below misses in priority: the boot set in its
-    /// recorded order, then, with prefetch_all, everything else.
+    /// Background fetching. The boot set goes first and at once: the
+    /// workload it was recorded from is starting right now and will miss on
+    /// exactly these chunks, so they are fetched in recorded order, a few MiB
+    /// at a time, each window sorted and merged into few large requests, and
+    /// misses on them wait for the chunks in flight. The rest of the image
+    /// (`--prefetch-all`) then yields to every miss.
     fn prefetch(&self) {
-        let mut plan: Vec<(u32, usize)> = Vec::new();
         let mut planned = HashSet::new();
+        let mut boot: Vec<(u32, usize)> = Vec::new();
         if self.config.prefetch {
             for &(b, i) in &self.boot_set {
                 if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
-                    plan.push((b, i as usize));
+                    boot.push((b, i as usize));
                 }
             }
         }
+        let mut rest: Vec<(u32, usize)> = Vec::new();
         if self.config.prefetch_all {
             for (b, store) in self.stores.iter().enumerate() {
                 if let Ok(s) = store.lock() {
                     for i in 0..s.blob.chunks.len() {
                         if planned.insert((b as u32, i)) {
-                            plan.push((b as u32, i));
+                            rest.push((b as u32, i));
                         }
                     }
                 }
             }
         }
         self.prefetch_total
-            .store(plan.len() as u64, Ordering::Relaxed);
+            .store((boot.len() + rest.len()) as u64, Ordering::Relaxed);
+
+        const WINDOW: u64 = 4 << 20;
         let mut at = 0;
-        while at < plan.len() {
-            while self.active_misses.load(Ordering::Relaxed) > 0 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            // Up to 32 consecutive entries of one blob per round of requests.
-            let blob = plan[at].0;
+        while at < boot.len() {
             let mut end = at;
-            while end < plan.len() && end - at < 32 && plan[end].0 == blob {
+            let mut bytes = 0u64;
+            while end < boot.len() && (bytes < WINDOW || end == at) {
+                let (b, i) = boot[end];
+                bytes += self
+                    .lock_store(b)
+                    .map(|s| u64::from(s.blob.chunks[i].compressed_size.get()))
+                    .unwrap_or(0);
                 end += 1;
             }
-            let batch: Vec<usize> = plan[at..end].iter().map(|p| p.1).collect();
-            if let Ok(mine) = self.claim(blob, batch.into_iter()) {
-                if let Err(e) = self.fetch_into(blob, &mine, None, false) {
-                    eprintln!("worker: prefetch: {e}");
+            for blob in 0..self.stores.len() as u32 {
+                let mut chunks: Vec<usize> = boot[at..end]
+                    .iter()
+                    .filter(|p| p.0 == blob)
+                    .map(|p| p.1)
+                    .collect();
+                if chunks.is_empty() {
+                    continue;
                 }
-                self.release(blob, &mine);
+                chunks.sort_unstable();
+                self.prefetch_chunks(blob, chunks, &self.boot_fetch);
             }
             self.prefetch_done
                 .fetch_add((end - at) as u64, Ordering::Relaxed);
             at = end;
+        }
+
+        let mut at = 0;
+        while at < rest.len() {
+            while self.active_misses.load(Ordering::Relaxed) > 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let blob = rest[at].0;
+            let mut end = at;
+            while end < rest.len() && end - at < 32 && rest[end].0 == blob {
+                end += 1;
+            }
+            let chunks: Vec<usize> = rest[at..end].iter().map(|p| p.1).collect();
+            self.prefetch_chunks(blob, chunks, &self.fetch);
+            self.prefetch_done
+                .fetch_add((end - at) as u64, Ordering::Relaxed);
+            at = end;
+        }
+    }
+
+    fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
+        if let Ok(mine) = self.claim(blob, chunks.into_iter()) {
+            if let Err(e) = self.fetch_with(blob, &mine, None, false, opts) {
+                eprintln!("worker: prefetch: {e}");
+            }
+            self.release(blob, &mine);
         }
     }
 
