@@ -154,7 +154,13 @@ pub fn read_index(
     layers: &LaminaLayers,
 ) -> Result<ChunkIndex, ArtifactError> {
     let bytes = read_compressed_layer(source, &layers.index, "chunk index")?;
-    let index = ChunkIndex::from_bytes(&bytes)?;
+    parse_index(&bytes, layers)
+}
+
+/// Parses index bytes (already read and digest-checked) and checks they
+/// name the manifest's blobs.
+pub fn parse_index(bytes: &[u8], layers: &LaminaLayers) -> Result<ChunkIndex, ArtifactError> {
+    let index = ChunkIndex::from_bytes(bytes)?;
     if index.blobs.len() != layers.blobs.len() {
         return Err(ArtifactError::Corrupt {
             what: "chunk index",

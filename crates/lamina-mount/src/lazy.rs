@@ -72,7 +72,7 @@ pub fn mount_lazy(
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
     let index_bytes =
         artifact::read_compressed_layer(source.as_ref(), &layers.index, "chunk index")?;
-    let index = artifact::read_index(source.as_ref(), &layers)?;
+    let index = artifact::parse_index(&index_bytes, &layers)?;
     let meta_dir = opts.cache_dir.join("meta");
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));

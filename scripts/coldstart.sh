@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# lamina cold-start benchmark: time from "start" to the first useful output of a
+# container of the reference Debian image, pulled over a shaped link, with
+#   - containerd 1.6 (full pull + unpack, then `ctr run`),
+#   - lamina (lazy mount + overlayfs + `runc run`), without a boot set,
+#   - lamina with a boot set recorded for the workload (`convert --prefetch`),
+# at several link rates, for python3 / nginx / redis-server. See
+# docs/coldstart.md for the method.
+#
+# Usage: scripts/coldstart.sh [--links 1gbit,100mbit,10mbit] [--runs N]
+#                             [--workloads python,nginx,redis] [--out FILE]
+#                             [--slow-runs M] [--plot FILE | --no-plot]
+#                             [--max-minutes T]
+#   --links L      tc rates of the shaped link (tbf on the namespace's lo)
+#   --runs N       runs per link, workload and variant (default 3)
+#   --slow-runs M  containerd runs on links slower than 100mbit (default 1: a
+#                  75 MB pull at 10mbit takes over a minute)
+#   --workloads W  python (python3 -c 'print("hello")'), nginx (first HTTP 200),
+#                  redis (first +PONG)
+#   --out FILE     JSON results (default docs/coldstart-results.json)
+#   --plot FILE    chart (default: coldstart.png next to --out); --no-plot to skip
+#   --max-minutes  hard limit for the measurements (default 45); the script
+#                  cleans up and fails when it is reached
+# With the default --out, the tables in docs/coldstart.md are regenerated too
+# (scripts/coldstart_report.py prints them for any result file).
+#
+# Must run as root. Creates the network namespace lamina-cs-$$ (lo with mtu
+# 1500 and a tbf qdisc at the link rate) and runs a docker-registry in it, as
+# well as every client of that registry (skopeo, lamina, `ctr image pull`);
+# containerd itself is a private instance on the host (its own
+# root/state/socket under the work dir). Everything (containers,
+# mounts, lamina daemons, containerd, registry, namespace, work dir under /tmp)
+# is removed on exit, also on failure or Ctrl-C. Takes ~15 minutes with
+# the defaults. Drops the page cache before every run.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LINKS=1gbit,100mbit,10mbit
+RUNS=3
+SLOW_RUNS=1
+WORKLOADS=python,nginx,redis
+OUT="$ROOT/docs/coldstart-results.json"
+PLOT=
+NO_PLOT=0
+MAX_MINUTES=45
+
+log() { printf '[coldstart] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --links) LINKS=${2:?}; shift 2 ;;
+    --runs) RUNS=${2:?}; shift 2 ;;
+    --slow-runs) SLOW_RUNS=${2:?}; shift 2 ;;
+    --workloads) WORKLOADS=${2:?}; shift 2 ;;
+    --out) OUT=${2:?}; shift 2 ;;
+    --plot) PLOT=${2:?}; shift 2 ;;
+    --no-plot) NO_PLOT=1; shift ;;
+    --max-minutes) MAX_MINUTES=${2:?}; shift 2 ;;
+    -h | --help) usage 0 ;;
+    *) log "unknown argument: $1"; usage 2 ;;
+    esac
+done
+[[ "$RUNS" =~ ^[1-9][0-9]*$ ]] || die "--runs wants a positive integer"
+[[ "$SLOW_RUNS" =~ ^[1-9][0-9]*$ ]] || die "--slow-runs wants a positive integer"
+[[ "$MAX_MINUTES" =~ ^[1-9][0-9]*$ ]] || die "--max-minutes wants a positive integer"
+[[ "$LINKS" =~ ^[0-9]+[kmg]bit(,[0-9]+[kmg]bit)*$ ]] || die "--links wants rates like 1gbit,100mbit,10mbit"
+[[ "$WORKLOADS" =~ ^(python|nginx|redis)(,(python|nginx|redis))*$ ]] || die "--workloads: python, nginx, redis"
+mkdir -p "$(dirname "$OUT")"
+OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")
+[ -n "$PLOT" ] || PLOT="$(dirname "$OUT")/coldstart.png"
+
+[ "$(id -u)" = 0 ] || die "must run as root (namespaces, mounts, containers, drop_caches)"
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=$(command -v python3) || die "missing python3"
+for tool in ip tc nsenter containerd ctr runc skopeo docker-registry jq curl findmnt; do
+    command -v "$tool" >/dev/null || die "missing tool: $tool (run scripts/setup.sh)"
+done
+command -v containerd-shim-runc-v2 >/dev/null || die "missing containerd-shim-runc-v2 (Debian package containerd)"
+
+LAMINA="$ROOT/target/release/lamina"
+if [ ! -x "$LAMINA" ]; then
+    log "building lamina (release)"
+    # shellcheck disable=SC1091
+    [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+    (cd "$ROOT" && cargo build --release -p lamina-cli)
+fi
+
+if [ "$NO_PLOT" = 0 ] && ! "$PY" -c 'import matplotlib' 2>/dev/null; then
+    log "installing python3-matplotlib (for the plot)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq python3-matplotlib >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null && apt-get install -y -qq python3-matplotlib >/dev/null; } ||
+        die "cannot install python3-matplotlib (use --no-plot)"
+fi
+
+IMAGE_DIR=/var/cache/lamina-test/debian-oci
+bash "$ROOT/scripts/debian-image.sh" "$IMAGE_DIR"
+
+NS=lamina-cs-$$
+NSPATH=/run/netns/$NS
+ID=lamina-cs-$$ # prefix of every runc / ctr container id
+WORK=$(mktemp -d /tmp/lamina-coldstart.XXXXXX)
+REG="$WORK/registry"
+CTD="$WORK/containerd"
+CTD_SOCK="$CTD/containerd.sock"
+CTD_PID=
+DRIVER_PID=
+
+# wait (up to $1 tenths of a second) until pid $2 has exited
+wait_pid_gone() {
+    local i
+    for ((i = 0; i < $1; i++)); do
+        [ -e "/proc/$2" ] || return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+cleanup() {
+    local rc=$? m c n pids
+    trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
+    set +e
+    # the measurement driver first (it cleans up its own run on SIGTERM)
+    if [ -n "$DRIVER_PID" ] && [ -e "/proc/$DRIVER_PID" ]; then
+        kill -TERM "$DRIVER_PID" 2>/dev/null
+        wait_pid_gone 150 "$DRIVER_PID" || kill -KILL "$DRIVER_PID" 2>/dev/null
+    fi
+    # runc containers of this run
+    for c in $(runc list -q 2>/dev/null | grep "^$ID-"); do
+        runc delete --force "$c" >/dev/null 2>&1 || log "warning: runc delete $c failed"
+    done
+    # containerd: kill every task, remove containers, then stop the daemon
+    if [ -n "$CTD_PID" ] && [ -e "/proc/$CTD_PID" ]; then
+        for n in $(ctr --address "$CTD_SOCK" namespaces ls -q 2>/dev/null); do
+            for c in $(ctr --address "$CTD_SOCK" -n "$n" tasks ls -q 2>/dev/null); do
+                ctr --address "$CTD_SOCK" -n "$n" tasks kill -s SIGKILL "$c" >/dev/null 2>&1
+                timeout 20 ctr --address "$CTD_SOCK" -n "$n" tasks delete -f "$c" >/dev/null 2>&1
+            done
+            for c in $(ctr --address "$CTD_SOCK" -n "$n" containers ls -q 2>/dev/null); do
+                timeout 20 ctr --address "$CTD_SOCK" -n "$n" containers rm "$c" >/dev/null 2>&1
+            done
+        done
+        kill -TERM "$CTD_PID" 2>/dev/null
+        wait_pid_gone 100 "$CTD_PID" || kill -KILL "$CTD_PID" 2>/dev/null
+    fi
+    # overlays, then lamina mounts through lamina (stops their daemons), then
+    # whatever else is mounted below $WORK, deepest first
+    while read -r m; do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+    done < <(awk -v p="$WORK/" 'index($2, p) == 1 && $3 == "overlay" { print $2 }' /proc/self/mounts | sort -r)
+    while read -r m; do
+        "$WORK/lamina" umount "$m" >/dev/null 2>&1 || umount -l "$m" 2>/dev/null
+    done < <(awk -v p="$WORK/" 'index($2, p) == 1 && $3 == "erofs" { print $2 }' /proc/self/mounts | sort -r)
+    while read -r m; do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
+    done < <(awk -v p="$WORK/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
+    [ -d "$REG" ] && bash "$ROOT/tests/tools/registry.sh" stop "$REG"
+    # lamina daemons (they run the private copy $WORK/lamina) and shims of our containerd
+    for _ in $(seq 100); do
+        pgrep -f "$WORK/" >/dev/null || break
+        sleep 0.1
+    done
+    pids=$(pgrep -f "$WORK/")
+    if [ -n "$pids" ]; then
+        log "warning: killing leftover processes: $pids"
+        for p in $pids; do kill -KILL "$p" 2>/dev/null; done
+    fi
+    if [ -e "$NSPATH" ]; then
+        ip netns delete "$NS" || log "warning: cannot delete network namespace $NS"
+    fi
+    if awk -v p="$WORK/" 'index($2, p) == 1 { found = 1 } END { exit !found }' /proc/self/mounts; then
+        log "warning: something is still mounted under $WORK; left in place"
+    else
+        rm -rf --one-file-system "$WORK"
+    fi
+    if [ $rc -eq 0 ]; then
+        log "cleaned up (containers, mounts, containerd, registry, namespace $NS, $WORK)"
+    else
+        log "FAILED (rc=$rc); cleaned up"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "work dir $WORK, network namespace $NS"
+# measure a private copy: a rebuild of target/release/lamina during the run
+# must not change the binary under test (the daemons re-exec it)
+cp "$LAMINA" "$WORK/lamina"
+export LAMINA_BENCH_BINARY_SOURCE="$LAMINA"
+
+# ---- network namespace and registry -------------------------------------------------
+ip netns add "$NS"
+nsenter --net="$NSPATH" ip link set lo mtu 1500 up
+# the registry and every process talking to it run in the namespace: started
+# through nsenter, registry.sh picks its port and checks it from inside
+PORT=$(nsenter --net="$NSPATH" bash "$ROOT/tests/tools/registry.sh" start "$REG")
+REG_PID=$(cat "$REG/pid")
+log "registry 127.0.0.1:$PORT in $NS (pid $REG_PID)"
+
+# ---- private containerd (host network namespace) -----------------------------------
+mkdir -p "$CTD"
+containerd config default |
+    sed -e "s#^root = .*#root = \"$CTD/root\"#" \
+        -e "s#^state = .*#state = \"$CTD/state\"#" \
+        -e "s#^disabled_plugins = .*#disabled_plugins = [\"io.containerd.grpc.v1.cri\"]#" \
+        -e "s#^\( *\)path = \"/opt/containerd\"#\1path = \"$CTD/opt\"#" \
+        -e "/^\[grpc\]/,/^\[/ s#^  address = .*#  address = \"$CTD_SOCK\"#" >"$CTD/config.toml"
+grep -q "^root = \"$CTD/root\"" "$CTD/config.toml" && grep -q "address = \"$CTD_SOCK\"" "$CTD/config.toml" ||
+    die "could not write the containerd config"
+setsid containerd --config "$CTD/config.toml" >"$CTD/containerd.log" 2>&1 </dev/null &
+CTD_PID=$!
+for _ in $(seq 100); do
+    ctr --address "$CTD_SOCK" version >/dev/null 2>&1 && break
+    [ -e "/proc/$CTD_PID" ] || { tail -n 20 "$CTD/containerd.log" >&2; die "containerd exited"; }
+    sleep 0.1
+done
+ctr --address "$CTD_SOCK" version >/dev/null 2>&1 || die "containerd did not answer on $CTD_SOCK"
+log "containerd $(containerd --version | awk '{print $3}') on $CTD_SOCK (pid $CTD_PID)"
+
+# ---- measurements --------------------------------------------------------------------
+"$PY" "$ROOT/scripts/coldstart_run.py" \
+    --lamina "$WORK/lamina" --image "$IMAGE_DIR:bookworm" --work "$WORK" --id "$ID" \
+    --netns "$NSPATH" --registry "127.0.0.1:$PORT" --registry-pid "$REG_PID" \
+    --containerd-sock "$CTD_SOCK" --containerd-root "$CTD/root" \
+    --links "$LINKS" --runs "$RUNS" --slow-runs "$SLOW_RUNS" --workloads "$WORKLOADS" \
+    --max-seconds $((MAX_MINUTES * 60)) --out "$OUT" &
+DRIVER_PID=$!
+wait "$DRIVER_PID"
+DRIVER_PID=
+log "results: $OUT"
+
+if [ "$NO_PLOT" = 0 ]; then
+    "$PY" "$ROOT/scripts/coldstart_plot.py" "$OUT" "$PLOT"
+    log "plot: $PLOT"
+fi
+
+# results written to the default place: refresh the tables in docs/coldstart.md
+DOC="$ROOT/docs/coldstart.md"
+if [ "$OUT" = "$ROOT/docs/coldstart-results.json" ] && [ -f "$DOC" ] && grep -q 'coldstart-tables:begin' "$DOC"; then
+    "$PY" "$ROOT/scripts/coldstart_report.py" "$OUT" --update "$DOC"
+    log "tables updated in $DOC"
+fi

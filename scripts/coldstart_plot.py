@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Chart of a scripts/coldstart.sh result file.
+
+Usage: coldstart_plot.py RESULTS.json OUT.png
+
+One panel per workload: seconds from start to first useful output (log
+scale) per link, one bar per variant (containerd pull + run, lamina, lamina
+with boot set): the median, with a min-max whisker, labelled with its value;
+above the lamina bars, containerd / lamina. Needs python3-matplotlib.
+"""
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"containerd": "#7570b3", "lamina": "#d95f02", "lamina-boot": "#1b9e77"}
+LABELS = {"containerd": "containerd 1.6: pull + ctr run", "lamina": "lamina: lazy mount + runc",
+          "lamina-boot": "lamina + boot set"}
+TITLES = {"python": "python3 -c 'print(\"hello\")'\n(first stdout line)",
+          "nginx": "nginx\n(first HTTP 200)", "redis": "redis-server\n(first +PONG)"}
+
+
+def fmt(s):
+    return f"{s:.2f}" if s < 10 else f"{s:.1f}"
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    with open(sys.argv[1]) as f:
+        r = json.load(f)
+    links = r["config"]["links"]
+    workloads = r["config"]["workloads"]
+    variants = r["config"]["variants"]
+    med = r["medians"]
+    allv = [med[lk][w][v]["time_s"][k] for lk in links for w in workloads for v in variants
+            if v in med[lk][w] for k in ("min", "max")]
+    lo, hi = min(allv) * 0.5, max(allv) * 4
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5.6), squeeze=False)
+    w_bar = 0.26
+    for ax, w in zip(axes[0], workloads):
+        for j, v in enumerate(variants):
+            xs, ys, lo_err, hi_err = [], [], [], []
+            for i, lk in enumerate(links):
+                s = med[lk][w].get(v)
+                if not s:
+                    continue
+                t = s["time_s"]
+                xs.append(i + (j - 1) * w_bar)
+                ys.append(t["median"])
+                lo_err.append(t["median"] - t["min"])
+                hi_err.append(t["max"] - t["median"])
+            bars = ax.bar(xs, ys, w_bar, color=COLORS.get(v), label=LABELS.get(v, v),
+                          yerr=[lo_err, hi_err], capsize=2, error_kw={"elinewidth": 0.8})
+            for b, y, e in zip(bars, ys, hi_err):
+                ax.text(b.get_x() + b.get_width() / 2, (y + e) * 1.08, fmt(y), ha="center", va="bottom",
+                        fontsize=7)
+            if v != "containerd":
+                for i, lk in enumerate(links):
+                    x = r["ratios"][lk][w].get(v)
+                    s = med[lk][w].get(v)
+                    if x and s:
+                        ax.text(i + (j - 1) * w_bar, lo * 1.15, f"{x:.1f}×" if x < 10 else f"{x:.0f}×", ha="center", va="bottom",
+                                fontsize=8, color="white", fontweight="bold")
+        ax.set_yscale("log")
+        ax.set_ylim(lo, hi)
+        ax.set_xticks(range(len(links)))
+        ax.set_xticklabels(links)
+        ax.set_xlabel("link (tbf on the registry's loopback)")
+        ax.set_ylabel("seconds to first useful output (median, log)")
+        ax.set_title(TITLES.get(w, w), fontsize=10)
+        ax.grid(axis="y", which="both", alpha=0.25)
+    axes[0][0].legend(fontsize=8, loc="upper left", frameon=False)
+    m = r["machine"]
+    runs = r["config"]["runs"]
+    cdr = r["config"]["containerd_runs"]
+    slow = sorted({n for n in cdr.values() if n != runs})
+    fig.suptitle(f"Cold start of the Debian image ({r['image']['layer_bytes'] / 1e6:.1f} MB compressed) from a "
+                 f"registry - {m['date'][:10]}, kernel {m['kernel']}, {m['nproc']} CPUs; medians of {runs} runs"
+                 f"{f' ({slow[0]} for containerd at ' + ', '.join(k for k, n in cdr.items() if n != runs) + ')' if slow else ''}"
+                 f"; white: containerd / lamina", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(sys.argv[2], dpi=110)
+
+
+if __name__ == "__main__":
+    main()

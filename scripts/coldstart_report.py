@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Markdown tables of a scripts/coldstart.sh result file.
+
+Usage: coldstart_report.py RESULTS.json                 (prints the tables)
+       coldstart_report.py RESULTS.json --update DOC.md (replaces the text between
+                                                         <!-- coldstart-tables:begin --> and
+                                                         <!-- coldstart-tables:end --> in DOC.md)
+"""
+
+import json
+import sys
+
+BEGIN = "<!-- coldstart-tables:begin -->"
+END = "<!-- coldstart-tables:end -->"
+VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina + boot set"}
+WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis"}
+
+
+def mb(n):
+    return f"{n / 1e6:.2f}"
+
+
+def secs(s):
+    return f"{s:.3f}" if s < 10 else f"{s:.2f}"
+
+
+def spread(t):
+    if t["n"] == 1:
+        return f"{secs(t['median'])}"
+    return f"{secs(t['median'])} ({secs(t['min'])}–{secs(t['max'])})"
+
+
+def render(r):
+    out = []
+    w = out.append
+    m, cfg, img, med, rt = r["machine"], r["config"], r["image"], r["medians"], r["ratios"]
+    img_bytes = img["layer_bytes"]
+    w(f"Measured {m['date']} on {m['nproc']} vCPUs ({m.get('cpu', '?')}), kernel {m['kernel']}, "
+      f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}; containerd {m['versions'].get('containerd')}, "
+      f"runc {m['versions'].get('runc')}, docker-registry {m['versions'].get('docker-registry')}. "
+      f"The whole run took {r['bench_seconds'] / 60:.1f} min; the machine was busy for "
+      f"{m.get('busy_cpu_s_during_bench')} CPU-seconds in that time (everything: containerd, lamina, "
+      f"containers, other users), load {' '.join(m.get('loadavg_at_start', []))} → "
+      f"{' '.join(m.get('loadavg_at_end', []))}.")
+    lb = m.get("lamina_binary", {})
+    w("")
+    w(f"lamina binary sha256 `{lb.get('sha256', '?')[:16]}…`, built {lb.get('built_at', '?')} from commit "
+      f"`{lb.get('git_head', '?')[:10]}`{' (working tree had uncommitted changes)' if lb.get('git_tree_dirty') else ''}; "
+      f"chunk size {cfg.get('chunk_size')} B, `--fill-window` default {cfg.get('fill_window')}. "
+      f"Image: {len(img['layers'])} tar+gzip layers, {img_bytes:,} B compressed. "
+      f"Runs per link: {cfg['runs']} (containerd: "
+      f"{', '.join(f'{n} at {k}' for k, n in cfg['containerd_runs'].items())}).")
+    if r.get("incomplete"):
+        w("")
+        w(f"**Incomplete run**: {r['incomplete']}.")
+
+    w("")
+    w("### Targets")
+    w("")
+    w("| figure | workload | link | measured | target | met |")
+    w("|---|---|---|---:|---:|---|")
+    for t in r["targets"]:
+        if "target_min" in t:
+            bound, ok = f"≥ {t['target_min']:.0f}×", t["met"]
+            val = f"{t['value']:.1f}×"
+            by = f"**no** (reached {t['value'] / t['target_min']:.0%} of it)" if not ok else "yes"
+        else:
+            bound, ok = f"≤ {t['target_max']:.0f} %", t["met"]
+            val = f"{t['value']:.2f} %"
+            by = f"**no** ({t['value'] / t['target_max']:.1f}× the bound)" if not ok else "yes"
+        w(f"| {t['what']} | {WLABEL.get(t['workload'], t['workload'])} | {t['link']} | {val} | {bound} | {by} |")
+
+    w("")
+    w("### Cold start: seconds from start to first useful output")
+    w("")
+    w("Median (min–max). containerd: `ctr image pull` + `ctr run`; lamina: `lamina mount` + overlayfs + "
+      "`runc run`. Ratio = containerd / lamina.")
+    w("")
+    w("| link | workload | containerd | lamina | lamina + boot set | ratio lamina | ratio boot set |")
+    w("|---|---|---:|---:|---:|---:|---:|")
+    for link, per_w in med.items():
+        for wl, per_v in per_w.items():
+            cells = [spread(per_v[v]["time_s"]) if v in per_v else "–" for v in ("containerd", "lamina", "lamina-boot")]
+            rl = rt[link][wl].get("lamina")
+            rb = rt[link][wl].get("lamina-boot")
+            w(f"| {link} | {WLABEL.get(wl, wl)} | {' | '.join(cells)} | "
+              f"{f'{rl:.1f}×' if rl else '–'} | {f'{rb:.1f}×' if rb else '–'} |")
+
+    w("")
+    w("### Where the time goes (medians, seconds)")
+    w("")
+    w("containerd: *pull* = `ctr image pull` (download and unpack), of which *download* = wire bytes at the "
+      "measured wire rate of the link; *run* = `ctr run` to first output. lamina: *mount* = `lamina mount` (manifest, "
+      "chunk index and metadata fetched, daemons started, kernel mount); *warm* = the same container started "
+      "again on the same mount (nothing fetched: runc + the workload itself); *data* = bytes on the wire "
+      "after the mount, at the link's measured wire rate; *rest* = total − mount − overlay − warm − data, i.e. what "
+      "the misses cost beyond their bytes: request latency of serialized page faults, decompression and "
+      "verification; *req × lat* = requests × the median 1-byte Range GET time of that link.")
+    w("")
+    w("| link | workload | containerd pull (download) | run | lamina | mount | warm | data | rest | req × lat "
+      "| boot set: total | mount | data | rest |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for link, per_w in med.items():
+        cal = r["links"].get(link, {})
+        # wire bytes per second of the link (payload + TCP/IP headers + ACKs), from the calibration transfer
+        bps = cal["wire_bytes"] / cal["seconds"] if cal.get("seconds") else 0
+        lat = cal.get("range_request_1byte_ms", 0) / 1000
+
+        def parts(s):
+            if not s:
+                return None
+            total = s["time_s"]["median"]
+            mount = s["mount_s"]["median"]
+            ovl = s["overlay_s"]["median"]
+            warm = s["second_time_s"]["median"]
+            data = (s["wire_bytes_ready"]["median"] - s["wire_bytes_mount"]["median"]) / bps if bps else 0
+            rest = total - mount - ovl - warm - data
+            return total, mount, warm, data, rest, s["requests"]["median"] * lat
+        for wl, per_v in per_w.items():
+            cd = per_v.get("containerd")
+            cdc = (f"{secs(cd['pull_s']['median'])} ({secs(cd['wire_bytes']['median'] / bps) if bps else '?'})",
+                   secs(cd["container_s"]["median"])) if cd else ("–", "–")
+            la = parts(per_v.get("lamina"))
+            bo = parts(per_v.get("lamina-boot"))
+            lac = [secs(x) for x in la] if la else ["–"] * 6
+            boc = [secs(x) for x in bo[:2] + bo[3:5]] if bo else ["–"] * 4
+            w(f"| {link} | {WLABEL.get(wl, wl)} | {cdc[0]} | {cdc[1]} | {' | '.join(lac)} | {' | '.join(boc)} |")
+
+    w("")
+    w("### Bytes")
+    w("")
+    w("*wire* = bytes sent on the namespace's `lo` during the run (requests, responses, TCP/IP headers; "
+      "the registry is only reachable there); *fetched* = lamina's `fetched_bytes` (compressed chunk bytes "
+      "received by its worker; the mount's manifest, index and metadata are not counted); % of the image's "
+      f"compressed size ({img_bytes / 1e6:.1f} MB). Medians over all links.")
+    w("")
+    w("| workload | containerd wire MB | lamina fetched MB (%) | lamina wire MB (%) | requests / misses "
+      "| boot set fetched MB (%) | boot set wire MB (%) | requests / misses | mount wire MB |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for wl in cfg["workloads"]:
+        runs = [x for x in r["runs"] if x["workload"] == wl]
+
+        def medv(v, k):
+            vals = sorted(x[k] for x in runs if x["variant"] == v and x.get(k) is not None)
+            if not vals:
+                return None
+            n = len(vals)
+            return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+
+        def pct(n):
+            return f"{mb(n)} ({100 * n / img_bytes:.2f} %)" if n is not None else "–"
+        cdw = medv("containerd", "wire_bytes")
+        row = [mb(cdw) if cdw else "–"]
+        for v in ("lamina", "lamina-boot"):
+            req, mis = medv(v, "requests"), medv(v, "misses")
+            row += [pct(medv(v, "fetched_bytes")), pct(medv(v, "wire_bytes")),
+                    f"{req:.0f} / {mis:.0f}" if req is not None else "–"]
+        mw = medv("lamina", "wire_bytes_mount")
+        row.append(mb(mw) if mw else "–")
+        w(f"| {WLABEL.get(wl, wl)} | {' | '.join(row)} |")
+
+    w("")
+    w("### Second container, daemon memory")
+    w("")
+    w("A second container of the same image right after the first (lamina: same mount and cache dir, "
+      "new overlay; containerd: image already unpacked; page cache warm). Memory: VmHWM of the lamina "
+      "holder + worker at the end of each run.")
+    w("")
+    w("| workload | variant | 2nd start s | 2nd fetched B (max) | 2nd wire B (max) | holder VmHWM MB | worker VmHWM MB | sum MB (max) |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|")
+    for wl in cfg["workloads"]:
+        for v in ("containerd", "lamina", "lamina-boot"):
+            runs = [x for x in r["runs"] if x["workload"] == wl and x["variant"] == v]
+            if not runs:
+                continue
+            ts = sorted(x["second"]["time_s"] for x in runs)
+            t2 = ts[len(ts) // 2]
+            wire = max(x["second"]["wire_bytes"] for x in runs)
+            if v == "containerd":
+                w(f"| {WLABEL.get(wl, wl)} | {VLABEL[v]} | {t2:.3f} | – | {wire:,} | – | – | – |")
+                continue
+            fetched = max(x["second"]["fetched_bytes"] for x in runs)
+            hs = sorted(x["rss_kib"]["holder"] or 0 for x in runs)
+            ws = sorted(x["rss_kib"]["worker"] or 0 for x in runs)
+            ss = [x["rss_kib"]["sum"] or 0 for x in runs]
+            w(f"| {WLABEL.get(wl, wl)} | {VLABEL[v]} | {t2:.3f} | {fetched:,} | {wire:,} | "
+              f"{hs[len(hs) // 2] / 1024:.1f} | {ws[len(ws) // 2] / 1024:.1f} | {max(ss) / 1024:.1f} |")
+
+    w("")
+    w("### Boot sets")
+    w("")
+    w("Recorded once per workload on the unshaped link (`lamina mount --record-trace`, workload run to its "
+      "first useful output). Bytes are uncompressed chunk bytes; files by share of the boot set.")
+    w("")
+    w("| workload | chunks | MB (uncompressed) | recorded run: fetched MB, requests / misses | largest files (chunks) |")
+    w("|---|---:|---:|---:|---|")
+    for wl, t in r["setup"]["traces"].items():
+        rec = t["record_run"]
+        top = ", ".join(f"`{' = '.join(x.rsplit('/', 1)[-1] for x in f['path'].split(' = '))}` ({f['chunks']})"
+                        for f in t["files"][:5])
+        w(f"| {WLABEL.get(wl, wl)} | {t['distinct_chunks']} | {mb(t['bytes'])} | {mb(rec['fetched_bytes'])}, "
+          f"{rec['requests']} / {rec['misses']} | {top} |")
+
+    w("")
+    w("### Links")
+    w("")
+    w("| link | nominal MB/s | measured MB/s (Range GET of 1 s worth) | 1-byte Range GET ms (median of 5) |")
+    w("|---|---:|---:|---:|")
+    for link, c in r["links"].items():
+        w(f"| {link} | {c['nominal_MBps']:.2f} | {c['MBps']:.2f} | {c['range_request_1byte_ms']:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--update"):
+        sys.exit(__doc__)
+    with open(args[0]) as f:
+        r = json.load(f)
+    text = render(r)
+    if len(args) == 1:
+        sys.stdout.write(text)
+        return
+    with open(args[2]) as f:
+        doc = f.read()
+    a, b = doc.find(BEGIN), doc.find(END)
+    if a < 0 or b < a:
+        sys.exit(f"{args[2]}: no {BEGIN} ... {END} section")
+    with open(args[2], "w") as f:
+        f.write(doc[:a + len(BEGIN)] + "\n" + text + doc[b:])
+
+
+if __name__ == "__main__":
+    main()
