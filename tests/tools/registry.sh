@@ -2,11 +2,12 @@
 # Throw-away local OCI registry (Debian's docker-registry) for tests.
 #
 # Usage:
-#   tests/tools/registry.sh start DIR   # prints the port; DIR/port, DIR/pid, DIR/config.yml, DIR/registry.log
+#   tests/tools/registry.sh start DIR [PORT]  # prints the port; DIR/port, DIR/pid, DIR/config.yml, DIR/registry.log
 #   tests/tools/registry.sh stop DIR    # stops it (idempotent), keeps DIR/data
 #   tests/tools/registry.sh status DIR  # exit 0 and print the port if running
 #
-# The registry listens on 127.0.0.1:<free port>, plain HTTP (use
+# The registry listens on 127.0.0.1:<free port> (or PORT when given, e.g. to
+# restart it where clients expect it after a stop), plain HTTP (use
 # --dest-tls-verify=false / --src-tls-verify=false with skopeo), stores blobs in
 # DIR/data and allows deletes. `start` is idempotent: when the registry of DIR
 # already answers, it just prints the port.
@@ -22,11 +23,16 @@ REGISTRY_BIN=${REGISTRY_BIN:-/usr/bin/docker-registry}
 WAIT_SECONDS=20
 
 die() { printf 'registry.sh: %s\n' "$*" >&2; exit 1; }
-usage() { die "usage: $0 start|stop|status DIR"; }
+usage() { die "usage: $0 start DIR [PORT] | stop DIR | status DIR"; }
 
-[ $# -eq 2 ] || usage
+[ $# -eq 2 ] || { [ $# -eq 3 ] && [ "$1" = start ]; } || usage
 cmd=$1
 dir=$2
+want_port=${3:-}
+if [ -n "$want_port" ]; then
+    [[ $want_port =~ ^[0-9]+$ ]] && [ "$want_port" -ge 1 ] && [ "$want_port" -le 65535 ] ||
+        die "bad port: $want_port"
+fi
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 
@@ -51,13 +57,15 @@ free_port() {
 start() {
     local pid port i
     if pid=$(running_pid) && port=$(cat "$dir/port" 2>/dev/null) && answers "$port"; then
+        [ -z "$want_port" ] || [ "$port" = "$want_port" ] ||
+            die "already running on port $port, not $want_port"
         echo "$port"
         return 0
     fi
     [ -x "$REGISTRY_BIN" ] || die "$REGISTRY_BIN not found (apt-get install docker-registry)"
     stop_quiet
     mkdir -p "$dir/data"
-    port=$(free_port)
+    port=${want_port:-$(free_port)}
     cat >"$dir/config.yml" <<EOF
 version: 0.1
 log:

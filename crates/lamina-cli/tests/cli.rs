@@ -126,7 +126,7 @@ fn json_reports_are_complete_and_consistent() {
     assert_eq!(i["entries"], r["stats"]["entries"]);
     assert_eq!(i["files"], r["stats"]["files"]);
     assert_eq!(i["file_bytes"], r["stats"]["file_bytes"]);
-    assert_eq!(i["chunk_size"], 1048576);
+    assert_eq!(i["chunk_size"], 262144, "the default chunk size");
     let inspect_blobs: Vec<&Value> = i["blobs"]
         .as_array()
         .unwrap()

@@ -186,6 +186,7 @@ fn serve(
     let mut last_mount_check = Instant::now();
     let mut last_respawn = Instant::now();
     let mut respawn_delay = Duration::from_millis(250);
+    let mut failed: Vec<FailedRange> = Vec::new();
     let paths: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
 
     loop {
@@ -230,6 +231,17 @@ fn serve(
                     continue;
                 };
                 let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
+                // A read that got EIO is retried by the kernel at once
+                // (readahead, then the page itself), and one read(2) can
+                // need several ranges in turn: fail those at once so a reader
+                // waits at most one timeout. The memory is short, so a read
+                // made after the source recovered goes to the network again.
+                let now = Instant::now();
+                failed.retain(|f| f.until > now);
+                if failed.iter().any(|f| f.blob == blob) {
+                    group.respond(ev.response_fd, Response::DenyErrno(libc::EIO))?;
+                    continue;
+                }
                 let id = next_id;
                 next_id += 1;
                 let mut miss = PendingMiss {
@@ -262,6 +274,7 @@ fn serve(
                             let response = if errno == 0 {
                                 Response::Allow
                             } else {
+                                failed.push(FailedRange::after(&miss));
                                 Response::DenyErrno(errno)
                             };
                             group.respond(miss.response_fd, response)?;
@@ -291,7 +304,7 @@ fn serve(
                     }
                     let wake = Instant::now() + respawn_delay;
                     while Instant::now() < wake {
-                        expire(&group, &mut pending)?;
+                        expire(&group, &mut pending, &mut failed)?;
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     last_respawn = Instant::now();
@@ -303,7 +316,7 @@ fn serve(
             }
         }
 
-        expire(&group, &mut pending)?;
+        expire(&group, &mut pending, &mut failed)?;
 
         if last_mount_check.elapsed() >= Duration::from_millis(200) {
             last_mount_check = Instant::now();
@@ -320,8 +333,32 @@ fn serve(
     }
 }
 
+/// A blob whose read just failed; new misses on it fail at once until `until`.
+struct FailedRange {
+    blob: u32,
+    until: Instant,
+}
+
+impl FailedRange {
+    /// Long enough to cover the kernel's immediate retries and the next
+    /// range of the same read(2), short enough that a later read tries the
+    /// network again.
+    const MEMORY: Duration = Duration::from_millis(250);
+
+    fn after(miss: &PendingMiss) -> Self {
+        FailedRange {
+            blob: miss.blob,
+            until: Instant::now() + Self::MEMORY,
+        }
+    }
+}
+
 /// Readers never wait past the timeout: expired misses get EIO.
-fn expire(group: &FanotifyGroup, pending: &mut HashMap<u64, PendingMiss>) -> io::Result<()> {
+fn expire(
+    group: &FanotifyGroup,
+    pending: &mut HashMap<u64, PendingMiss>,
+    failed: &mut Vec<FailedRange>,
+) -> io::Result<()> {
     let now = Instant::now();
     let expired: Vec<u64> = pending
         .iter()
@@ -334,6 +371,7 @@ fn expire(group: &FanotifyGroup, pending: &mut HashMap<u64, PendingMiss>) -> io:
                 "holder: blob {} bytes {}+{}: timed out, reader gets EIO",
                 miss.blob, miss.offset, miss.count
             );
+            failed.push(FailedRange::after(&miss));
             group.respond(miss.response_fd, Response::DenyErrno(libc::EIO))?;
         }
     }

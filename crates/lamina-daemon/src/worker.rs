@@ -278,7 +278,13 @@ impl Shared {
                 return Ok(());
             }
             drop(store);
-            if needed.clone().any(|i| !inflight.contains(&(blob, i))) {
+            let unclaimed = {
+                let store = self.lock_store(blob)?;
+                needed
+                    .clone()
+                    .any(|i| !store.is_filled(i) && !inflight.contains(&(blob, i)))
+            };
+            if unclaimed {
                 // Not filled and nobody fetching: fetch ourselves.
                 drop(inflight);
                 let store = self.lock_store(blob)?;

@@ -684,16 +684,30 @@ impl Registry {
     /// call itself is bounded by [`SHORT`].
     #[track_caller]
     pub fn start() -> Registry {
+        Registry::start_in(TestDir::new("registry"))
+    }
+
+    /// Starts one serving a copy of `data`, the storage directory
+    /// (`DIR/data`) of an earlier registry: images pushed once can be served
+    /// by a fresh registry per test.
+    #[track_caller]
+    pub fn start_with_data(data: &Path) -> Registry {
         let dir = TestDir::new("registry");
         let mut c = command(
-            "bash",
+            "cp",
             [
-                repo_file("tests/tools/registry.sh").as_os_str(),
-                OsStr::new("start"),
-                dir.path().as_os_str(),
+                OsStr::new("-a"),
+                data.as_os_str(),
+                dir.join("data").as_os_str(),
             ],
         );
-        let out = run(&mut c, SHORT);
+        run(&mut c, TIMEOUT).ok();
+        Registry::start_in(dir)
+    }
+
+    #[track_caller]
+    fn start_in(dir: TestDir) -> Registry {
+        let out = run(&mut Registry::script("start", dir.path()), SHORT);
         // Constructed before asserting so a half-started registry is stopped.
         let mut reg = Registry { dir, port: 0 };
         let out = out.ok();
@@ -705,6 +719,45 @@ impl Registry {
             .and_then(|l| l.trim().parse().ok())
             .unwrap_or_else(|| panic!("registry.sh start printed no port:\n{}", out.describe()));
         reg
+    }
+
+    fn script(cmd: &str, dir: &Path) -> Command {
+        command(
+            "bash",
+            [
+                repo_file("tests/tools/registry.sh").as_os_str(),
+                OsStr::new(cmd),
+                dir.as_os_str(),
+            ],
+        )
+    }
+
+    /// The registry's directory (`data/` is its storage, `registry.log`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Stops the registry process (storage kept; [`Registry::restart`]
+    /// brings it back on the same port).
+    #[track_caller]
+    pub fn stop(&self) {
+        run(&mut Registry::script("stop", self.dir.path()), SHORT).ok();
+    }
+
+    /// Starts the registry again on its port and storage, e.g. after
+    /// [`Registry::stop`]; waits until it answers.
+    #[track_caller]
+    pub fn restart(&self) {
+        let mut c = Registry::script("start", self.dir.path());
+        c.arg(self.port.to_string());
+        let out = run(&mut c, SHORT).ok();
+        assert_eq!(
+            out.stdout.trim().lines().last(),
+            Some(self.port.to_string().as_str()),
+            "registry.sh did not restart on port {}:\n{}",
+            self.port,
+            out.describe()
+        );
     }
 
     /// `127.0.0.1:PORT`.
@@ -733,6 +786,105 @@ impl Drop for Registry {
             Ok(o) => eprintln!("warning: registry stop failed:\n{}", o.describe()),
             Err(e) => eprintln!("warning: registry stop: {e}"),
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// background processes
+
+/// A process running in the background (a server, a long reader), killed
+/// and reaped on drop. Its stdout and stderr go to files in `log_dir`.
+#[derive(Debug)]
+pub struct Background {
+    child: Option<std::process::Child>,
+    /// What it is, for messages.
+    pub label: String,
+    /// Its stdout.
+    pub stdout_path: PathBuf,
+    /// Its stderr.
+    pub stderr_path: PathBuf,
+    cmdline: String,
+}
+
+impl Background {
+    /// Spawns `cmd` (stdin from /dev/null) with output to
+    /// `log_dir/LABEL.stdout` and `.stderr`.
+    #[track_caller]
+    pub fn spawn(label: &str, cmd: &mut Command, log_dir: &Path) -> Background {
+        let stdout_path = log_dir.join(format!("{label}.stdout"));
+        let stderr_path = log_dir.join(format!("{label}.stderr"));
+        let create =
+            |p: &Path| File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+        let cmdline = format!("{cmd:?}");
+        cmd.stdin(Stdio::null())
+            .stdout(create(&stdout_path))
+            .stderr(create(&stderr_path));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmdline}: {e}"));
+        Background {
+            child: Some(child),
+            label: label.to_string(),
+            stdout_path,
+            stderr_path,
+            cmdline,
+        }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// Whether it still runs (false once it exited).
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Its output so far, for messages.
+    pub fn describe(&self) -> String {
+        let read = |p: &Path| tail(&fs::read_to_string(p).unwrap_or_default(), 6000);
+        format!(
+            "background {} (pid {}): {}\n--- stdout ---\n{}\n--- stderr ---\n{}\n--------------",
+            self.label,
+            self.pid(),
+            self.cmdline,
+            read(&self.stdout_path),
+            read(&self.stderr_path)
+        )
+    }
+
+    /// Kills (SIGKILL) and reaps it; returns how it ended.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+
+    /// Waits (bounded) for it to exit on its own; None on timeout.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

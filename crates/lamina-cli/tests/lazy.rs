@@ -1,0 +1,2018 @@
+//! The lazy-loading path end to end: the reference Debian image (python3,
+//! nginx-light, redis-server), converted once per test binary, is served by
+//! a registry per test and mounted lazily (`docker://` default), then read
+//! by real programs and by hashing readers, also while the worker is killed,
+//! the registry restarts, or a proxy (`tests/tools/faultproxy.py`) corrupts,
+//! truncates, resets, refuses and stalls range requests.
+//!
+//! Every byte read is compared with `umoci unpack` of the same source: whole
+//! trees with treecmp, files by sha256. Every wait is bounded; every reader
+//! runs in a child process with a deadline, so a hung read fails the test
+//! instead of hanging it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// Tools the tests need (debootstrap and jq only when the Debian image is
+/// not cached yet, but the check is static).
+const TOOLS: &[&str] = &[
+    "umoci",
+    "debootstrap",
+    "jq",
+    "chroot",
+    "docker-registry",
+    "curl",
+    "mount",
+    "umount",
+    "cp",
+];
+
+/// Repository and tag of the converted image in every test registry.
+const IMAGE: &str = "deb:bookworm";
+
+/// Tag of the source image in its OCI layout.
+const SRC_TAG: &str = "bookworm";
+
+/// Prints the test's wall time when dropped (also when it fails).
+#[derive(Debug)]
+struct Timer(&'static str, Instant);
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        eprintln!("time: {} {:.1} s", self.0, self.1.elapsed().as_secs_f64());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the Debian fixture
+
+/// The Debian image, converted and pushed once per test binary.
+#[derive(Debug)]
+struct Debian {
+    /// Source OCI layout (tag `bookworm`).
+    source: PathBuf,
+    /// Storage of a registry holding the lamina image as [`IMAGE`].
+    registry_data: PathBuf,
+    /// `lamina convert --json` report.
+    report: Value,
+    /// `umoci unpack` of the source: the reference tree.
+    rootfs: PathBuf,
+    /// Regular files of the reference tree (relative), sorted.
+    files: Vec<String>,
+    /// sha256 of each of them.
+    hashes: BTreeMap<String, String>,
+    /// Size of each of them.
+    sizes: BTreeMap<String, u64>,
+    /// Per data blob (source layers that brought new chunks, in order): the
+    /// chunks it holds and how many of them no file of the final tree uses
+    /// (from layer files a later layer replaced), by [`CHUNK_MODEL`].
+    model: Vec<BlobModel>,
+}
+
+/// What an independent model of the conversion says one data blob holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BlobModel {
+    chunks: u64,
+    bytes: u64,
+    dead: u64,
+    dead_bytes: u64,
+}
+
+impl Debian {
+    /// Compressed bytes of all data blobs (what a full fetch transfers).
+    fn compressed_bytes(&self) -> u64 {
+        self.report["blobs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no blobs in the convert report {}", self.report))
+            .iter()
+            .map(|b| b["size"].as_u64().expect("blob size"))
+            .sum()
+    }
+
+    /// Files below `prefix` (e.g. `usr/`).
+    fn files_under(&self, prefix: &str) -> Vec<String> {
+        self.files
+            .iter()
+            .filter(|f| f.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The shared fixture, built on first use. A failed build is remembered, so
+/// later tests fail at once instead of converting again.
+fn debian() -> &'static Debian {
+    static D: OnceLock<Result<Debian, String>> = OnceLock::new();
+    match D.get_or_init(|| std::panic::catch_unwind(build_debian).map_err(|p| panic_text(&*p))) {
+        Ok(d) => d,
+        Err(e) => panic!("the Debian fixture could not be built: {e}"),
+    }
+}
+
+fn build_debian() -> Debian {
+    let started = Instant::now();
+    let source = std::env::var_os("LAMINA_DEBIAN_OCI")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/lamina-test/debian-oci"));
+    // Built once per machine (~2 min); a no-op when cached.
+    let mut c = command(
+        "bash",
+        [
+            repo_file("scripts/debian-image.sh").as_os_str(),
+            source.as_os_str(),
+        ],
+    );
+    run(&mut c, Duration::from_secs(1800)).ok();
+
+    let dir = fixtures().join("debian-lazy");
+    if dir.exists() {
+        fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("rm {}: {e}", dir.display()));
+    }
+    fs::create_dir_all(&dir).unwrap();
+
+    // Convert straight into a registry, then keep only its storage: every
+    // test starts its own registry on a copy.
+    let reg = Registry::start();
+    let report = lamina_timeout(
+        [
+            "convert",
+            "--json",
+            &oci_ref(&source, SRC_TAG),
+            &reg.reference(IMAGE),
+        ],
+        Duration::from_secs(1200),
+    )
+    .ok()
+    .json();
+    let convert_secs = started.elapsed().as_secs_f64();
+    let inspect = lamina(["inspect", "--json", &reg.reference(IMAGE)])
+        .ok()
+        .json();
+    let chunk_size = inspect["chunk_size"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no chunk_size in {inspect}"));
+    reg.stop();
+    let registry_data = dir.join("registry-data");
+    let mut c = command(
+        "cp",
+        [
+            OsStr::new("-a"),
+            reg.dir().join("data").as_os_str(),
+            registry_data.as_os_str(),
+        ],
+    );
+    run(&mut c, TIMEOUT).ok();
+    drop(reg);
+
+    let rootfs = umoci_unpack(
+        &format!("{}:{SRC_TAG}", source.display()),
+        &dir.join("umoci"),
+    );
+    let files: Vec<String> = regular_files(&rootfs)
+        .into_iter()
+        .map(|p| {
+            p.to_str()
+                .unwrap_or_else(|| panic!("non-UTF-8 path {}", p.display()))
+                .to_string()
+        })
+        .collect();
+    assert!(files.len() > 5000, "only {} regular files", files.len());
+    let got = hash_files(&rootfs, &files, &dir, "reference", TIMEOUT)
+        .unwrap_or_else(|e| panic!("hashing the reference tree: {e}"));
+    let mut hashes = BTreeMap::new();
+    let mut sizes = BTreeMap::new();
+    for f in &files {
+        let r = &got[f];
+        let h = r
+            .sha256
+            .clone()
+            .unwrap_or_else(|| panic!("reference {f}: {}", r.error));
+        hashes.insert(f.clone(), h);
+        sizes.insert(
+            f.clone(),
+            fs::symlink_metadata(rootfs.join(f)).unwrap().len(),
+        );
+    }
+    let script = dir.join("chunk-model.py");
+    fs::write(&script, CHUNK_MODEL).unwrap();
+    let mut c = command(tool("python3"), [script.as_os_str(), source.as_os_str()]);
+    c.args([SRC_TAG.to_string(), chunk_size.to_string()])
+        .arg(&rootfs);
+    let out = run(&mut c, TIMEOUT).ok();
+    let model: Vec<BlobModel> = out
+        .json()
+        .as_array()
+        .unwrap_or_else(|| panic!("chunk model:\n{}", out.describe()))
+        .iter()
+        .map(|b| BlobModel {
+            chunks: num(b, "chunks"),
+            bytes: num(b, "bytes"),
+            dead: num(b, "dead"),
+            dead_bytes: num(b, "dead_bytes"),
+        })
+        .filter(|b| b.chunks > 0)
+        .collect();
+    let counts: Vec<u64> = inspect["blobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no blobs in {inspect}"))
+        .iter()
+        .map(|b| num(b, "chunks"))
+        .collect();
+    assert_eq!(
+        model.iter().map(|b| b.chunks).collect::<Vec<_>>(),
+        counts,
+        "the chunk model disagrees with the image's chunk index ({model:?} vs {inspect})"
+    );
+    eprintln!(
+        "fixture: Debian converted and pushed in {convert_secs:.1} s, reference of {} files ready after {:.1} s",
+        files.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Debian {
+        source,
+        registry_data,
+        report,
+        rootfs,
+        files,
+        hashes,
+        sizes,
+        model,
+    }
+}
+
+/// An independent model of what `lamina convert` stores (docs/format.md):
+/// each layer's regular files cut into chunks of the chunk size, all-zero
+/// chunks left out, a chunk stored once, in the first layer that has it.
+/// Prints, per source layer, the chunks it brings and those that no file of
+/// the final tree (argv[4], the umoci unpack) contains.
+const CHUNK_MODEL: &str = r#"
+import hashlib, json, os, sys, tarfile
+layout, tag, chunk, rootfs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def blob(d):
+    return os.path.join(layout, "blobs", *d.split(":"))
+with open(os.path.join(layout, "index.json")) as f:
+    index = json.load(f)
+desc = next(m for m in index["manifests"]
+            if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
+with open(blob(desc["digest"])) as f:
+    manifest = json.load(f)
+def chunks(f, size):
+    left = size
+    while left > 0:
+        b = f.read(min(chunk, left))
+        if len(b) != min(chunk, left):
+            raise SystemExit("short read")
+        left -= len(b)
+        if b.strip(b"\0"):
+            yield hashlib.sha256(b).digest(), len(b)
+seen, layers = set(), []
+for layer in manifest["layers"]:
+    new = {}
+    with tarfile.open(blob(layer["digest"]), "r:*") as t:
+        for ti in t:
+            if ti.isreg():
+                for d, n in chunks(t.extractfile(ti), ti.size):
+                    if d not in seen:
+                        seen.add(d)
+                        new[d] = n
+    layers.append(new)
+final = set()
+for top, dirs, files in os.walk(rootfs):
+    for name in files:
+        p = os.path.join(top, name)
+        if os.path.isfile(p) and not os.path.islink(p):
+            with open(p, "rb") as f:
+                final.update(d for d, _ in chunks(f, os.path.getsize(p)))
+print(json.dumps([{"chunks": len(new), "bytes": sum(new.values()),
+                   "dead": sum(1 for d in new if d not in final),
+                   "dead_bytes": sum(n for d, n in new.items() if d not in final)}
+                  for new in layers]))
+"#;
+
+// ---------------------------------------------------------------------------
+// hashing readers
+
+/// Reads the listed files (relative to argv[1]) and writes one JSON line per
+/// file: sha256 or errno, and the seconds the read took.
+const HASHER: &str = r#"
+import hashlib, json, os, sys, time
+root, listfile, outfile = sys.argv[1:4]
+with open(listfile) as f:
+    paths = json.load(f)
+with open(outfile, "w") as out:
+    for p in paths:
+        t0 = time.monotonic()
+        h = hashlib.sha256()
+        rec = {"path": p}
+        try:
+            with open(os.path.join(root, p), "rb") as f:
+                while True:
+                    b = f.read(1 << 20)
+                    if not b:
+                        break
+                    h.update(b)
+            rec["sha256"] = h.hexdigest()
+        except OSError as e:
+            rec["errno"] = e.errno
+            rec["error"] = str(e)
+        rec["secs"] = time.monotonic() - t0
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+"#;
+
+fn hasher_script() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let p = fixtures().join("lazy-hasher.py");
+        fs::write(&p, HASHER).unwrap();
+        p
+    })
+}
+
+/// What reading one file gave.
+#[derive(Debug, Clone)]
+struct FileRead {
+    sha256: Option<String>,
+    errno: Option<i64>,
+    error: String,
+    secs: f64,
+}
+
+fn parse_reads(out: &Path) -> BTreeMap<String, FileRead> {
+    let text = fs::read_to_string(out).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| {
+            (
+                v["path"].as_str().unwrap_or_default().to_string(),
+                FileRead {
+                    sha256: v["sha256"].as_str().map(str::to_string),
+                    errno: v["errno"].as_i64(),
+                    error: v["error"].as_str().unwrap_or_default().to_string(),
+                    secs: v["secs"].as_f64().unwrap_or(0.0),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Reads `files` below `root` in one python3 process (killed at `deadline`).
+/// Err when it did not finish: a hung read, with the file it was stuck on.
+fn hash_files(
+    root: &Path,
+    files: &[String],
+    work: &Path,
+    label: &str,
+    deadline: Duration,
+) -> Result<BTreeMap<String, FileRead>, String> {
+    let list = work.join(format!("{label}.list.json"));
+    let out = work.join(format!("{label}.reads.jsonl"));
+    fs::write(&list, serde_json::to_vec(files).unwrap()).unwrap();
+    let mut c = command(
+        tool("python3"),
+        [
+            hasher_script().as_os_str(),
+            root.as_os_str(),
+            list.as_os_str(),
+            out.as_os_str(),
+        ],
+    );
+    let res = try_run(&mut c, deadline);
+    let got = parse_reads(&out);
+    match res {
+        Ok(o) if o.status.success() && got.len() == files.len() => Ok(got),
+        Ok(o) => Err(format!(
+            "{label}: the reader failed ({} of {} files read):\n{}",
+            got.len(),
+            files.len(),
+            o.describe()
+        )),
+        Err(e) => Err(format!(
+            "{label}: reading {} files did not finish within {} s: {} done, stuck at {:?}\n{e}",
+            files.len(),
+            deadline.as_secs(),
+            got.len(),
+            files.iter().find(|f| !got.contains_key(*f))
+        )),
+    }
+}
+
+/// [`hash_files`] on a thread, for reads that run while the test acts.
+fn hash_in_background(
+    root: &Path,
+    files: Vec<String>,
+    work: &Path,
+    label: &str,
+    deadline: Duration,
+) -> JoinHandle<Result<BTreeMap<String, FileRead>, String>> {
+    let (root, work, label) = (root.to_path_buf(), work.to_path_buf(), label.to_string());
+    std::thread::spawn(move || hash_files(&root, &files, &work, &label, deadline))
+}
+
+/// Records a failure for every file of `files` that was not read back equal
+/// to the reference (wrong bytes, an error, or not read at all).
+fn check_reads(
+    f: &mut Failures,
+    what: &str,
+    deb: &Debian,
+    files: &[String],
+    got: &BTreeMap<String, FileRead>,
+) {
+    let mut bad = Vec::new();
+    let mut wrong = 0;
+    for p in files {
+        let want = &deb.hashes[p];
+        match got.get(p) {
+            None => bad.push(format!("{p}: not read")),
+            Some(FileRead {
+                sha256: Some(h), ..
+            }) if h == want => {}
+            Some(FileRead {
+                sha256: Some(h), ..
+            }) => {
+                wrong += 1;
+                bad.push(format!("{p}: WRONG BYTES (sha256 {h}, reference {want})"));
+            }
+            Some(r) => bad.push(format!(
+                "{p}: read failed after {:.1} s: errno {:?}: {}",
+                r.secs, r.errno, r.error
+            )),
+        }
+    }
+    f.check(bad.is_empty(), || {
+        format!(
+            "{what}: {} of {} files not read back equal to the reference ({wrong} with wrong bytes):\n  {}{}",
+            bad.len(),
+            files.len(),
+            bad.iter().take(25).cloned().collect::<Vec<_>>().join("\n  "),
+            if bad.len() > 25 { "\n  ..." } else { "" }
+        )
+    });
+}
+
+// ---------------------------------------------------------------------------
+// lazy mounts: run dir, status, daemon processes
+
+/// The run directory of a lazy mount (`CACHE/mounts/<id>`), found by its
+/// config's mountpoint.
+#[track_caller]
+fn run_dir(m: &Mount) -> PathBuf {
+    let me = m.path.canonicalize().unwrap();
+    let mounts = m.cache.join("mounts");
+    for e in fs::read_dir(&mounts)
+        .unwrap_or_else(|e| panic!("readdir {}: {e}", mounts.display()))
+        .flatten()
+    {
+        let config: Option<Value> = fs::read(e.path().join("config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if config.is_some_and(|c| c["mountpoint"].as_str().map(Path::new) == Some(me.as_path())) {
+            return e.path();
+        }
+    }
+    panic!("no run dir for {} in {}", me.display(), mounts.display());
+}
+
+/// The tails of holder.log and worker.log, for messages.
+fn daemon_logs(rd: &Path) -> String {
+    let mut s = String::new();
+    for name in ["holder.log", "worker.log"] {
+        let text = fs::read_to_string(rd.join(name)).unwrap_or_else(|e| format!("({e})"));
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(30);
+        s.push_str(&format!(
+            "--- {name} ({} lines, last 30) ---\n{}\n",
+            lines.len(),
+            lines[from..].join("\n")
+        ));
+    }
+    s
+}
+
+/// `status.json` of the run dir as the worker last wrote it.
+fn status_file(rd: &Path) -> Option<Value> {
+    serde_json::from_slice(&fs::read(rd.join("status.json")).ok()?).ok()
+}
+
+/// Appends diagnostics (daemon logs...) to the last recorded failure.
+fn attach(f: &mut Failures, text: &str) {
+    if let Some(last) = f.0.last_mut() {
+        last.push_str("\n\n");
+        last.push_str(text);
+    }
+}
+
+/// A number of a status document.
+#[track_caller]
+fn num(s: &Value, key: &str) -> u64 {
+    s[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no number {key:?} in status {s}"))
+}
+
+/// The mount's live figures from `lamina status --json` once `pred` holds;
+/// panics (with the daemon logs) if it does not within `timeout`.
+#[track_caller]
+fn wait_status(m: &Mount, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let entry = m.status();
+        let s = entry
+            .as_ref()
+            .map(|e| e["status"].clone())
+            .unwrap_or(Value::Null);
+        if s.is_object() && pred(&s) {
+            return s;
+        }
+        if start.elapsed() > timeout {
+            panic!(
+                "{what}: not reached within {} s; last `lamina status` entry: {}\n{}",
+                timeout.as_secs(),
+                entry.map_or("none".into(), |e| e.to_string()),
+                daemon_logs(&run_dir(m))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The figures after they settled: status.json is rewritten every 200 ms,
+/// so anything done before this call is counted.
+#[track_caller]
+fn settled_status(m: &Mount) -> Value {
+    std::thread::sleep(Duration::from_millis(700));
+    wait_status(m, "status", Duration::from_secs(10), |_| true)
+}
+
+/// Whether every blob of a status is complete and all bytes are cached.
+fn fully_cached(s: &Value) -> bool {
+    s["cached_bytes"] == s["total_bytes"]
+        && s["blobs"]
+            .as_array()
+            .is_some_and(|b| !b.is_empty() && b.iter().all(|b| b["complete"] == true))
+}
+
+fn pid_alive(pid: u32) -> bool {
+    !process_exits(pid, Duration::ZERO)
+}
+
+fn kill9(pid: u32) {
+    let p = rustix::process::Pid::from_raw(pid as i32).expect("pid > 0");
+    rustix::process::kill_process(p, rustix::process::Signal::KILL)
+        .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+}
+
+// ---------------------------------------------------------------------------
+// programs in the image
+
+/// `chroot ROOT /usr/bin/python3 -c 'print("ok")'`, asserting it prints ok.
+#[track_caller]
+fn chroot_python(root: &Path) -> Output {
+    let mut c = command(
+        tool("chroot"),
+        [
+            root.as_os_str(),
+            "/usr/bin/python3".as_ref(),
+            "-c".as_ref(),
+            "print(\"ok\")".as_ref(),
+        ],
+    );
+    c.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C");
+    let o = run(&mut c, TIMEOUT).ok();
+    assert_eq!(
+        o.stdout,
+        "ok\n",
+        "python3 in the lazy mount:\n{}",
+        o.describe()
+    );
+    o
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Waits until something accepts on 127.0.0.1:`port` while `bg` runs.
+#[track_caller]
+fn wait_tcp(port: u16, bg: &mut Background, timeout: Duration) {
+    let start = Instant::now();
+    loop {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        assert!(
+            bg.running(),
+            "{} exited before listening:\n{}",
+            bg.label,
+            bg.describe()
+        );
+        assert!(
+            start.elapsed() < timeout,
+            "{} does not listen on port {port} after {} s:\n{}",
+            bg.label,
+            timeout.as_secs(),
+            bg.describe()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `request` to 127.0.0.1:`port` and reads the answer to EOF.
+fn tcp_exchange(port: u16, request: &[u8], until_eof: bool) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(request)?;
+    let mut buf = Vec::new();
+    if until_eof {
+        s.read_to_end(&mut buf)?;
+    } else {
+        let mut b = [0u8; 256];
+        while !buf.ends_with(b"\r\n") {
+            let n = s.read(&mut b)?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&b[..n]);
+        }
+    }
+    Ok(buf)
+}
+
+/// An overlayfs over a lazy mount (the mount itself is read-only), unmounted
+/// on drop.
+#[derive(Debug)]
+struct Overlay {
+    merged: PathBuf,
+}
+
+impl Overlay {
+    #[track_caller]
+    fn mount(lower: &Path, dir: &Path) -> Overlay {
+        let (upper, work, merged) = (dir.join("upper"), dir.join("work"), dir.join("merged"));
+        for d in [&upper, &work, &merged] {
+            fs::create_dir_all(d).unwrap();
+        }
+        let guard = Overlay {
+            merged: merged.clone(),
+        };
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        let mut c = command(
+            "mount",
+            [
+                OsStr::new("-t"),
+                OsStr::new("overlay"),
+                OsStr::new("overlay"),
+                OsStr::new("-o"),
+                OsStr::new(&opts),
+                merged.as_os_str(),
+            ],
+        );
+        run(&mut c, SHORT).ok();
+        guard
+    }
+
+    #[track_caller]
+    fn unmount(&self) {
+        run(&mut command("umount", [&self.merged]), SHORT).ok();
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        for args in [vec!["umount"], vec!["umount", "-l"]] {
+            if !is_mountpoint(&self.merged) {
+                return;
+            }
+            let mut c = command(args[0], &args[1..]);
+            c.arg(&self.merged);
+            let _ = try_run(&mut c, SHORT);
+        }
+    }
+}
+
+/// `tests/tools/faultproxy.py`, killed on drop (and bounded by its own
+/// --lifetime and parent watchdog).
+#[derive(Debug)]
+struct FaultProxy {
+    bg: Background,
+    port: u16,
+    stats: PathBuf,
+}
+
+impl FaultProxy {
+    /// Starts it on `listen` (0: any port) in front of `upstream`.
+    #[track_caller]
+    fn start(
+        dir: &Path,
+        label: &str,
+        listen: u16,
+        upstream: u16,
+        mode: &str,
+        extra: &[&str],
+    ) -> FaultProxy {
+        let port_file = dir.join(format!("{label}.port"));
+        let stats = dir.join(format!("{label}.stats.json"));
+        let _ = fs::remove_file(&port_file);
+        let mut c = command(tool("python3"), [repo_file("tests/tools/faultproxy.py")]);
+        c.args([listen.to_string(), upstream.to_string(), mode.to_string()])
+            .arg("--port-file")
+            .arg(&port_file)
+            .arg("--stats")
+            .arg(&stats)
+            .args(["--lifetime", "600"])
+            .args(extra);
+        let mut bg = Background::spawn(label, &mut c, dir);
+        let start = Instant::now();
+        let port = loop {
+            if let Some(p) = fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|s| s.trim().parse::<u16>().ok())
+            {
+                break p;
+            }
+            assert!(bg.running(), "faultproxy exited:\n{}", bg.describe());
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "faultproxy did not start:\n{}",
+                bg.describe()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        FaultProxy { bg, port, stats }
+    }
+
+    fn stats(&self) -> Value {
+        fs::read(&self.stats)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. the reference workload
+
+/// Mount returns quickly with nothing fetched; python3 runs fetching a small
+/// part of the image; redis answers PING; nginx (chrooted into an overlay
+/// over the mount) serves a file of the image byte for byte; then the whole
+/// tree equals umoci's and everything is cached.
+#[test]
+fn lazy_debian_runs_python_redis_nginx_and_equals_umoci() {
+    let _time = Timer(
+        "lazy_debian_runs_python_redis_nginx_and_equals_umoci",
+        Instant::now(),
+    );
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-debian");
+    let total_compressed = deb.compressed_bytes();
+
+    let started = Instant::now();
+    let m = Mount::new(&reg.reference(IMAGE), &t.join("mnt"), &t.join("cache"));
+    let mount_secs = started.elapsed().as_secs_f64();
+    assert!(
+        mount_secs < 20.0,
+        "a lazy mount fetches only manifest, index and metadata, yet took {mount_secs:.1} s"
+    );
+    let s0 = wait_status(&m, "first status", Duration::from_secs(10), |_| true);
+    assert_eq!(
+        num(&s0, "fetched_bytes"),
+        0,
+        "data fetched before any read: {s0}"
+    );
+
+    let started = Instant::now();
+    chroot_python(&m.path);
+    let python_secs = started.elapsed().as_secs_f64();
+    let s1 = settled_status(&m);
+    let python_bytes = num(&s1, "fetched_bytes");
+    eprintln!(
+        "figures: mount {mount_secs:.2} s; python3 {python_secs:.2} s, fetched {python_bytes} bytes ({}) of {total_compressed} ({:.1} %), {} requests, {} misses",
+        mib(python_bytes),
+        100.0 * python_bytes as f64 / total_compressed as f64,
+        num(&s1, "requests"),
+        num(&s1, "misses")
+    );
+    assert!(
+        python_bytes > 0,
+        "python3 ran but nothing was fetched: {s1}"
+    );
+    assert!(
+        python_bytes * 2 < total_compressed,
+        "python3 fetched {python_bytes} of {total_compressed} compressed bytes (>= 50 %): not lazy"
+    );
+
+    // redis-server straight from the read-only lazy mount.
+    let port = free_port();
+    let mut c = command(
+        tool("chroot"),
+        [
+            m.path.as_os_str(),
+            OsStr::new("/usr/bin/redis-server"),
+            OsStr::new("--port"),
+            OsStr::new(&port.to_string()),
+            OsStr::new("--bind"),
+            OsStr::new("127.0.0.1"),
+            OsStr::new("--save"),
+            OsStr::new(""),
+            OsStr::new("--appendonly"),
+            OsStr::new("no"),
+            OsStr::new("--daemonize"),
+            OsStr::new("no"),
+        ],
+    );
+    c.env_clear().env("PATH", "/usr/bin:/bin");
+    let started = Instant::now();
+    let mut redis = Background::spawn("redis", &mut c, t.path());
+    wait_tcp(port, &mut redis, Duration::from_secs(60));
+    let pong = tcp_exchange(port, b"PING\r\n", false)
+        .unwrap_or_else(|e| panic!("PING: {e}\n{}", redis.describe()));
+    assert_eq!(
+        String::from_utf8_lossy(&pong),
+        "+PONG\r\n",
+        "redis answered PING with something else:\n{}",
+        redis.describe()
+    );
+    let redis_secs = started.elapsed().as_secs_f64();
+    redis.stop();
+
+    // nginx needs writable paths: chroot into an overlay over the mount.
+    let ovl = Overlay::mount(&m.path, &t.mkdir("ovl"));
+    let conf_dir = ovl.merged.join("tmp/lamina-nginx");
+    fs::create_dir_all(&conf_dir).unwrap();
+    let port = free_port();
+    fs::write(
+        conf_dir.join("nginx.conf"),
+        format!(
+            "daemon off;\nmaster_process off;\npid /tmp/lamina-nginx/nginx.pid;\nerror_log stderr;\n\
+             events {{ worker_connections 16; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path /tmp/lamina-nginx/body;\n\
+             proxy_temp_path /tmp/lamina-nginx/proxy;\n  fastcgi_temp_path /tmp/lamina-nginx/fastcgi;\n\
+             uwsgi_temp_path /tmp/lamina-nginx/uwsgi;\n  scgi_temp_path /tmp/lamina-nginx/scgi;\n\
+             server {{ listen 127.0.0.1:{port}; root /var/www/html; }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let mut c = command(
+        tool("chroot"),
+        [
+            ovl.merged.as_os_str(),
+            OsStr::new("/usr/sbin/nginx"),
+            OsStr::new("-e"),
+            OsStr::new("stderr"),
+            OsStr::new("-p"),
+            OsStr::new("/tmp/lamina-nginx/"),
+            OsStr::new("-c"),
+            OsStr::new("/tmp/lamina-nginx/nginx.conf"),
+        ],
+    );
+    c.env_clear().env("PATH", "/usr/sbin:/usr/bin:/bin");
+    let started = Instant::now();
+    let mut nginx = Background::spawn("nginx", &mut c, t.path());
+    wait_tcp(port, &mut nginx, Duration::from_secs(60));
+    let answer = tcp_exchange(
+        port,
+        b"GET /index.nginx-debian.html HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        true,
+    )
+    .unwrap_or_else(|e| panic!("GET from nginx: {e}\n{}", nginx.describe()));
+    let nginx_secs = started.elapsed().as_secs_f64();
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| {
+            panic!(
+                "no HTTP header end in {:?}",
+                String::from_utf8_lossy(&answer)
+            )
+        });
+    let head = String::from_utf8_lossy(&answer[..split]).to_string();
+    let body = &answer[split + 4..];
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "nginx answered:\n{head}\n{}",
+        nginx.describe()
+    );
+    let want = fs::read(deb.rootfs.join("var/www/html/index.nginx-debian.html")).unwrap();
+    assert!(
+        body == want.as_slice(),
+        "nginx served {} bytes that differ from the image's index.nginx-debian.html ({} bytes)",
+        body.len(),
+        want.len()
+    );
+    nginx.stop();
+    ovl.unmount();
+    eprintln!("figures: redis PONG after {redis_secs:.2} s, nginx 200 after {nginx_secs:.2} s");
+
+    // The whole tree, every byte.
+    let started = Instant::now();
+    let n = treecmp(&[], &deb.rootfs, &m.path);
+    eprintln!(
+        "figures: treecmp of {n} entries over the lazy mount in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // Every chunk a file of the tree uses is cached now. Chunks of layer
+    // files that a later layer replaced are in the blobs too, but nothing
+    // reads them (no fill window by default): the model says how many.
+    let expect_filled: Vec<u64> = deb.model.iter().map(|b| b.chunks - b.dead).collect();
+    let dead_bytes: u64 = deb.model.iter().map(|b| b.dead_bytes).sum();
+    let filled = |s: &Value| -> Vec<u64> {
+        s["blobs"]
+            .as_array()
+            .map(|b| {
+                b.iter()
+                    .map(|b| b["filled_chunks"].as_u64().unwrap_or(0))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let s = wait_status(
+        &m,
+        "every chunk of the tree cached after reading it",
+        Duration::from_secs(15),
+        |s| filled(s) == expect_filled,
+    );
+    let mut f = Failures::default();
+    f.check(
+        num(&s, "cached_bytes") + dead_bytes == num(&s, "total_bytes"),
+        || format!("cached_bytes + {dead_bytes} unreferenced bytes != total_bytes: {s}"),
+    );
+    f.check((dead_bytes == 0) == fully_cached(&s), || {
+        format!(
+            "{dead_bytes} unreferenced bytes, yet fully cached = {}: {s}",
+            fully_cached(&s)
+        )
+    });
+    eprintln!(
+        "figures: chunk model {:?}; after the whole tree: filled {:?}",
+        deb.model,
+        filled(&s)
+    );
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    f.check(num(&s, "bad_chunks") == 0, || {
+        format!("bad chunks without faults: {s}")
+    });
+    f.check(num(&s, "fetched_bytes") <= total_compressed, || {
+        format!("fetched more than the image's {total_compressed} compressed bytes: {s}")
+    });
+    eprintln!(
+        "figures: whole tree: fetched {} ({} bytes) in {} requests, {} misses; cached {} of {}",
+        mib(num(&s, "fetched_bytes")),
+        num(&s, "fetched_bytes"),
+        num(&s, "requests"),
+        num(&s, "misses"),
+        num(&s, "cached_bytes"),
+        num(&s, "total_bytes")
+    );
+    f.finish("lazy Debian");
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// 2. a warm cache
+
+/// Once a cache dir holds the whole image, a new mount of it fetches
+/// nothing: the registry is even stopped before reading every file.
+#[test]
+fn second_mount_of_cached_image_fetches_nothing() {
+    let _time = Timer(
+        "second_mount_of_cached_image_fetches_nothing",
+        Instant::now(),
+    );
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-warm");
+    let (mnt, cache) = (t.join("mnt"), t.join("cache"));
+
+    let m = Mount::with_args(&reg.reference(IMAGE), &mnt, &cache, &["--prefetch-all"]);
+    let started = Instant::now();
+    let s = wait_status(
+        &m,
+        "--prefetch-all fetched everything",
+        Duration::from_secs(240),
+        fully_cached,
+    );
+    eprintln!(
+        "figures: --prefetch-all: {} fetched in {:.1} s, {} requests",
+        mib(num(&s, "fetched_bytes")),
+        started.elapsed().as_secs_f64(),
+        num(&s, "requests")
+    );
+    m.unmount();
+
+    let m = Mount::new(&reg.reference(IMAGE), &mnt, &cache);
+    // From here on there is nothing to fetch from: any attempt would show.
+    reg.stop();
+    let got = hash_files(&m.path, &deb.files, t.path(), "warm", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    let mut f = Failures::default();
+    check_reads(&mut f, "warm mount", deb, &deb.files, &got);
+    let s = settled_status(&m);
+    for key in ["fetched_bytes", "requests", "failed_misses"] {
+        f.check(num(&s, key) == 0, || {
+            format!("{key} should stay 0 on a fully cached image: {s}")
+        });
+    }
+    f.check(fully_cached(&s), || format!("not fully cached: {s}"));
+    eprintln!(
+        "figures: warm mount read {} files, status {}",
+        got.len(),
+        serde_json::json!({"fetched_bytes": s["fetched_bytes"], "requests": s["requests"], "misses": s["misses"]})
+    );
+    f.finish("warm mount");
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// 3. concurrency
+
+/// A small deterministic shuffle (xorshift).
+fn shuffled(mut v: Vec<String>, mut seed: u64) -> Vec<String> {
+    for i in (1..v.len()).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        v.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// Eight readers at once on a fresh lazy mount, on disjoint and overlapping
+/// file sets: every file hashes to the reference.
+#[test]
+fn concurrent_readers_get_reference_bytes() {
+    let _time = Timer("concurrent_readers_get_reference_bytes", Instant::now());
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-concurrent");
+    let m = Mount::new(&reg.reference(IMAGE), &t.join("mnt"), &t.join("cache"));
+
+    let files = &deb.files;
+    let mut sets: Vec<(String, Vec<String>)> = (0..4)
+        .map(|i| {
+            (
+                format!("quarter{i}"),
+                files.iter().skip(i).step_by(4).cloned().collect(),
+            )
+        })
+        .collect();
+    sets.push(("usr-lib".into(), deb.files_under("usr/lib/")));
+    sets.push(("reversed".into(), files.iter().rev().cloned().collect()));
+    sets.push((
+        "usr-shuffled".into(),
+        shuffled(deb.files_under("usr/"), 0x9e37_79b9_7f4a_7c15),
+    ));
+    let mut by_size = files.clone();
+    by_size.sort_by_key(|f| std::cmp::Reverse(deb.sizes[f]));
+    by_size.truncate(300);
+    sets.push(("largest-300".into(), by_size));
+
+    let started = Instant::now();
+    let readers: Vec<_> = sets
+        .iter()
+        .map(|(label, set)| {
+            hash_in_background(
+                &m.path,
+                set.clone(),
+                t.path(),
+                label,
+                Duration::from_secs(300),
+            )
+        })
+        .collect();
+    let mut f = Failures::default();
+    for ((label, set), h) in sets.iter().zip(readers) {
+        match h.join().expect("reader thread") {
+            Ok(got) => check_reads(&mut f, label, deb, set, &got),
+            Err(e) => f.check(false, || e),
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let s = settled_status(&m);
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    f.check(num(&s, "bad_chunks") == 0, || format!("bad chunks: {s}"));
+    eprintln!(
+        "figures: 8 concurrent readers ({} file reads) in {secs:.1} s; fetched {} in {} requests, {} misses",
+        sets.iter().map(|s| s.1.len()).sum::<usize>(),
+        mib(num(&s, "fetched_bytes")),
+        num(&s, "requests"),
+        num(&s, "misses")
+    );
+    if !f.0.is_empty() {
+        attach(&mut f, &daemon_logs(&run_dir(&m)));
+    }
+    f.finish("concurrent readers");
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// 4. the worker dies
+
+/// Waits for a worker that is not one of `killed`, alive, and has fetched
+/// something (so it is mid-work); returns its pid.
+#[track_caller]
+fn busy_worker(rd: &Path, killed: &[u32], timeout: Duration) -> u32 {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = status_file(rd) {
+            if let Some(pid) = s["pid"].as_u64().map(|p| p as u32) {
+                if !killed.contains(&pid) && pid_alive(pid) && num(&s, "fetched_bytes") > 0 {
+                    return pid;
+                }
+            }
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "no busy worker other than {killed:?} within {} s; status {:?}\n{}",
+            timeout.as_secs(),
+            status_file(rd),
+            daemon_logs(rd)
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// kill -9 of the worker, three times while /usr is being read: the holder
+/// starts a new one each time, readers wait and get the right bytes.
+#[test]
+fn worker_killed_mid_read_is_restarted_and_reads_stay_correct() {
+    let _time = Timer(
+        "worker_killed_mid_read_is_restarted_and_reads_stay_correct",
+        Instant::now(),
+    );
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-kill");
+    // 1 MiB fill window: fewer, larger fetches (a shorter test), each one a
+    // chance to die mid-write.
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--timeout", "60", "--fill-window", "1048576"],
+    );
+    let rd = run_dir(&m);
+    let usr = deb.files_under("usr/");
+    let started = Instant::now();
+    let reader = hash_in_background(
+        &m.path,
+        usr.clone(),
+        t.path(),
+        "usr",
+        Duration::from_secs(300),
+    );
+    let mut killed = Vec::new();
+    let mut f = Failures::default();
+    for _ in 0..3 {
+        let pid = busy_worker(&rd, &killed, Duration::from_secs(60));
+        f.check(!reader.is_finished(), || {
+            format!(
+                "the read of /usr finished before kill #{} (too fast to test a crash mid-read)",
+                killed.len() + 1
+            )
+        });
+        kill9(pid);
+        killed.push(pid);
+        assert!(
+            process_exits(pid, Duration::from_secs(10)),
+            "worker {pid} survived kill -9"
+        );
+        eprintln!(
+            "killed worker {pid} after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let got = reader.join().expect("reader thread");
+    let secs = started.elapsed().as_secs_f64();
+    match got {
+        Ok(got) => check_reads(&mut f, "/usr with worker kills", deb, &usr, &got),
+        Err(e) => f.check(false, || e),
+    }
+    let holder_log = fs::read_to_string(rd.join("holder.log")).unwrap_or_default();
+    let restarts = holder_log.matches("restarting").count();
+    f.check(restarts >= killed.len(), || {
+        format!(
+            "holder.log shows {restarts} restarts for {} kills",
+            killed.len()
+        )
+    });
+    f.check(!holder_log.contains("timed out"), || {
+        format!("a reader timed out:\n{holder_log}")
+    });
+    let s = settled_status(&m);
+    let pid = s["pid"].as_u64().unwrap_or(0) as u32;
+    f.check(pid != 0 && !killed.contains(&pid) && pid_alive(pid), || {
+        format!("no live replacement worker after the kills: {s}")
+    });
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    eprintln!(
+        "figures: {} files of /usr read in {secs:.1} s with {} worker kills, {restarts} restarts in holder.log",
+        usr.len(),
+        killed.len()
+    );
+    if !f.0.is_empty() {
+        attach(&mut f, &daemon_logs(&rd));
+    }
+    f.finish("worker kills");
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// 5. the registry goes away and comes back
+
+/// The registry stops while the whole tree is being read and comes back on
+/// the same port and storage 2 s later: no reader error, every byte right.
+#[test]
+fn registry_restart_mid_read_loses_nothing() {
+    let _time = Timer("registry_restart_mid_read_loses_nothing", Instant::now());
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-registry-restart");
+    // 1 MiB fill window: the whole tree in a few hundred requests (one per
+    // miss by default) keeps the test short.
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--timeout", "120", "--fill-window", "1048576"],
+    );
+    let rd = run_dir(&m);
+    let started = Instant::now();
+    let reader = hash_in_background(
+        &m.path,
+        deb.files.clone(),
+        t.path(),
+        "all",
+        Duration::from_secs(400),
+    );
+    // Let the read get going.
+    let wait = Instant::now();
+    while status_file(&rd).map_or(0, |s| num(&s, "fetched_bytes")) < 8 << 20 {
+        assert!(
+            wait.elapsed() < Duration::from_secs(120),
+            "the read does not progress: {:?}\n{}",
+            status_file(&rd),
+            daemon_logs(&rd)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut f = Failures::default();
+    f.check(!reader.is_finished(), || {
+        "the read finished before the registry was stopped".into()
+    });
+    reg.stop();
+    let stopped_at = started.elapsed().as_secs_f64();
+    let at_stop = status_file(&rd).map_or(0, |s| num(&s, "fetched_bytes"));
+    f.check(TcpStream::connect(("127.0.0.1", reg.port)).is_err(), || {
+        format!("port {} still accepts after the registry stopped", reg.port)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let while_down = status_file(&rd).map_or(0, |s| num(&s, "fetched_bytes"));
+    f.check(!reader.is_finished(), || {
+        "the read finished while the registry was down: nothing left to test".into()
+    });
+    reg.restart();
+    let restarted_at = started.elapsed().as_secs_f64();
+    let got = reader.join().expect("reader thread");
+    match got {
+        Ok(got) => check_reads(
+            &mut f,
+            "whole tree across a registry restart",
+            deb,
+            &deb.files,
+            &got,
+        ),
+        Err(e) => f.check(false, || e),
+    }
+    let s = settled_status(&m);
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    f.check(num(&s, "fetched_bytes") > while_down, || {
+        format!("nothing was fetched after the restart ({while_down} bytes before): {s}")
+    });
+    let worker_log = fs::read_to_string(rd.join("worker.log")).unwrap_or_default();
+    eprintln!(
+        "figures: registry stopped at {stopped_at:.1} s ({} fetched), restarted at {restarted_at:.1} s ({} fetched while down), read done at {:.1} s, {} fetched in all; worker.log {} lines",
+        mib(at_stop),
+        mib(while_down.saturating_sub(at_stop)),
+        started.elapsed().as_secs_f64(),
+        mib(num(&s, "fetched_bytes")),
+        worker_log.lines().count()
+    );
+    if !f.0.is_empty() {
+        attach(&mut f, &daemon_logs(&rd));
+    }
+    f.finish("registry restart");
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// 6. a faulty network
+
+/// Through a proxy that spoils every second range request (bytes flipped,
+/// body truncated, connection reset, 500, 503, 1 s stall, in turn), with a
+/// 10 s timeout: every file of the image reads back right.
+#[test]
+fn faulty_proxy_recoverable_faults_read_correct_bytes() {
+    let _time = Timer(
+        "faulty_proxy_recoverable_faults_read_correct_bytes",
+        Instant::now(),
+    );
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-faults");
+    let proxy = FaultProxy::start(
+        t.path(),
+        "proxy",
+        0,
+        reg.port,
+        "mix",
+        &["--every", "2", "--stall", "1"],
+    );
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    // A 2 MiB fill window: a few hundred range requests for the whole tree
+    // instead of one per miss (the default), every second one spoilt.
+    let m = Mount::with_args(
+        &image,
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--timeout", "10", "--fill-window", "2097152"],
+    );
+    let started = Instant::now();
+    let got = hash_files(
+        &m.path,
+        &deb.files,
+        t.path(),
+        "all",
+        Duration::from_secs(400),
+    );
+    let secs = started.elapsed().as_secs_f64();
+    let mut f = Failures::default();
+    match got {
+        Ok(got) => check_reads(
+            &mut f,
+            "whole tree through the faulty proxy",
+            deb,
+            &deb.files,
+            &got,
+        ),
+        Err(e) => f.check(false, || e),
+    }
+    let s = settled_status(&m);
+    let stats = proxy.stats();
+    for kind in ["flip", "truncate", "reset", "500", "503", "stall"] {
+        f.check(stats["faults"][kind].as_u64().unwrap_or(0) > 0, || {
+            format!("the proxy never injected {kind}: {stats}")
+        });
+    }
+    f.check(num(&s, "bad_chunks") > 0, || {
+        format!("flipped bytes were not counted as bad chunks: {s}")
+    });
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    eprintln!(
+        "figures: faulty proxy: whole tree in {secs:.1} s; proxy {stats}; status fetched {} in {} requests, bad_chunks {}, failed_misses {}",
+        mib(num(&s, "fetched_bytes")),
+        num(&s, "requests"),
+        num(&s, "bad_chunks"),
+        num(&s, "failed_misses")
+    );
+    if !f.0.is_empty() {
+        attach(
+            &mut f,
+            &format!("{}\n{}", daemon_logs(&run_dir(&m)), proxy.bg.describe()),
+        );
+    }
+    f.finish("recoverable faults");
+    m.unmount();
+}
+
+/// Non-empty files with at least one non-zero byte (all-zero chunks are
+/// holes, which read without a fetch), spread over the size range.
+fn eio_sample(deb: &Debian, n: usize) -> Vec<String> {
+    let mut cands: Vec<&String> = deb
+        .files
+        .iter()
+        .filter(|f| deb.sizes[*f] > 0)
+        .filter(|f| {
+            fs::read(deb.rootfs.join(f))
+                .map(|b| b.iter().any(|&x| x != 0))
+                .unwrap_or(false)
+        })
+        .collect();
+    cands.sort_by_key(|f| (deb.sizes[*f], (*f).clone()));
+    let mut out: Vec<String> = (0..n)
+        .map(|i| cands[i * (cands.len() - 1) / (n - 1)].clone())
+        .collect();
+    out.dedup();
+    out
+}
+
+/// Through a proxy that corrupts every range answer, reads fail with EIO
+/// within the timeout (plus a margin) and never return wrong bytes; once a
+/// faithful proxy takes the port over, the same files read back right
+/// (nothing bad was cached).
+#[test]
+fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
+    let _time = Timer(
+        "faulty_proxy_total_corruption_gives_eio_never_wrong_bytes",
+        Instant::now(),
+    );
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-corrupt");
+    let timeout = 10u64;
+    let margin = 8.0;
+    let mut proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "flipall", &[]);
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    let m = Mount::with_args(
+        &image,
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--timeout", &timeout.to_string()],
+    );
+    let sample = eio_sample(deb, 12);
+    let deadline = Duration::from_secs((timeout + 15) * sample.len() as u64);
+    let got = hash_files(&m.path, &sample, t.path(), "corrupt", deadline);
+    let mut f = Failures::default();
+    match &got {
+        Ok(got) => {
+            for p in &sample {
+                let r = &got[p];
+                match (&r.sha256, r.errno) {
+                    (Some(h), _) if *h != deb.hashes[p] => f.check(false, || {
+                        format!("{p}: WRONG BYTES through a corrupting proxy (sha256 {h})")
+                    }),
+                    (Some(_), _) => f.check(false, || {
+                        format!("{p}: read correctly although every range answer was corrupt")
+                    }),
+                    (None, Some(5)) => f.check(r.secs <= timeout as f64 + margin, || {
+                        format!(
+                            "{p}: EIO only after {:.1} s (timeout {timeout} s + {margin} s margin)",
+                            r.secs
+                        )
+                    }),
+                    (None, e) => f.check(false, || {
+                        format!("{p}: expected EIO (errno 5), got errno {e:?}: {}", r.error)
+                    }),
+                }
+            }
+        }
+        Err(e) => f.check(false, || e.clone()),
+    }
+    let s = settled_status(&m);
+    let stats = proxy.stats();
+    f.check(num(&s, "bad_chunks") > 0, || {
+        format!("no bad chunks counted: {s}")
+    });
+    f.check(num(&s, "failed_misses") > 0, || {
+        format!("no failed misses counted: {s}")
+    });
+    f.check(stats["faults"]["flipall"].as_u64().unwrap_or(0) > 0, || {
+        format!("the proxy corrupted nothing: {stats}")
+    });
+    if let Ok(got) = &got {
+        let slowest = got.values().map(|r| r.secs).fold(0.0, f64::max);
+        eprintln!(
+            "figures: total corruption: {} files, all EIO: {}, slowest {slowest:.2} s; status bad_chunks {} failed_misses {} requests {}; proxy {stats}",
+            sample.len(),
+            got.values().all(|r| r.errno == Some(5)),
+            num(&s, "bad_chunks"),
+            num(&s, "failed_misses"),
+            num(&s, "requests")
+        );
+    }
+
+    // The network heals: a faithful proxy on the same port.
+    let port = proxy.port;
+    proxy.bg.stop();
+    let healed = FaultProxy::start(t.path(), "healed", port, reg.port, "none", &[]);
+    match hash_files(
+        &m.path,
+        &sample,
+        t.path(),
+        "healed",
+        Duration::from_secs(120),
+    ) {
+        Ok(got) => check_reads(&mut f, "after the network healed", deb, &sample, &got),
+        Err(e) => f.check(false, || e),
+    }
+    if !f.0.is_empty() {
+        attach(
+            &mut f,
+            &format!("{}\n{}", daemon_logs(&run_dir(&m)), healed.bg.describe()),
+        );
+    }
+    f.finish("total corruption");
+    m.unmount();
+}
+
+/// A registry that accepts range requests and never answers them: a read
+/// fails with EIO after the mount's --timeout (docs/lazy.md: "a reader waits
+/// at most `--timeout` seconds"), plus a margin; once the network heals the
+/// same files read back right.
+#[test]
+fn stalled_registry_reads_fail_within_timeout() {
+    let _time = Timer("stalled_registry_reads_fail_within_timeout", Instant::now());
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-stall");
+    let timeout = 5u64;
+    let margin = 3.0;
+    let mut proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "stall", &["--stall", "300"]);
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    let m = Mount::with_args(
+        &image,
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--timeout", &timeout.to_string()],
+    );
+    let sample = eio_sample(deb, 3);
+    let deadline = Duration::from_secs(sample.len() as u64 * (timeout * 10 + 30));
+    let mut f = Failures::default();
+    match hash_files(&m.path, &sample, t.path(), "stalled", deadline) {
+        Ok(got) => {
+            for p in &sample {
+                let r = &got[p];
+                f.check(r.errno == Some(5), || {
+                    format!("{p}: expected EIO from a registry that never answers, got {r:?}")
+                });
+                f.check(r.secs <= timeout as f64 + margin, || {
+                    format!(
+                        "{p}: the reader waited {:.1} s for EIO; --timeout is {timeout} s (margin {margin} s)",
+                        r.secs
+                    )
+                });
+            }
+            eprintln!(
+                "figures: stalled registry, --timeout {timeout}: {}",
+                sample
+                    .iter()
+                    .map(|p| format!("{p}: errno {:?} after {:.1} s", got[p].errno, got[p].secs))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        Err(e) => f.check(false, || e),
+    }
+    let port = proxy.port;
+    proxy.bg.stop();
+    let healed = FaultProxy::start(t.path(), "healed", port, reg.port, "none", &[]);
+    match hash_files(
+        &m.path,
+        &sample,
+        t.path(),
+        "healed",
+        Duration::from_secs(120),
+    ) {
+        Ok(got) => check_reads(&mut f, "after the network healed", deb, &sample, &got),
+        Err(e) => f.check(false, || e),
+    }
+    if !f.0.is_empty() {
+        attach(
+            &mut f,
+            &format!("{}\n{}", daemon_logs(&run_dir(&m)), healed.bg.describe()),
+        );
+    }
+    f.finish("stalled registry");
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// 7. boot set
+
+/// Record what python3 reads, bake it into a new tag as the boot set, and
+/// mount that: once the prefetch is done python3 runs without fetching.
+#[test]
+fn boot_set_prefetch_serves_python_without_fetching() {
+    let _time = Timer(
+        "boot_set_prefetch_serves_python_without_fetching",
+        Instant::now(),
+    );
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-boot");
+    let trace = t.join("python3.trace");
+
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt-rec"),
+        &t.join("cache-rec"),
+        &["--record-trace", trace.to_str().unwrap()],
+    );
+    chroot_python(&m.path);
+    let recorded = settled_status(&m);
+    m.unmount();
+    let lines: Vec<String> = fs::read_to_string(&trace)
+        .unwrap_or_else(|e| panic!("no trace at {}: {e}", trace.display()))
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(!lines.is_empty(), "the trace of python3 is empty");
+    for l in &lines {
+        assert!(
+            l.len() == 64 && l.bytes().all(|b| b.is_ascii_hexdigit()),
+            "bad trace line {l:?}"
+        );
+    }
+    let unique: BTreeSet<&String> = lines.iter().collect();
+
+    let started = Instant::now();
+    let boot_ref = reg.reference("deb:bookworm-boot");
+    let report = lamina_timeout(
+        [
+            "convert",
+            "--json",
+            "--prefetch",
+            trace.to_str().unwrap(),
+            &oci_ref(&deb.source, SRC_TAG),
+            &boot_ref,
+        ],
+        Duration::from_secs(1200),
+    )
+    .ok()
+    .json();
+    let convert_secs = started.elapsed().as_secs_f64();
+    let boot_chunks = report["stats"]["boot_set_chunks"].as_u64().unwrap_or(0);
+    assert!(
+        boot_chunks > 0,
+        "convert put no boot set in the image: {report}"
+    );
+
+    let m = Mount::new(&boot_ref, &t.join("mnt"), &t.join("cache"));
+    let started = Instant::now();
+    wait_status(&m, "boot set prefetched", Duration::from_secs(180), |s| {
+        s["prefetch_total"].as_u64().is_some_and(|n| n > 0)
+            && s["prefetch_done"] == s["prefetch_total"]
+    });
+    let prefetch_secs = started.elapsed().as_secs_f64();
+    // The counters settle after the last batch.
+    let s1 = settled_status(&m);
+    chroot_python(&m.path);
+    let s2 = settled_status(&m);
+    let mut f = Failures::default();
+    f.check(num(&s1, "prefetch_total") == boot_chunks, || {
+        format!(
+            "prefetch_total {} but the image's boot set has {boot_chunks} chunks",
+            s1["prefetch_total"]
+        )
+    });
+    f.check(
+        num(&s2, "fetched_bytes") == num(&s1, "fetched_bytes"),
+        || {
+            format!(
+            "python3 fetched {} bytes after the boot set was prefetched (before {s1}, after {s2})",
+            num(&s2, "fetched_bytes").saturating_sub(num(&s1, "fetched_bytes"))
+        )
+        },
+    );
+    f.check(num(&s2, "requests") == num(&s1, "requests"), || {
+        format!("python3 sent range requests after the prefetch: before {s1}, after {s2}")
+    });
+    f.check(num(&s2, "failed_misses") == 0, || {
+        format!("failed misses: {s2}")
+    });
+    eprintln!(
+        "figures: boot set: recording run fetched {} in {} requests; trace {} lines, {} unique chunks; convert --prefetch {convert_secs:.1} s, boot_set_chunks {boot_chunks}; prefetch {} in {prefetch_secs:.1} s; python3 afterwards fetched {} bytes",
+        mib(num(&recorded, "fetched_bytes")),
+        num(&recorded, "requests"),
+        lines.len(),
+        unique.len(),
+        mib(num(&s1, "fetched_bytes")),
+        num(&s2, "fetched_bytes") - num(&s1, "fetched_bytes").min(num(&s2, "fetched_bytes"))
+    );
+    f.finish("boot set");
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// 8. gc
+
+/// Files of a cache dir's blobs/ and meta/ (absolute paths).
+fn cache_files(cache: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for sub in ["blobs", "meta"] {
+        if let Ok(d) = fs::read_dir(cache.join(sub)) {
+            out.extend(d.flatten().map(|e| e.path()));
+        }
+    }
+    out
+}
+
+/// Files a live lazy mount uses, from its run dir's config.json.
+fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
+    let c: Value = serde_json::from_slice(&fs::read(rd.join("config.json")).unwrap()).unwrap();
+    let mut out = BTreeSet::new();
+    out.insert(PathBuf::from(c["metadata_path"].as_str().unwrap()));
+    out.insert(PathBuf::from(c["index_path"].as_str().unwrap()));
+    for b in c["blobs"].as_array().unwrap() {
+        let p = PathBuf::from(b["cache_path"].as_str().unwrap());
+        out.insert(p.with_extension("state"));
+        out.insert(p);
+    }
+    out
+}
+
+/// The edge fixture converted into `dir` (tag edge), lazily mountable from
+/// the layout with --lazy.
+fn edge_image(dir: &Path) -> String {
+    let image = oci_ref(dir, "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    image
+}
+
+/// One live lazy mount (Debian) and one image mounted and unmounted before
+/// (edge) in one cache dir: gc --max-size 0 evicts exactly the edge files and
+/// the live mount reads every file right afterwards.
+#[test]
+fn gc_evicts_only_the_unused_image() {
+    let _time = Timer("gc_evicts_only_the_unused_image", Instant::now());
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-gc");
+    let cache = t.join("cache");
+
+    let edge = edge_image(&t.join("edge"));
+    let me = Mount::with_args(&edge, &t.join("mnt-edge"), &cache, &["--lazy"]);
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &me.path);
+    let edge_files = live_files(&run_dir(&me));
+    me.unmount();
+
+    // 1 MiB fill window: the full read after gc takes fewer requests.
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &cache,
+        &["--fill-window", "1048576"],
+    );
+    chroot_python(&m.path);
+    let rd = run_dir(&m);
+    let live = live_files(&rd);
+    let before = cache_files(&cache);
+    let mut f = Failures::default();
+    f.check(
+        edge_files.is_subset(&before) && live.is_subset(&before),
+        || {
+            format!(
+                "cache files before gc {before:?} lack some of edge {edge_files:?} / live {live:?}"
+            )
+        },
+    );
+    f.check(edge_files.is_disjoint(&live), || {
+        "edge and Debian share cache files".into()
+    });
+
+    let report = lamina([
+        "gc",
+        "--json",
+        "--max-size",
+        "0",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ])
+    .ok()
+    .json();
+    let evicted: BTreeSet<PathBuf> = report["evicted"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no evicted list: {report}"))
+        .iter()
+        .map(|p| PathBuf::from(p.as_str().unwrap()))
+        .collect();
+    let after = cache_files(&cache);
+    f.check(evicted == edge_files, || {
+        format!("gc evicted {evicted:?}, expected exactly the unused image's files {edge_files:?}")
+    });
+    f.check(after == live, || {
+        format!("after gc the cache holds {after:?}, expected exactly the live mount's {live:?}")
+    });
+    let got = hash_files(&m.path, &deb.files, t.path(), "after-gc", TIMEOUT);
+    match got {
+        Ok(got) => check_reads(&mut f, "live mount after gc", deb, &deb.files, &got),
+        Err(e) => f.check(false, || e),
+    }
+    let s = settled_status(&m);
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    eprintln!(
+        "figures: gc evicted {} files, freed {} bytes, kept {} bytes, {} in use",
+        evicted.len(),
+        report["freed_bytes"],
+        report["kept_bytes"],
+        report["in_use"]
+    );
+    if !f.0.is_empty() {
+        attach(&mut f, &daemon_logs(&rd));
+    }
+    f.finish("gc");
+    m.unmount();
+}
+
+/// The same cache dir named by a relative path (as `lamina gc --cache-dir
+/// cache` from its parent): gc must still see the live mount's files as in
+/// use, and the mount must keep working, also after its worker restarts.
+#[test]
+fn gc_with_relative_cache_dir_keeps_live_mount_files() {
+    let _time = Timer(
+        "gc_with_relative_cache_dir_keeps_live_mount_files",
+        Instant::now(),
+    );
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-gc-rel");
+    let cache = t.join("cache");
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &cache,
+        &["--timeout", "5"],
+    );
+    chroot_python(&m.path);
+    let rd = run_dir(&m);
+    let live = live_files(&rd);
+
+    let mut c = lamina_cmd(["gc", "--json", "--max-size", "0", "--cache-dir", "cache"]);
+    c.current_dir(t.path());
+    let out = run(&mut c, TIMEOUT).ok();
+    let report = out.json();
+    let after = cache_files(&cache);
+    let mut f = Failures::default();
+    f.check(report["evicted"].as_array().is_some_and(|e| e.is_empty()), || {
+        format!(
+            "`lamina gc --max-size 0 --cache-dir cache` (relative) evicted files of the live mount: {}",
+            report["evicted"]
+        )
+    });
+    f.check(live.is_subset(&after), || {
+        format!(
+            "live mount files gone after gc: {:?}",
+            live.difference(&after).collect::<Vec<_>>()
+        )
+    });
+
+    // What that costs: the next worker (after a crash) must still serve.
+    let pid = status_file(&rd)
+        .and_then(|s| s["pid"].as_u64())
+        .expect("worker pid") as u32;
+    kill9(pid);
+    let sample = vec!["usr/sbin/nginx".to_string(), "usr/bin/perl".to_string()]
+        .into_iter()
+        .filter(|p| deb.hashes.contains_key(p))
+        .collect::<Vec<_>>();
+    match hash_files(
+        &m.path,
+        &sample,
+        t.path(),
+        "after-gc",
+        Duration::from_secs(120),
+    ) {
+        Ok(got) => check_reads(
+            &mut f,
+            "live mount after gc and a worker restart",
+            deb,
+            &sample,
+            &got,
+        ),
+        Err(e) => f.check(false, || e),
+    }
+    if !f.0.is_empty() {
+        attach(&mut f, &daemon_logs(&rd));
+    }
+    f.finish("gc with a relative cache dir");
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// 9. umount
+
+/// `lamina umount` stops the holder and the worker and removes the run dir.
+#[test]
+fn umount_stops_holder_and_worker_and_removes_run_dir() {
+    let _time = Timer(
+        "umount_stops_holder_and_worker_and_removes_run_dir",
+        Instant::now(),
+    );
+    if !require(TOOLS) {
+        return;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    let t = TestDir::new("lazy-umount");
+    let cache = t.join("cache");
+    let m = Mount::new(&reg.reference(IMAGE), &t.join("mnt"), &cache);
+    chroot_python(&m.path);
+    let rd = run_dir(&m);
+    let entry = m.status().expect("the mount is listed by lamina status");
+    let holder = entry["holder_pid"].as_u64().expect("holder pid") as u32;
+    let worker = wait_status(&m, "worker pid", Duration::from_secs(10), |s| {
+        s["pid"].as_u64().is_some()
+    })["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    assert!(
+        pid_alive(holder) && pid_alive(worker),
+        "daemon not running: {entry}"
+    );
+    assert_eq!(entry["alive"], true, "{entry}");
+    let mnt = m.path.clone();
+    let started = Instant::now();
+    let last = m.unmount();
+    let umount_secs = started.elapsed().as_secs_f64();
+    let mut f = Failures::default();
+    // Gone means gone or a zombie not yet reaped by init.
+    f.check(process_exits(holder, Duration::ZERO), || {
+        format!("holder {holder} still runs after lamina umount returned")
+    });
+    f.check(process_exits(worker, Duration::ZERO), || {
+        format!("worker {worker} still runs after lamina umount returned")
+    });
+    f.check(!rd.exists(), || {
+        format!("run dir {} still exists", rd.display())
+    });
+    f.check(last["last_status"].is_object(), || {
+        format!("umount reported no last status: {last}")
+    });
+    let listed = lamina(["status", "--json", "--cache-dir", cache.to_str().unwrap()])
+        .ok()
+        .json();
+    f.check(listed.as_array().is_some_and(|a| a.is_empty()), || {
+        format!("lamina status still lists mounts: {listed}")
+    });
+    f.check(!is_mountpoint(&mnt), || "still mounted".into());
+    eprintln!("figures: umount took {umount_secs:.2} s (holder {holder}, worker {worker})");
+    f.finish("umount");
+}

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Fault-injecting HTTP/1.1 reverse proxy in front of a local registry.
+
+Usage:
+    faultproxy.py LISTEN_PORT UPSTREAM_PORT MODE [--every N] [--stall SECS]
+                  [--lifetime SECS] [--port-file FILE] [--stats FILE]
+
+Listens on 127.0.0.1:LISTEN_PORT (0: any free port; it is printed on stdout as
+`listening PORT` and written to --port-file) and forwards every request to
+http://127.0.0.1:UPSTREAM_PORT. Only blob range reads are tampered with:
+GET /v2/<repo>/blobs/<digest> requests carrying a Range header ("eligible"
+requests). Manifests, the full-blob GETs lamina uses for its index and
+metadata, HEADs and uploads pass through untouched.
+
+MODE says what happens to an eligible request that is faulted:
+
+    none      nothing (a plain proxy)
+    flip      the body is forwarded with one byte flipped in every 512-byte
+              block (same length, so only a digest check notices)
+    flipall   every byte of the body flipped
+    truncate  headers announce the full length, half of the body is sent,
+              then the connection is closed
+    reset     the connection is reset (RST) without an answer
+    500, 503  that HTTP status with a small error body
+    stall     the answer is held back --stall seconds, then sent intact
+    mix       cycles through flip, truncate, reset, 500, 503, stall
+    A,B,...   a schedule: the k-th faulted request gets entry k (cyclic);
+              entries are the modes above (`ok` = none), e.g. flip,ok,reset
+
+--every N faults the N-th, 2N-th, ... eligible request (default 1: all of
+them). Counters (requests, eligible, faults per kind, upstream errors) are
+rewritten as JSON to --stats after every request.
+
+The proxy bounds its own life: it exits after --lifetime seconds (default
+600), when its parent process goes away, or on SIGTERM/SIGINT.
+Standard library only.
+"""
+
+import argparse
+import http.client
+import itertools
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+FAULTS = ("flip", "flipall", "truncate", "reset", "500", "503", "stall")
+MIX = ("flip", "truncate", "reset", "500", "503", "stall")
+BLOB_PATH = re.compile(r"^/v2/.+/blobs/[a-z0-9]+:[0-9a-f]{32,}$")
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+}
+
+
+class Plan:
+    """Decides, thread-safely, which eligible request gets which fault."""
+
+    def __init__(self, mode, every, stats_path):
+        self.lock = threading.Lock()
+        self.every = every
+        self.stats_path = stats_path
+        if mode == "mix":
+            schedule = list(MIX)
+        elif mode in ("none", "ok"):
+            schedule = []
+        else:
+            schedule = [m.strip() for m in mode.split(",") if m.strip()]
+        for m in schedule:
+            if m not in FAULTS and m not in ("ok", "none"):
+                raise SystemExit(f"faultproxy: unknown mode {m!r} (one of none, {', '.join(FAULTS)}, mix, or a comma list)")
+        self.schedule = itertools.cycle(schedule) if schedule else None
+        self.stats = {
+            "requests": 0,
+            "eligible": 0,
+            "faulted": 0,
+            "faults": {k: 0 for k in FAULTS},
+            "upstream_errors": 0,
+        }
+
+    def next_fault(self, eligible):
+        with self.lock:
+            self.stats["requests"] += 1
+            if not eligible:
+                return None
+            self.stats["eligible"] += 1
+            if self.schedule is None or self.stats["eligible"] % self.every != 0:
+                return None
+            fault = next(self.schedule)
+            if fault in ("ok", "none"):
+                return None
+            self.stats["faulted"] += 1
+            self.stats["faults"][fault] += 1
+            return fault
+
+    def count(self, key):
+        with self.lock:
+            self.stats[key] += 1
+
+    def write(self):
+        if not self.stats_path:
+            return
+        with self.lock:
+            data = json.dumps(self.stats, sort_keys=True)
+        tmp = f"{self.stats_path}.tmp-{threading.get_ident()}"
+        with open(tmp, "w") as f:
+            f.write(data + "\n")
+        os.replace(tmp, self.stats_path)
+
+
+def log(msg):
+    sys.stderr.write(f"faultproxy: {msg}\n")
+    sys.stderr.flush()
+
+
+def flip(body, every):
+    b = bytearray(body)
+    if every == 1:
+        for i in range(len(b)):
+            b[i] ^= 0xFF
+    else:
+        for block in range(0, len(b), every):
+            i = block + (block // every * 37) % every
+            b[min(i, len(b) - 1)] ^= 0x20
+    return bytes(b)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 120  # idle keep-alive connections do not live forever
+    server_version = "faultproxy"
+
+    def log_message(self, fmt, *args):  # quiet; faults are logged by proxy()
+        pass
+
+    def do_GET(self):
+        self.proxy()
+
+    do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = do_GET
+
+    def reset(self):
+        """Abortive close: the peer sees ECONNRESET."""
+        try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        self.close_connection = True
+        try:
+            self.connection.close()
+        except OSError:
+            pass
+
+    def reply(self, status, headers, body, send_body=True, length=None):
+        self.send_response_only(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body) if length is None else length))
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+        self.wfile.flush()
+
+    def proxy(self):
+        plan = self.server.plan
+        cfg = self.server.cfg
+        path = self.path.split("?", 1)[0]
+        range_hdr = self.headers.get("Range")
+        eligible = self.command == "GET" and range_hdr is not None and BLOB_PATH.match(path) is not None
+        fault = plan.next_fault(eligible)
+        if fault:
+            log(f"{self.command} {self.path} {range_hdr}: {fault}")
+        try:
+            self.forward(fault, cfg)
+        finally:
+            plan.write()
+
+    def forward(self, fault, cfg):
+        if self.headers.get("Transfer-Encoding"):
+            self.reply(501, [("Content-Type", "text/plain")], b"chunked request bodies are not supported\n")
+            return
+        body = b""
+        length = self.headers.get("Content-Length")
+        if length:
+            body = self.rfile.read(int(length))
+        if fault == "reset":
+            self.reset()
+            return
+        if fault in ("500", "503"):
+            msg = json.dumps({"errors": [{"code": "UNAVAILABLE", "message": f"faultproxy: injected {fault}"}]}).encode()
+            self.reply(int(fault), [("Content-Type", "application/json")], msg)
+            return
+        if fault == "stall":
+            time.sleep(cfg.stall)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
+        headers["Host"] = f"127.0.0.1:{cfg.upstream}"
+        if body:
+            headers["Content-Length"] = str(len(body))
+        try:
+            up = http.client.HTTPConnection("127.0.0.1", cfg.upstream, timeout=60)
+            up.request(self.command, self.path, body=body or None, headers=headers)
+            resp = up.getresponse()
+            data = resp.read()
+            up_headers = resp.getheaders()
+            status = resp.status
+            up.close()
+        except (OSError, http.client.HTTPException) as e:
+            self.server.plan.count("upstream_errors")
+            log(f"{self.command} {self.path}: upstream error: {e}")
+            self.reply(502, [("Content-Type", "text/plain")], f"faultproxy: upstream: {e}\n".encode())
+            return
+        out_headers = [(k, v) for k, v in up_headers if k.lower() not in HOP_BY_HOP]
+        if self.command == "HEAD":
+            announced = resp.getheader("Content-Length")
+            self.reply(status, out_headers, b"", send_body=False, length=int(announced) if announced else 0)
+            return
+        if fault == "flip" and data:
+            data = flip(data, 512)
+        elif fault == "flipall" and data:
+            data = flip(data, 1)
+        elif fault == "truncate" and len(data) > 1:
+            self.reply(status, out_headers, data[: len(data) // 2], length=len(data))
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        self.reply(status, out_headers, data)
+
+
+class Server(ThreadingHTTPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client going away mid-answer (or our own reset) is routine here.
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handle_error(request, client_address)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("listen_port", type=int)
+    ap.add_argument("upstream_port", type=int)
+    ap.add_argument("mode")
+    ap.add_argument("--every", type=int, default=1)
+    ap.add_argument("--stall", type=float, default=2.0)
+    ap.add_argument("--lifetime", type=float, default=600.0)
+    ap.add_argument("--port-file")
+    ap.add_argument("--stats")
+    cfg = ap.parse_args()
+    if cfg.every < 1:
+        raise SystemExit("faultproxy: --every must be >= 1")
+    cfg.upstream = cfg.upstream_port
+
+    plan = Plan(cfg.mode, cfg.every, cfg.stats)
+    server = Server(("127.0.0.1", cfg.listen_port), Handler)
+    server.plan = plan
+    server.cfg = cfg
+    port = server.server_address[1]
+    plan.write()
+
+    parent = os.getppid()
+    started = time.monotonic()
+
+    def watchdog():
+        while True:
+            time.sleep(0.2)
+            if os.getppid() != parent:
+                log("parent gone; exiting")
+                os._exit(0)
+            if time.monotonic() - started > cfg.lifetime:
+                log(f"lifetime of {cfg.lifetime:g} s over; exiting")
+                os._exit(0)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: os._exit(0))
+
+    if cfg.port_file:
+        tmp = cfg.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{port}\n")
+        os.replace(tmp, cfg.port_file)
+    print(f"listening {port}", flush=True)
+    log(f"127.0.0.1:{port} -> 127.0.0.1:{cfg.upstream}, mode {cfg.mode}, every {cfg.every}")
+    server.serve_forever(poll_interval=0.2)
+
+
+if __name__ == "__main__":
+    main()
