@@ -177,7 +177,7 @@ fn serve(
     mut watched: HashMap<(u64, u64), u32>,
     mounted_dev: u64,
 ) -> io::Result<()> {
-    let exe = std::env::current_exe()?;
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
     let log = config.run_dir.join("worker.log");
     let timeout = Duration::from_secs(config.timeout_secs);
     let mut pending: HashMap<u64, PendingMiss> = HashMap::new();
@@ -207,27 +207,44 @@ fn serve(
         };
         match poll(&mut fds, Some(&ts)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                // Never leave: exiting would close the group and let readers
+                // see zeros. Log, breathe, and go on.
+                eprintln!("holder: poll: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         let group_ready = fds[0].revents().contains(PollFlags::IN);
         let worker_ready = !fds[1].revents().is_empty();
 
         if group_ready {
             let worker_pid = worker.child.id() as i32;
-            for ev in group.read_events(&mut buf)? {
+            let events = group.read_events(&mut buf).unwrap_or_else(|e| {
+                eprintln!("holder: reading events: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                Vec::new()
+            });
+            for ev in events {
                 let Some(file) = ev.file else {
                     eprintln!("holder: fanotify queue overflow");
                     continue;
                 };
                 // The worker's own prefetch writes are verified data: let them through.
                 if ev.pid == worker_pid {
-                    group.respond(ev.response_fd, Response::Allow)?;
+                    answer(&group, ev.response_fd, Response::Allow);
                     continue;
                 }
-                let stat = rustix::fs::fstat(&file)?;
+                let stat = match rustix::fs::fstat(&file) {
+                    Ok(stat) => stat,
+                    Err(e) => {
+                        eprintln!("holder: fstat of an event file: {e}; reader gets EIO");
+                        answer(&group, ev.response_fd, Response::DenyErrno(libc::EIO));
+                        continue;
+                    }
+                };
                 let key = (stat.st_dev, stat.st_ino);
                 let Some(&blob) = watched.get(&key) else {
-                    group.respond(ev.response_fd, Response::Allow)?;
+                    answer(&group, ev.response_fd, Response::Allow);
                     continue;
                 };
                 let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
@@ -239,7 +256,7 @@ fn serve(
                 let now = Instant::now();
                 failed.retain(|f| f.until > now);
                 if failed.iter().any(|f| f.blob == blob) {
-                    group.respond(ev.response_fd, Response::DenyErrno(libc::EIO))?;
+                    answer(&group, ev.response_fd, Response::DenyErrno(libc::EIO));
                     continue;
                 }
                 let id = next_id;
@@ -277,7 +294,7 @@ fn serve(
                                 failed.push(FailedRange::after(&miss));
                                 Response::DenyErrno(errno)
                             };
-                            group.respond(miss.response_fd, response)?;
+                            answer(&group, miss.response_fd, response);
                         }
                     }
                     Message::Complete { blob } => {
@@ -304,11 +321,22 @@ fn serve(
                     }
                     let wake = Instant::now() + respawn_delay;
                     while Instant::now() < wake {
-                        expire(&group, &mut pending, &mut failed)?;
+                        expire(&group, &mut pending, &mut failed);
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     last_respawn = Instant::now();
-                    worker = spawn_worker(&exe, config_path, &log)?;
+                    worker = loop {
+                        match spawn_worker(&exe, config_path, &log) {
+                            Ok(w) => break w,
+                            Err(e) => {
+                                eprintln!("holder: starting a worker: {e}; retrying");
+                                for _ in 0..20 {
+                                    expire(&group, &mut pending, &mut failed);
+                                    std::thread::sleep(Duration::from_millis(50));
+                                }
+                            }
+                        }
+                    };
                     for miss in pending.values_mut() {
                         miss.sent = false;
                     }
@@ -316,7 +344,7 @@ fn serve(
             }
         }
 
-        expire(&group, &mut pending, &mut failed)?;
+        expire(&group, &mut pending, &mut failed);
 
         if last_mount_check.elapsed() >= Duration::from_millis(200) {
             last_mount_check = Instant::now();
@@ -358,7 +386,7 @@ fn expire(
     group: &FanotifyGroup,
     pending: &mut HashMap<u64, PendingMiss>,
     failed: &mut Vec<FailedRange>,
-) -> io::Result<()> {
+) {
     let now = Instant::now();
     let expired: Vec<u64> = pending
         .iter()
@@ -372,10 +400,17 @@ fn expire(
                 miss.blob, miss.offset, miss.count
             );
             failed.push(FailedRange::after(&miss));
-            group.respond(miss.response_fd, Response::DenyErrno(libc::EIO))?;
+            answer(group, miss.response_fd, Response::DenyErrno(libc::EIO));
         }
     }
-    Ok(())
+}
+
+/// Answers an event; a failed answer is logged, never fatal (the holder
+/// must outlive every error while the mount exists).
+fn answer(group: &FanotifyGroup, fd: i32, response: Response) {
+    if let Err(e) = group.respond(fd, response) {
+        eprintln!("holder: answering event fd {fd}: {e}");
+    }
 }
 
 fn forward(worker: &Worker, id: u64, miss: &PendingMiss) -> bool {
