@@ -77,12 +77,17 @@ fn spawn_worker(exe: &Path, config_path: &Path, log: &Path) -> io::Result<Worker
     })
 }
 
-fn mount_options(config: &DaemonConfig) -> io::Result<std::ffi::CString> {
+/// The EROFS mount data naming each cache file as a `device=`, in device
+/// order. Fails with the first path the kernel's option parser could not take
+/// (a comma splits options; a NUL ends the string).
+pub fn device_options<'a>(
+    paths: impl IntoIterator<Item = &'a Path>,
+) -> Result<std::ffi::CString, PathBuf> {
     let mut data = String::new();
-    for b in &config.blobs {
-        let p = b.cache_path.to_string_lossy();
-        if p.contains(',') {
-            return Err(io::Error::other(format!("cache path {p} contains a comma")));
+    for path in paths {
+        let p = path.to_string_lossy();
+        if p.contains(',') || p.contains('\0') {
+            return Err(path.to_path_buf());
         }
         if !data.is_empty() {
             data.push(',');
@@ -90,7 +95,12 @@ fn mount_options(config: &DaemonConfig) -> io::Result<std::ffi::CString> {
         data.push_str("device=");
         data.push_str(&p);
     }
-    std::ffi::CString::new(data).map_err(io::Error::other)
+    std::ffi::CString::new(data).map_err(|_| PathBuf::new())
+}
+
+fn mount_options(config: &DaemonConfig) -> io::Result<std::ffi::CString> {
+    device_options(config.blobs.iter().map(|b| b.cache_path.as_path()))
+        .map_err(|p| io::Error::other(format!("cache path {} contains a comma", p.display())))
 }
 
 fn write_ready(config: &DaemonConfig, error: Option<String>) -> io::Result<()> {

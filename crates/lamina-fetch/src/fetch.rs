@@ -95,6 +95,9 @@ pub enum FetchError {
         /// Last error.
         last: String,
     },
+    /// No zstd decompression context could be made.
+    #[error("zstd decompressor: {0}")]
+    Decoder(String),
 }
 
 /// Counters shared by fetching threads.
@@ -132,11 +135,18 @@ fn plan_requests(chunks: &[ChunkEntry], wanted: &[usize], opts: &FetchOptions) -
     spans
 }
 
-/// Decompresses and verifies one chunk's stored bytes.
-pub fn decode_chunk(chunk: &ChunkEntry, stored: &[u8]) -> Result<Vec<u8>, String> {
+/// Decompresses and verifies one chunk's stored bytes. The decompressor is
+/// the caller's so that its context is reused across chunks.
+pub fn decode_chunk(
+    decompressor: &mut zstd::bulk::Decompressor<'_>,
+    chunk: &ChunkEntry,
+    stored: &[u8],
+) -> Result<Vec<u8>, String> {
     let size = chunk.size.get() as usize;
     let data = if chunk.flags.get() & CHUNK_ZSTD != 0 {
-        zstd::bulk::decompress(stored, size).map_err(|e| format!("zstd: {e}"))?
+        decompressor
+            .decompress(stored, size)
+            .map_err(|e| format!("zstd: {e}"))?
     } else {
         stored.to_vec()
     };
@@ -162,6 +172,8 @@ pub fn fetch_chunks(
     mut deliver: impl FnMut(usize, Vec<u8>) -> io::Result<()>,
 ) -> Result<(), FetchError> {
     let started = Instant::now();
+    let mut decompressor =
+        zstd::bulk::Decompressor::new().map_err(|e| FetchError::Decoder(e.to_string()))?;
     for span in plan_requests(chunks, wanted, opts) {
         let mut pending = span;
         let mut attempt = 0;
@@ -207,7 +219,7 @@ pub fn fetch_chunks(
                     failed.push(i);
                     continue;
                 };
-                match decode_chunk(c, stored) {
+                match decode_chunk(&mut decompressor, c, stored) {
                     Ok(data) => deliver(i, data).map_err(|e| FetchError::Exhausted {
                         blob: blob.to_string(),
                         offset: c.compressed_offset.get(),

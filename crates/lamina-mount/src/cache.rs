@@ -5,8 +5,8 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use lamina_format::index::{IndexBlob, CHUNK_ZSTD};
-use sha2::{Digest as _, Sha256};
+use lamina_fetch::fetch::decode_chunk;
+use lamina_format::index::IndexBlob;
 
 /// Why the cache could not be filled.
 #[derive(Debug, thiserror::Error)]
@@ -110,20 +110,7 @@ pub fn materialize_blob(
             stored.resize(chunk.compressed_size.get() as usize, 0);
             reader.read_exact(&mut stored).map_err(read_err)?;
             pos = offset + stored.len() as u64;
-            let size = chunk.size.get() as usize;
-            let data = if chunk.flags.get() & CHUNK_ZSTD != 0 {
-                decompressor
-                    .decompress(&stored, size)
-                    .map_err(|e| bad(format!("zstd: {e}")))?
-            } else {
-                stored.clone()
-            };
-            if data.len() != size {
-                return Err(bad(format!("{} bytes, expected {size}", data.len())));
-            }
-            if <[u8; 32]>::from(Sha256::digest(&data)) != chunk.digest {
-                return Err(bad("content digest mismatch".into()));
-            }
+            let data = decode_chunk(&mut decompressor, chunk, &stored).map_err(bad)?;
             file.write_all_at(&data, chunk.cache_offset.get())
                 .map_err(io_err(&tmp))?;
         }
@@ -141,7 +128,8 @@ pub fn materialize_blob(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lamina_format::index::ChunkEntry;
+    use lamina_format::index::{ChunkEntry, CHUNK_ZSTD};
+    use sha2::{Digest as _, Sha256};
 
     fn blob_with(data: &[u8]) -> (IndexBlob, Vec<u8>) {
         let z = zstd::bulk::compress(data, 1).unwrap();

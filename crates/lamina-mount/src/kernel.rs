@@ -131,20 +131,8 @@ pub fn mount_image(
         blob_paths.push(path);
     }
 
-    let mut data = String::new();
-    for path in &blob_paths {
-        let s = path.to_string_lossy();
-        if s.contains(',') {
-            return Err(MountError::BadCachePath(path.clone()));
-        }
-        if !data.is_empty() {
-            data.push(',');
-        }
-        data.push_str("device=");
-        data.push_str(&s);
-    }
-    let data_c = std::ffi::CString::new(data)
-        .map_err(|_| MountError::BadCachePath(opts.cache_dir.clone()))?;
+    let data_c = lamina_daemon::holder::device_options(blob_paths.iter().map(PathBuf::as_path))
+        .map_err(MountError::BadCachePath)?;
     rustix::mount::mount(
         meta_path.as_path(),
         mountpoint,
