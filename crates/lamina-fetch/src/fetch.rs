@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lamina_format::index::{ChunkEntry, CHUNK_ZSTD};
+use lamina_oci::sha256;
 use lamina_oci::{Digest, RegistryClient};
-use sha2::{Digest as _, Sha256};
 
 /// Where compressed blob bytes come from.
 pub trait RangeSource: Send + Sync + std::fmt::Debug {
@@ -153,7 +153,7 @@ pub fn decode_chunk(
     if data.len() != size {
         return Err(format!("decoded {} bytes, expected {size}", data.len()));
     }
-    if <[u8; 32]>::from(Sha256::digest(&data)) != chunk.digest {
+    if sha256(&data) != chunk.digest {
         return Err("chunk digest mismatch".into());
     }
     Ok(data)
@@ -291,7 +291,7 @@ mod tests {
                 size: (p.len() as u32).into(),
                 flags: CHUNK_ZSTD.into(),
                 reserved: 0.into(),
-                digest: Sha256::digest(p).into(),
+                digest: sha256(p),
             });
             blob.extend_from_slice(&z);
             cache += (p.len() as u64).next_multiple_of(4096);

@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use lamina_format::index::IndexBlob;
-use sha2::{Digest as _, Sha256};
+use lamina_oci::sha256;
 
 const STATE_MAGIC: &[u8; 8] = b"LMSTATE1";
 const STATE_HEADER: usize = 16;
@@ -121,7 +121,7 @@ impl BlobStore {
             buf.resize(chunk.size.get() as usize, 0);
             self.cache
                 .read_exact_at(&mut buf, chunk.cache_offset.get())?;
-            if <[u8; 32]>::from(Sha256::digest(&buf)) == chunk.digest {
+            if sha256(&buf) == chunk.digest {
                 self.filled[i] = true;
                 self.filled_count += 1;
                 self.filled_bytes += u64::from(chunk.size.get());
@@ -233,7 +233,7 @@ impl BlobStore {
         let chunk = &self.blob.chunks[i];
         let mut buf = vec![0u8; chunk.size.get() as usize];
         via.read_exact_at(&mut buf, chunk.cache_offset.get())?;
-        if <[u8; 32]>::from(Sha256::digest(&buf)) != chunk.digest {
+        if sha256(&buf) != chunk.digest {
             return Ok(false);
         }
         self.filled[i] = true;
@@ -265,7 +265,7 @@ mod tests {
                     size: (c.len() as u32).into(),
                     flags: CHUNK_ZSTD.into(),
                     reserved: 0.into(),
-                    digest: Sha256::digest(c).into(),
+                    digest: sha256(c),
                 };
                 off += (c.len() as u64).next_multiple_of(4096);
                 e

@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use lamina_format::erofs::{self, ChunkAddr, Device, FileChunks};
 use lamina_format::index::{ChunkEntry, ChunkIndex, IndexBlob, CHUNK_ZSTD};
+use lamina_oci::{sha256, Sha256};
 use lamina_tree::{apply_layer, ApplyError, LayerStats, NodeKind, Tree};
-use sha2::{Digest as _, Sha256};
 
 /// Build settings.
 #[derive(Debug, Clone)]
@@ -62,6 +63,8 @@ pub struct BuiltBlob {
     pub cache_size: u64,
     /// Index of the source layer that produced it.
     pub layer: u32,
+    /// Its chunks, in blob order.
+    pub chunks: Vec<ChunkEntry>,
 }
 
 /// Counts for the conversion summary.
@@ -110,28 +113,116 @@ pub struct BuiltImage {
     pub stats: BuildStats,
 }
 
-/// A data blob being written.
-#[derive(Debug)]
-struct BlobWriter {
-    file: BufWriter<File>,
-    path: PathBuf,
-    hasher: Sha256,
+/// A chunk on its way to the blob's compression thread.
+struct PendingChunk {
+    data: Vec<u8>,
+    digest: [u8; 32],
+    cache_offset: u64,
+}
+
+/// What a blob's compression thread hands back.
+struct WrittenBlob {
+    digest: [u8; 32],
     compressed_len: u64,
-    cache_len: u64,
     chunks: Vec<ChunkEntry>,
+}
+
+/// A data blob being written. Chunk placement in the cache file (and so the
+/// EROFS block address) depends only on uncompressed sizes, so it is decided
+/// here at once; compression, writing and the blob digest run on a second
+/// thread, in chunk order, so the output stays byte-for-byte reproducible.
+struct BlobWriter {
+    path: PathBuf,
+    sender: mpsc::SyncSender<PendingChunk>,
+    thread: std::thread::JoinHandle<io::Result<WrittenBlob>>,
+    cache_len: u64,
     layer: u32,
+}
+
+impl BlobWriter {
+    fn create(path: PathBuf, zstd_level: i32, layer: u32) -> io::Result<BlobWriter> {
+        let file = BufWriter::with_capacity(1 << 20, File::create(&path)?);
+        let mut compressor = zstd::bulk::Compressor::new(zstd_level)?;
+        // A few chunks in flight keep both threads busy without holding
+        // much memory.
+        let (sender, receiver) = mpsc::sync_channel::<PendingChunk>(8);
+        let thread = std::thread::Builder::new()
+            .name("lamina-compress".into())
+            .spawn(move || compress_blob(file, &mut compressor, receiver))?;
+        Ok(BlobWriter {
+            path,
+            sender,
+            thread,
+            cache_len: 0,
+            layer,
+        })
+    }
+
+    /// Waits for the compression thread; the blob file is complete and synced.
+    fn finish(self) -> io::Result<BuiltBlob> {
+        drop(self.sender);
+        let written = self
+            .thread
+            .join()
+            .map_err(|_| io::Error::other("compression thread panicked"))??;
+        Ok(BuiltBlob {
+            path: self.path,
+            digest: written.digest,
+            size: written.compressed_len,
+            cache_size: self.cache_len,
+            layer: self.layer,
+            chunks: written.chunks,
+        })
+    }
+}
+
+/// The compression thread: compresses each chunk (kept raw when zstd does
+/// not make it smaller), appends it to the blob and hashes the blob.
+fn compress_blob(
+    mut file: BufWriter<File>,
+    compressor: &mut zstd::bulk::Compressor<'static>,
+    receiver: mpsc::Receiver<PendingChunk>,
+) -> io::Result<WrittenBlob> {
+    let mut hasher = Sha256::new();
+    let mut compressed_len = 0u64;
+    let mut chunks = Vec::new();
+    for chunk in receiver {
+        let data = &chunk.data;
+        let compressed = compressor.compress(data)?;
+        let (stored, flags): (&[u8], u32) = if compressed.len() < data.len() {
+            (&compressed, CHUNK_ZSTD)
+        } else {
+            (data, 0)
+        };
+        file.write_all(stored)?;
+        hasher.update(stored);
+        chunks.push(ChunkEntry {
+            cache_offset: chunk.cache_offset.into(),
+            compressed_offset: compressed_len.into(),
+            compressed_size: (stored.len() as u32).into(),
+            size: (data.len() as u32).into(),
+            flags: flags.into(),
+            reserved: 0.into(),
+            digest: chunk.digest,
+        });
+        compressed_len += stored.len() as u64;
+    }
+    let file = file.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    Ok(WrittenBlob {
+        digest: hasher.finalize(),
+        compressed_len,
+        chunks,
+    })
 }
 
 /// Chunk storage shared by all layers: the dedup table and the blobs.
 struct ChunkStore<'a> {
     opts: &'a BuildOptions,
     work_dir: &'a Path,
-    compressor: zstd::bulk::Compressor<'static>,
     dedup: HashMap<[u8; 32], ChunkAddr>,
     finished: Vec<BuiltBlob>,
-    finished_chunks: Vec<Vec<ChunkEntry>>,
     current: Option<BlobWriter>,
-    buf: Vec<u8>,
     stats: BuildStats,
 }
 
@@ -155,10 +246,10 @@ impl ChunkStore<'_> {
         let mut remaining = size;
         while remaining > 0 {
             let want = remaining.min(chunk_size as u64) as usize;
-            self.buf.resize(want, 0);
-            reader.read_exact(&mut self.buf)?;
+            let mut data = vec![0u8; want];
+            reader.read_exact(&mut data)?;
             remaining -= want as u64;
-            chunks.push(self.store_chunk(layer)?);
+            chunks.push(self.store_chunk(data, layer)?);
         }
         Ok(FileChunks {
             chunk_bits: self.opts.chunk_bits,
@@ -166,55 +257,42 @@ impl ChunkStore<'_> {
         })
     }
 
-    fn store_chunk(&mut self, layer: u32) -> io::Result<ChunkAddr> {
-        let data = &self.buf;
+    fn store_chunk(&mut self, data: Vec<u8>, layer: u32) -> io::Result<ChunkAddr> {
         if data.iter().all(|&b| b == 0) {
             self.stats.holes += 1;
             return Ok(ChunkAddr::Hole);
         }
-        let digest: [u8; 32] = Sha256::digest(data).into();
+        let digest = sha256(&data);
         if let Some(addr) = self.dedup.get(&digest) {
             return Ok(*addr);
         }
         if self.current.is_none() {
             let path = self.work_dir.join(format!("blob-{}", self.finished.len()));
-            self.current = Some(BlobWriter {
-                file: BufWriter::with_capacity(1 << 20, File::create(&path)?),
-                path,
-                hasher: Sha256::new(),
-                compressed_len: 0,
-                cache_len: 0,
-                chunks: Vec::new(),
-                layer,
-            });
+            self.current = Some(BlobWriter::create(path, self.opts.zstd_level, layer)?);
         }
         let device = self.device_count() as u16;
-        let compressed = self.compressor.compress(data)?;
-        let (stored, flags): (&[u8], u32) = if compressed.len() < data.len() {
-            (&compressed, CHUNK_ZSTD)
-        } else {
-            (data, 0)
-        };
         let Some(blob) = self.current.as_mut() else {
             return Err(io::Error::other("no open data blob"));
         };
-        blob.file.write_all(stored)?;
-        blob.hasher.update(stored);
-        let blkaddr = u32::try_from(blob.cache_len / 4096)
+        let cache_offset = blob.cache_len;
+        let blkaddr = u32::try_from(cache_offset / 4096)
             .map_err(|_| io::Error::other("data blob larger than 16 TiB"))?;
-        blob.chunks.push(ChunkEntry {
-            cache_offset: blob.cache_len.into(),
-            compressed_offset: blob.compressed_len.into(),
-            compressed_size: (stored.len() as u32).into(),
-            size: (data.len() as u32).into(),
-            flags: flags.into(),
-            reserved: 0.into(),
-            digest,
-        });
-        blob.compressed_len += stored.len() as u64;
         blob.cache_len += (data.len() as u64).next_multiple_of(4096);
         self.stats.chunks_stored += 1;
         self.stats.stored_bytes += data.len() as u64;
+        let pending = PendingChunk {
+            data,
+            digest,
+            cache_offset,
+        };
+        if blob.sender.send(pending).is_err() {
+            // The thread stopped on an error; finishing the blob reports it.
+            let failed = self.current.take().map(BlobWriter::finish);
+            return Err(match failed {
+                Some(Err(e)) => e,
+                _ => io::Error::other("compression thread stopped"),
+            });
+        }
         let addr = ChunkAddr::Data { device, blkaddr };
         self.dedup.insert(digest, addr);
         Ok(addr)
@@ -222,17 +300,9 @@ impl ChunkStore<'_> {
 
     fn finish_blob(&mut self) -> io::Result<()> {
         if let Some(blob) = self.current.take() {
-            let file = blob.file.into_inner().map_err(|e| e.into_error())?;
-            file.sync_all()?;
-            self.stats.compressed_bytes += blob.compressed_len;
-            self.finished.push(BuiltBlob {
-                path: blob.path,
-                digest: blob.hasher.finalize().into(),
-                size: blob.compressed_len,
-                cache_size: blob.cache_len,
-                layer: blob.layer,
-            });
-            self.finished_chunks.push(blob.chunks);
+            let blob = blob.finish()?;
+            self.stats.compressed_bytes += blob.size;
+            self.finished.push(blob);
         }
         Ok(())
     }
@@ -262,18 +332,14 @@ impl<'a> ImageBuilder<'a> {
                 opts.chunk_bits
             )));
         }
-        let compressor = zstd::bulk::Compressor::new(opts.zstd_level)?;
         Ok(ImageBuilder {
             tree: Tree::new(),
             store: ChunkStore {
                 opts,
                 work_dir,
-                compressor,
                 dedup: HashMap::new(),
                 finished: Vec::new(),
-                finished_chunks: Vec::new(),
                 current: None,
-                buf: Vec::new(),
                 stats: BuildStats::default(),
             },
             layers: 0,
@@ -332,8 +398,8 @@ impl<'a> ImageBuilder<'a> {
         });
         stats.entries -= 1; // the root
         let mut position = HashMap::new();
-        for (b, chunks) in self.store.finished_chunks.iter().enumerate() {
-            for (i, c) in chunks.iter().enumerate() {
+        for (b, blob) in self.store.finished.iter().enumerate() {
+            for (i, c) in blob.chunks.iter().enumerate() {
                 position.entry(c.digest).or_insert((b as u32, i as u32));
             }
         }
@@ -351,12 +417,11 @@ impl<'a> ImageBuilder<'a> {
                 .store
                 .finished
                 .iter()
-                .zip(self.store.finished_chunks)
-                .map(|(b, chunks)| IndexBlob {
+                .map(|b| IndexBlob {
                     digest: b.digest,
                     compressed_size: b.size,
                     cache_size: b.cache_size,
-                    chunks,
+                    chunks: b.chunks.clone(),
                 })
                 .collect(),
         };
@@ -429,10 +494,7 @@ mod tests {
         assert_eq!(img.stats.chunk_refs, 1 + 2 + 1 + 1);
         // The blob on disk hashes to its recorded digest.
         let bytes = std::fs::read(&img.blobs[0].path).unwrap();
-        assert_eq!(
-            <[u8; 32]>::from(Sha256::digest(&bytes)),
-            img.blobs[0].digest
-        );
+        assert_eq!(sha256(&bytes), img.blobs[0].digest);
     }
 
     #[test]

@@ -109,7 +109,13 @@ pub fn convert(
     let source = open_source(src, &opts.source)?;
     let image = source.image();
 
-    let work = match &opts.work_dir {
+    // Blobs are built where the sink can take them over by a rename
+    // (an OCI layout's staging directory), unless told otherwise.
+    let work_parent = opts
+        .work_dir
+        .clone()
+        .or_else(|| sink.scratch_dir().map(PathBuf::from));
+    let work = match &work_parent {
         Some(dir) => tempfile::Builder::new()
             .prefix("lamina-convert-")
             .tempdir_in(dir)?,
@@ -153,7 +159,8 @@ pub fn convert(
             .into(),
             platform: None,
         };
-        sink.put_blob(&desc, &blob.path)?;
+        // The builder hashed the blob as it wrote it.
+        sink.adopt_blob(&desc, &blob.path)?;
         blob_reports.push(BlobReport {
             digest: desc.digest.to_string(),
             size: blob.size,

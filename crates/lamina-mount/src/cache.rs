@@ -129,7 +129,6 @@ pub fn materialize_blob(
 mod tests {
     use super::*;
     use lamina_format::index::{ChunkEntry, CHUNK_ZSTD};
-    use sha2::{Digest as _, Sha256};
 
     fn blob_with(data: &[u8]) -> (IndexBlob, Vec<u8>) {
         let z = zstd::bulk::compress(data, 1).unwrap();
@@ -146,7 +145,7 @@ mod tests {
                 size: (data.len() as u32).into(),
                 flags: CHUNK_ZSTD.into(),
                 reserved: 0.into(),
-                digest: Sha256::digest(data).into(),
+                digest: lamina_oci::sha256(data),
             }],
         };
         (blob, stored)

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, SourceOptions};
 use rustix::mount::{MountFlags, UnmountFlags};
-use sha2::Digest as _;
 
 use crate::cache::{materialize_blob, store_metadata, CacheError};
 
@@ -108,7 +107,7 @@ pub fn mount_image(
         .cloned()
         .unwrap_or_default();
     let cached_ok = fs::read(&meta_path)
-        .map(|b| format!("sha256:{}", hex::encode(sha2::Sha256::digest(&b))) == expected)
+        .map(|b| format!("sha256:{}", hex::encode(lamina_oci::sha256(&b))) == expected)
         .unwrap_or(false);
     if !cached_ok {
         let bytes = artifact::read_compressed_layer(source.as_ref(), &layers.metadata, "metadata")?;

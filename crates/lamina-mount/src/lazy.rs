@@ -12,7 +12,6 @@ use lamina_daemon::holder::Ready;
 use lamina_fetch::store::BlobStore;
 use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, RegistryRef};
-use sha2::Digest as _;
 
 use crate::cache::store_metadata;
 use crate::kernel::{MountError, MountInfo, MountOptions};
@@ -47,7 +46,7 @@ impl Default for LazyOptions {
 /// The run directory of the mount at `mountpoint`.
 pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
     let canonical = fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    let digest = lamina_oci::sha256(canonical.as_os_str().as_encoded_bytes());
     cache_dir.join("mounts").join(hex::encode(&digest[..8]))
 }
 

@@ -2,8 +2,8 @@
 
 use std::io::{self, BufReader, Read};
 
+use crate::digest::Sha256;
 use flate2::read::MultiGzDecoder;
-use sha2::{Digest as _, Sha256};
 
 use crate::digest::{Digest, VerifyingReader};
 use crate::error::OciError;
@@ -183,7 +183,7 @@ impl<'a> LayerReader<'a> {
         if let Err(e) = self.drain_compressed() {
             return Err(self.fail(e));
         }
-        let actual = Digest::from_sha256(self.hasher.clone().finalize().into());
+        let actual = Digest::from_sha256(self.hasher.clone().finalize());
         if actual != self.diff_id {
             let err = OciError::DiffIdMismatch {
                 blob: self.blob.clone(),

@@ -485,6 +485,34 @@ impl crate::sink::ImageSink for OciLayoutSink {
         self.stage(desc, bytes)
     }
 
+    fn scratch_dir(&self) -> Option<&Path> {
+        self.staging.as_ref().map(|t| t.path())
+    }
+
+    fn adopt_blob(&mut self, desc: &Descriptor, path: &Path) -> Result<(), OciError> {
+        let staging = self.staging_dir()?;
+        if !path.starts_with(staging) {
+            return self.put_blob(desc, path);
+        }
+        let size = fs::metadata(path)
+            .map_err(|e| OciError::io("stat", path, e))?
+            .len();
+        if size != desc.size {
+            return Err(OciError::SizeMismatch {
+                digest: desc.digest.clone(),
+                expected: desc.size,
+                actual: size,
+            });
+        }
+        if self.has_blob(&desc.digest) {
+            return Ok(());
+        }
+        let staged = staging.join(desc.digest.hex());
+        fs::rename(path, &staged).map_err(|e| OciError::io("rename into staging", path, e))?;
+        self.staged.insert(desc.digest.clone());
+        Ok(())
+    }
+
     fn commit(
         mut self: Box<Self>,
         manifest_bytes: &[u8],

@@ -23,7 +23,7 @@ pub mod source;
 pub mod types;
 
 pub use compression::{Compression, LayerReader};
-pub use digest::{Digest, DigestReader, DigestWriter, VerifyingReader};
+pub use digest::{sha256, Digest, DigestReader, DigestWriter, Sha256, VerifyingReader};
 pub use error::OciError;
 pub use reference::{ImageRef, RegistryRef, RegistryReference};
 pub use registry::{FetchedManifest, RegistryClient};

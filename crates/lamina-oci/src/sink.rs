@@ -14,6 +14,23 @@ pub trait ImageSink: std::fmt::Debug {
     /// and refuses a digest or size mismatch.
     fn put_blob(&mut self, desc: &Descriptor, path: &Path) -> Result<(), OciError>;
 
+    /// A directory on the sink's own filesystem for blob files that the
+    /// caller writes and then hands over with [`adopt_blob`](Self::adopt_blob);
+    /// removed with the sink unless committed. `None` (the default) when the
+    /// sink has no local storage.
+    fn scratch_dir(&self) -> Option<&Path> {
+        None
+    }
+
+    /// Store a blob file that the caller wrote itself and hashed while
+    /// writing it, so `desc.digest` is the hash of exactly those bytes. A
+    /// file in [`scratch_dir`](Self::scratch_dir) is moved into the image
+    /// without being copied or read again; anything else is stored as by
+    /// [`put_blob`](Self::put_blob).
+    fn adopt_blob(&mut self, desc: &Descriptor, path: &Path) -> Result<(), OciError> {
+        self.put_blob(desc, path)
+    }
+
     /// Store a blob from memory, verified the same way.
     fn put_blob_bytes(&mut self, desc: &Descriptor, bytes: &[u8]) -> Result<(), OciError>;
 

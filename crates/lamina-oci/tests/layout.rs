@@ -330,3 +330,50 @@ fn stale_staging_of_dead_process_is_removed() {
     }
     assert!(live.exists());
 }
+
+#[test]
+fn adopted_blobs_are_moved_from_scratch_and_checked_elsewhere() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("l");
+    let img = TestImage::simple("x");
+    let mut sink = open_sink(&oci(&dir, Some("t")), &SourceOptions::default()).expect("sink");
+    let scratch = sink
+        .scratch_dir()
+        .expect("layout sinks have scratch")
+        .to_path_buf();
+    assert!(scratch.starts_with(&dir), "{}", scratch.display());
+
+    // Outside the scratch directory the file is hashed like put_blob.
+    let outside = tmp.path().join("outside");
+    fs::write(&outside, b"not the layer").expect("write");
+    let err = sink
+        .adopt_blob(&img.layers[0].descriptor, &outside)
+        .expect_err("digest");
+    assert!(matches!(err, OciError::DigestMismatch { .. }), "{err}");
+
+    // A wrong size is refused even in scratch; nothing is moved.
+    let layer = &img.layers[0];
+    let inside = scratch.join("blob-0");
+    fs::write(&inside, &layer.blob).expect("write");
+    let mut wrong = layer.descriptor.clone();
+    wrong.size += 1;
+    let err = sink.adopt_blob(&wrong, &inside).expect_err("size");
+    assert!(matches!(err, OciError::SizeMismatch { .. }), "{err}");
+    assert!(inside.exists());
+
+    // In scratch it is renamed, not copied, and the image commits.
+    sink.adopt_blob(&layer.descriptor, &inside).expect("adopt");
+    assert!(!inside.exists(), "adopted file was copied, not moved");
+    for l in &img.layers[1..] {
+        sink.put_blob_bytes(&l.descriptor, &l.blob).expect("layer");
+    }
+    sink.put_blob_bytes(&img.config_desc, &img.config)
+        .expect("config");
+    sink.commit(&img.manifest_bytes, mt::OCI_MANIFEST)
+        .expect("commit");
+    assert_eq!(
+        fs::read(blob_path(&dir, &layer.descriptor.digest)).expect("blob"),
+        layer.blob
+    );
+    assert!(!scratch.exists(), "scratch directory left behind");
+}

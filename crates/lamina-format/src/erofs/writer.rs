@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 
 use lamina_tree::{NodeId, NodeKind, Tree};
-use sha2::Digest as _;
 use zerocopy::IntoBytes;
 
 use super::format::*;
@@ -400,8 +399,8 @@ pub fn write_image(
         ..SuperBlock::default()
     };
     // The UUID is a digest of everything else, so equal trees give equal images.
-    let digest = sha2::Sha256::digest(&out);
-    sb.uuid.copy_from_slice(&digest[..16]);
+    let digest = ring::digest::digest(&ring::digest::SHA256, &out);
+    sb.uuid.copy_from_slice(&digest.as_ref()[..16]);
     let mut pos = SUPERBLOCK_OFFSET;
     put(&mut out, &mut pos, sb.as_bytes());
     Ok((out, stats))
