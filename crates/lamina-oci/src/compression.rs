@@ -74,7 +74,7 @@ impl Compression {
 type Raw<'a> = Box<dyn Read + Send + 'a>;
 
 enum Decoder<'a> {
-    Plain(VerifyingReader<Raw<'a>>),
+    Plain(Box<VerifyingReader<Raw<'a>>>),
     Gzip(Box<MultiGzDecoder<VerifyingReader<Raw<'a>>>>),
     Zstd(Box<zstd::stream::read::Decoder<'static, BufReader<VerifyingReader<Raw<'a>>>>>),
 }
@@ -142,7 +142,7 @@ impl<'a> LayerReader<'a> {
     ) -> Result<LayerReader<'a>, OciError> {
         let verifying = VerifyingReader::new(raw, desc.digest.clone(), Some(desc.size));
         let decoder = match compression {
-            Compression::None => Decoder::Plain(verifying),
+            Compression::None => Decoder::Plain(Box::new(verifying)),
             Compression::Gzip => Decoder::Gzip(Box::new(MultiGzDecoder::new(verifying))),
             Compression::Zstd => Decoder::Zstd(Box::new(
                 zstd::stream::read::Decoder::new(verifying).map_err(|source| {
