@@ -189,16 +189,21 @@ def render(r):
     w("")
     w("### Boot sets")
     w("")
-    w("Recorded once per workload on the unshaped link (`lamina mount --record-trace`, workload run to its "
-      "first useful output). Bytes are uncompressed chunk bytes; files by share of the boot set.")
+    w("Recorded once per workload on the unshaped link (`lamina mount --record-trace`, readahead off, workload "
+      "run to its first useful output): every read of data not yet local. *Read* = bytes those reads asked for; "
+      "*chunks* = the chunks they fall in (uncompressed MB); *boot pages* = the 4 KiB pages they touched, as "
+      "`lamina convert --prefetch` packs them (uncompressed → compressed). Files by share of the chunks.")
     w("")
-    w("| workload | chunks | MB (uncompressed) | recorded run: fetched MB, requests / misses | largest files (chunks) |")
-    w("|---|---:|---:|---:|---|")
+    w("| workload | reads | read MB | chunks (MB) | boot pages MB → compressed MB | recorded run: fetched MB, requests / misses | largest files (chunks) |")
+    w("|---|---:|---:|---:|---:|---:|---|")
     for wl, t in r["setup"]["traces"].items():
         rec = t["record_run"]
         top = ", ".join(f"`{' = '.join(x.rsplit('/', 1)[-1] for x in f['path'].split(' = '))}` ({f['chunks']})"
                         for f in t["files"][:5])
-        w(f"| {WLABEL.get(wl, wl)} | {t['distinct_chunks']} | {mb(t['bytes'])} | {mb(rec['fetched_bytes'])}, "
+        bp = (r["setup"]["convert"].get(f"lamina-boot-{wl}") or {}).get("boot_pages") or {}
+        pages = f"{mb(bp['bytes'])} → {mb(bp['compressed_bytes'])}" if bp else "–"
+        w(f"| {WLABEL.get(wl, wl)} | {t.get('reads', t.get('chunks', 0))} | {mb(t.get('bytes_read', 0))} | "
+          f"{t['distinct_chunks']} ({mb(t['bytes'])}) | {pages} | {mb(rec['fetched_bytes'])}, "
           f"{rec['requests']} / {rec['misses']} | {top} |")
 
     w("")

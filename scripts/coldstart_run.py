@@ -285,7 +285,7 @@ class Bench:
                 "metadata_bytes": doc.get("metadata_bytes"),
                 "metadata_compressed_bytes": doc.get("metadata_compressed_bytes"),
                 "index_bytes": doc.get("index_bytes"), "blob_bytes": sum(b.get("size", 0) for b in blobs),
-                "stats": doc.get("stats")}
+                "boot_pages": doc.get("boot_pages"), "stats": doc.get("stats")}
 
     # -- lamina ----------------------------------------------------------------------------
     def lamina_status(self, cache, mnt):
@@ -785,13 +785,16 @@ def main():
     for w in workloads:
         trace = os.path.join(b.work, f"trace-{w}.txt")
         rec = b.lamina_run("lamina", w, record_trace=trace, second=False)
+        # lines: CHUNK_DIGEST OFFSET LEN, one per read of data not yet local
         with open(trace) as f:
-            lines = [x for x in f.read().split() if x]
+            reads = [x.split() for x in f.read().splitlines() if x.strip()]
+        lines = [r[0] for r in reads]
         files = trace_files(lines, owners)
-        result["setup"]["traces"][w] = {"chunks": len(lines), "distinct_chunks": len(set(lines)),
+        result["setup"]["traces"][w] = {"reads": len(lines), "distinct_chunks": len(set(lines)),
+                                        "bytes_read": sum(int(r[2]) for r in reads if len(r) == 3),
                                         "bytes": sum(e["bytes"] for e in files), "files": files,
                                         "record_run": rec}
-        log(f"boot set {w}: {len(set(lines))} chunks recorded ({rec['fetched_bytes']:,} bytes fetched, "
+        log(f"boot set {w}: {len(lines)} reads in {len(set(lines))} chunks recorded ({rec['fetched_bytes']:,} bytes fetched, "
             f"{rec['time_s']:.2f} s unshaped)")
         result["setup"]["convert"][f"lamina-boot-{w}"] = b.convert(f"lamina-boot-{w}", prefetch=trace)
 

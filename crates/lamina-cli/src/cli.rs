@@ -81,9 +81,15 @@ enum Command {
         /// After the boot set, fetch the rest of the image in the background.
         #[arg(long)]
         prefetch_all: bool,
-        /// Record the chunks a workload reads, in order, to FILE (for a boot set).
+        /// Record every read the workload makes of data not yet local, in
+        /// order, to FILE (for `lamina convert --prefetch FILE`).
         #[arg(long, value_name = "FILE")]
         record_trace: Option<PathBuf>,
+        /// read_ahead_kb of the mount until all data is local (default: 0
+        /// when recording or when the image has boot pages, else the
+        /// kernel's).
+        #[arg(long, value_name = "KB")]
+        readahead: Option<u32>,
     },
     /// Unmount a lamina mount (and stop its daemon).
     Umount {
@@ -222,6 +228,12 @@ pub fn run(args: Args) -> Result<()> {
                     report.source_layer_bytes
                 );
                 println!("  dedup ratio  {:.3}", report.dedup_ratio);
+                if let Some(b) = &report.boot_pages {
+                    println!(
+                        "  boot pages   {} runs, {} bytes -> {} compressed",
+                        b.extents, b.bytes, b.compressed_bytes
+                    );
+                }
                 if s.confined_paths > 0 {
                     println!(
                         "  confined     {} hostile paths kept inside the image",
@@ -240,6 +252,7 @@ pub fn run(args: Args) -> Result<()> {
             fill_window,
             prefetch_all,
             record_trace,
+            readahead,
         } => {
             let image = parse_ref(&image)?;
             let cache_dir = absolute(&cache_dir)?;
@@ -253,6 +266,7 @@ pub fn run(args: Args) -> Result<()> {
                     fill_window,
                     prefetch_all,
                     record_trace,
+                    readahead_kb: readahead,
                     ..lamina_mount::LazyOptions::default()
                 };
                 lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts)

@@ -1677,13 +1677,18 @@ fn boot_set_prefetch_serves_python_without_fetching() {
         .map(str::to_string)
         .collect();
     assert!(!lines.is_empty(), "the trace of python3 is empty");
+    let mut traced_bytes = 0u64;
     for l in &lines {
-        assert!(
-            l.len() == 64 && l.bytes().all(|b| b.is_ascii_hexdigit()),
-            "bad trace line {l:?}"
-        );
+        let fields: Vec<&str> = l.split(' ').collect();
+        let ok = fields.len() == 3
+            && fields[0].len() == 64
+            && fields[0].bytes().all(|b| b.is_ascii_hexdigit())
+            && fields[1].parse::<u64>().is_ok()
+            && fields[2].parse::<u64>().is_ok_and(|n| n > 0);
+        assert!(ok, "bad trace line {l:?} (want DIGEST OFFSET LEN)");
+        traced_bytes += fields[2].parse::<u64>().unwrap();
     }
-    let unique: BTreeSet<&String> = lines.iter().collect();
+    let unique: BTreeSet<&str> = lines.iter().map(|l| &l[..64]).collect();
 
     let started = Instant::now();
     let boot_ref = reg.reference("deb:bookworm-boot");
@@ -1702,55 +1707,116 @@ fn boot_set_prefetch_serves_python_without_fetching() {
     .json();
     let convert_secs = started.elapsed().as_secs_f64();
     let boot_chunks = report["stats"]["boot_set_chunks"].as_u64().unwrap_or(0);
+    assert_eq!(
+        boot_chunks,
+        unique.len() as u64,
+        "the boot set should hold every traced chunk: {report}"
+    );
+    let boot_bytes = report["boot_pages"]["bytes"].as_u64().unwrap_or(0);
+    let boot_compressed = report["boot_pages"]["compressed_bytes"]
+        .as_u64()
+        .unwrap_or(0);
     assert!(
-        boot_chunks > 0,
-        "convert put no boot set in the image: {report}"
+        boot_bytes > 0 && boot_compressed > 0,
+        "convert wrote no boot pages: {report}"
     );
 
+    // Recording runs with readahead off, so the trace is the pages python3
+    // read, not whole readahead windows; boot pages carry exactly those.
+    // The reference cache files: an eager mount of the same image fills
+    // them whole, every chunk checked against its digest.
+    let eager = Mount::with_args(
+        &boot_ref,
+        &t.join("mnt-eager"),
+        &t.join("cache-eager"),
+        &["--eager"],
+    );
+    eager.unmount();
+
     let m = Mount::new(&boot_ref, &t.join("mnt"), &t.join("cache"));
-    let started = Instant::now();
-    wait_status(&m, "boot set prefetched", Duration::from_secs(180), |s| {
-        s["prefetch_total"].as_u64().is_some_and(|n| n > 0)
-            && s["prefetch_done"] == s["prefetch_total"]
+    let rd = run_dir(&m);
+    let config: Value = serde_json::from_slice(&fs::read(rd.join("config.json")).unwrap()).unwrap();
+    // Boot pages are written before the worker serves anything.
+    wait_status(&m, "boot pages applied", Duration::from_secs(60), |s| {
+        num(s, "boot_page_bytes") > 0
     });
-    let prefetch_secs = started.elapsed().as_secs_f64();
-    // The counters settle after the last batch.
-    let s1 = settled_status(&m);
-    chroot_python(&m.path);
-    let s2 = settled_status(&m);
     let mut f = Failures::default();
-    f.check(num(&s1, "prefetch_total") == boot_chunks, || {
-        format!(
-            "prefetch_total {} but the image's boot set has {boot_chunks} chunks",
-            s1["prefetch_total"]
-        )
+    chroot_python(&m.path);
+    let s = settled_status(&m);
+    f.check(config["readahead_kb"] == 0, || {
+        format!("mount with boot pages kept readahead: {config}")
+    });
+    f.check(num(&s, "boot_page_bytes") > 0, || {
+        format!("no boot pages were applied: {s}")
+    });
+    f.check(num(&s, "boot_page_bytes") <= boot_bytes, || {
+        format!("more boot page bytes applied than the image has ({boot_bytes}): {s}")
     });
     f.check(
-        num(&s2, "fetched_bytes") == num(&s1, "fetched_bytes"),
-        || {
-            format!(
-            "python3 fetched {} bytes after the boot set was prefetched (before {s1}, after {s2})",
-            num(&s2, "fetched_bytes").saturating_sub(num(&s1, "fetched_bytes"))
-        )
-        },
+        num(&s, "fetched_bytes") == 0 && num(&s, "requests") == 0,
+        || format!("python3 still fetched chunks although its pages were in the boot pages: {s}"),
     );
-    f.check(num(&s2, "requests") == num(&s1, "requests"), || {
-        format!("python3 sent range requests after the prefetch: before {s1}, after {s2}")
-    });
-    f.check(num(&s2, "failed_misses") == 0, || {
-        format!("failed misses: {s2}")
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
     });
     eprintln!(
-        "figures: boot set: recording run fetched {} in {} requests; trace {} lines, {} unique chunks; convert --prefetch {convert_secs:.1} s, boot_set_chunks {boot_chunks}; prefetch {} in {prefetch_secs:.1} s; python3 afterwards fetched {} bytes",
+        "figures: boot set: recording run fetched {} in {} requests; trace {} lines, {} bytes read, {} unique chunks; convert --prefetch {convert_secs:.1} s; boot pages {} -> {} compressed; python3 afterwards: {} misses, {} bytes fetched",
         mib(num(&recorded, "fetched_bytes")),
         num(&recorded, "requests"),
         lines.len(),
+        mib(traced_bytes),
         unique.len(),
-        mib(num(&s1, "fetched_bytes")),
-        num(&s2, "fetched_bytes") - num(&s1, "fetched_bytes").min(num(&s2, "fetched_bytes"))
+        mib(boot_bytes),
+        mib(boot_compressed),
+        num(&s, "misses"),
+        num(&s, "fetched_bytes"),
     );
-    f.finish("boot set");
     m.unmount();
+    // Unmounted, the cache files can be read without raising misses: they
+    // hold the boot pages and nothing else (nothing was fetched).
+    let pages = boot_pages_match_reference(&t.join("cache"), &t.join("cache-eager"), &mut f);
+    f.check(pages * 4096 <= num(&s, "boot_page_bytes"), || {
+        format!("{pages} non-zero pages in the cache, but the worker applied only {s}")
+    });
+    f.finish("boot set");
+}
+
+/// Every non-zero page of the lazy cache files in `cache` (only boot
+/// pages have been written) equals the same page of the eagerly filled
+/// reference in `reference`. Returns the number of such pages.
+fn boot_pages_match_reference(cache: &Path, reference: &Path, f: &mut Failures) -> u64 {
+    let mut pages = 0;
+    for entry in fs::read_dir(reference.join("blobs")).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "cache") {
+            continue;
+        }
+        let want = fs::read(&path).unwrap();
+        let lazy = cache.join("blobs").join(path.file_name().unwrap());
+        let got = fs::read(&lazy).unwrap_or_else(|e| panic!("{}: {e}", lazy.display()));
+        f.check(got.len() == want.len(), || {
+            format!(
+                "{}: {} bytes, reference {}",
+                lazy.display(),
+                got.len(),
+                want.len()
+            )
+        });
+        for (i, (g, w)) in got.chunks(4096).zip(want.chunks(4096)).enumerate() {
+            if g.iter().all(|&b| b == 0) {
+                continue;
+            }
+            pages += 1;
+            f.check(g == w, || {
+                format!(
+                    "{} page {i}: boot page differs from the verified chunk",
+                    lazy.display()
+                )
+            });
+        }
+    }
+    f.check(pages > 0, || "no boot pages in the cache".to_string());
+    pages
 }
 
 // ---------------------------------------------------------------------------
@@ -1773,6 +1839,9 @@ fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
     let mut out = BTreeSet::new();
     out.insert(PathBuf::from(c["metadata_path"].as_str().unwrap()));
     out.insert(PathBuf::from(c["index_path"].as_str().unwrap()));
+    if let Some(boot) = c["boot_pages"]["path"].as_str() {
+        out.insert(PathBuf::from(boot));
+    }
     for b in c["blobs"].as_array().unwrap() {
         let p = PathBuf::from(b["cache_path"].as_str().unwrap());
         out.insert(p.with_extension("state"));

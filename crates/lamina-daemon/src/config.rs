@@ -65,8 +65,26 @@ pub struct DaemonConfig {
     pub prefetch: bool,
     /// Then fetch everything else too.
     pub prefetch_all: bool,
-    /// Append the digests of chunks fetched for misses, in order, to this file.
+    /// Append every miss, as `CHUNK_DIGEST OFFSET LEN` lines in the order
+    /// they came, to this file (see `lamina_image::boot`).
     pub record_trace: Option<PathBuf>,
+    /// Boot pages to write into the cache before serving any miss.
+    #[serde(default)]
+    pub boot_pages: Option<BootPagesSpec>,
+    /// The mount's `read_ahead_kb` while any blob is incomplete (`None`:
+    /// the kernel's default). Readahead turns one touched page into a
+    /// window of misses that must all be fetched.
+    #[serde(default)]
+    pub readahead_kb: Option<u32>,
+}
+
+/// Boot pages already fetched and verified by `lamina mount`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct BootPagesSpec {
+    /// The uncompressed boot pages (a local file).
+    pub path: PathBuf,
+    /// Their sha256 (`sha256:<hex>`), checked again by every worker.
+    pub digest: String,
 }
 
 impl DaemonConfig {

@@ -123,8 +123,25 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
     let config = DaemonConfig::load(config_path)?;
     match setup(&config, config_path) {
         Ok((group, worker, watched, mounted_dev)) => {
+            let readahead = if watched.is_empty() {
+                None
+            } else {
+                config.readahead_kb.and_then(|kb| {
+                    Readahead::lower(&config.mountpoint, kb)
+                        .map_err(|e| eprintln!("holder: read_ahead_kb left as is: {e}"))
+                        .ok()
+                })
+            };
             write_ready(&config, None)?;
-            serve(&config, config_path, group, worker, watched, mounted_dev)
+            serve(
+                &config,
+                config_path,
+                group,
+                worker,
+                watched,
+                mounted_dev,
+                readahead,
+            )
         }
         Err(e) => {
             let msg = e.to_string();
@@ -135,6 +152,36 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
 }
 
 type Setup = (FanotifyGroup, Worker, HashMap<(u64, u64), u32>, u64);
+
+/// The mount's readahead, lowered while blobs are incomplete and put back
+/// when the last one completes (from then on reads never leave the kernel).
+#[derive(Debug)]
+struct Readahead {
+    path: PathBuf,
+    original: String,
+}
+
+impl Readahead {
+    fn lower(mountpoint: &Path, kb: u32) -> io::Result<Readahead> {
+        let root = File::open(mountpoint)?;
+        let name = lamina_sys::fs_sysfs_path(root.as_fd())?;
+        let bdi = name.rsplit('/').next().unwrap_or_default();
+        let path = Path::new("/sys/class/bdi").join(bdi).join("read_ahead_kb");
+        let original = std::fs::read_to_string(&path)?.trim().to_string();
+        std::fs::write(&path, kb.to_string())?;
+        eprintln!(
+            "holder: {} {original} -> {kb} until every blob is complete",
+            path.display()
+        );
+        Ok(Readahead { path, original })
+    }
+
+    fn restore(self) {
+        if let Err(e) = std::fs::write(&self.path, &self.original) {
+            eprintln!("holder: restoring {}: {e}", self.path.display());
+        }
+    }
+}
 
 fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
     let group = FanotifyGroup::new().map_err(|e| {
@@ -186,6 +233,7 @@ fn serve(
     mut worker: Worker,
     mut watched: HashMap<(u64, u64), u32>,
     mounted_dev: u64,
+    mut readahead: Option<Readahead>,
 ) -> io::Result<()> {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
     let log = config.run_dir.join("worker.log");
@@ -312,6 +360,11 @@ fn serve(
                             match group.unwatch(path) {
                                 Ok(()) => watched.retain(|_, b| *b != blob),
                                 Err(e) => eprintln!("holder: unwatch {}: {e}", path.display()),
+                            }
+                            if watched.is_empty() {
+                                if let Some(r) = readahead.take() {
+                                    r.restore();
+                                }
                             }
                         }
                     }

@@ -16,10 +16,11 @@ use lamina_fetch::fetch::{
     fetch_chunks, FetchOptions, FetchStats, LayoutSource, RangeSource, RegistrySource,
 };
 use lamina_fetch::store::BlobStore;
+use lamina_format::boot::BootPages;
 use lamina_format::index::ChunkIndex;
 use lamina_oci::{Digest, RegistryClient, SourceOptions};
 
-use crate::config::{write_atomic, DaemonConfig, SourceSpec};
+use crate::config::{write_atomic, BootPagesSpec, DaemonConfig, SourceSpec};
 use crate::protocol::{self, Message};
 
 /// Live figures, written to `<run_dir>/status.json`.
@@ -49,6 +50,9 @@ pub struct Status {
     pub prefetch_done: u64,
     /// Boot-set / prefetch chunks planned.
     pub prefetch_total: u64,
+    /// Bytes written into the cache from the image's boot pages.
+    #[serde(default)]
+    pub boot_page_bytes: u64,
     /// Per blob: (digest, chunks filled, chunks, complete).
     pub blobs: Vec<BlobStatus>,
 }
@@ -161,6 +165,16 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     for b in 0..n {
         shared.check_complete(b as u32);
     }
+    // Boot pages go in before the first miss is served: the start they were
+    // recorded from is about to read exactly these pages. Misses wait in
+    // the holder meanwhile. Without them, misses fetch whole chunks.
+    if let Some(spec) = &shared.config.boot_pages {
+        if shared.config.prefetch {
+            if let Err(e) = shared.apply_boot_pages(spec) {
+                eprintln!("worker: boot pages {}: {e}", spec.path.display());
+            }
+        }
+    }
     protocol::send_owned(&shared.sock, Message::Hello, None)?;
 
     let (tx, rx) = mpsc::channel::<(u64, u32, u64, u64, File)>();
@@ -245,8 +259,14 @@ impl Shared {
     /// Fills the chunks under `[offset, offset + count)` (and the rest of the
     /// fill window around it), writing through the event's `file`.
     fn serve_miss(&self, blob: u32, offset: u64, count: u64, file: &File) -> io::Result<()> {
+        if let Some(trace) = &self.trace {
+            self.record(trace, blob, offset, count)?;
+        }
         let (needed, window) = {
             let store = self.lock_store(blob)?;
+            if store.range_ready(offset, count) {
+                return Ok(());
+            }
             let needed = store.chunks_covering(offset, count.max(1));
             let w = self.config.fill_window.max(1);
             let start = offset / w * w;
@@ -262,7 +282,7 @@ impl Shared {
         }
         let mine = self.claim(blob, window.clone().chain(needed.clone()))?;
         if !mine.is_empty() {
-            let result = self.fetch_into(blob, &mine, Some(file), true);
+            let result = self.fetch_into(blob, &mine, Some(file));
             self.release(blob, &mine);
             result?;
         }
@@ -291,7 +311,7 @@ impl Shared {
                 let missing: Vec<usize> = needed.clone().filter(|&i| !store.is_filled(i)).collect();
                 drop(store);
                 let mine = self.claim(blob, missing.into_iter())?;
-                let r = self.fetch_into(blob, &mine, Some(file), true);
+                let r = self.fetch_into(blob, &mine, Some(file));
                 self.release(blob, &mine);
                 r?;
                 inflight = self
@@ -313,6 +333,56 @@ impl Shared {
                 .map_err(|_| io::Error::other("lock poisoned"))?
                 .0;
         }
+    }
+
+    /// Appends a miss to the trace: the part of each chunk it reads.
+    fn record(&self, trace: &Mutex<File>, blob: u32, offset: u64, count: u64) -> io::Result<()> {
+        let store = self.lock_store(blob)?;
+        let end = offset.saturating_add(count.max(1));
+        let mut lines = String::new();
+        for i in store.chunks_covering(offset, count.max(1)) {
+            let c = &store.blob.chunks[i];
+            let start = c.cache_offset.get();
+            let from = offset.max(start);
+            let to = end.min(start + u64::from(c.size.get()));
+            if to > from {
+                lines.push_str(&format!(
+                    "{} {} {}\n",
+                    hex::encode(c.digest),
+                    from - start,
+                    to - from
+                ));
+            }
+        }
+        drop(store);
+        let mut t = trace
+            .lock()
+            .map_err(|_| io::Error::other("trace lock poisoned"))?;
+        t.write_all(lines.as_bytes())
+    }
+
+    /// Checks the boot pages `lamina mount` stored against their digest and
+    /// writes them into the cache files.
+    fn apply_boot_pages(&self, spec: &BootPagesSpec) -> io::Result<()> {
+        let raw = std::fs::read(&spec.path)?;
+        let actual = Digest::of_bytes(&raw);
+        if actual.to_string() != spec.digest {
+            return Err(io::Error::other(format!(
+                "digest {actual}, expected {}",
+                spec.digest
+            )));
+        }
+        let sizes: Vec<u64> = self
+            .stores
+            .iter()
+            .map(|s| s.lock().map(|s| s.blob.cache_size).unwrap_or(0))
+            .collect();
+        let boot = BootPages::from_bytes(&raw, &sizes).map_err(io::Error::other)?;
+        for (extent, bytes) in boot.iter() {
+            self.lock_store(extent.blob.get())?
+                .fill_pages(extent.cache_offset.get(), bytes)?;
+        }
+        Ok(())
     }
 
     /// Marks the unfilled, unclaimed chunks among `chunks` as ours.
@@ -340,14 +410,8 @@ impl Shared {
         self.landed.notify_all();
     }
 
-    fn fetch_into(
-        &self,
-        blob: u32,
-        chunks: &[usize],
-        via: Option<&File>,
-        traced: bool,
-    ) -> io::Result<()> {
-        self.fetch_with(blob, chunks, via, traced, &self.fetch)
+    fn fetch_into(&self, blob: u32, chunks: &[usize], via: Option<&File>) -> io::Result<()> {
+        self.fetch_with(blob, chunks, via, &self.fetch)
     }
 
     fn fetch_with(
@@ -355,7 +419,6 @@ impl Shared {
         blob: u32,
         chunks: &[usize],
         via: Option<&File>,
-        traced: bool,
         opts: &FetchOptions,
     ) -> io::Result<()> {
         let entries = self.lock_store(blob)?.blob.chunks.clone();
@@ -368,13 +431,6 @@ impl Shared {
             &self.stats,
             |i, data| {
                 self.lock_store(blob)?.fill(i, &data, via)?;
-                if traced {
-                    if let Some(trace) = &self.trace {
-                        if let Ok(mut t) = trace.lock() {
-                            writeln!(t, "{}", hex::encode(entries[i].digest))?;
-                        }
-                    }
-                }
                 Ok(())
             },
         );
@@ -402,7 +458,10 @@ impl Shared {
     fn prefetch(&self) {
         let mut planned = HashSet::new();
         let mut boot: Vec<(u32, usize)> = Vec::new();
-        if self.config.prefetch {
+        // With boot pages the boot set is already in; its chunks only lead
+        // the order of --prefetch-all.
+        let chunk_boot_set = self.config.prefetch && self.config.boot_pages.is_none();
+        if chunk_boot_set {
             for &(b, i) in &self.boot_set {
                 if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
                     boot.push((b, i as usize));
@@ -411,6 +470,11 @@ impl Shared {
         }
         let mut rest: Vec<(u32, usize)> = Vec::new();
         if self.config.prefetch_all {
+            for &(b, i) in &self.boot_set {
+                if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
+                    rest.push((b, i as usize));
+                }
+            }
             for (b, store) in self.stores.iter().enumerate() {
                 if let Ok(s) = store.lock() {
                     for i in 0..s.blob.chunks.len() {
@@ -474,7 +538,7 @@ impl Shared {
 
     fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
         if let Ok(mine) = self.claim(blob, chunks.into_iter()) {
-            if let Err(e) = self.fetch_with(blob, &mine, None, false, opts) {
+            if let Err(e) = self.fetch_with(blob, &mine, None, opts) {
                 eprintln!("worker: prefetch: {e}");
             }
             self.release(blob, &mine);
@@ -501,6 +565,7 @@ impl Shared {
                 .map_err(|_| io::Error::other("lock poisoned"))?;
             let (filled, bytes) = s.filled();
             status.cached_bytes += bytes;
+            status.boot_page_bytes += s.boot_bytes();
             status.total_bytes += s
                 .blob
                 .chunks

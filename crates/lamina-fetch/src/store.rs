@@ -19,6 +19,7 @@ use lamina_oci::sha256;
 const STATE_MAGIC: &[u8; 8] = b"LMSTATE1";
 const STATE_HEADER: usize = 16;
 const FLAG_COMPLETE: u32 = 1;
+const PAGE: u64 = 4096;
 
 /// One blob's cache file plus its fill record.
 #[derive(Debug)]
@@ -33,6 +34,10 @@ pub struct BlobStore {
     filled: Vec<bool>,
     filled_count: usize,
     filled_bytes: u64,
+    /// Pages filled from verified boot pages, one bit per 4 KiB page. Kept
+    /// in memory only: a new worker applies the boot pages again.
+    boot_pages: Vec<u64>,
+    boot_bytes: u64,
 }
 
 /// Paths of a blob's cache and state files under `dir`.
@@ -80,6 +85,8 @@ impl BlobStore {
             filled: vec![false; n],
             filled_count: 0,
             filled_bytes: 0,
+            boot_pages: Vec::new(),
+            boot_bytes: 0,
         };
         if eager_complete {
             store.mark_all_filled();
@@ -242,6 +249,56 @@ impl BlobStore {
         Ok(true)
     }
 
+    /// Writes pages from verified boot pages at `offset` (page-aligned),
+    /// skipping those whose chunks are already filled, and records them in
+    /// memory. Returns the bytes written.
+    pub fn fill_pages(&mut self, offset: u64, data: &[u8]) -> io::Result<u64> {
+        if !offset.is_multiple_of(PAGE) || !(data.len() as u64).is_multiple_of(PAGE) {
+            return Err(io::Error::other("boot pages not page-aligned"));
+        }
+        if self.boot_pages.is_empty() {
+            self.boot_pages = vec![0; (self.blob.cache_size / PAGE).div_ceil(64) as usize];
+        }
+        let mut written = 0;
+        for (k, page) in data.chunks_exact(PAGE as usize).enumerate() {
+            let at = offset + k as u64 * PAGE;
+            if self.page_ready(at / PAGE) {
+                continue;
+            }
+            self.cache.write_all_at(page, at)?;
+            let p = (at / PAGE) as usize;
+            self.boot_pages[p / 64] |= 1 << (p % 64);
+            self.boot_bytes += PAGE;
+            written += PAGE;
+        }
+        Ok(written)
+    }
+
+    /// Bytes filled from boot pages by this process.
+    pub fn boot_bytes(&self) -> u64 {
+        self.boot_bytes
+    }
+
+    fn page_ready(&self, page: u64) -> bool {
+        let p = page as usize;
+        if self
+            .boot_pages
+            .get(p / 64)
+            .is_some_and(|w| w & (1 << (p % 64)) != 0)
+        {
+            return true;
+        }
+        let chunks = self.chunks_covering(page * PAGE, PAGE);
+        !chunks.is_empty() && chunks.into_iter().all(|i| self.filled[i])
+    }
+
+    /// Whether every byte of `[offset, offset + len)` may be read: each page
+    /// is in a filled chunk or came from boot pages.
+    pub fn range_ready(&self, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len.max(1)).min(self.blob.cache_size);
+        (offset / PAGE..end.div_ceil(PAGE)).all(|p| self.page_ready(p))
+    }
+
     /// Path of the fill record.
     pub fn state_path(&self) -> &Path {
         &self.state_path
@@ -303,6 +360,34 @@ mod tests {
         assert_eq!(s.chunks_covering(4096, 1), 1..2);
         assert_eq!(s.chunks_covering(0, 3 * 4096), 0..3);
         assert!(s.fill(1, b"wrong size", None).is_ok()); // already filled: no-op
+    }
+
+    #[test]
+    fn boot_pages_make_ranges_ready_without_filling_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = vec![3u8; 3 * 4096];
+        let data: [&[u8]; 2] = [&big, b"tail"];
+        let mut s = BlobStore::open(dir.path(), blob(&data)).unwrap();
+        assert!(!s.range_ready(0, 1));
+        assert_eq!(s.fill_pages(4096, &big[..4096]).unwrap(), 4096);
+        assert!(s.range_ready(4096, 4096));
+        assert!(!s.range_ready(4096, 4097), "next page is not there");
+        assert!(!s.range_ready(0, 4096));
+        assert!(!s.is_filled(0), "boot pages do not fill chunks");
+        s.fill(1, data[1], None).unwrap();
+        assert!(s.range_ready(3 * 4096, 100));
+        // Pages of filled chunks are not written again.
+        assert_eq!(s.fill_pages(3 * 4096, &[9u8; 4096]).unwrap(), 0);
+        assert!(s.fill_pages(100, &[0u8; 4096]).is_err());
+        let mut back = vec![0u8; 4096];
+        File::open(&s.cache_path)
+            .unwrap()
+            .read_exact_at(&mut back, 4096)
+            .unwrap();
+        assert_eq!(back, big[..4096]);
+        // A new store (a restarted worker) knows nothing of boot pages.
+        let s = BlobStore::open(dir.path(), blob(&data)).unwrap();
+        assert!(!s.range_ready(4096, 1));
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //! - [`erofs`]: the kernel-mountable metadata image (our own writer).
 //! - [`index`]: the chunk table that maps each stored chunk to its place in a
 //!   compressed data blob and in the blob's uncompressed cache file.
+//! - [`boot`]: boot pages, the exact pages a recorded start read, packed for
+//!   one fetch at mount.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod boot;
 pub mod erofs;
 pub mod index;

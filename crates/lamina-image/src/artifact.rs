@@ -16,6 +16,9 @@ pub const MEDIA_TYPE_BLOB: &str = "application/vnd.oci.image.layer.lamina.blob.v
 pub const MEDIA_TYPE_METADATA: &str = "application/vnd.oci.image.layer.lamina.erofs.v1+zstd";
 /// Media type of the chunk index, zstd-compressed.
 pub const MEDIA_TYPE_INDEX: &str = "application/vnd.oci.image.layer.lamina.index.v1+zstd";
+/// Media type of boot pages (`lamina_format::boot`), zstd-compressed: the
+/// pages a recorded start read, fetched whole at mount.
+pub const MEDIA_TYPE_BOOT: &str = "application/vnd.oci.image.layer.lamina.boot.v1+zstd";
 
 /// Manifest annotation: lamina format version.
 pub const ANNOTATION_FORMAT: &str = "dev.lamina.format";
@@ -73,6 +76,8 @@ pub struct LaminaLayers {
     pub index: Descriptor,
     /// Data blobs in device order.
     pub blobs: Vec<Descriptor>,
+    /// Boot pages, when the image was converted with a trace.
+    pub boot: Option<Descriptor>,
 }
 
 impl LaminaLayers {
@@ -94,11 +99,13 @@ impl LaminaLayers {
         let mut metadata = None;
         let mut index = None;
         let mut blobs = Vec::new();
+        let mut boot = None;
         for layer in &manifest.layers {
             match layer.media_type.as_str() {
                 MEDIA_TYPE_BLOB => blobs.push(layer.clone()),
                 MEDIA_TYPE_METADATA if metadata.is_none() => metadata = Some(layer.clone()),
                 MEDIA_TYPE_INDEX if index.is_none() => index = Some(layer.clone()),
+                MEDIA_TYPE_BOOT if boot.is_none() => boot = Some(layer.clone()),
                 other => {
                     return Err(ArtifactError::NotLamina(format!(
                         "unexpected layer type {other}"
@@ -111,6 +118,7 @@ impl LaminaLayers {
                 .ok_or_else(|| ArtifactError::NotLamina("no metadata layer".into()))?,
             index: index.ok_or_else(|| ArtifactError::NotLamina("no index layer".into()))?,
             blobs,
+            boot,
         })
     }
 }
@@ -194,4 +202,32 @@ pub fn content_annotations(raw: &[u8]) -> BTreeMap<String, String> {
             raw.len().to_string(),
         ),
     ])
+}
+
+/// Decompresses boot pages (already verified against their blob digest) and
+/// checks them against the image's cache file sizes.
+pub fn parse_boot_pages(
+    compressed: &[u8],
+    desc: &Descriptor,
+    cache_sizes: &[u64],
+) -> Result<lamina_format::boot::BootPages, ArtifactError> {
+    let corrupt = |reason: String| ArtifactError::Corrupt {
+        what: "boot pages",
+        reason,
+    };
+    let size: usize = desc
+        .annotations
+        .get(ANNOTATION_UNCOMPRESSED_SIZE)
+        .and_then(|s| s.parse().ok())
+        .filter(|&n: &usize| n as u64 <= MAX_DECOMPRESSED)
+        .ok_or_else(|| corrupt("no usable uncompressed size annotation".into()))?;
+    let raw = zstd::bulk::decompress(compressed, size).map_err(|e| corrupt(e.to_string()))?;
+    if raw.len() != size {
+        return Err(corrupt(format!(
+            "{} bytes uncompressed, annotation says {size}",
+            raw.len()
+        )));
+    }
+    lamina_format::boot::BootPages::from_bytes(&raw, cache_sizes)
+        .map_err(|e| corrupt(e.to_string()))
 }

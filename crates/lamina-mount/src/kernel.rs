@@ -76,6 +76,30 @@ pub struct MountInfo {
     pub fetched_bytes: u64,
 }
 
+/// A zstd-compressed lamina layer (metadata, chunk index, boot pages),
+/// kept uncompressed at `path`: a cached copy is used only if it still
+/// hashes to the layer's content digest; otherwise the layer is fetched,
+/// checked and stored atomically. Both mount paths go through here.
+pub(crate) fn cached_layer(
+    source: &dyn lamina_oci::ImageSource,
+    desc: &lamina_oci::Descriptor,
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<u8>, MountError> {
+    let expected = desc
+        .annotations
+        .get(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)
+        .ok_or_else(|| ArtifactError::NotLamina(format!("{what} layer has no content digest")))?;
+    if let Ok(bytes) = fs::read(path) {
+        if lamina_oci::Digest::of_bytes(&bytes).to_string() == *expected {
+            return Ok(bytes);
+        }
+    }
+    let bytes = artifact::read_compressed_layer(source, desc, what)?;
+    store_metadata(path, &bytes)?;
+    Ok(bytes)
+}
+
 /// Mounts `image` (read-only) at `mountpoint`, filling the cache first.
 pub fn mount_image(
     image: &ImageRef,
@@ -93,26 +117,16 @@ pub fn mount_image(
     let source = open_source(image, &opts.source)?;
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
-    let index = artifact::read_index(source.as_ref(), &layers)?;
-
-    // Metadata: reuse a cached copy only if it still hashes right.
-    let meta_path = opts
-        .cache_dir
-        .join("meta")
-        .join(format!("{}.erofs", layers.metadata.digest.hex()));
-    let expected = layers
-        .metadata
-        .annotations
-        .get(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)
-        .cloned()
-        .unwrap_or_default();
-    let cached_ok = fs::read(&meta_path)
-        .map(|b| format!("sha256:{}", hex::encode(lamina_oci::sha256(&b))) == expected)
-        .unwrap_or(false);
-    if !cached_ok {
-        let bytes = artifact::read_compressed_layer(source.as_ref(), &layers.metadata, "metadata")?;
-        store_metadata(&meta_path, &bytes)?;
-    }
+    let meta_dir = opts.cache_dir.join("meta");
+    let index_bytes = cached_layer(
+        source.as_ref(),
+        &layers.index,
+        "chunk index",
+        &meta_dir.join(format!("{}.index", layers.index.digest.hex())),
+    )?;
+    let index = artifact::parse_index(&index_bytes, &layers)?;
+    let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
+    cached_layer(source.as_ref(), &layers.metadata, "metadata", &meta_path)?;
 
     let mut blob_paths = Vec::new();
     let mut fetched = 0;

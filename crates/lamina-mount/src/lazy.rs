@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lamina_daemon::config::{BlobSpec, DaemonConfig, SourceSpec};
+use lamina_daemon::config::{BlobSpec, BootPagesSpec, DaemonConfig, SourceSpec};
 use lamina_daemon::holder::Ready;
 use lamina_fetch::store::BlobStore;
-use lamina_image::artifact::{self, LaminaLayers};
+use lamina_format::boot::BootPages;
+use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, RegistryRef};
 
-use crate::cache::store_metadata;
-use crate::kernel::{MountError, MountInfo, MountOptions};
+use crate::kernel::{cached_layer, MountError, MountInfo, MountOptions};
 
 /// Settings of the on-demand path.
 #[derive(Debug, Clone)]
@@ -27,8 +27,12 @@ pub struct LazyOptions {
     pub workers: usize,
     /// Fetch everything in the background after the boot set.
     pub prefetch_all: bool,
-    /// Record the chunks fetched for misses, in order, to this file.
+    /// Record every miss, in order, to this file.
     pub record_trace: Option<PathBuf>,
+    /// `read_ahead_kb` of the mount while blobs are incomplete (default: 0
+    /// when recording a trace or when the image has boot pages, else the
+    /// kernel's).
+    pub readahead_kb: Option<u32>,
 }
 
 impl Default for LazyOptions {
@@ -39,6 +43,7 @@ impl Default for LazyOptions {
             workers: 8,
             prefetch_all: false,
             record_trace: None,
+            readahead_kb: None,
         }
     }
 }
@@ -69,17 +74,50 @@ pub fn mount_lazy(
     let source = open_source(image, &opts.source)?;
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
-    let index_bytes =
-        artifact::read_compressed_layer(source.as_ref(), &layers.index, "chunk index")?;
-    let index = artifact::parse_index(&index_bytes, &layers)?;
+    // Index, metadata and boot pages are independent: fetch them at once.
     let meta_dir = opts.cache_dir.join("meta");
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
-    if !meta_path.exists() {
-        let bytes = artifact::read_compressed_layer(source.as_ref(), &layers.metadata, "metadata")?;
-        store_metadata(&meta_path, &bytes)?;
-    }
-    store_metadata(&index_path, &index_bytes)?;
+    let boot_path = layers
+        .boot
+        .as_ref()
+        .map(|d| meta_dir.join(format!("{}.boot", d.digest.hex())));
+    let src = source.as_ref();
+    let (index_bytes, metadata, boot_bytes) = std::thread::scope(|scope| {
+        let index = scope.spawn(|| cached_layer(src, &layers.index, "chunk index", &index_path));
+        let boot = layers
+            .boot
+            .as_ref()
+            .zip(boot_path.as_deref())
+            .map(|(desc, path)| scope.spawn(move || cached_layer(src, desc, "boot pages", path)));
+        let metadata = cached_layer(src, &layers.metadata, "metadata", &meta_path);
+        let joined = |h: std::thread::ScopedJoinHandle<'_, Result<Vec<u8>, MountError>>| {
+            h.join()
+                .unwrap_or_else(|_| Err(MountError::Daemon("fetch thread panicked".into())))
+        };
+        (joined(index), metadata, boot.map(joined))
+    });
+    let index = artifact::parse_index(&index_bytes?, &layers)?;
+    metadata?;
+    let boot_pages = match (boot_bytes, &layers.boot, boot_path) {
+        (Some(bytes), Some(desc), Some(path)) => {
+            let bytes = bytes?;
+            let sizes: Vec<u64> = index.blobs.iter().map(|b| b.cache_size).collect();
+            BootPages::from_bytes(&bytes, &sizes).map_err(|e| ArtifactError::Corrupt {
+                what: "boot pages",
+                reason: e.to_string(),
+            })?;
+            Some(BootPagesSpec {
+                path,
+                digest: desc
+                    .annotations
+                    .get(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)
+                    .cloned()
+                    .unwrap_or_default(),
+            })
+        }
+        _ => None,
+    };
 
     let blob_dir = opts.cache_dir.join("blobs");
     let mut blobs = Vec::new();
@@ -139,6 +177,13 @@ pub fn mount_lazy(
         prefetch: lazy.record_trace.is_none(),
         prefetch_all: lazy.prefetch_all && lazy.record_trace.is_none(),
         record_trace: lazy.record_trace.clone(),
+        // Readahead would widen every touched page into a window that must
+        // be fetched whole: off while recording (the trace is then exactly
+        // the pages read) and while boot pages serve a start.
+        readahead_kb: lazy
+            .readahead_kb
+            .or((lazy.record_trace.is_some() || boot_pages.is_some()).then_some(0)),
+        boot_pages,
     };
     let config_path = run.join("config.json");
     config.save(&config_path).map_err(io(&config_path))?;

@@ -229,6 +229,41 @@ pub fn ignore_termination_signals() -> io::Result<()> {
     Ok(())
 }
 
+/// `FS_IOC_GETFSSYSFSPATH` (Linux 6.10): `_IOR(0x15, 1, struct fs_sysfs_path)`.
+const FS_IOC_GETFSSYSFSPATH: libc::c_ulong = 0x8081_1501;
+
+/// `struct fs_sysfs_path` of `linux/fs.h`.
+#[repr(C)]
+struct FsSysfsPath {
+    len: u8,
+    name: [u8; 128],
+}
+
+/// The sysfs name of the filesystem `fd` lives on, such as `erofs/erofs-12`
+/// (its last part also names the superblock's backing device info, so
+/// `/sys/class/bdi/erofs-12/read_ahead_kb` is its readahead).
+pub fn fs_sysfs_path(fd: BorrowedFd<'_>) -> io::Result<String> {
+    let mut out = FsSysfsPath {
+        len: 0,
+        name: [0; 128],
+    };
+    // SAFETY: the ioctl writes at most size_of::<FsSysfsPath>() bytes (the
+    // size encoded in the request number) into `out`, which lives across the
+    // call; `fd` is a valid open descriptor for the duration of the borrow.
+    let rc = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            FS_IOC_GETFSSYSFSPATH,
+            &mut out as *mut FsSysfsPath,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let name = out.name.get(..usize::from(out.len)).unwrap_or(&out.name);
+    Ok(String::from_utf8_lossy(name).into_owned())
+}
+
 /// Takes ownership of an fd this process inherited (its number passed on the
 /// command line), after checking that it is open.
 pub fn adopt_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
@@ -246,6 +281,8 @@ pub fn adopt_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     // for exactly this purpose, and nothing else in this process owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
+
+const _: () = assert!(size_of::<FsSysfsPath>() == 129);
 
 #[cfg(test)]
 mod tests {

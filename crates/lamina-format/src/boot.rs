@@ -1,0 +1,234 @@
+//! Boot pages: the exact 4 KiB pages of the cache files that a recorded
+//! start read, in the order it read them, packed into one blob.
+//!
+//! A boot set at chunk granularity fetches whole chunks (256 KiB) for every
+//! page touched; python3's start touches ~1,000 scattered pages (4.1 MB) but
+//! ~50 chunks (9.5 MB). Boot pages carry only the touched pages, compressed
+//! as one stream (so small pieces still compress well), fetched with one
+//! request at mount. The blob is verified as a whole against its OCI digest,
+//! like the chunk index, so its pages may fill the cache before any chunk
+//! digest can be checked.
+//!
+//! ```text
+//! BootHeader  (16 bytes)
+//! BootExtent  x extent_count  (16 bytes each)
+//! page data   (4096 x the sum of extent pages, in extent order)
+//! ```
+//! All integers little-endian. The blob in the registry is this, zstd-compressed.
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// `BootHeader::magic`.
+pub const BOOT_MAGIC: [u8; 8] = *b"LAMBOOT\x01";
+/// The page size boot extents are counted in.
+pub const BOOT_PAGE: u64 = 4096;
+
+/// Start of a boot-pages blob.
+#[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct BootHeader {
+    /// [`BOOT_MAGIC`].
+    pub magic: [u8; 8],
+    /// Number of [`BootExtent`] records.
+    pub extent_count: U32,
+    /// Zero.
+    pub reserved: U32,
+}
+
+/// A run of pages of one cache file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct BootExtent {
+    /// Byte offset in the cache file, a multiple of [`BOOT_PAGE`].
+    pub cache_offset: U64,
+    /// Data blob (device order, 0-based).
+    pub blob: U32,
+    /// Length in pages.
+    pub pages: U32,
+}
+
+const _: () = assert!(size_of::<BootHeader>() == 16);
+const _: () = assert!(size_of::<BootExtent>() == 16);
+
+/// Why boot pages were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// Too short for what it claims.
+    #[error("boot pages truncated")]
+    Truncated,
+    /// Not boot pages.
+    #[error("not lamina boot pages (bad magic)")]
+    BadMagic,
+    /// Extents outside their cache file, overlapping, or misaligned.
+    #[error("boot pages inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+/// Parsed boot pages: extents and the data they carry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BootPages {
+    /// Extents, in the order the recorded start read them.
+    pub extents: Vec<BootExtent>,
+    /// Their pages, concatenated in extent order.
+    pub data: Vec<u8>,
+}
+
+impl BootPages {
+    /// Serialises.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let header = BootHeader {
+            magic: BOOT_MAGIC,
+            extent_count: (self.extents.len() as u32).into(),
+            reserved: 0.into(),
+        };
+        let mut out = header.as_bytes().to_vec();
+        for e in &self.extents {
+            out.extend_from_slice(e.as_bytes());
+        }
+        out.extend_from_slice(&self.data);
+        out
+    }
+
+    /// Parses and checks against the cache file sizes of the image's blobs:
+    /// every extent aligned, inside its cache file, not overlapping another.
+    pub fn from_bytes(bytes: &[u8], cache_sizes: &[u64]) -> Result<BootPages, BootError> {
+        let (header, rest) =
+            BootHeader::read_from_prefix(bytes).map_err(|_| BootError::Truncated)?;
+        if header.magic != BOOT_MAGIC || header.reserved.get() != 0 {
+            return Err(BootError::BadMagic);
+        }
+        let count = header.extent_count.get() as usize;
+        let table = count
+            .checked_mul(size_of::<BootExtent>())
+            .filter(|&n| n <= rest.len())
+            .ok_or(BootError::Truncated)?;
+        let (table, data) = rest.split_at(table);
+        let extents: Vec<BootExtent> = table
+            .chunks_exact(size_of::<BootExtent>())
+            .map(|raw| BootExtent::read_from_bytes(raw).map_err(|_| BootError::Truncated))
+            .collect::<Result<_, _>>()?;
+        let bad = |m: String| Err(BootError::Inconsistent(m));
+        let mut total = 0u64;
+        let mut ranges: Vec<(u32, u64, u64)> = Vec::with_capacity(count);
+        for e in &extents {
+            let (blob, start, pages) =
+                (e.blob.get(), e.cache_offset.get(), u64::from(e.pages.get()));
+            let Some(&size) = cache_sizes.get(blob as usize) else {
+                return bad(format!("extent names blob {blob} of {}", cache_sizes.len()));
+            };
+            let end = start.checked_add(pages * BOOT_PAGE);
+            if pages == 0 || !start.is_multiple_of(BOOT_PAGE) || end.is_none_or(|end| end > size) {
+                return bad(format!(
+                    "extent of {pages} pages at {start} in blob {blob} (cache size {size})"
+                ));
+            }
+            total += pages * BOOT_PAGE;
+            ranges.push((blob, start, start + pages * BOOT_PAGE));
+        }
+        if total != data.len() as u64 {
+            return bad(format!(
+                "extents cover {total} bytes, data has {}",
+                data.len()
+            ));
+        }
+        ranges.sort_unstable();
+        if ranges
+            .windows(2)
+            .any(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2)
+        {
+            return bad("overlapping extents".into());
+        }
+        Ok(BootPages {
+            extents,
+            data: data.to_vec(),
+        })
+    }
+
+    /// Each extent with its bytes.
+    pub fn iter(&self) -> impl Iterator<Item = (&BootExtent, &[u8])> {
+        let mut at = 0usize;
+        self.extents.iter().map(move |e| {
+            let len = e.pages.get() as usize * BOOT_PAGE as usize;
+            let bytes = &self.data[at..at + len];
+            at += len;
+            (e, bytes)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(blob: u32, page: u64, pages: u32) -> BootExtent {
+        BootExtent {
+            cache_offset: (page * BOOT_PAGE).into(),
+            blob: blob.into(),
+            pages: pages.into(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_iteration() {
+        let boot = BootPages {
+            extents: vec![extent(1, 3, 2), extent(0, 0, 1)],
+            data: (0..3 * BOOT_PAGE as usize)
+                .map(|i| (i / 4096) as u8)
+                .collect(),
+        };
+        let bytes = boot.to_bytes();
+        let back = BootPages::from_bytes(&bytes, &[4096, 5 * 4096]).unwrap();
+        assert_eq!(back, boot);
+        let parts: Vec<(u32, u8, usize)> = back
+            .iter()
+            .map(|(e, b)| (e.blob.get(), b[0], b.len()))
+            .collect();
+        assert_eq!(parts, vec![(1, 0, 8192), (0, 2, 4096)]);
+    }
+
+    #[test]
+    fn bad_boot_pages_are_refused() {
+        let ok = BootPages {
+            extents: vec![extent(0, 1, 1)],
+            data: vec![7; 4096],
+        };
+        let sizes = [2 * 4096];
+        assert!(BootPages::from_bytes(&ok.to_bytes(), &sizes).is_ok());
+        let mut truncated = ok.to_bytes();
+        truncated.pop();
+        assert!(BootPages::from_bytes(&truncated, &sizes).is_err());
+        assert!(matches!(
+            BootPages::from_bytes(&ok.to_bytes()[..10], &sizes),
+            Err(BootError::Truncated)
+        ));
+        let mut magic = ok.to_bytes();
+        magic[0] ^= 1;
+        assert!(matches!(
+            BootPages::from_bytes(&magic, &sizes),
+            Err(BootError::BadMagic)
+        ));
+        for extents in [
+            vec![extent(0, 2, 1)],                  // past the cache file
+            vec![extent(1, 0, 1)],                  // no such blob
+            vec![extent(0, 0, 0)],                  // empty
+            vec![extent(0, 0, 2), extent(0, 1, 1)], // overlap
+        ] {
+            let pages: u64 = extents.iter().map(|e| u64::from(e.pages.get())).sum();
+            let b = BootPages {
+                extents,
+                data: vec![0; (pages * BOOT_PAGE) as usize],
+            };
+            assert!(
+                matches!(
+                    BootPages::from_bytes(&b.to_bytes(), &sizes),
+                    Err(BootError::Inconsistent(_))
+                ),
+                "{b:?}"
+            );
+        }
+        let mut misaligned = ok.clone();
+        misaligned.extents[0].cache_offset = 100.into();
+        assert!(BootPages::from_bytes(&misaligned.to_bytes(), &[1 << 20]).is_err());
+    }
+}

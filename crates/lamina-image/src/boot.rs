@@ -1,0 +1,258 @@
+//! Boot sets from a trace (`lamina mount --record-trace`).
+//!
+//! A trace line is `DIGEST OFFSET LEN`: a read of `LEN` bytes at `OFFSET`
+//! inside the chunk whose bytes hash to `DIGEST` (64 hex digits), in the
+//! order the workload read. A line with only a digest means the whole chunk.
+//! Chunk digests name content, not places, so a trace recorded on one
+//! conversion of an image applies to any other with the same chunk size.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use lamina_format::boot::{BootExtent, BootPages, BOOT_PAGE};
+use lamina_format::index::CHUNK_ZSTD;
+
+use crate::build::BuiltImage;
+
+/// One read of a traced workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceEntry {
+    /// Digest of the chunk read.
+    pub digest: [u8; 32],
+    /// Offset and length of the read inside the chunk; `None`: all of it.
+    pub range: Option<(u64, u64)>,
+}
+
+/// A trace line that could not be parsed.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}:{line}: bad trace line {text:?} (want DIGEST [OFFSET LEN])")]
+pub struct TraceError {
+    /// The trace file.
+    pub path: String,
+    /// 1-based line number.
+    pub line: usize,
+    /// The line.
+    pub text: String,
+}
+
+/// Parses a trace.
+pub fn parse_trace(path: &Path, text: &str) -> Result<Vec<TraceEntry>, TraceError> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = || TraceError {
+            path: path.display().to_string(),
+            line: n + 1,
+            text: line.to_string(),
+        };
+        let mut fields = line.split_ascii_whitespace();
+        let mut digest = [0u8; 32];
+        hex::decode_to_slice(fields.next().ok_or_else(bad)?, &mut digest).map_err(|_| bad())?;
+        let range = match (fields.next(), fields.next(), fields.next()) {
+            (None, _, _) => None,
+            (Some(off), Some(len), None) => Some((
+                off.parse().map_err(|_| bad())?,
+                len.parse().map_err(|_| bad())?,
+            )),
+            _ => return Err(bad()),
+        };
+        out.push(TraceEntry { digest, range });
+    }
+    Ok(out)
+}
+
+/// The traced chunks, each once, in the order they were first read.
+pub fn boot_chunks(trace: &[TraceEntry]) -> Vec<[u8; 32]> {
+    let mut seen = HashSet::new();
+    trace
+        .iter()
+        .filter(|e| seen.insert(e.digest))
+        .map(|e| e.digest)
+        .collect()
+}
+
+/// Packs the pages the trace read (lines with a range) into boot pages, in
+/// the order they were first read. Chunk bytes are read back from the built
+/// blobs and checked against their digests. Trace lines naming chunks this
+/// image does not store are skipped.
+pub fn build_boot_pages(image: &BuiltImage, trace: &[TraceEntry]) -> io::Result<BootPages> {
+    let mut position = HashMap::new();
+    for (b, blob) in image.blobs.iter().enumerate() {
+        for (i, c) in blob.chunks.iter().enumerate() {
+            position.entry(c.digest).or_insert((b, i));
+        }
+    }
+    // (blob, page, chunk) in first-read order.
+    let mut pages: Vec<(usize, u64, usize)> = Vec::new();
+    let mut seen = HashSet::new();
+    for entry in trace {
+        let (Some(&(b, i)), Some((offset, len))) = (position.get(&entry.digest), entry.range)
+        else {
+            continue;
+        };
+        let chunk = &image.blobs[b].chunks[i];
+        let base = chunk.cache_offset.get();
+        let size = u64::from(chunk.size.get());
+        let start = base + offset.min(size);
+        let end = base + offset.saturating_add(len).min(size);
+        for page in start / BOOT_PAGE..end.div_ceil(BOOT_PAGE) {
+            if seen.insert((b, page)) {
+                pages.push((b, page, i));
+            }
+        }
+    }
+
+    let mut boot = BootPages::default();
+    let mut files: HashMap<usize, File> = HashMap::new();
+    let mut chunk_bytes: HashMap<(usize, usize), Vec<u8>> = HashMap::new();
+    for (b, page, i) in pages {
+        let data = match chunk_bytes.entry((b, i)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let file = match files.entry(b) {
+                    std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(f) => {
+                        f.insert(File::open(&image.blobs[b].path)?)
+                    }
+                };
+                e.insert(read_chunk(file, &image.blobs[b].chunks[i])?)
+            }
+        };
+        let chunk = &image.blobs[b].chunks[i];
+        let from = (page * BOOT_PAGE - chunk.cache_offset.get()) as usize;
+        let to = (from + BOOT_PAGE as usize).min(data.len());
+        let mut bytes = data[from..to].to_vec();
+        bytes.resize(BOOT_PAGE as usize, 0);
+        match boot.extents.last_mut() {
+            Some(last)
+                if last.blob.get() as usize == b
+                    && last.cache_offset.get() + u64::from(last.pages.get()) * BOOT_PAGE
+                        == page * BOOT_PAGE =>
+            {
+                last.pages += 1;
+            }
+            _ => boot.extents.push(BootExtent {
+                cache_offset: (page * BOOT_PAGE).into(),
+                blob: (b as u32).into(),
+                pages: 1.into(),
+            }),
+        }
+        boot.data.extend_from_slice(&bytes);
+    }
+    Ok(boot)
+}
+
+fn read_chunk(file: &File, chunk: &lamina_format::index::ChunkEntry) -> io::Result<Vec<u8>> {
+    let mut stored = vec![0u8; chunk.compressed_size.get() as usize];
+    file.read_exact_at(&mut stored, chunk.compressed_offset.get())?;
+    let size = chunk.size.get() as usize;
+    let data = if chunk.flags.get() & CHUNK_ZSTD != 0 {
+        zstd::bulk::decompress(&stored, size)?
+    } else {
+        stored
+    };
+    if data.len() != size || lamina_oci::sha256(&data) != chunk.digest {
+        return Err(io::Error::other(
+            "built blob does not match its chunk digest",
+        ));
+    }
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::{BuildOptions, ImageBuilder};
+
+    #[test]
+    fn boot_pages_hold_exactly_the_traced_pages_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = BuildOptions {
+            chunk_bits: 14, // 16 KiB chunks: 4 pages each
+            zstd_level: 1,
+        };
+        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i / 4096 + 1) as u8).collect();
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1);
+        tar.append_data(&mut h, "f", &data[..]).unwrap();
+        b.add_layer(&tar.into_inner().unwrap()[..]).unwrap();
+        let img = b.finish(&[]).unwrap();
+        let chunks = &img.blobs[0].chunks;
+        assert_eq!(chunks.len(), 3);
+        let trace = [
+            // Last chunk (7,232 bytes, pages 8-9), its second page only.
+            TraceEntry {
+                digest: chunks[2].digest,
+                range: Some((5000, 10)),
+            },
+            // First chunk, pages 1 and 2 (a read across the boundary).
+            TraceEntry {
+                digest: chunks[0].digest,
+                range: Some((4095, 2)),
+            },
+            // Again: nothing new.
+            TraceEntry {
+                digest: chunks[0].digest,
+                range: Some((4096, 1)),
+            },
+            // Whole-chunk lines and unknown chunks add no pages.
+            TraceEntry {
+                digest: chunks[1].digest,
+                range: None,
+            },
+            TraceEntry {
+                digest: [9; 32],
+                range: Some((0, 1)),
+            },
+        ];
+        let boot = build_boot_pages(&img, &trace).unwrap();
+        let runs: Vec<(u64, u32)> = boot
+            .extents
+            .iter()
+            .map(|e| (e.cache_offset.get() / BOOT_PAGE, e.pages.get()))
+            .collect();
+        assert_eq!(runs, vec![(9, 1), (0, 2)]);
+        // Page 9 holds bytes 36,864..40,000 of the file, then zeros.
+        let page9 = &boot.data[..4096];
+        assert_eq!(&page9[..40_000 - 36_864], &data[36_864..]);
+        assert!(page9[40_000 - 36_864..].iter().all(|&b| b == 0));
+        assert_eq!(&boot.data[4096..], &data[..8192]);
+        let sizes = [img.blobs[0].cache_size];
+        assert_eq!(
+            BootPages::from_bytes(&boot.to_bytes(), &sizes).unwrap(),
+            boot
+        );
+    }
+
+    #[test]
+    fn trace_lines_parse_and_bad_ones_are_named() {
+        let d = "ab".repeat(32);
+        let text = format!("{d}\n\n{d} 4096 100\n");
+        let t = parse_trace(Path::new("t"), &text).unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].range, None);
+        assert_eq!(t[1].range, Some((4096, 100)));
+        assert_eq!(boot_chunks(&t).len(), 1);
+        for bad in [
+            "xyz",
+            &format!("{d} 1"),
+            &format!("{d} 1 2 3"),
+            &format!("{d} -1 2"),
+        ] {
+            let e = parse_trace(Path::new("t"), bad).unwrap_err();
+            assert_eq!(e.line, 1, "{bad}");
+        }
+    }
+}
