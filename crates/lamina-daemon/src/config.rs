@@ -78,15 +78,22 @@ pub struct DaemonConfig {
     pub readahead_kb: Option<u32>,
 }
 
-/// Boot pages already fetched and verified by `lamina mount`.
+/// The image's boot pages: fetched (or found in the cache) and checked by
+/// the worker before it serves the first miss.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BootPagesSpec {
-    /// The uncompressed boot pages (a local file).
-    pub path: PathBuf,
-    /// Their sha256 (`sha256:<hex>`), checked again by every worker.
+    /// The compressed layer's digest (`sha256:<hex>`).
+    pub layer_digest: String,
+    /// The compressed layer's size.
+    pub layer_size: u64,
+    /// Digest of the uncompressed boot pages.
     pub digest: String,
+    /// Size of the uncompressed boot pages.
+    pub size: u64,
+    /// Where the uncompressed boot pages are kept (a cached copy is used
+    /// only if it still hashes to `digest`).
+    pub path: PathBuf,
 }
-
 impl DaemonConfig {
     /// Reads the config.
     pub fn load(path: &Path) -> std::io::Result<Self> {

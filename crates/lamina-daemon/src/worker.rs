@@ -361,27 +361,66 @@ impl Shared {
         t.write_all(lines.as_bytes())
     }
 
-    /// Checks the boot pages `lamina mount` stored against their digest and
+    /// Loads the boot pages (a cached copy that still hashes right, else
+    /// one request for the whole layer, checked against its digest) and
     /// writes them into the cache files.
     fn apply_boot_pages(&self, spec: &BootPagesSpec) -> io::Result<()> {
-        let raw = std::fs::read(&spec.path)?;
-        let actual = Digest::of_bytes(&raw);
-        if actual.to_string() != spec.digest {
-            return Err(io::Error::other(format!(
-                "digest {actual}, expected {}",
-                spec.digest
-            )));
-        }
+        let started = Instant::now();
+        let cached = std::fs::read(&spec.path)
+            .ok()
+            .filter(|raw| Digest::of_bytes(raw).to_string() == spec.digest);
+        let raw = match cached {
+            Some(raw) => raw,
+            None => {
+                let layer = Digest::parse(&spec.layer_digest).map_err(io::Error::other)?;
+                let mut attempt = 0;
+                let compressed = loop {
+                    match self.source.read_range(&layer, 0, spec.layer_size) {
+                        Ok(bytes) => break bytes,
+                        Err(e) if attempt < 3 => {
+                            eprintln!("worker: boot pages: {e}; retrying");
+                            std::thread::sleep(Duration::from_millis(100 << attempt));
+                            attempt += 1;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
+                self.stats
+                    .bytes
+                    .fetch_add(compressed.len() as u64, Ordering::Relaxed);
+                self.stats.requests.fetch_add(1, Ordering::Relaxed);
+                if Digest::of_bytes(&compressed) != layer {
+                    return Err(io::Error::other(format!(
+                        "boot pages layer does not match its digest {layer}"
+                    )));
+                }
+                let raw = zstd::bulk::decompress(&compressed, spec.size as usize)?;
+                if raw.len() as u64 != spec.size {
+                    return Err(io::Error::other("boot pages: wrong uncompressed size"));
+                }
+                // Kept for later workers, which check it against the
+                // content digest before use, so a torn copy is only refetched.
+                let _ = write_atomic(&spec.path, &raw);
+                raw
+            }
+        };
         let sizes: Vec<u64> = self
             .stores
             .iter()
             .map(|s| s.lock().map(|s| s.blob.cache_size).unwrap_or(0))
             .collect();
         let boot = BootPages::from_bytes(&raw, &sizes).map_err(io::Error::other)?;
+        let mut written = 0;
         for (extent, bytes) in boot.iter() {
-            self.lock_store(extent.blob.get())?
+            written += self
+                .lock_store(extent.blob.get())?
                 .fill_pages(extent.cache_offset.get(), bytes)?;
         }
+        eprintln!(
+            "worker: boot pages: {} runs, {written} bytes written in {:.0} ms",
+            boot.extents.len(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
         Ok(())
     }
 

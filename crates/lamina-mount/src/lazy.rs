@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use lamina_daemon::config::{BlobSpec, BootPagesSpec, DaemonConfig, SourceSpec};
 use lamina_daemon::holder::Ready;
 use lamina_fetch::store::BlobStore;
-use lamina_format::boot::BootPages;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, RegistryRef};
 
@@ -74,49 +73,48 @@ pub fn mount_lazy(
     let source = open_source(image, &opts.source)?;
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
-    // Index, metadata and boot pages are independent: fetch them at once.
+    // Index and metadata are independent: fetch them at once. Boot pages
+    // are left to the worker, which fetches them while the mount and the
+    // container runtime start (misses wait for them).
     let meta_dir = opts.cache_dir.join("meta");
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
-    let boot_path = layers
-        .boot
-        .as_ref()
-        .map(|d| meta_dir.join(format!("{}.boot", d.digest.hex())));
     let src = source.as_ref();
-    let (index_bytes, metadata, boot_bytes) = std::thread::scope(|scope| {
+    let (index_bytes, metadata) = std::thread::scope(|scope| {
         let index = scope.spawn(|| cached_layer(src, &layers.index, "chunk index", &index_path));
-        let boot = layers
-            .boot
-            .as_ref()
-            .zip(boot_path.as_deref())
-            .map(|(desc, path)| scope.spawn(move || cached_layer(src, desc, "boot pages", path)));
         let metadata = cached_layer(src, &layers.metadata, "metadata", &meta_path);
-        let joined = |h: std::thread::ScopedJoinHandle<'_, Result<Vec<u8>, MountError>>| {
-            h.join()
-                .unwrap_or_else(|_| Err(MountError::Daemon("fetch thread panicked".into())))
-        };
-        (joined(index), metadata, boot.map(joined))
+        let index = index
+            .join()
+            .unwrap_or_else(|_| Err(MountError::Daemon("index fetch panicked".into())));
+        (index, metadata)
     });
     let index = artifact::parse_index(&index_bytes?, &layers)?;
     metadata?;
-    let boot_pages = match (boot_bytes, &layers.boot, boot_path) {
-        (Some(bytes), Some(desc), Some(path)) => {
-            let bytes = bytes?;
-            let sizes: Vec<u64> = index.blobs.iter().map(|b| b.cache_size).collect();
-            BootPages::from_bytes(&bytes, &sizes).map_err(|e| ArtifactError::Corrupt {
-                what: "boot pages",
-                reason: e.to_string(),
-            })?;
-            Some(BootPagesSpec {
-                path,
-                digest: desc
-                    .annotations
-                    .get(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)
+    let boot_pages = match &layers.boot {
+        Some(desc) => {
+            let annotation = |key: &str| {
+                desc.annotations
+                    .get(key)
                     .cloned()
-                    .unwrap_or_default(),
+                    .ok_or_else(|| ArtifactError::Corrupt {
+                        what: "boot pages",
+                        reason: format!("layer has no {key} annotation"),
+                    })
+            };
+            Some(BootPagesSpec {
+                layer_digest: desc.digest.to_string(),
+                layer_size: desc.size,
+                digest: annotation(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)?,
+                size: annotation(artifact::ANNOTATION_UNCOMPRESSED_SIZE)?
+                    .parse()
+                    .map_err(|_| ArtifactError::Corrupt {
+                        what: "boot pages",
+                        reason: "bad uncompressed size annotation".into(),
+                    })?,
+                path: meta_dir.join(format!("{}.boot", desc.digest.hex())),
             })
         }
-        _ => None,
+        None => None,
     };
 
     let blob_dir = opts.cache_dir.join("blobs");
