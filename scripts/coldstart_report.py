@@ -130,8 +130,9 @@ def render(r):
     w("### Bytes")
     w("")
     w("*wire* = bytes sent on the namespace's `lo` during the run (requests, responses, TCP/IP headers; "
-      "the registry is only reachable there); *fetched* = lamina's `fetched_bytes` (compressed chunk bytes "
-      "received by its worker; the mount's manifest, index and metadata are not counted); % of the image's "
+      "the registry is only reachable there); *fetched* = lamina's `fetched_bytes` (compressed chunk and "
+      "boot-page bytes received by its worker; the mount's manifest, index and metadata are not counted); "
+      "% of the image's "
       f"compressed size ({img_bytes / 1e6:.1f} MB). Medians over all links.")
     w("")
     w("| workload | containerd wire MB | lamina fetched MB (%) | lamina wire MB (%) | requests / misses "
@@ -189,12 +190,13 @@ def render(r):
     w("")
     w("### Boot sets")
     w("")
-    w("Recorded once per workload on the unshaped link (`lamina mount --record-trace`, readahead off, workload "
-      "run to its first useful output): every read of data not yet local. *Read* = bytes those reads asked for; "
+    w("Recorded per workload on the unshaped link, two starts appended to one trace (`lamina mount "
+      "--record-trace`, readahead off, workload run to its first useful output, fresh cache each): every read of "
+      "data not yet local. *Read* = bytes those reads asked for; "
       "*chunks* = the chunks they fall in (uncompressed MB); *boot pages* = the 4 KiB pages they touched, as "
       "`lamina convert --prefetch` packs them (uncompressed → compressed). Files by share of the chunks.")
     w("")
-    w("| workload | reads | read MB | chunks (MB) | boot pages MB → compressed MB | recorded run: fetched MB, requests / misses | largest files (chunks) |")
+    w("| workload | reads | read MB | chunks (MB) | boot pages MB → compressed MB | first recorded run: fetched MB, requests / misses | largest files (chunks) |")
     w("|---|---:|---:|---:|---:|---:|---|")
     for wl, t in r["setup"]["traces"].items():
         rec = t["record_run"]

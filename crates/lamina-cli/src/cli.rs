@@ -390,6 +390,9 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         "metadata_bytes": metadata_bytes,
         "metadata_compressed_bytes": layers.metadata.size,
         "index_compressed_bytes": layers.index.size,
+        "boot_set_chunks": index.prefetch.len(),
+        "boot_pages_bytes": layers.boot.as_ref().and_then(|b| b.annotations.get(artifact::ANNOTATION_UNCOMPRESSED_SIZE)).and_then(|v| v.parse::<u64>().ok()),
+        "boot_pages_compressed_bytes": layers.boot.as_ref().map(|b| b.size),
         "chunks": chunks,
         "stored_bytes": stored,
         "compressed_bytes": compressed,
@@ -417,6 +420,14 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         doc["chunk_size"]
     );
     println!("  dedup     {}", doc["dedup_ratio"]);
+    if let Some(boot) = &layers.boot {
+        println!(
+            "  boot      {} chunks; boot pages {} bytes ({} compressed)",
+            index.prefetch.len(),
+            doc["boot_pages_bytes"],
+            boot.size
+        );
+    }
     for (b, d) in index.blobs.iter().zip(&layers.blobs) {
         println!(
             "  blob      {} {} bytes, {} chunks, cache {} bytes",
