@@ -395,6 +395,11 @@ class Bench:
                        container_s=t_ready - t_ovl, wire_bytes_mount=tx_mount - tx0,
                        wire_bytes_ready=tx_ready - tx0)
             st = self.fresh_status(cache, mnt)
+            # The start's own bytes: at its first output (+ the status lag).
+            # With boot pages the boot set's whole chunks follow in the
+            # background once misses stop; those count only in the totals.
+            rec.update(fetched_bytes_ready=st.get("fetched_bytes"), requests_ready=st.get("requests"),
+                       misses_ready=st.get("misses"))
             if st.get("prefetch_total"):
                 end = time.monotonic() + 180
                 while st.get("prefetch_done", 0) < st["prefetch_total"] and time.monotonic() < end:
@@ -644,7 +649,8 @@ def aggregate(result):
                     s["container_s"] = summary([r["container_s"] for r in rs])
                 else:
                     for k in ("mount_s", "overlay_s", "container_s", "wire_bytes_mount", "wire_bytes_ready",
-                              "fetched_bytes", "requests", "misses", "prefetch_total"):
+                              "fetched_bytes", "requests", "misses", "prefetch_total", "fetched_bytes_ready",
+                              "requests_ready", "misses_ready"):
                         s[k] = summary([r.get(k) for r in rs])
                     s["second_fetched_bytes"] = summary([r["second"]["fetched_bytes"] for r in rs])
                     s["rss_kib_sum"] = summary([r["rss_kib"]["sum"] for r in rs])
@@ -669,16 +675,17 @@ def aggregate(result):
                                     "target_min": want, "met": got >= want})
     for w in cfg["workloads"]:
         for v in ("lamina", "lamina-boot"):
-            fetched = [r["fetched_bytes"] for r in result["runs"]
-                       if r["workload"] == w and r["variant"] == v and r.get("fetched_bytes") is not None]
-            wire = [r["wire_bytes"] for r in result["runs"] if r["workload"] == w and r["variant"] == v]
+            # The target is the bytes *for that start*: counted to its first output.
+            fetched = [r["fetched_bytes_ready"] for r in result["runs"]
+                       if r["workload"] == w and r["variant"] == v and r.get("fetched_bytes_ready") is not None]
+            wire = [r["wire_bytes_ready"] for r in result["runs"] if r["workload"] == w and r["variant"] == v]
             if fetched:
                 pf = 100 * statistics.median(fetched) / img_bytes
                 pw = 100 * statistics.median(wire) / img_bytes
-                targets.append({"what": f"bytes fetched by {v} (lamina status), % of compressed image",
+                targets.append({"what": f"bytes fetched by {v} to first output (lamina status), % of compressed image",
                                 "workload": w, "link": "all", "value": pf, "target_max": BYTES_TARGET_PCT,
                                 "met": pf <= BYTES_TARGET_PCT})
-                targets.append({"what": f"bytes on the wire for {v} (lo tx), % of compressed image",
+                targets.append({"what": f"bytes on the wire for {v} to first output (lo tx), % of compressed image",
                                 "workload": w, "link": "all", "value": pw, "target_max": BYTES_TARGET_PCT,
                                 "met": pw <= BYTES_TARGET_PCT})
     result["medians"] = agg

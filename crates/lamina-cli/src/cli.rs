@@ -78,9 +78,15 @@ enum Command {
         /// (cache-file offsets); 0 fetches only the chunks the read needs.
         #[arg(long, default_value = "0")]
         fill_window: u64,
-        /// After the boot set, fetch the rest of the image in the background.
+        /// Same as `--prefetch all`.
         #[arg(long)]
         prefetch_all: bool,
+        /// What to fetch with no reader waiting: `none`; `pages` (the
+        /// image's boot pages); `boot` (boot pages, then the boot set's whole
+        /// chunks once the start is over); `all` (then the rest of the image,
+        /// yielding to every miss).
+        #[arg(long, value_name = "MODE", default_value = "boot", value_parser = ["none", "pages", "boot", "all"])]
+        prefetch: String,
         /// Record every read the workload makes of data not yet local, in
         /// order, to FILE (for `lamina convert --prefetch FILE`).
         #[arg(long, value_name = "FILE")]
@@ -251,6 +257,7 @@ pub fn run(args: Args) -> Result<()> {
             timeout,
             fill_window,
             prefetch_all,
+            prefetch,
             record_trace,
             readahead,
         } => {
@@ -265,6 +272,12 @@ pub fn run(args: Args) -> Result<()> {
                     timeout: std::time::Duration::from_secs(timeout.max(1)),
                     fill_window,
                     prefetch_all,
+                    prefetch: match prefetch.as_str() {
+                        "none" => lamina_mount::Prefetch::None,
+                        "pages" => lamina_mount::Prefetch::Pages,
+                        "all" => lamina_mount::Prefetch::All,
+                        _ => lamina_mount::Prefetch::Boot,
+                    },
                     record_trace,
                     readahead_kb: readahead,
                     ..lamina_mount::LazyOptions::default()

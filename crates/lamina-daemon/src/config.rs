@@ -65,6 +65,10 @@ pub struct DaemonConfig {
     pub prefetch: bool,
     /// Then fetch everything else too.
     pub prefetch_all: bool,
+    /// With boot pages: also fetch the boot set's whole chunks once the
+    /// start is over.
+    #[serde(default = "yes")]
+    pub boot_chunks: bool,
     /// Append every miss, as `CHUNK_DIGEST OFFSET LEN` lines in the order
     /// they came, to this file (see `lamina_image::boot`).
     pub record_trace: Option<PathBuf>,
@@ -94,6 +98,10 @@ pub struct BootPagesSpec {
     /// only if it still hashes to `digest`).
     pub path: PathBuf,
 }
+fn yes() -> bool {
+    true
+}
+
 impl DaemonConfig {
     /// Reads the config.
     pub fn load(path: &Path) -> std::io::Result<Self> {

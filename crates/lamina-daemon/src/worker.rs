@@ -53,6 +53,12 @@ pub struct Status {
     /// Bytes written into the cache from the image's boot pages.
     #[serde(default)]
     pub boot_page_bytes: u64,
+    /// Of `fetched_bytes`, what readers waited for (misses).
+    #[serde(default)]
+    pub miss_fetched_bytes: u64,
+    /// Of `requests`, those for misses.
+    #[serde(default)]
+    pub miss_requests: u64,
     /// Per blob: (digest, chunks filled, chunks, complete).
     pub blobs: Vec<BlobStatus>,
 }
@@ -78,7 +84,13 @@ struct Shared {
     fetch: FetchOptions,
     /// Boot-set requests: gaps up to 128 KiB are fetched rather than split.
     boot_fetch: FetchOptions,
+    /// Everything fetched (misses, boot pages, background).
     stats: FetchStats,
+    /// Fetched because a reader was waiting.
+    miss_stats: FetchStats,
+    /// When the last miss arrived (ms since the worker started).
+    last_miss_ms: AtomicU64,
+    started: Instant,
     inflight: Mutex<HashSet<(u32, usize)>>,
     landed: Condvar,
     misses: AtomicU64,
@@ -149,6 +161,9 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         stores,
         source,
         stats: FetchStats::default(),
+        miss_stats: FetchStats::default(),
+        last_miss_ms: AtomicU64::new(0),
+        started: Instant::now(),
         inflight: Mutex::new(HashSet::new()),
         landed: Condvar::new(),
         misses: AtomicU64::new(0),
@@ -175,6 +190,11 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             }
         }
     }
+    // Quiet periods count from now: misses queued in the holder arrive next.
+    shared.last_miss_ms.store(
+        shared.started.elapsed().as_millis() as u64,
+        Ordering::Relaxed,
+    );
     protocol::send_owned(&shared.sock, Message::Hello, None)?;
 
     let (tx, rx) = mpsc::channel::<(u64, u32, u64, u64, File)>();
@@ -231,6 +251,10 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             )) => {
                 shared.misses.fetch_add(1, Ordering::Relaxed);
                 shared.active_misses.fetch_add(1, Ordering::Relaxed);
+                shared.last_miss_ms.store(
+                    shared.started.elapsed().as_millis() as u64,
+                    Ordering::Relaxed,
+                );
                 if blob as usize >= shared.stores.len() {
                     let _ = protocol::send_owned(
                         &shared.sock,
@@ -246,6 +270,16 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             }
             Some(_) => {}
         }
+    }
+}
+
+fn add_stats(to: &FetchStats, from: &FetchStats) {
+    for (t, f) in [
+        (&to.bytes, &from.bytes),
+        (&to.requests, &from.requests),
+        (&to.bad_chunks, &from.bad_chunks),
+    ] {
+        t.fetch_add(f.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 }
 
@@ -449,8 +483,9 @@ impl Shared {
         self.landed.notify_all();
     }
 
+    /// Fetches chunks a reader is waiting for.
     fn fetch_into(&self, blob: u32, chunks: &[usize], via: Option<&File>) -> io::Result<()> {
-        self.fetch_with(blob, chunks, via, &self.fetch)
+        self.fetch_with(blob, chunks, via, &self.fetch, true)
     }
 
     fn fetch_with(
@@ -459,20 +494,26 @@ impl Shared {
         chunks: &[usize],
         via: Option<&File>,
         opts: &FetchOptions,
+        for_miss: bool,
     ) -> io::Result<()> {
         let entries = self.lock_store(blob)?.blob.chunks.clone();
+        let counted = FetchStats::default();
         let result = fetch_chunks(
             self.source.as_ref(),
             &self.digests[blob as usize],
             &entries,
             chunks,
             opts,
-            &self.stats,
+            &counted,
             |i, data| {
                 self.lock_store(blob)?.fill(i, &data, via)?;
                 Ok(())
             },
         );
+        add_stats(&self.stats, &counted);
+        if for_miss {
+            add_stats(&self.miss_stats, &counted);
+        }
         self.landed.notify_all();
         self.check_complete(blob);
         result.map_err(io::Error::other)
@@ -508,12 +549,19 @@ impl Shared {
             }
         }
         let mut rest: Vec<(u32, usize)> = Vec::new();
-        if self.config.prefetch_all {
+        // With boot pages, the boot set's whole chunks follow once the start
+        // is over (no miss for a while), so that the pages around those it
+        // read are local too: starts differ by a page or two.
+        let boot_chunks_later =
+            self.config.prefetch && self.config.boot_chunks && self.config.boot_pages.is_some();
+        if self.config.prefetch_all || boot_chunks_later {
             for &(b, i) in &self.boot_set {
                 if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
                     rest.push((b, i as usize));
                 }
             }
+        }
+        if self.config.prefetch_all {
             for (b, store) in self.stores.iter().enumerate() {
                 if let Ok(s) = store.lock() {
                     for i in 0..s.blob.chunks.len() {
@@ -557,6 +605,9 @@ impl Shared {
             at = end;
         }
 
+        if boot_chunks_later {
+            self.wait_quiet(Duration::from_millis(500));
+        }
         let mut at = 0;
         while at < rest.len() {
             while self.active_misses.load(Ordering::Relaxed) > 0 {
@@ -567,7 +618,8 @@ impl Shared {
             while end < rest.len() && end - at < 32 && rest[end].0 == blob {
                 end += 1;
             }
-            let chunks: Vec<usize> = rest[at..end].iter().map(|p| p.1).collect();
+            let mut chunks: Vec<usize> = rest[at..end].iter().map(|p| p.1).collect();
+            chunks.sort_unstable(); // boot-set order is not blob order: merge what is adjacent
             self.prefetch_chunks(blob, chunks, &self.fetch);
             self.prefetch_done
                 .fetch_add((end - at) as u64, Ordering::Relaxed);
@@ -575,9 +627,22 @@ impl Shared {
         }
     }
 
+    /// Returns once no miss has arrived for `quiet` and none is in progress.
+    fn wait_quiet(&self, quiet: Duration) {
+        loop {
+            let now = self.started.elapsed().as_millis() as u64;
+            let last = self.last_miss_ms.load(Ordering::Relaxed);
+            let idle = Duration::from_millis(now.saturating_sub(last));
+            if idle >= quiet && self.active_misses.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            std::thread::sleep((quiet - idle.min(quiet)).max(Duration::from_millis(20)));
+        }
+    }
+
     fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
         if let Ok(mine) = self.claim(blob, chunks.into_iter()) {
-            if let Err(e) = self.fetch_with(blob, &mine, None, opts) {
+            if let Err(e) = self.fetch_with(blob, &mine, None, opts, false) {
                 eprintln!("worker: prefetch: {e}");
             }
             self.release(blob, &mine);
@@ -591,6 +656,8 @@ impl Shared {
             mountpoint: self.config.mountpoint.display().to_string(),
             fetched_bytes: self.stats.bytes.load(Ordering::Relaxed),
             requests: self.stats.requests.load(Ordering::Relaxed),
+            miss_fetched_bytes: self.miss_stats.bytes.load(Ordering::Relaxed),
+            miss_requests: self.miss_stats.requests.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             failed_misses: self.failed.load(Ordering::Relaxed),
             bad_chunks: self.stats.bad_chunks.load(Ordering::Relaxed),

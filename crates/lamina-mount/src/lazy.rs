@@ -15,6 +15,21 @@ use lamina_oci::{open_source, ImageRef, RegistryRef};
 
 use crate::kernel::{cached_layer, MountError, MountInfo, MountOptions};
 
+/// What a lazy mount fetches without a reader waiting for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prefetch {
+    /// Nothing: every byte on first read.
+    None,
+    /// The image's boot pages only.
+    Pages,
+    /// Boot pages, then the boot set's whole chunks once the start is over
+    /// (images without boot pages: the boot set's chunks at once).
+    #[default]
+    Boot,
+    /// As `Boot`, then the rest of the image, yielding to every miss.
+    All,
+}
+
 /// Settings of the on-demand path.
 #[derive(Debug, Clone)]
 pub struct LazyOptions {
@@ -26,6 +41,8 @@ pub struct LazyOptions {
     pub workers: usize,
     /// Fetch everything in the background after the boot set.
     pub prefetch_all: bool,
+    /// What to fetch without a reader waiting.
+    pub prefetch: Prefetch,
     /// Record every miss, in order, to this file.
     pub record_trace: Option<PathBuf>,
     /// `read_ahead_kb` of the mount while blobs are incomplete (default: 0
@@ -41,6 +58,7 @@ impl Default for LazyOptions {
             fill_window: 0,
             workers: 8,
             prefetch_all: false,
+            prefetch: Prefetch::Boot,
             record_trace: None,
             readahead_kb: None,
         }
@@ -172,8 +190,10 @@ pub fn mount_lazy(
         timeout_secs: lazy.timeout.as_secs().max(1),
         fill_window: lazy.fill_window,
         workers: lazy.workers,
-        prefetch: lazy.record_trace.is_none(),
-        prefetch_all: lazy.prefetch_all && lazy.record_trace.is_none(),
+        prefetch: lazy.record_trace.is_none() && lazy.prefetch != Prefetch::None,
+        prefetch_all: (lazy.prefetch_all || lazy.prefetch == Prefetch::All)
+            && lazy.record_trace.is_none(),
+        boot_chunks: lazy.prefetch != Prefetch::Pages,
         record_trace: lazy.record_trace.clone(),
         // Readahead would widen every touched page into a window that must
         // be fetched whole: off while recording (the trace is then exactly

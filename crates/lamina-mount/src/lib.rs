@@ -2,9 +2,11 @@
 //!
 //! Cache layout under the cache dir (default `/var/lib/lamina`):
 //! ```text
-//! meta/<metadata-layer-hex>.erofs   EROFS metadata images (verified, renamed into place)
-//! blobs/<blob-hex>.cache            one uncompressed, block-addressed file per data blob
-//! mounts/<id>.json                  what each live mount uses
+//! meta/<layer-hex>.{erofs,index,boot}  metadata, chunk index, boot pages (uncompressed;
+//!                                      re-hashed against their digest before every use)
+//! blobs/<blob-hex>.cache               one uncompressed, block-addressed file per data blob
+//! blobs/<blob-hex>.state               its fill record (lazy mounts)
+//! mounts/<id>/                         each live mount's config, status and logs
 //! ```
 //! A cache file exists under its final name only once every chunk in it has
 //! been verified against the chunk index and the whole blob against its
@@ -20,4 +22,4 @@ mod lazy;
 pub use cache::{materialize_blob, store_metadata, CacheError};
 pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
-pub use lazy::{finish_unmount, mount_lazy, run_dir, LazyOptions};
+pub use lazy::{finish_unmount, mount_lazy, run_dir, LazyOptions, Prefetch};
