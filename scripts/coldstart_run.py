@@ -343,14 +343,21 @@ class Bench:
         run(["mount", "-t", "overlay", "overlay", "-o",
              f"lowerdir={lower},upperdir={d}/upper,workdir={d}/work", f"{d}/rootfs"])
 
-    def runc_container(self, d, cid, workload, port):
-        """Starts the container, waits for its first useful output, stops it. Returns t_ready."""
+    def runc_container(self, d, cid, workload, port, linger=0.0):
+        """Starts the container, waits for its first useful output, stops it (after `linger`
+        seconds more). Returns t_ready."""
         out = subprocess.PIPE if workload == "python" else open(os.path.join(d, "stdout.log"), "wb")
         err = open(os.path.join(d, "stderr.log"), "wb")
         proc = subprocess.Popen(["runc", "run", "--bundle", d, cid], stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=err, start_new_session=True)
         try:
-            return wait_ready(workload, proc, port)
+            t_ready = wait_ready(workload, proc, port)
+            if linger:
+                try:
+                    proc.wait(timeout=linger)  # python3 exits by itself
+                except subprocess.TimeoutExpired:
+                    pass
+            return t_ready
         except Exception:
             with open(os.path.join(d, "stderr.log"), "rb") as f:
                 log(f"container {cid} stderr: {f.read()[-1500:].decode(errors='replace')}")
@@ -389,7 +396,10 @@ class Bench:
             tx_mount = self.tx_bytes()
             self.overlay(mnt, c1)
             t_ovl = time.perf_counter()
-            t_ready = self.runc_container(c1, cid, workload, port)
+            # A recorded start runs on for a second after its first output, so
+            # the trace also has what it reads next (python3's exit path): a
+            # later start that lives a little longer must not miss on it.
+            t_ready = self.runc_container(c1, cid, workload, port, linger=1.0 if record_trace else 0.0)
             tx_ready = self.tx_bytes()
             rec.update(time_s=t_ready - t0, mount_s=t_mount - t0, overlay_s=t_ovl - t_mount,
                        container_s=t_ready - t_ovl, wire_bytes_mount=tx_mount - tx0,

@@ -560,6 +560,9 @@ impl Shared {
                     rest.push((b, i as usize));
                 }
             }
+            // Fetched after the start, so blob order (fewer, merged
+            // requests) beats the order they were read in.
+            rest.sort_unstable();
         }
         if self.config.prefetch_all {
             for (b, store) in self.stores.iter().enumerate() {
