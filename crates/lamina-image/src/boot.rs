@@ -168,6 +168,7 @@ fn read_chunk(file: &File, chunk: &lamina_format::index::ChunkEntry) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::build::tests::layer;
     use crate::build::{BuildOptions, ImageBuilder};
 
     #[test]
@@ -179,15 +180,7 @@ mod tests {
         };
         let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
         let data: Vec<u8> = (0..40_000u32).map(|i| (i / 4096 + 1) as u8).collect();
-        let mut tar = tar::Builder::new(Vec::new());
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1);
-        tar.append_data(&mut h, "f", &data[..]).unwrap();
-        b.add_layer(&tar.into_inner().unwrap()[..]).unwrap();
+        b.add_layer(&layer(&[("f", data.clone())])[..]).unwrap();
         let img = b.finish(&[]).unwrap();
         let chunks = &img.blobs[0].chunks;
         assert_eq!(chunks.len(), 3);

@@ -435,10 +435,11 @@ impl<'a> ImageBuilder<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn layer(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    /// A layer tar of regular files (mode 0644, root, mtime 1).
+    pub(crate) fn layer(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());
         for (path, data) in files {
             let mut h = tar::Header::new_gnu();
