@@ -10,6 +10,9 @@
 #                      registry images mount lazily: chunks are fetched on first read)
 #   6. runc runs `python3 -c 'print("hello from a lamina container")'` in a container
 #      whose rootfs is an overlayfs: lowerdir = the lamina mount, upper/work in a temp dir
+#   7. boot pages: the same start recorded (`lamina mount --record-trace`), the image
+#      converted again with `--prefetch TRACE` (tag bookworm-boot), mounted with a fresh
+#      cache and started again: it fetches the pages it reads in one request
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -162,6 +165,8 @@ log "  fetched $MOUNT_FETCHED bytes at mount time; cache uses $(du -s --block-si
 grep -F " $MNT " /proc/self/mounts | sed 's/^/  /' >&2
 # registry images mount lazily: a daemon fetches chunks on first read
 lazy_status() { "$LAMINA" status --json --cache-dir "$CACHE" | jq --arg m "$MNT" '.[] | select(.mountpoint == $m) | .status'; }
+# the worker rewrites its status every 200 ms: wait for a fresh one
+settled_status() { sleep 0.3; lazy_status; }
 LAZY=0
 if "$LAMINA" status --help >/dev/null 2>&1 && [ -n "$(lazy_status 2>/dev/null)" ]; then
     LAZY=1
@@ -194,7 +199,7 @@ step "runc run (container)" "$t" "$(now)"
 [ "$RC" = 0 ] || die "container exited with $RC"
 FETCHED=$MOUNT_FETCHED
 if [ "$LAZY" = 1 ]; then
-    lazy_status >"$TMP/status.json"
+    settled_status >"$TMP/status.json"
     FETCHED=$(jq -r '.fetched_bytes' "$TMP/status.json")
     jq -r '"  lazy fetches for the container: \(.fetched_bytes) bytes in \(.requests) requests (\(.misses) misses, \(.failed_misses) failed); \(.cached_bytes) of \(.total_bytes) bytes now cached"' \
         "$TMP/status.json" >&2
@@ -202,6 +207,56 @@ fi
 grep -qx "hello from a lamina container" "$TMP/container.out" || die "unexpected container output"
 runc delete --force "$CID" >/dev/null 2>&1 || true
 RUNC_STARTED=0
+
+# ---- 7. boot pages: record the start, bake the pages it read into the image, start again ------
+teardown() { # the overlay and the lamina mount of the round before
+    mountpoint -q "$BUNDLE/rootfs" && umount "$BUNDLE/rootfs"
+    "$LAMINA" umount "$MNT" >/dev/null
+    rm -rf "$OVL"
+    mkdir -p "$OVL/upper" "$OVL/work"
+}
+run_container() { # label: the hello container on an overlay over $MNT
+    mount -t overlay overlay -o "lowerdir=$MNT,upperdir=$OVL/upper,workdir=$OVL/work" "$BUNDLE/rootfs"
+    CID="lamina-demo-$$-$1"
+    local t
+    t=$(now)
+    RUNC_STARTED=1
+    runc run --bundle "$BUNDLE" "$CID" </dev/null >"$TMP/container-$1.out"
+    step "runc run ($1)" "$t" "$(now)"
+    runc delete --force "$CID" >/dev/null 2>&1 || true
+    RUNC_STARTED=0
+    grep -qx "hello from a lamina container" "$TMP/container-$1.out" || die "unexpected container output ($1)"
+}
+BOOT=0
+if [ "$LAZY" = 1 ]; then
+    BOOT=1
+    teardown
+    CACHE="$TMP/cache-record"
+    log "lamina mount --record-trace $TMP/trace.txt docker://$R/debian:bookworm-lamina (fresh cache)"
+    "$LAMINA" mount --record-trace "$TMP/trace.txt" "docker://$R/debian:bookworm-lamina" "$MNT" \
+        --cache-dir "$CACHE" >/dev/null
+    run_container record
+    teardown
+    log "  trace: $(wc -l <"$TMP/trace.txt") reads of data not yet local"
+
+    t=$(now)
+    log "lamina convert --prefetch $TMP/trace.txt docker://$R/debian:bookworm docker://$R/debian:bookworm-boot"
+    "$LAMINA" convert --json --prefetch "$TMP/trace.txt" "docker://$R/debian:bookworm" \
+        "docker://$R/debian:bookworm-boot" >"$TMP/convert-boot.json"
+    step "lamina convert --prefetch" "$t" "$(now)"
+    jq -r '"  boot pages: \(.boot_pages.extents) runs, \(.boot_pages.bytes) B -> \(.boot_pages.compressed_bytes) B compressed"' \
+        "$TMP/convert-boot.json" >&2
+
+    CACHE="$TMP/cache-boot"
+    t=$(now)
+    log "lamina mount docker://$R/debian:bookworm-boot $MNT (fresh cache)"
+    "$LAMINA" mount "docker://$R/debian:bookworm-boot" "$MNT" --cache-dir "$CACHE" >/dev/null
+    step "lamina mount (boot image)" "$t" "$(now)"
+    run_container boot
+    settled_status >"$TMP/status-boot.json"
+    jq -r '"  fetched for the start: \(.fetched_bytes) bytes in \(.requests) requests (boot pages; \(.miss_fetched_bytes) bytes of chunks for readers), \(.misses) misses"' \
+        "$TMP/status-boot.json" >&2
+fi
 
 # ---- summary ----------------------------------------------------------------------------------
 echo
@@ -217,6 +272,12 @@ if [ "$LAZY" = 1 ]; then
         "$(human "$(jq -r .cached_bytes "$TMP/status.json")")" "$(human "$(jq -r .total_bytes "$TMP/status.json")")"
 else
     printf '  %-36s %8s\n' "bytes fetched by mount" "$(human "$FETCHED")"
+fi
+if [ "$BOOT" = 1 ]; then
+    printf '  %-36s %8s\n' "boot pages (zstd)" "$(human "$(jq -r .boot_pages.compressed_bytes "$TMP/convert-boot.json")")"
+    printf '  %-36s %8s  (chunks for readers: %s)\n' "fetched for the boot-image start" \
+        "$(human "$(jq -r .fetched_bytes "$TMP/status-boot.json")")" \
+        "$(human "$(jq -r .miss_fetched_bytes "$TMP/status-boot.json")")"
 fi
 printf '  %-36s %8s\n' "files written by the container" "$(find "$OVL/upper" -mindepth 1 | wc -l)"
 echo "  container said: $(cat "$TMP/container.out")"
