@@ -224,9 +224,19 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     }
     {
         let shared = shared.clone();
-        std::thread::spawn(move || loop {
-            let _ = shared.write_status();
-            std::thread::sleep(Duration::from_millis(200));
+        // Status is checked every 25 ms and written only when it changed, so
+        // `lamina status` is at most ~25 ms behind without steady writes.
+        std::thread::spawn(move || {
+            let mut last = Vec::new();
+            loop {
+                if let Ok(json) = shared.status_json() {
+                    if json != last {
+                        let _ = write_atomic(&shared.config.run_dir.join("status.json"), &json);
+                        last = json;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
         });
     }
     if shared.config.prefetch || shared.config.prefetch_all {
@@ -653,6 +663,13 @@ impl Shared {
     }
 
     fn write_status(&self) -> io::Result<()> {
+        write_atomic(
+            &self.config.run_dir.join("status.json"),
+            &self.status_json()?,
+        )
+    }
+
+    fn status_json(&self) -> io::Result<Vec<u8>> {
         let mut status = Status {
             pid: std::process::id(),
             image: self.config.image.clone(),
@@ -688,9 +705,6 @@ impl Shared {
                 complete: s.is_complete(),
             });
         }
-        write_atomic(
-            &self.config.run_dir.join("status.json"),
-            &serde_json::to_vec_pretty(&status).map_err(io::Error::other)?,
-        )
+        serde_json::to_vec_pretty(&status).map_err(io::Error::other)
     }
 }

@@ -198,9 +198,9 @@ pub fn mount_lazy(
         // Readahead would widen every touched page into a window that must
         // be fetched whole: off while recording (the trace is then exactly
         // the pages read) and while boot pages serve a start.
-        readahead_kb: lazy
-            .readahead_kb
-            .or((lazy.record_trace.is_some() || boot_pages.is_some()).then_some(0)),
+        readahead_kb: lazy.readahead_kb.or((lazy.record_trace.is_some()
+            || (boot_pages.is_some() && lazy.prefetch != Prefetch::None))
+            .then_some(0)),
         boot_pages,
     };
     let config_path = run.join("config.json");
