@@ -304,7 +304,10 @@ impl Shared {
     /// fill window around it), writing through the event's `file`.
     fn serve_miss(&self, blob: u32, offset: u64, count: u64, file: &File) -> io::Result<()> {
         if let Some(trace) = &self.trace {
-            self.record(trace, blob, offset, count)?;
+            // A trace that cannot be written must not fail the reader.
+            if let Err(e) = self.record(trace, blob, offset, count) {
+                eprintln!("worker: trace: {e}");
+            }
         }
         let (needed, window) = {
             let store = self.lock_store(blob)?;
