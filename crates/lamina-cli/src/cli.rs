@@ -271,8 +271,8 @@ pub fn run(args: Args) -> Result<()> {
                 let lazy_opts = lamina_mount::LazyOptions {
                     timeout: std::time::Duration::from_secs(timeout.max(1)),
                     fill_window,
-                    prefetch_all,
                     prefetch: match prefetch.as_str() {
+                        _ if prefetch_all => lamina_mount::Prefetch::All,
                         "none" => lamina_mount::Prefetch::None,
                         "pages" => lamina_mount::Prefetch::Pages,
                         "all" => lamina_mount::Prefetch::All,

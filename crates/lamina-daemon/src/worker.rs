@@ -416,6 +416,7 @@ impl Shared {
         let cached = std::fs::read(&spec.path)
             .ok()
             .filter(|raw| Digest::of_bytes(raw).to_string() == spec.digest);
+        let fresh = cached.is_none();
         let raw = match cached {
             Some(raw) => raw,
             None => {
@@ -445,9 +446,6 @@ impl Shared {
                 if raw.len() as u64 != spec.size {
                     return Err(io::Error::other("boot pages: wrong uncompressed size"));
                 }
-                // Kept for later workers, which check it against the
-                // content digest before use, so a torn copy is only refetched.
-                let _ = write_atomic(&spec.path, &raw);
                 raw
             }
         };
@@ -468,6 +466,12 @@ impl Shared {
             boot.extents.len(),
             started.elapsed().as_secs_f64() * 1e3
         );
+        if fresh {
+            // Kept for later workers (after the cache is served, not before),
+            // which check it against the content digest before use, so a
+            // torn copy is only fetched again.
+            let _ = write_atomic(&spec.path, &raw);
+        }
         Ok(())
     }
 

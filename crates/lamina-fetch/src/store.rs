@@ -129,9 +129,7 @@ impl BlobStore {
             self.cache
                 .read_exact_at(&mut buf, chunk.cache_offset.get())?;
             if sha256(&buf) == chunk.digest {
-                self.filled[i] = true;
-                self.filled_count += 1;
-                self.filled_bytes += u64::from(chunk.size.get());
+                self.mark_filled(i);
             } else {
                 changed = true;
             }
@@ -206,9 +204,7 @@ impl BlobStore {
         }
         via.unwrap_or(&self.cache)
             .write_all_at(data, chunk.cache_offset.get())?;
-        self.filled[i] = true;
-        self.filled_count += 1;
-        self.filled_bytes += data.len() as u64;
+        self.mark_filled(i);
         // Data first, then the bit: a crash in between only costs a refetch.
         // OR with the byte on disk: another mount may share this blob.
         let byte_at = (STATE_HEADER + i / 8) as u64;
@@ -243,10 +239,17 @@ impl BlobStore {
         if sha256(&buf) != chunk.digest {
             return Ok(false);
         }
-        self.filled[i] = true;
-        self.filled_count += 1;
-        self.filled_bytes += buf.len() as u64;
+        self.mark_filled(i);
         Ok(true)
+    }
+
+    /// Counts chunk `i` (verified, its bytes in the cache file) as filled.
+    fn mark_filled(&mut self, i: usize) {
+        if !self.filled[i] {
+            self.filled[i] = true;
+            self.filled_count += 1;
+            self.filled_bytes += u64::from(self.blob.chunks[i].size.get());
+        }
     }
 
     /// Writes pages from verified boot pages at `offset` (page-aligned),

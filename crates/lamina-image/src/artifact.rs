@@ -203,31 +203,3 @@ pub fn content_annotations(raw: &[u8]) -> BTreeMap<String, String> {
         ),
     ])
 }
-
-/// Decompresses boot pages (already verified against their blob digest) and
-/// checks them against the image's cache file sizes.
-pub fn parse_boot_pages(
-    compressed: &[u8],
-    desc: &Descriptor,
-    cache_sizes: &[u64],
-) -> Result<lamina_format::boot::BootPages, ArtifactError> {
-    let corrupt = |reason: String| ArtifactError::Corrupt {
-        what: "boot pages",
-        reason,
-    };
-    let size: usize = desc
-        .annotations
-        .get(ANNOTATION_UNCOMPRESSED_SIZE)
-        .and_then(|s| s.parse().ok())
-        .filter(|&n: &usize| n as u64 <= MAX_DECOMPRESSED)
-        .ok_or_else(|| corrupt("no usable uncompressed size annotation".into()))?;
-    let raw = zstd::bulk::decompress(compressed, size).map_err(|e| corrupt(e.to_string()))?;
-    if raw.len() != size {
-        return Err(corrupt(format!(
-            "{} bytes uncompressed, annotation says {size}",
-            raw.len()
-        )));
-    }
-    lamina_format::boot::BootPages::from_bytes(&raw, cache_sizes)
-        .map_err(|e| corrupt(e.to_string()))
-}

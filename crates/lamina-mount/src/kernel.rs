@@ -76,8 +76,8 @@ pub struct MountInfo {
     pub fetched_bytes: u64,
 }
 
-/// A zstd-compressed lamina layer (metadata, chunk index, boot pages),
-/// kept uncompressed at `path`: a cached copy is used only if it still
+/// A zstd-compressed lamina layer (metadata, chunk index), kept
+/// uncompressed at `path`: a cached copy is used only if it still
 /// hashes to the layer's content digest; otherwise the layer is fetched,
 /// checked and stored atomically. Both mount paths go through here.
 pub(crate) fn cached_layer(

@@ -39,8 +39,6 @@ pub struct LazyOptions {
     pub fill_window: u64,
     /// Threads serving misses.
     pub workers: usize,
-    /// Fetch everything in the background after the boot set.
-    pub prefetch_all: bool,
     /// What to fetch without a reader waiting.
     pub prefetch: Prefetch,
     /// Record every miss, in order, to this file.
@@ -57,7 +55,6 @@ impl Default for LazyOptions {
             timeout: Duration::from_secs(60),
             fill_window: 0,
             workers: 8,
-            prefetch_all: false,
             prefetch: Prefetch::Boot,
             record_trace: None,
             readahead_kb: None,
@@ -191,8 +188,7 @@ pub fn mount_lazy(
         fill_window: lazy.fill_window,
         workers: lazy.workers,
         prefetch: lazy.record_trace.is_none() && lazy.prefetch != Prefetch::None,
-        prefetch_all: (lazy.prefetch_all || lazy.prefetch == Prefetch::All)
-            && lazy.record_trace.is_none(),
+        prefetch_all: lazy.prefetch == Prefetch::All && lazy.record_trace.is_none(),
         boot_chunks: lazy.prefetch != Prefetch::Pages,
         record_trace: lazy.record_trace.clone(),
         // Readahead would widen every touched page into a window that must
