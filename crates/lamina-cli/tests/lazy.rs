@@ -514,6 +514,48 @@ fn status_file(rd: &Path) -> Option<Value> {
 }
 
 /// Appends diagnostics (daemon logs...) to the last recorded failure.
+/// What every lazy test starts with: the reference image in a registry of
+/// its own and a scratch directory (`None`: tools missing, test skipped).
+struct Lazy {
+    _time: Timer,
+    deb: &'static Debian,
+    reg: Registry,
+    t: TestDir,
+}
+
+fn start(test: &'static str, dir: &str) -> Option<Lazy> {
+    let _time = Timer(test, Instant::now());
+    if !require(TOOLS) {
+        return None;
+    }
+    let deb = debian();
+    let reg = Registry::start_with_data(&deb.registry_data);
+    Some(Lazy {
+        _time,
+        deb,
+        reg,
+        t: TestDir::new(dir),
+    })
+}
+
+/// Fails the test if any check failed, with the daemons' logs (and
+/// `extra`, e.g. a proxy's log) attached to the last failure.
+fn finish_with_logs(mut f: Failures, rd: &Path, extra: impl FnOnce() -> String, what: &str) {
+    if !f.0.is_empty() {
+        let extra = extra();
+        let logs = daemon_logs(rd);
+        attach(
+            &mut f,
+            &if extra.is_empty() {
+                logs
+            } else {
+                format!("{logs}\n{extra}")
+            },
+        );
+    }
+    f.finish(what);
+}
+
 fn attach(f: &mut Failures, text: &str) {
     if let Some(last) = f.0.last_mut() {
         last.push_str("\n\n");
@@ -791,16 +833,12 @@ impl FaultProxy {
 /// tree equals umoci's and everything is cached.
 #[test]
 fn lazy_debian_runs_python_redis_nginx_and_equals_umoci() {
-    let _time = Timer(
+    let Some(Lazy { _time, deb, reg, t }) = start(
         "lazy_debian_runs_python_redis_nginx_and_equals_umoci",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "lazy-debian",
+    ) else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-debian");
+    };
     let total_compressed = deb.compressed_bytes();
 
     let started = Instant::now();
@@ -1013,16 +1051,11 @@ fn lazy_debian_runs_python_redis_nginx_and_equals_umoci() {
 /// nothing: the registry is even stopped before reading every file.
 #[test]
 fn second_mount_of_cached_image_fetches_nothing() {
-    let _time = Timer(
-        "second_mount_of_cached_image_fetches_nothing",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+    let Some(Lazy { _time, deb, reg, t }) =
+        start("second_mount_of_cached_image_fetches_nothing", "lazy-warm")
+    else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-warm");
+    };
     let (mnt, cache) = (t.join("mnt"), t.join("cache"));
 
     let m = Mount::with_args(&reg.reference(IMAGE), &mnt, &cache, &["--prefetch-all"]);
@@ -1082,13 +1115,11 @@ fn shuffled(mut v: Vec<String>, mut seed: u64) -> Vec<String> {
 /// file sets: every file hashes to the reference.
 #[test]
 fn concurrent_readers_get_reference_bytes() {
-    let _time = Timer("concurrent_readers_get_reference_bytes", Instant::now());
-    if !require(TOOLS) {
+    let Some(Lazy { _time, deb, reg, t }) =
+        start("concurrent_readers_get_reference_bytes", "lazy-concurrent")
+    else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-concurrent");
+    };
     let m = Mount::new(&reg.reference(IMAGE), &t.join("mnt"), &t.join("cache"));
 
     let files = &deb.files;
@@ -1144,10 +1175,7 @@ fn concurrent_readers_get_reference_bytes() {
         num(&s, "requests"),
         num(&s, "misses")
     );
-    if !f.0.is_empty() {
-        attach(&mut f, &daemon_logs(&run_dir(&m)));
-    }
-    f.finish("concurrent readers");
+    finish_with_logs(f, &run_dir(&m), String::new, "concurrent readers");
     m.unmount();
 }
 
@@ -1182,16 +1210,12 @@ fn busy_worker(rd: &Path, killed: &[u32], timeout: Duration) -> u32 {
 /// starts a new one each time, readers wait and get the right bytes.
 #[test]
 fn worker_killed_mid_read_is_restarted_and_reads_stay_correct() {
-    let _time = Timer(
+    let Some(Lazy { _time, deb, reg, t }) = start(
         "worker_killed_mid_read_is_restarted_and_reads_stay_correct",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "lazy-kill",
+    ) else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-kill");
+    };
     // 1 MiB fill window: fewer, larger fetches (a shorter test), each one a
     // chance to die mid-write.
     let m = Mount::with_args(
@@ -1261,10 +1285,7 @@ fn worker_killed_mid_read_is_restarted_and_reads_stay_correct() {
         usr.len(),
         killed.len()
     );
-    if !f.0.is_empty() {
-        attach(&mut f, &daemon_logs(&rd));
-    }
-    f.finish("worker kills");
+    finish_with_logs(f, &rd, String::new, "worker kills");
     m.unmount();
 }
 
@@ -1275,13 +1296,12 @@ fn worker_killed_mid_read_is_restarted_and_reads_stay_correct() {
 /// the same port and storage 2 s later: no reader error, every byte right.
 #[test]
 fn registry_restart_mid_read_loses_nothing() {
-    let _time = Timer("registry_restart_mid_read_loses_nothing", Instant::now());
-    if !require(TOOLS) {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "registry_restart_mid_read_loses_nothing",
+        "lazy-registry-restart",
+    ) else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-registry-restart");
+    };
     // 1 MiB fill window: the whole tree in a few hundred requests (one per
     // miss by default) keeps the test short.
     let m = Mount::with_args(
@@ -1354,10 +1374,7 @@ fn registry_restart_mid_read_loses_nothing() {
         mib(num(&s, "fetched_bytes")),
         worker_log.lines().count()
     );
-    if !f.0.is_empty() {
-        attach(&mut f, &daemon_logs(&rd));
-    }
-    f.finish("registry restart");
+    finish_with_logs(f, &rd, String::new, "registry restart");
     m.unmount();
 }
 
@@ -1369,16 +1386,12 @@ fn registry_restart_mid_read_loses_nothing() {
 /// 10 s timeout: every file of the image reads back right.
 #[test]
 fn faulty_proxy_recoverable_faults_read_correct_bytes() {
-    let _time = Timer(
+    let Some(Lazy { _time, deb, reg, t }) = start(
         "faulty_proxy_recoverable_faults_read_correct_bytes",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "lazy-faults",
+    ) else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-faults");
+    };
     let proxy = FaultProxy::start(
         t.path(),
         "proxy",
@@ -1436,13 +1449,12 @@ fn faulty_proxy_recoverable_faults_read_correct_bytes() {
         num(&s, "bad_chunks"),
         num(&s, "failed_misses")
     );
-    if !f.0.is_empty() {
-        attach(
-            &mut f,
-            &format!("{}\n{}", daemon_logs(&run_dir(&m)), proxy.bg.describe()),
-        );
-    }
-    f.finish("recoverable faults");
+    finish_with_logs(
+        f,
+        &run_dir(&m),
+        || proxy.bg.describe(),
+        "recoverable faults",
+    );
     m.unmount();
 }
 
@@ -1473,16 +1485,12 @@ fn eio_sample(deb: &Debian, n: usize) -> Vec<String> {
 /// (nothing bad was cached).
 #[test]
 fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
-    let _time = Timer(
+    let Some(Lazy { _time, deb, reg, t }) = start(
         "faulty_proxy_total_corruption_gives_eio_never_wrong_bytes",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "lazy-corrupt",
+    ) else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-corrupt");
+    };
     let timeout = 10u64;
     let margin = 8.0;
     let mut proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "flipall", &[]);
@@ -1559,13 +1567,7 @@ fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
         Ok(got) => check_reads(&mut f, "after the network healed", deb, &sample, &got),
         Err(e) => f.check(false, || e),
     }
-    if !f.0.is_empty() {
-        attach(
-            &mut f,
-            &format!("{}\n{}", daemon_logs(&run_dir(&m)), healed.bg.describe()),
-        );
-    }
-    f.finish("total corruption");
+    finish_with_logs(f, &run_dir(&m), || healed.bg.describe(), "total corruption");
     m.unmount();
 }
 
@@ -1575,13 +1577,11 @@ fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
 /// same files read back right.
 #[test]
 fn stalled_registry_reads_fail_within_timeout() {
-    let _time = Timer("stalled_registry_reads_fail_within_timeout", Instant::now());
-    if !require(TOOLS) {
+    let Some(Lazy { _time, deb, reg, t }) =
+        start("stalled_registry_reads_fail_within_timeout", "lazy-stall")
+    else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-stall");
+    };
     let timeout = 5u64;
     let margin = 3.0;
     let mut proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "stall", &["--stall", "300"]);
@@ -1633,13 +1633,7 @@ fn stalled_registry_reads_fail_within_timeout() {
         Ok(got) => check_reads(&mut f, "after the network healed", deb, &sample, &got),
         Err(e) => f.check(false, || e),
     }
-    if !f.0.is_empty() {
-        attach(
-            &mut f,
-            &format!("{}\n{}", daemon_logs(&run_dir(&m)), healed.bg.describe()),
-        );
-    }
-    f.finish("stalled registry");
+    finish_with_logs(f, &run_dir(&m), || healed.bg.describe(), "stalled registry");
     m.unmount();
 }
 
@@ -1650,16 +1644,12 @@ fn stalled_registry_reads_fail_within_timeout() {
 /// mount that: once the prefetch is done python3 runs without fetching.
 #[test]
 fn boot_set_prefetch_serves_python_without_fetching() {
-    let _time = Timer(
+    let Some(Lazy { _time, deb, reg, t }) = start(
         "boot_set_prefetch_serves_python_without_fetching",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "lazy-boot",
+    ) else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-boot");
+    };
     let trace = t.join("python3.trace");
 
     let m = Mount::with_args(
@@ -1889,13 +1879,10 @@ fn edge_image(dir: &Path) -> String {
 /// the live mount reads every file right afterwards.
 #[test]
 fn gc_evicts_only_the_unused_image() {
-    let _time = Timer("gc_evicts_only_the_unused_image", Instant::now());
-    if !require(TOOLS) {
+    let Some(Lazy { _time, deb, reg, t }) = start("gc_evicts_only_the_unused_image", "lazy-gc")
+    else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-gc");
+    };
     let cache = t.join("cache");
 
     let edge = edge_image(&t.join("edge"));
@@ -1967,10 +1954,7 @@ fn gc_evicts_only_the_unused_image() {
         report["kept_bytes"],
         report["in_use"]
     );
-    if !f.0.is_empty() {
-        attach(&mut f, &daemon_logs(&rd));
-    }
-    f.finish("gc");
+    finish_with_logs(f, &rd, String::new, "gc");
     m.unmount();
 }
 
@@ -1979,16 +1963,12 @@ fn gc_evicts_only_the_unused_image() {
 /// use, and the mount must keep working, also after its worker restarts.
 #[test]
 fn gc_with_relative_cache_dir_keeps_live_mount_files() {
-    let _time = Timer(
+    let Some(Lazy { _time, deb, reg, t }) = start(
         "gc_with_relative_cache_dir_keeps_live_mount_files",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "lazy-gc-rel",
+    ) else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-gc-rel");
+    };
     let cache = t.join("cache");
     let m = Mount::with_args(
         &reg.reference(IMAGE),
@@ -2044,10 +2024,7 @@ fn gc_with_relative_cache_dir_keeps_live_mount_files() {
         ),
         Err(e) => f.check(false, || e),
     }
-    if !f.0.is_empty() {
-        attach(&mut f, &daemon_logs(&rd));
-    }
-    f.finish("gc with a relative cache dir");
+    finish_with_logs(f, &rd, String::new, "gc with a relative cache dir");
     m.unmount();
 }
 
@@ -2057,16 +2034,12 @@ fn gc_with_relative_cache_dir_keeps_live_mount_files() {
 /// `lamina umount` stops the holder and the worker and removes the run dir.
 #[test]
 fn umount_stops_holder_and_worker_and_removes_run_dir() {
-    let _time = Timer(
+    let Some(Lazy { _time, reg, t, .. }) = start(
         "umount_stops_holder_and_worker_and_removes_run_dir",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "lazy-umount",
+    ) else {
         return;
-    }
-    let deb = debian();
-    let reg = Registry::start_with_data(&deb.registry_data);
-    let t = TestDir::new("lazy-umount");
+    };
     let cache = t.join("cache");
     let m = Mount::new(&reg.reference(IMAGE), &t.join("mnt"), &cache);
     chroot_python(&m.path);
