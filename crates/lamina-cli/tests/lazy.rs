@@ -1460,6 +1460,33 @@ fn faulty_proxy_recoverable_faults_read_correct_bytes() {
 
 /// Non-empty files with at least one non-zero byte (all-zero chunks are
 /// holes, which read without a fetch), spread over the size range.
+/// The network heals: `proxy` is stopped and a faithful one takes its port;
+/// `sample` must then read back right. Returns the new proxy (for its log).
+fn heal(
+    f: &mut Failures,
+    mut proxy: FaultProxy,
+    m: &Mount,
+    t: &TestDir,
+    reg: &Registry,
+    deb: &Debian,
+    sample: &[String],
+) -> FaultProxy {
+    let port = proxy.port;
+    proxy.bg.stop();
+    let healed = FaultProxy::start(t.path(), "healed", port, reg.port, "none", &[]);
+    match hash_files(
+        &m.path,
+        sample,
+        t.path(),
+        "healed",
+        Duration::from_secs(120),
+    ) {
+        Ok(got) => check_reads(f, "after the network healed", deb, sample, &got),
+        Err(e) => f.check(false, || e),
+    }
+    healed
+}
+
 fn eio_sample(deb: &Debian, n: usize) -> Vec<String> {
     let mut cands: Vec<&String> = deb
         .files
@@ -1493,7 +1520,7 @@ fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
     };
     let timeout = 10u64;
     let margin = 8.0;
-    let mut proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "flipall", &[]);
+    let proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "flipall", &[]);
     let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
     let m = Mount::with_args(
         &image,
@@ -1553,20 +1580,7 @@ fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
         );
     }
 
-    // The network heals: a faithful proxy on the same port.
-    let port = proxy.port;
-    proxy.bg.stop();
-    let healed = FaultProxy::start(t.path(), "healed", port, reg.port, "none", &[]);
-    match hash_files(
-        &m.path,
-        &sample,
-        t.path(),
-        "healed",
-        Duration::from_secs(120),
-    ) {
-        Ok(got) => check_reads(&mut f, "after the network healed", deb, &sample, &got),
-        Err(e) => f.check(false, || e),
-    }
+    let healed = heal(&mut f, proxy, &m, &t, &reg, deb, &sample);
     finish_with_logs(f, &run_dir(&m), || healed.bg.describe(), "total corruption");
     m.unmount();
 }
@@ -1584,7 +1598,7 @@ fn stalled_registry_reads_fail_within_timeout() {
     };
     let timeout = 5u64;
     let margin = 3.0;
-    let mut proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "stall", &["--stall", "300"]);
+    let proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "stall", &["--stall", "300"]);
     let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
     let m = Mount::with_args(
         &image,
@@ -1620,19 +1634,7 @@ fn stalled_registry_reads_fail_within_timeout() {
         }
         Err(e) => f.check(false, || e),
     }
-    let port = proxy.port;
-    proxy.bg.stop();
-    let healed = FaultProxy::start(t.path(), "healed", port, reg.port, "none", &[]);
-    match hash_files(
-        &m.path,
-        &sample,
-        t.path(),
-        "healed",
-        Duration::from_secs(120),
-    ) {
-        Ok(got) => check_reads(&mut f, "after the network healed", deb, &sample, &got),
-        Err(e) => f.check(false, || e),
-    }
+    let healed = heal(&mut f, proxy, &m, &t, &reg, deb, &sample);
     finish_with_logs(f, &run_dir(&m), || healed.bg.describe(), "stalled registry");
     m.unmount();
 }
