@@ -146,10 +146,12 @@ def render(r):
     return "\n".join(out) + "\n"
 
 
-def main():
+def report_main(render, begin, end, usage):
+    """`REPORT results.json` prints the tables; `REPORT results.json --update DOC` replaces the
+    part of DOC between the `begin` and `end` markers with them."""
     args = sys.argv[1:]
     if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--update"):
-        sys.exit(__doc__)
+        sys.exit(usage)
     with open(args[0]) as f:
         r = json.load(f)
     text = render(r)
@@ -158,12 +160,16 @@ def main():
         return
     with open(args[2]) as f:
         doc = f.read()
-    if BEGIN not in doc or END not in doc:
-        sys.exit(f"{args[2]}: markers {BEGIN} / {END} not found")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    if begin not in doc or end not in doc:
+        sys.exit(f"{args[2]}: markers {begin} / {end} not found")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
     with open(args[2], "w") as f:
-        f.write(head + BEGIN + "\n" + text + END + tail)
+        f.write(head + begin + "\n" + text + end + tail)
+
+
+def main():
+    report_main(render, BEGIN, END, __doc__)
 
 
 if __name__ == "__main__":

@@ -215,7 +215,8 @@ def pkg_version(pkg):
     return p.stdout.strip() if p.returncode == 0 else None
 
 
-def machine_info(lamina):
+def machine_info(lamina, packages=("squashfs-tools", "erofs-utils", "umoci")):
+    """The machine, the lamina binary and the versions of the Debian `packages` a bench compares with."""
     info = {
         "nproc": os.cpu_count(),
         "nproc_online": len(os.sched_getaffinity(0)),
@@ -250,9 +251,7 @@ def machine_info(lamina):
     info["lamina_binary"] = lamina_binary_info(lamina)
     info["versions"] = {
         "lamina": subprocess.run([lamina, "--version"], capture_output=True, text=True).stdout.strip(),
-        "squashfs-tools": pkg_version("squashfs-tools"),
-        "erofs-utils": pkg_version("erofs-utils"),
-        "umoci": pkg_version("umoci"),
+        **{pkg: pkg_version(pkg) for pkg in packages},
         "python3": platform.python_version(),
     }
     if shutil.which("nydus-image"):

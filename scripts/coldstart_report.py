@@ -7,8 +7,11 @@ Usage: coldstart_report.py RESULTS.json                 (prints the tables)
                                                          <!-- coldstart-tables:end --> in DOC.md)
 """
 
-import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_report import report_main  # noqa: E402
 
 BEGIN = "<!-- coldstart-tables:begin -->"
 END = "<!-- coldstart-tables:end -->"
@@ -224,22 +227,7 @@ def render(r):
 
 
 def main():
-    args = sys.argv[1:]
-    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--update"):
-        sys.exit(__doc__)
-    with open(args[0]) as f:
-        r = json.load(f)
-    text = render(r)
-    if len(args) == 1:
-        sys.stdout.write(text)
-        return
-    with open(args[2]) as f:
-        doc = f.read()
-    a, b = doc.find(BEGIN), doc.find(END)
-    if a < 0 or b < a:
-        sys.exit(f"{args[2]}: no {BEGIN} ... {END} section")
-    with open(args[2], "w") as f:
-        f.write(doc[:a + len(BEGIN)] + "\n" + text + doc[b:])
+    report_main(render, BEGIN, END, __doc__)
 
 
 if __name__ == "__main__":

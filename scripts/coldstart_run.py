@@ -43,11 +43,9 @@ What it does, in this order:
 """
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
-import platform
 import select
 import shutil
 import signal
@@ -59,7 +57,7 @@ import tarfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_run import cpu_stat, drop_caches, lamina_binary_info, own_cpu, pkg_version  # noqa: E402
+from bench_run import cpu_stat, drop_caches, machine_info, own_cpu  # noqa: E402
 
 # containerd / lamina-boot time ratios wanted for python3, per link
 TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
@@ -534,41 +532,6 @@ class Bench:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def machine_info(lamina):
-    info = {
-        "nproc": os.cpu_count(),
-        "kernel": platform.release(),
-        "arch": platform.machine(),
-        "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
-    }
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                info["mem_total_kib"] = int(line.split()[1])
-                break
-    with open("/proc/loadavg") as f:
-        info["loadavg_at_start"] = f.read().split()[:3]
-    with open("/etc/os-release") as f:
-        for line in f:
-            if line.startswith("PRETTY_NAME="):
-                info["os"] = line.split("=", 1)[1].strip().strip('"')
-    p = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", "/tmp"], capture_output=True, text=True)
-    info["work_fs"] = p.stdout.strip() or None
-    info["lamina_binary"] = lamina_binary_info(lamina)
-    info["versions"] = {
-        "lamina": subprocess.run([lamina, "--version"], capture_output=True, text=True).stdout.strip(),
-        "containerd": pkg_version("containerd"), "runc": pkg_version("runc"),
-        "docker-registry": pkg_version("docker-registry"), "skopeo": pkg_version("skopeo"),
-        "iproute2": pkg_version("iproute2"), "curl": pkg_version("curl"), "python3": platform.python_version(),
-    }
-    return info
-
-
 def source_image(layout, tag):
     with open(os.path.join(layout, "index.json")) as f:
         index = json.load(f)
@@ -773,7 +736,7 @@ def main():
     cd_runs = {link: (a.runs if rate_bps(link) >= 100 * 10**6 else min(a.slow_runs, a.runs)) for link in links}
     result = {
         "schema": 1,
-        "machine": machine_info(b.lamina),
+        "machine": machine_info(b.lamina, ("containerd", "runc", "docker-registry", "skopeo", "iproute2", "curl")),
         "image": img,
         "config": {"links": links, "runs": a.runs, "containerd_runs": cd_runs, "workloads": workloads,
                    "variants": VARIANTS, "tbf": " ".join(["tbf", "rate", "RATE"] + TBF), "lo_mtu": 1500,
