@@ -59,24 +59,9 @@ for tool in umoci mksquashfs mkfs.erofs jq findmnt; do
     command -v "$tool" >/dev/null || die "missing tool: $tool (run scripts/setup.sh)"
 done
 
-LAMINA="$ROOT/target/release/lamina"
-if [ ! -x "$LAMINA" ]; then
-    log "building lamina (release)"
-    # shellcheck disable=SC1091
-    [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
-    (cd "$ROOT" && cargo build --release -p lamina-cli)
-fi
-
-if [ "$NO_PLOT" = 0 ] && ! "$PY" -c 'import matplotlib' 2>/dev/null; then
-    log "installing python3-matplotlib (for the plot)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq python3-matplotlib >/dev/null 2>&1 ||
-        { apt-get update -qq >/dev/null && apt-get install -y -qq python3-matplotlib >/dev/null; } ||
-        die "cannot install python3-matplotlib (use --no-plot)"
-fi
-
-IMAGE_DIR=/var/cache/lamina-test/debian-oci
-bash "$ROOT/scripts/debian-image.sh" "$IMAGE_DIR"
+# shellcheck source=scripts/bench_common.sh
+. "$ROOT/scripts/bench_common.sh"
+bench_prereqs
 
 WORK=$(mktemp -d /tmp/lamina-bench.XXXXXX)
 cleanup() {

@@ -79,24 +79,9 @@ for tool in ip tc nsenter containerd ctr runc skopeo docker-registry jq curl fin
 done
 command -v containerd-shim-runc-v2 >/dev/null || die "missing containerd-shim-runc-v2 (Debian package containerd)"
 
-LAMINA="$ROOT/target/release/lamina"
-if [ ! -x "$LAMINA" ]; then
-    log "building lamina (release)"
-    # shellcheck disable=SC1091
-    [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
-    (cd "$ROOT" && cargo build --release -p lamina-cli)
-fi
-
-if [ "$NO_PLOT" = 0 ] && ! "$PY" -c 'import matplotlib' 2>/dev/null; then
-    log "installing python3-matplotlib (for the plot)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq python3-matplotlib >/dev/null 2>&1 ||
-        { apt-get update -qq >/dev/null && apt-get install -y -qq python3-matplotlib >/dev/null; } ||
-        die "cannot install python3-matplotlib (use --no-plot)"
-fi
-
-IMAGE_DIR=/var/cache/lamina-test/debian-oci
-bash "$ROOT/scripts/debian-image.sh" "$IMAGE_DIR"
+# shellcheck source=scripts/bench_common.sh
+. "$ROOT/scripts/bench_common.sh"
+bench_prereqs
 
 NS=lamina-cs-$$
 NSPATH=/run/netns/$NS

@@ -1,0 +1,25 @@
+# Shared by scripts/bench.sh and scripts/coldstart.sh (sourced, not run).
+# Expects ROOT, PY, NO_PLOT and the log/die functions; sets LAMINA and
+# IMAGE_DIR: the release binary (built if missing), matplotlib for the plot
+# (installed if missing and wanted) and the reference Debian image (built
+# once per machine).
+bench_prereqs() {
+    LAMINA="$ROOT/target/release/lamina"
+    if [ ! -x "$LAMINA" ]; then
+        log "building lamina (release)"
+        # shellcheck disable=SC1091
+        [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+        (cd "$ROOT" && cargo build --release -p lamina-cli)
+    fi
+
+    if [ "$NO_PLOT" = 0 ] && ! "$PY" -c 'import matplotlib' 2>/dev/null; then
+        log "installing python3-matplotlib (for the plot)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq python3-matplotlib >/dev/null 2>&1 ||
+            { apt-get update -qq >/dev/null && apt-get install -y -qq python3-matplotlib >/dev/null; } ||
+            die "cannot install python3-matplotlib (use --no-plot)"
+    fi
+
+    IMAGE_DIR=/var/cache/lamina-test/debian-oci
+    bash "$ROOT/scripts/debian-image.sh" "$IMAGE_DIR"
+}
