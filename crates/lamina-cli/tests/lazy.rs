@@ -1862,7 +1862,10 @@ fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
     }
     for b in c["blobs"].as_array().unwrap() {
         let p = PathBuf::from(b["cache_path"].as_str().unwrap());
-        out.insert(p.with_extension("state"));
+        // The fill record exists once the worker saved verified chunks.
+        if p.with_extension("fill").exists() {
+            out.insert(p.with_extension("fill"));
+        }
         out.insert(p);
     }
     out

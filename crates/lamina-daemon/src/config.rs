@@ -103,9 +103,10 @@ fn yes() -> bool {
 }
 
 impl DaemonConfig {
-    /// Reads the config.
+    /// Reads the config: only a private file of this user is trusted (a
+    /// daemon runs as root and does what the config says).
     pub fn load(path: &Path) -> std::io::Result<Self> {
-        let bytes = std::fs::read(path)?;
+        let bytes = lamina_fetch::private::read_trusted(path)?;
         serde_json::from_slice(&bytes).map_err(std::io::Error::other)
     }
 
@@ -118,10 +119,8 @@ impl DaemonConfig {
     }
 }
 
-/// Writes a small file via a temp file and rename, so readers never see half of it.
+/// Writes a small private file via an exclusive temp file and a rename, so
+/// readers never see half of it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    lamina_fetch::private::write_atomic(path, bytes, false)
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -60,7 +60,12 @@ fn spawn_worker(exe: &Path, config_path: &Path, log: &Path) -> io::Result<Worker
     // The worker's end must survive exec; the holder is single-threaded, so
     // no other thread can fork in between.
     rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty())?;
-    let log = File::options().create(true).append(true).open(log)?;
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .mode(lamina_fetch::private::FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(log)?;
     let child = Command::new(exe)
         .arg("internal-worker")
         .arg(config_path)

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use lamina_fetch::fetch::{
     fetch_chunks, FetchOptions, FetchStats, LayoutSource, RangeSource, RegistrySource,
 };
-use lamina_fetch::store::BlobStore;
+use lamina_fetch::store::{BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
 use lamina_format::index::ChunkIndex;
 use lamina_oci::{Digest, RegistryClient, SourceOptions};
@@ -229,6 +229,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         std::thread::spawn(move || {
             let mut last = Vec::new();
             loop {
+                shared.save_records(SAVE_INTERVAL);
                 if let Ok(json) = shared.status_json() {
                     if json != last {
                         let _ = write_atomic(&shared.config.run_dir.join("status.json"), &json);
@@ -247,6 +248,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     loop {
         match protocol::recv(std::os::fd::AsFd::as_fd(&shared.sock))? {
             None => {
+                shared.save_records(Duration::ZERO);
                 let _ = shared.write_status();
                 return Ok(()); // the holder is gone
             }
@@ -298,6 +300,24 @@ impl Shared {
         self.stores[blob as usize]
             .lock()
             .map_err(|_| io::Error::other("store lock poisoned"))
+    }
+
+    /// Saves the fill records whose chunks have waited `interval`: the
+    /// cache file is synced without the store's lock, so fills go on.
+    fn save_records(&self, interval: Duration) {
+        for (b, store) in self.stores.iter().enumerate() {
+            let saved = (|| {
+                let lock = || store.lock().map_err(|_| io::Error::other("lock poisoned"));
+                let Some(pending) = lock()?.begin_save(interval)? else {
+                    return Ok(());
+                };
+                pending.sync()?;
+                lock()?.finish_save(pending)
+            })();
+            if let Err(e) = saved {
+                eprintln!("worker: saving the fill record of blob {b}: {e}");
+            }
+        }
     }
 
     /// Fills the chunks under `[offset, offset + count)` (and the rest of the

@@ -5,4 +5,5 @@
 #![warn(missing_docs)]
 
 pub mod fetch;
+pub mod private;
 pub mod store;

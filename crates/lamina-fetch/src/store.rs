@@ -1,25 +1,37 @@
 //! A blob's cache file and its fill record.
 //!
-//! The cache file (`<hex>.cache`) is sparse: chunks appear at their cache
-//! offsets as they are fetched. The fill record (`<hex>.state`) has one bit
-//! per chunk, set only *after* the chunk's bytes were written. A crash between
-//! the two leaves the bit clear, so the chunk is fetched again. The record is
-//! still only a hint: when a store is opened every chunk it claims is hashed
-//! again and any that does not match its digest is forgotten, so a torn write
-//! (power loss, a second writer) is never served as filled.
+//! The cache file (`<hex>.cache`, 0600) is sparse: chunks appear at their
+//! cache offsets as they are fetched and verified. Which chunks a process may
+//! serve is decided by two things only: chunks this process verified itself
+//! (fetched and checked, or re-hashed), kept in memory, and the fill record
+//! (`<hex>.fill`, format in [`lamina_format::fill`]) that some process wrote
+//! after it synced the cache file, bound to the cache file's identity. A
+//! cache file that was deleted and recreated, replaced, or has the wrong size
+//! inherits nothing; its length, a flag, or a process being alive never count.
+//!
+//! Opening a store reads the record and nothing else: no work in proportion
+//! to the bytes cached. Verified chunks are saved to the record in batches
+//! (at most every [`SAVE_INTERVAL`], and at once when the blob is complete),
+//! each batch after an `fdatasync` of the cache file. A crash before a save
+//! costs a re-hash (the bytes are still there) or a refetch, never a wrong
+//! byte.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+use lamina_format::fill::{FileIdentity, FillRecord};
 use lamina_format::index::IndexBlob;
 use lamina_oci::sha256;
 
-const STATE_MAGIC: &[u8; 8] = b"LMSTATE1";
-const STATE_HEADER: usize = 16;
-const FLAG_COMPLETE: u32 = 1;
+use crate::private;
+
 const PAGE: u64 = 4096;
+/// Verified chunks are written to the fill record at most this long after
+/// they were filled.
+pub const SAVE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One blob's cache file plus its fill record.
 #[derive(Debug)]
@@ -28,143 +40,268 @@ pub struct BlobStore {
     pub blob: IndexBlob,
     /// Path of the cache file (what EROFS gets as `device=`).
     pub cache_path: PathBuf,
-    state_path: PathBuf,
+    record_path: PathBuf,
     cache: File,
-    state: File,
+    /// `None` where the filesystem reports no birth time: nothing can be
+    /// bound to the file, so no record is written or trusted.
+    identity: Option<FileIdentity>,
     filled: Vec<bool>,
     filled_count: usize,
     filled_bytes: u64,
+    /// Chunks verified since the record was last saved.
+    unsaved: usize,
+    last_save: Instant,
     /// Pages filled from verified boot pages, one bit per 4 KiB page. Kept
     /// in memory only: a new worker applies the boot pages again.
     boot_pages: Vec<u64>,
     boot_bytes: u64,
 }
 
-/// Paths of a blob's cache and state files under `dir`.
+/// A save between its two halves: see [`BlobStore::begin_save`].
+#[derive(Debug)]
+pub struct PendingSave {
+    file: File,
+    filled: Vec<bool>,
+    chunks: usize,
+    identity: FileIdentity,
+}
+
+impl PendingSave {
+    /// Makes the bytes of the chunks this save will record durable.
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
+/// Paths of a blob's cache file and fill record under `dir`.
 pub fn store_paths(dir: &Path, blob_hex: &str) -> (PathBuf, PathBuf) {
     (
         dir.join(format!("{blob_hex}.cache")),
-        dir.join(format!("{blob_hex}.state")),
+        dir.join(format!("{blob_hex}.fill")),
     )
 }
 
-impl BlobStore {
-    /// Opens (creating if needed) the store for `blob` in `dir` and re-verifies
-    /// every chunk the fill record claims.
-    ///
-    /// A cache file with no fill record was written whole and renamed into
-    /// place by an eager mount: it is complete and is recorded as such.
-    pub fn open(dir: &Path, blob: IndexBlob) -> io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let hex = hex::encode(blob.digest);
-        let (cache_path, state_path) = store_paths(dir, &hex);
-        let eager_complete = !state_path.exists()
-            && std::fs::metadata(&cache_path).is_ok_and(|m| m.len() == blob.cache_size);
-        let cache = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&cache_path)?;
-        if cache.metadata()?.len() != blob.cache_size {
-            cache.set_len(blob.cache_size)?;
+/// The identity a fill record is bound to: inode number and birth time.
+fn identity(file: &File) -> io::Result<Option<FileIdentity>> {
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    let st = statx(
+        file,
+        "",
+        AtFlags::EMPTY_PATH,
+        StatxFlags::INO | StatxFlags::BTIME,
+    )?;
+    if st.stx_mask & StatxFlags::BTIME.bits() == 0 {
+        return Ok(None);
+    }
+    Ok(Some(FileIdentity {
+        ino: st.stx_ino,
+        btime_sec: st.stx_btime.tv_sec,
+        btime_nsec: st.stx_btime.tv_nsec,
+    }))
+}
+
+/// The record at `path`, if there is a well-formed one.
+fn read_record(path: &Path) -> Option<FillRecord> {
+    let bytes = private::read_trusted(path).ok()?;
+    FillRecord::from_bytes(&bytes).ok()
+}
+
+/// Opens the cache file at `path` if it is a regular file of `size` bytes;
+/// otherwise puts a new, empty one (sparse, 0600) in its place. A live mount
+/// that uses a replaced file keeps its inode.
+fn open_cache_file(path: &Path, size: u64) -> io::Result<File> {
+    for _ in 0..3 {
+        let replace = match private::open_existing(path) {
+            Ok(f) => {
+                let meta = f.metadata()?;
+                if meta.is_file() && meta.len() == size {
+                    if meta.mode() & 0o077 != 0 {
+                        f.set_permissions(std::fs::Permissions::from_mode(private::FILE_MODE))?;
+                    }
+                    return Ok(f);
+                }
+                true
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("cache file {}: {e}", path.display()),
+                ))
+            }
+        };
+        let tmp = private::temp_name(path, "new");
+        let created = private::create_new(&tmp).and_then(|f| f.set_len(size));
+        let placed = created.and_then(|()| {
+            if replace {
+                std::fs::rename(&tmp, path)
+            } else {
+                // Never over a file another process has just created.
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    &tmp,
+                    rustix::fs::CWD,
+                    path,
+                    rustix::fs::RenameFlags::NOREPLACE,
+                )
+                .map_err(io::Error::from)
+            }
+        });
+        match placed {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
         }
-        let state = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&state_path)?;
+    }
+    Err(io::Error::other(format!(
+        "cache file {}: replaced while opening it, three times",
+        path.display()
+    )))
+}
+
+impl BlobStore {
+    /// Opens (creating if needed) the store for `blob` in `dir`: a cache file
+    /// of the right size, and the chunks a fill record bound to that very
+    /// file says are verified and durable. Reads nothing else.
+    pub fn open(dir: &Path, blob: IndexBlob) -> io::Result<Self> {
+        private::private_dir(dir)?;
+        let hex = hex::encode(blob.digest);
+        let (cache_path, record_path) = store_paths(dir, &hex);
+        let cache = open_cache_file(&cache_path, blob.cache_size)?;
+        let identity = identity(&cache)?;
         let n = blob.chunks.len();
         let mut store = BlobStore {
             blob,
             cache_path,
-            state_path,
+            record_path,
             cache,
-            state,
+            identity,
             filled: vec![false; n],
             filled_count: 0,
             filled_bytes: 0,
+            unsaved: 0,
+            last_save: Instant::now(),
             boot_pages: Vec::new(),
             boot_bytes: 0,
         };
-        if eager_complete {
-            store.mark_all_filled();
-            store.write_state_full()?;
-        } else {
-            store.load_and_verify()?;
-        }
+        store.merge_record();
         Ok(store)
     }
 
-    fn load_and_verify(&mut self) -> io::Result<()> {
-        let n = self.filled.len();
-        let mut raw = vec![0u8; STATE_HEADER + n.div_ceil(8)];
-        let len = self.state.metadata()?.len() as usize;
-        let valid = len == raw.len() && {
-            self.state.read_exact_at(&mut raw, 0)?;
-            &raw[..8] == STATE_MAGIC
-                && u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]) as usize == n
+    /// Takes the chunks that the record on disk, if it describes this very
+    /// cache file, says are verified and durable.
+    fn merge_record(&mut self) {
+        let Some(id) = self.identity else { return };
+        let Some(record) = read_record(&self.record_path) else {
+            return;
         };
-        if !valid {
-            // No record, or one for another layout: start empty.
-            return self.write_state_full();
-        }
-        let flags = u32::from_le_bytes([raw[12], raw[13], raw[14], raw[15]]);
-        let all_bits = (0..n).all(|i| raw[STATE_HEADER + i / 8] & (1 << (i % 8)) != 0);
-        if flags & FLAG_COMPLETE != 0 && all_bits {
-            // The complete flag is written only after the cache file was
-            // synced, so it needs no second check.
-            self.mark_all_filled();
-            return Ok(());
-        }
-        let mut buf = Vec::new();
-        let mut changed = false;
-        for i in 0..n {
-            if raw[STATE_HEADER + i / 8] & (1 << (i % 8)) == 0 {
-                continue;
-            }
-            let chunk = &self.blob.chunks[i];
-            buf.resize(chunk.size.get() as usize, 0);
-            self.cache
-                .read_exact_at(&mut buf, chunk.cache_offset.get())?;
-            if sha256(&buf) == chunk.digest {
+        let n = self.filled.len();
+        if record.describes(&self.blob.digest, self.blob.cache_size, n, id) {
+            for (i, _) in record.filled.iter().enumerate().filter(|(_, f)| **f) {
                 self.mark_filled(i);
-            } else {
-                changed = true;
             }
         }
-        if changed {
-            self.write_state_full()?;
+    }
+
+    /// Writes the record: syncs the cache file, then replaces the record
+    /// with one that has every chunk this process verified plus those a
+    /// record of another process sharing the file already had. Does nothing
+    /// when no chunk was verified since the last save.
+    pub fn save(&mut self) -> io::Result<()> {
+        match self.begin_save(Duration::ZERO)? {
+            Some(pending) => {
+                pending.sync()?;
+                self.finish_save(pending)
+            }
+            None => Ok(()),
         }
+    }
+
+    /// First half of a save that is due (chunks have waited `interval`):
+    /// what to sync and which chunks the sync covers. The caller syncs
+    /// without holding this store (fills go on meanwhile) and then calls
+    /// [`finish_save`](Self::finish_save).
+    pub fn begin_save(&mut self, interval: Duration) -> io::Result<Option<PendingSave>> {
+        if self.unsaved == 0 || self.last_save.elapsed() < interval {
+            return Ok(None);
+        }
+        let Some(id) = self.identity else {
+            self.unsaved = 0;
+            return Ok(None);
+        };
+        // Our file was replaced under its name (an eager mount installed a
+        // complete copy): its record is not ours to write.
+        if std::fs::symlink_metadata(&self.cache_path)
+            .map(|m| m.ino())
+            .ok()
+            != Some(id.ino)
+        {
+            self.unsaved = 0;
+            return Ok(None);
+        }
+        Ok(Some(PendingSave {
+            file: self.cache.try_clone()?,
+            filled: self.filled.clone(),
+            chunks: self.unsaved,
+            identity: id,
+        }))
+    }
+
+    /// Second half: writes a record of the chunks the sync covered, merged
+    /// with the record on disk under a lock, so two savers sharing the file
+    /// never drop each other's chunks.
+    pub fn finish_save(&mut self, pending: PendingSave) -> io::Result<()> {
+        let lock = rustix::fs::FlockOperation::LockExclusive;
+        rustix::fs::flock(&self.cache, lock)?;
+        let written = self.write_record(pending.identity, pending.filled);
+        rustix::fs::flock(&self.cache, rustix::fs::FlockOperation::Unlock)?;
+        written?;
+        self.unsaved = self.unsaved.saturating_sub(pending.chunks);
+        self.last_save = Instant::now();
         Ok(())
     }
 
-    fn mark_all_filled(&mut self) {
-        self.filled = vec![true; self.filled.len()];
-        self.filled_count = self.filled.len();
-        self.filled_bytes = self
-            .blob
-            .chunks
-            .iter()
-            .map(|c| u64::from(c.size.get()))
-            .sum();
-    }
-
-    fn write_state_full(&mut self) -> io::Result<()> {
-        let n = self.filled.len();
-        let mut raw = vec![0u8; STATE_HEADER + n.div_ceil(8)];
-        raw[..8].copy_from_slice(STATE_MAGIC);
-        raw[8..12].copy_from_slice(&(n as u32).to_le_bytes());
-        let flags = if self.is_complete() { FLAG_COMPLETE } else { 0 };
-        raw[12..16].copy_from_slice(&flags.to_le_bytes());
-        for (i, f) in self.filled.iter().enumerate() {
-            if *f {
-                raw[STATE_HEADER + i / 8] |= 1 << (i % 8);
+    fn write_record(&mut self, id: FileIdentity, mut synced: Vec<bool>) -> io::Result<()> {
+        self.merge_record();
+        if let Some(on_disk) = read_record(&self.record_path) {
+            if on_disk.describes(&self.blob.digest, self.blob.cache_size, synced.len(), id) {
+                synced
+                    .iter_mut()
+                    .zip(on_disk.filled)
+                    .for_each(|(s, d)| *s |= d);
             }
         }
-        self.state.set_len(raw.len() as u64)?;
-        self.state.write_all_at(&raw, 0)
+        let record = FillRecord {
+            blob_digest: self.blob.digest,
+            cache_size: self.blob.cache_size,
+            file: id,
+            filled: synced,
+        };
+        private::write_atomic(&self.record_path, &record.to_bytes(), true)
+    }
+
+    /// Records that `file`, now in place as this blob's cache file in `dir`,
+    /// holds every chunk: the caller verified each of them and synced it.
+    pub fn record_complete(dir: &Path, blob: &IndexBlob, file: &File) -> io::Result<()> {
+        let (_, record_path) = store_paths(dir, &hex::encode(blob.digest));
+        let Some(id) = identity(file)? else {
+            return Ok(());
+        };
+        let record = FillRecord {
+            blob_digest: blob.digest,
+            cache_size: blob.cache_size,
+            file: id,
+            filled: vec![true; blob.chunks.len()],
+        };
+        rustix::fs::flock(file, rustix::fs::FlockOperation::LockExclusive)?;
+        let written = private::write_atomic(&record_path, &record.to_bytes(), true);
+        rustix::fs::flock(file, rustix::fs::FlockOperation::Unlock)?;
+        written
     }
 
     /// Whether every chunk is present.
@@ -193,7 +330,9 @@ impl BlobStore {
     }
 
     /// Writes verified chunk bytes through `via` (for a miss: the fanotify
-    /// event's own fd, which raises no new event) and then records them.
+    /// event's own fd, which raises no new event) and counts the chunk as
+    /// filled. The record follows at the next save; a complete blob is
+    /// saved at once.
     pub fn fill(&mut self, i: usize, data: &[u8], via: Option<&File>) -> io::Result<()> {
         if self.filled[i] {
             return Ok(());
@@ -205,41 +344,40 @@ impl BlobStore {
         via.unwrap_or(&self.cache)
             .write_all_at(data, chunk.cache_offset.get())?;
         self.mark_filled(i);
-        // Data first, then the bit: a crash in between only costs a refetch.
-        // OR with the byte on disk: another mount may share this blob.
-        let byte_at = (STATE_HEADER + i / 8) as u64;
-        let mut byte = [0u8];
-        self.state.read_exact_at(&mut byte, byte_at)?;
-        byte[0] |= 1 << (i % 8);
-        self.state.write_all_at(&byte, byte_at)?;
+        self.unsaved += 1;
         if self.is_complete() {
-            self.cache.sync_data()?;
-            self.state.write_all_at(&FLAG_COMPLETE.to_le_bytes(), 12)?;
-            self.state.sync_data()?;
+            self.save()?;
         }
         Ok(())
     }
 
-    /// Takes chunk `i` as filled if another process sharing this cache
-    /// recorded it and its bytes, read through `via`, match the digest.
-    /// Returns whether the chunk is now filled.
+    /// Takes chunk `i` as filled when a record saved by another process
+    /// sharing this cache file says so, or when bytes are there (written by
+    /// another process, or by a worker killed before it saved) and, read
+    /// through `via`, match the chunk's digest. Returns whether the chunk is
+    /// now filled.
     pub fn adopt(&mut self, i: usize, via: &File) -> io::Result<bool> {
         if self.filled[i] {
             return Ok(true);
         }
-        let mut byte = [0u8];
-        self.state
-            .read_exact_at(&mut byte, (STATE_HEADER + i / 8) as u64)?;
-        if byte[0] & (1 << (i % 8)) == 0 {
-            return Ok(false);
+        self.merge_record();
+        if self.filled[i] {
+            return Ok(true);
         }
         let chunk = &self.blob.chunks[i];
-        let mut buf = vec![0u8; chunk.size.get() as usize];
-        via.read_exact_at(&mut buf, chunk.cache_offset.get())?;
+        let (start, size) = (chunk.cache_offset.get(), u64::from(chunk.size.get()));
+        // A hole is never a filled chunk: skip the read and the hash.
+        match rustix::fs::seek(via, rustix::fs::SeekFrom::Data(start)) {
+            Ok(data_at) if data_at < start + size => {}
+            _ => return Ok(false),
+        }
+        let mut buf = vec![0u8; size as usize];
+        via.read_exact_at(&mut buf, start)?;
         if sha256(&buf) != chunk.digest {
             return Ok(false);
         }
         self.mark_filled(i);
+        self.unsaved += 1;
         Ok(true)
     }
 
@@ -303,8 +441,8 @@ impl BlobStore {
     }
 
     /// Path of the fill record.
-    pub fn state_path(&self) -> &Path {
-        &self.state_path
+    pub fn record_path(&self) -> &Path {
+        &self.record_path
     }
 }
 
@@ -339,30 +477,120 @@ mod tests {
         }
     }
 
+    fn open(dir: &Path, data: &[&[u8]]) -> BlobStore {
+        BlobStore::open(dir, blob(data)).unwrap()
+    }
+
     #[test]
-    fn fill_record_survives_reopen_and_rejects_torn_data() {
+    fn record_is_saved_after_sync_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let data: [&[u8]; 3] = [b"first", b"second chunk", b"third"];
-        let mut s = BlobStore::open(dir.path(), blob(&data)).unwrap();
+        let mut s = open(dir.path(), &data);
         assert_eq!(s.filled().0, 0);
         s.fill(0, data[0], None).unwrap();
         s.fill(2, data[2], None).unwrap();
-        assert!(!s.is_complete());
-        let cache_path = s.cache_path.clone();
-        drop(s);
+        assert!(s.is_filled(0) && !s.is_complete());
+        // Not saved yet: a new store trusts nothing it did not verify.
+        assert_eq!(open(dir.path(), &data).filled().0, 0);
+        s.save().unwrap();
+        let mut t = open(dir.path(), &data);
+        assert!(t.is_filled(0) && t.is_filled(2) && !t.is_filled(1));
+        t.fill(1, data[1], None).unwrap();
+        assert!(t.is_complete(), "complete is saved at once");
+        assert!(open(dir.path(), &data).is_complete());
+        assert_eq!(t.chunks_covering(4096, 1), 1..2);
+        assert_eq!(t.chunks_covering(0, 3 * 4096), 0..3);
+        assert!(t.fill(1, b"wrong size", None).is_ok()); // already filled: no-op
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&t.cache_path), 0o600);
+        assert_eq!(mode(t.record_path()), 0o600);
+        assert_eq!(mode(dir.path()), 0o700);
+    }
 
-        // A torn write: chunk 2's bytes damaged behind the record's back.
-        let f = OpenOptions::new().write(true).open(&cache_path).unwrap();
-        f.write_all_at(b"X", 8192).unwrap();
-        let mut s = BlobStore::open(dir.path(), blob(&data)).unwrap();
-        assert!(s.is_filled(0));
-        assert!(!s.is_filled(2), "damaged chunk must be forgotten");
+    /// Issue 7, point 1: a full-length sparse cache file was taken for a
+    /// complete one, and a recreated file inherited the old record.
+    #[test]
+    fn full_length_or_recreated_files_inherit_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: [&[u8]; 2] = [b"x", b"y"];
+        let b = blob(&data);
+        let (cache, _) = store_paths(dir.path(), &hex::encode(b.digest));
+        let f = File::create(&cache).unwrap();
+        f.set_len(b.cache_size).unwrap();
+        drop(f);
+        let mut s = open(dir.path(), &data);
+        assert_eq!(s.filled().0, 0, "a full-length file without a record");
+        s.fill(0, data[0], None).unwrap();
         s.fill(1, data[1], None).unwrap();
-        s.fill(2, data[2], None).unwrap();
-        assert!(s.is_complete());
-        assert_eq!(s.chunks_covering(4096, 1), 1..2);
-        assert_eq!(s.chunks_covering(0, 3 * 4096), 0..3);
-        assert!(s.fill(1, b"wrong size", None).is_ok()); // already filled: no-op
+        assert!(open(dir.path(), &data).is_complete());
+        // Deleted and recreated at full length: the record is not its own.
+        std::fs::remove_file(&cache).unwrap();
+        File::create(&cache).unwrap().set_len(b.cache_size).unwrap();
+        assert_eq!(open(dir.path(), &data).filled().0, 0);
+        // Replaced by rename: likewise.
+        let mut s = open(dir.path(), &data);
+        s.fill(0, data[0], None).unwrap();
+        s.fill(1, data[1], None).unwrap();
+        let other = dir.path().join("other");
+        File::create(&other).unwrap().set_len(b.cache_size).unwrap();
+        std::fs::rename(&other, &cache).unwrap();
+        assert_eq!(open(dir.path(), &data).filled().0, 0);
+        // Truncated: replaced by a new empty file, nothing inherited.
+        let mut s = open(dir.path(), &data);
+        s.fill(0, data[0], None).unwrap();
+        s.fill(1, data[1], None).unwrap();
+        let before = std::fs::metadata(&cache).unwrap().ino();
+        File::options()
+            .write(true)
+            .open(&cache)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let s = open(dir.path(), &data);
+        assert_eq!(s.filled().0, 0);
+        assert_ne!(std::fs::metadata(&cache).unwrap().ino(), before);
+        assert_eq!(std::fs::metadata(&cache).unwrap().len(), b.cache_size);
+    }
+
+    #[test]
+    fn adopt_verifies_unrecorded_bytes_and_skips_holes_and_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: [&[u8]; 3] = [b"alpha", b"beta", b"gamma"];
+        let mut writer = open(dir.path(), &data);
+        writer.fill(0, data[0], None).unwrap();
+        writer.fill(1, data[1], None).unwrap();
+        // A worker killed before it saved: bytes there, no record.
+        drop(writer);
+        let f = File::options()
+            .write(true)
+            .open(dir.path().join(format!("{}.cache", hex::encode([5u8; 32]))))
+            .unwrap();
+        f.write_all_at(b"BETA", 4096).unwrap(); // chunk 1 damaged
+        let mut s = open(dir.path(), &data);
+        assert_eq!(s.filled().0, 0);
+        let via = File::open(&s.cache_path).unwrap();
+        assert!(s.adopt(0, &via).unwrap(), "verified bytes are adopted");
+        assert!(!s.adopt(1, &via).unwrap(), "damaged bytes are not");
+        assert!(!s.adopt(2, &via).unwrap(), "a hole is not");
+        // Another process's saved record is adopted without a read.
+        let mut other = open(dir.path(), &data);
+        other.fill(2, data[2], None).unwrap();
+        other.save().unwrap();
+        assert!(s.adopt(2, &via).unwrap());
+    }
+
+    #[test]
+    fn record_complete_binds_an_installed_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: [&[u8]; 1] = [b"x"];
+        let b = blob(&data);
+        let (cache, _) = store_paths(dir.path(), &hex::encode(b.digest));
+        let f = File::create(&cache).unwrap();
+        f.write_all_at(b"x", 0).unwrap();
+        f.set_len(4096).unwrap();
+        assert!(!open(dir.path(), &data).is_complete());
+        BlobStore::record_complete(dir.path(), &b, &f).unwrap();
+        assert!(open(dir.path(), &data).is_complete());
     }
 
     #[test]
@@ -391,18 +619,5 @@ mod tests {
         // A new store (a restarted worker) knows nothing of boot pages.
         let s = BlobStore::open(dir.path(), blob(&data)).unwrap();
         assert!(!s.range_ready(4096, 1));
-    }
-
-    #[test]
-    fn eager_cache_file_counts_as_complete() {
-        let dir = tempfile::tempdir().unwrap();
-        let data: [&[u8]; 1] = [b"x"];
-        let b = blob(&data);
-        let (cache, _) = store_paths(dir.path(), &hex::encode(b.digest));
-        let f = File::create(&cache).unwrap();
-        f.write_all_at(b"x", 0).unwrap();
-        f.set_len(4096).unwrap();
-        let s = BlobStore::open(dir.path(), b).unwrap();
-        assert!(s.is_complete());
     }
 }

@@ -5,9 +5,12 @@
 //!   compressed data blob and in the blob's uncompressed cache file.
 //! - [`boot`]: boot pages, the exact pages a recorded start read, packed for
 //!   one fetch at mount.
+//! - [`fill`]: the fill record, which chunks of a cache file were verified
+//!   and made durable, bound to that file's identity.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod boot;
 pub mod erofs;
+pub mod fill;
 pub mod index;

@@ -1,11 +1,12 @@
 //! Filling cache files from data blobs, verifying every chunk on the way.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::fs::{self, File};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use lamina_fetch::fetch::decode_chunk;
+use lamina_fetch::private;
 use lamina_format::index::IndexBlob;
 
 /// Why the cache could not be filled.
@@ -48,48 +49,35 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
     }
 }
 
-/// Writes `bytes` to `path` atomically (temp file, rename). No fsync: every
-/// reader of these files re-hashes them against their digest before use, so
-/// a copy torn by a power loss is fetched again, never used.
+/// Writes `bytes` to `path` atomically (exclusive temp file, rename), 0600 in
+/// a private directory. No fsync: every reader of these files re-hashes them
+/// against their digest before use, so a copy torn by a power loss is
+/// fetched again, never used.
 pub fn store_metadata(path: &Path, bytes: &[u8]) -> Result<(), CacheError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let tmp = partial_name(path);
-    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-    f.write_all(bytes).map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))?;
-    Ok(())
-}
-
-fn partial_name(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(format!(".partial-{}", std::process::id()));
-    PathBuf::from(name)
+    private::private_dir(dir).map_err(io_err(dir))?;
+    private::write_atomic(path, bytes, false).map_err(io_err(path))
 }
 
 /// Fills the cache file `path` for `blob` from `reader` (the blob's bytes,
 /// in order, digest-checked by the reader at EOF). Each chunk is decompressed
 /// and checked against its digest before it is written; the file appears
-/// under `path` only when the whole blob verified.
+/// under `path` only when the whole blob verified, synced. Returns it, for
+/// the fill record to be bound to this very file.
 pub fn materialize_blob(
     path: &Path,
     blob: &IndexBlob,
     mut reader: impl Read,
-) -> Result<(), CacheError> {
+) -> Result<File, CacheError> {
     let name = hex::encode(blob.digest);
     let read_err = |source| CacheError::Read {
         blob: name.clone(),
         source,
     };
     let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let tmp = partial_name(path);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
+    private::private_dir(dir).map_err(io_err(dir))?;
+    let tmp = private::temp_name(path, "partial");
+    let file = private::create_new(&tmp).map_err(io_err(&tmp))?;
     let result = (|| {
         file.set_len(blob.cache_size).map_err(io_err(&tmp))?;
         let mut pos = 0u64;
@@ -123,7 +111,7 @@ pub fn materialize_blob(
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    result
+    result.map(|()| file)
 }
 
 #[cfg(test)]

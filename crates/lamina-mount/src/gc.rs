@@ -59,7 +59,7 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
                 used.insert(boot.path);
             }
             for b in config.blobs {
-                used.insert(b.cache_path.with_extension("state"));
+                used.insert(b.cache_path.with_extension("fill"));
                 used.insert(b.cache_path);
             }
         }
@@ -84,7 +84,7 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             let Ok(meta) = entry.metadata() else { continue };
             let size = meta.blocks() * 512;
             total += size;
-            if path.extension().is_some_and(|e| e == "state") {
+            if path.extension().is_some_and(|e| e == "fill") {
                 continue; // goes with its cache file
             }
             if used.contains(&path) {
@@ -94,7 +94,7 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             let mut group = vec![path.clone()];
             let mut bytes = size;
             if path.extension().is_some_and(|e| e == "cache") {
-                let state = path.with_extension("state");
+                let state = path.with_extension("fill");
                 if let Ok(m) = fs::metadata(&state) {
                     bytes += m.blocks() * 512;
                     group.push(state);
@@ -132,7 +132,7 @@ mod tests {
         for (i, name) in ["a", "b", "c"].iter().enumerate() {
             let p = blobs.join(format!("{name}.cache"));
             fs::write(&p, vec![1u8; 8192]).unwrap();
-            fs::write(p.with_extension("state"), b"s").unwrap();
+            fs::write(p.with_extension("fill"), b"s").unwrap();
             let t =
                 std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
             fs::File::options()
@@ -145,7 +145,7 @@ mod tests {
         let report = gc(dir.path(), 20_000).unwrap();
         // a is oldest: it and its state go first; then the cache fits.
         assert!(report.evicted.contains(&blobs.join("a.cache")));
-        assert!(report.evicted.contains(&blobs.join("a.state")));
+        assert!(report.evicted.contains(&blobs.join("a.fill")));
         assert!(blobs.join("c.cache").exists());
         assert!(report.kept_bytes <= 20_000 + 4096, "{report:?}");
         let report = gc(dir.path(), 0).unwrap();

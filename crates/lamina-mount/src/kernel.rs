@@ -13,6 +13,11 @@ use lamina_oci::{open_source, ImageRef, SourceOptions};
 use rustix::mount::{MountFlags, UnmountFlags};
 
 use crate::cache::{materialize_blob, store_metadata, CacheError};
+use lamina_fetch::store::BlobStore;
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MountError + '_ {
+    move |e| MountError::Io(path.to_path_buf(), e)
+}
 
 /// Mount settings.
 #[derive(Debug, Clone)]
@@ -114,6 +119,7 @@ pub fn mount_image(
             "not a directory".into(),
         ));
     }
+    lamina_fetch::private::private_dir(&opts.cache_dir).map_err(io_err(&opts.cache_dir))?;
     let source = open_source(image, &opts.source)?;
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
@@ -131,14 +137,16 @@ pub fn mount_image(
     let mut blob_paths = Vec::new();
     let mut fetched = 0;
     for (desc, blob) in layers.blobs.iter().zip(&index.blobs) {
-        let path = opts
-            .cache_dir
-            .join("blobs")
-            .join(format!("{}.cache", desc.digest.hex()));
-        let complete = fs::metadata(&path).is_ok_and(|m| m.len() == blob.cache_size);
-        if !complete {
+        // Complete only if a fill record bound to this cache file says so:
+        // a lazy mount's sparse file has the full length too.
+        let blob_dir = opts.cache_dir.join("blobs");
+        let store = BlobStore::open(&blob_dir, blob.clone()).map_err(io_err(&blob_dir))?;
+        let path = store.cache_path.clone();
+        if !store.is_complete() {
+            drop(store);
             let reader = source.open_blob(desc)?;
-            materialize_blob(&path, blob, reader)?;
+            let file = materialize_blob(&path, blob, reader)?;
+            BlobStore::record_complete(&blob_dir, blob, &file).map_err(io_err(&path))?;
             fetched += desc.size;
         }
         blob_paths.push(path);
@@ -176,9 +184,9 @@ pub fn mount_image(
             dev: std::os::unix::fs::MetadataExt::dev(&m),
             files,
         };
-        if fs::create_dir_all(&run).is_ok() {
+        if lamina_fetch::private::private_dir(&run).is_ok() {
             if let Ok(bytes) = serde_json::to_vec(&record) {
-                let _ = fs::write(run.join("eager.json"), bytes);
+                let _ = lamina_fetch::private::write_atomic(&run.join("eager.json"), &bytes, false);
             }
         }
     }

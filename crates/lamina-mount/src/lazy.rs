@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use lamina_daemon::config::{BlobSpec, BootPagesSpec, DaemonConfig, SourceSpec};
 use lamina_daemon::holder::Ready;
+use lamina_fetch::private;
 use lamina_fetch::store::BlobStore;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, RegistryRef};
@@ -85,6 +86,7 @@ pub fn mount_lazy(
     if !mountpoint.is_dir() {
         return Err(MountError::Mountpoint(mountpoint, "not a directory".into()));
     }
+    private::private_dir(&opts.cache_dir).map_err(io(&opts.cache_dir))?;
     let source = open_source(image, &opts.source)?;
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
@@ -155,7 +157,7 @@ pub fn mount_lazy(
         }
     }
     let _ = fs::remove_dir_all(&run);
-    fs::create_dir_all(&run).map_err(io(&run))?;
+    private::private_dir(&run).map_err(io(&run))?;
     let spec = match image {
         ImageRef::Registry(RegistryRef {
             host, repository, ..
@@ -204,7 +206,7 @@ pub fn mount_lazy(
 
     let exe = std::env::current_exe().map_err(io(Path::new("/proc/self/exe")))?;
     let log_path = run.join("holder.log");
-    let log = fs::File::create(&log_path).map_err(io(&log_path))?;
+    let log = private::create_new(&log_path).map_err(io(&log_path))?;
     let mut holder = Command::new(exe)
         .arg("internal-holder")
         .arg(&config_path)

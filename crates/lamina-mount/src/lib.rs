@@ -5,12 +5,13 @@
 //! meta/<layer-hex>.{erofs,index,boot}  metadata, chunk index, boot pages (uncompressed;
 //!                                      re-hashed against their digest before every use)
 //! blobs/<blob-hex>.cache               one uncompressed, block-addressed file per data blob
-//! blobs/<blob-hex>.state               its fill record (lazy mounts)
+//! blobs/<blob-hex>.fill                its fill record (`lamina_format::fill`)
 //! mounts/<id>/                         each live mount's config, status and logs
 //! ```
-//! A cache file exists under its final name only once every chunk in it has
-//! been verified against the chunk index and the whole blob against its
-//! digest; partial files carry a `.partial-<pid>` suffix and are never mounted.
+//! Directories are 0700 and files 0600. Which chunks of a cache file may be
+//! read is decided by its fill record alone, for eager and lazy mounts alike
+//! (see `lamina_fetch::store`); an eager mount's fresh file appears under its
+//! final name only once every chunk and the whole blob verified.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -1,0 +1,192 @@
+//! Private files and directories: image data is only ever readable by its
+//! owner, temp files are created exclusively without following symlinks,
+//! and a directory someone else could write to is refused.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Mode of every directory lamina creates for cache or run state.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of every file lamina creates there.
+pub const FILE_MODE: u32 = 0o600;
+
+fn refuse(path: &Path, why: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("{}: {why}", path.display()),
+    )
+}
+
+/// Creates `dir` (and missing parents, 0700) and checks that it is a real
+/// directory owned by this user that nobody else may write to. A directory
+/// of ours that others may read (an older lamina's 0755) is tightened to
+/// 0700; one owned by another user, or writable by group or others, is
+/// refused with a message that says so.
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(refuse(
+            dir,
+            "not a directory (a symlink is not taken)".into(),
+        ));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(refuse(
+            dir,
+            format!(
+                "owned by uid {}, not by this user (uid {me}); choose a cache directory of your own",
+                meta.uid()
+            ),
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(refuse(
+            dir,
+            format!("mode {mode:o} lets others write to it; make it 0700 or choose another cache directory"),
+        ));
+    }
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))?;
+    }
+    Ok(())
+}
+
+/// Creates `path` exclusively (`O_EXCL`, `O_NOFOLLOW`), mode 0600.
+pub fn create_new(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Opens an existing file read-write without following a symlink.
+pub fn open_existing(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Opens `path` for reading, without following a symlink, and checks that it
+/// is a regular file owned by this user that nobody else may write to: what
+/// a daemon may trust (its config, a cached copy of a layer).
+pub fn open_trusted(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let me = rustix::process::geteuid().as_raw();
+    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(refuse(
+            path,
+            format!(
+                "not a private file of this user (uid {}, mode {:o}); not trusted",
+                meta.uid(),
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(file)
+}
+
+/// Reads a file [`open_trusted`] accepts.
+pub fn read_trusted(path: &Path) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut open_trusted(path)?, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// A temp name beside `path` that no other process or call uses.
+pub fn temp_name(path: &Path, tag: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(
+        ".{tag}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    PathBuf::from(name)
+}
+
+/// Writes `bytes` to `path` (0600) via an exclusively created temp file and a
+/// rename, so that readers see the old or the new content, never half.
+/// With `durable`, the data is synced before the rename.
+pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+    let tmp = temp_name(path, "tmp");
+    let result = (|| {
+        let mut f = create_new(&tmp)?;
+        f.write_all(bytes)?;
+        if durable {
+            f.sync_data()?;
+        }
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirs_are_private_and_foreign_ones_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("a/b");
+        private_dir(&d).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&d), 0o700);
+        assert_eq!(mode(&t.path().join("a")), 0o700);
+        // An older lamina's 0755 is tightened.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&d).unwrap();
+        assert_eq!(mode(&d), 0o700);
+        // Writable by others: refused, not changed.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(&d).unwrap_err();
+        assert!(e.to_string().contains("lets others write"), "{e}");
+        assert_eq!(mode(&d), 0o777);
+        // A symlink to a directory is not taken.
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(t.path().join("a"), &link).unwrap();
+        assert!(private_dir(&link).is_err());
+    }
+
+    #[test]
+    fn temp_files_are_exclusive_and_do_not_follow_symlinks() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("victim");
+        std::fs::write(&target, b"keep").unwrap();
+        let p = t.path().join("f");
+        std::os::unix::fs::symlink(&target, &p).unwrap();
+        assert!(create_new(&p).is_err());
+        assert!(open_existing(&p).is_err());
+        assert!(open_trusted(&p).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        let q = t.path().join("g");
+        write_atomic(&q, b"new", true).unwrap();
+        assert_eq!(std::fs::metadata(&q).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(read_trusted(&q).unwrap(), b"new");
+        std::fs::set_permissions(&q, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(
+            read_trusted(&q).is_err(),
+            "a file others may write is not trusted"
+        );
+    }
+}
