@@ -27,6 +27,13 @@ pub struct Args {
     /// Registry host reached over plain HTTP (loopback hosts always are).
     #[arg(long = "insecure-registry", global = true, value_name = "HOST[:PORT]")]
     insecure: Vec<String>,
+    /// Loopback registry host reached over TLS (instead of plain HTTP).
+    #[arg(long = "tls-registry", global = true, value_name = "HOST[:PORT]")]
+    tls: Vec<String>,
+    /// PEM file of CA certificates to trust for registry TLS, besides the
+    /// system store.
+    #[arg(long, global = true, value_name = "PATH")]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -183,8 +190,17 @@ fn parse_ref(s: &str) -> Result<ImageRef> {
 
 /// Runs one command.
 pub fn run(args: Args) -> Result<()> {
+    // Absolute: a lazy mount's worker reads it long after this command ends.
+    let ca_file = match &args.ca_file {
+        Some(p) => {
+            Some(std::path::absolute(p).with_context(|| format!("CA file {}", p.display()))?)
+        }
+        None => None,
+    };
     let source = SourceOptions {
         insecure_hosts: args.insecure.clone(),
+        tls_hosts: args.tls.clone(),
+        ca_file,
         ..SourceOptions::default()
     };
     match args.command {

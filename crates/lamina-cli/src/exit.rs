@@ -110,6 +110,7 @@ fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
             OciError::Http { .. }
             | OciError::HttpStatus { .. }
             | OciError::Auth { .. }
+            | OciError::Tls { .. }
             | OciError::Registry { .. } => 5,
             _ => return None,
         });

@@ -15,6 +15,12 @@ pub enum SourceSpec {
         repository: String,
         /// Hosts spoken to over plain HTTP.
         insecure_hosts: Vec<String>,
+        /// Loopback hosts spoken to over TLS.
+        #[serde(default)]
+        tls_hosts: Vec<String>,
+        /// Extra trusted CA certificates (PEM).
+        #[serde(default)]
+        ca_file: Option<PathBuf>,
     },
     /// A local OCI layout.
     Layout {

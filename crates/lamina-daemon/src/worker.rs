@@ -121,9 +121,13 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             host,
             repository,
             insecure_hosts,
+            tls_hosts,
+            ca_file,
         } => {
             let opts = SourceOptions {
                 insecure_hosts: insecure_hosts.clone(),
+                tls_hosts: tls_hosts.clone(),
+                ca_file: ca_file.clone(),
                 ..SourceOptions::default()
             };
             let client = RegistryClient::with_timeout(

@@ -165,6 +165,8 @@ pub fn mount_lazy(
             host: host.clone(),
             repository: repository.clone(),
             insecure_hosts: opts.source.insecure_hosts.clone(),
+            tls_hosts: opts.source.tls_hosts.clone(),
+            ca_file: opts.source.ca_file.clone(),
         },
         ImageRef::Oci { dir, .. } => SourceSpec::Layout {
             dir: fs::canonicalize(dir).map_err(io(dir))?,

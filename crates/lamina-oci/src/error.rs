@@ -222,6 +222,19 @@ pub enum OciError {
         source: reqwest::Error,
     },
 
+    /// The server's TLS certificate was not trusted (unknown CA, wrong
+    /// name, expired).
+    #[error(
+        "{url}: TLS certificate not trusted: {detail} (a registry with a private CA needs \
+         its CA certificate: --ca-file PATH)"
+    )]
+    Tls {
+        /// Request URL.
+        url: String,
+        /// The TLS library's complaint.
+        detail: String,
+    },
+
     /// A registry answered with an unexpected HTTP status.
     #[error("{method} {url}: HTTP {status}{}", body_suffix(body))]
     HttpStatus {

@@ -2,7 +2,10 @@
 //! API, with token/basic auth, and the registry source and sink.
 
 mod auth;
+mod creds;
+mod helper;
 mod image;
+mod transport;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -25,13 +28,14 @@ use crate::reference::RegistryReference;
 use crate::source::{SourceOptions, MAX_MANIFEST_SIZE};
 use crate::types::Descriptor;
 
-pub use auth::AUTH_ENV;
-use auth::{load_credentials, parse_challenge, Credentials};
+use auth::{check_realm, parse_challenge, Challenge};
+pub use creds::AUTH_ENV;
+use creds::{load_credentials, CredEnv, Credentials};
 pub use image::{RegistrySink, RegistrySource};
+use transport::{build_client, http_error, reach, Reach};
 
 /// Retries after the first attempt, for connection errors and 5xx answers.
 const MAX_RETRIES: u32 = 3;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default per-request timeout (headers, and each body read).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Environment variable overriding the request timeout, in seconds.
@@ -69,25 +73,10 @@ pub struct RegistryClient {
     base: Url,
     client: Client,
     timeout: Duration,
+    /// Plain HTTP to a loopback address (may use an http token realm).
+    plain_loopback: bool,
     credentials: Option<Credentials>,
     auth: Arc<Mutex<AuthState>>,
-}
-
-fn is_loopback(host: &str) -> bool {
-    let name = host_name(host);
-    name == "localhost" || name.starts_with("127.") || name == "[::1]" || name == "::1"
-}
-
-/// The host without its port (`[v6]` brackets kept).
-fn host_name(host: &str) -> &str {
-    if host.starts_with('[') {
-        match host.find(']') {
-            Some(i) => host.get(..=i).unwrap_or(host),
-            None => host,
-        }
-    } else {
-        host.split_once(':').map_or(host, |(h, _)| h)
-    }
 }
 
 /// The API endpoint of a registry host (`docker.io` lives elsewhere).
@@ -118,8 +107,10 @@ fn push_scope(repo: &str) -> String {
 
 impl RegistryClient {
     /// A client for `host` (`host[:port]`): plain HTTP for loopback hosts
-    /// and `opts.insecure_hosts`, HTTPS otherwise. Credentials come from
-    /// `LAMINA_REGISTRY_AUTH` or the docker config file. The request timeout
+    /// (by resolved address) and `opts.insecure_hosts`, HTTPS otherwise
+    /// (and for `opts.tls_hosts`), trusting the system roots and
+    /// `opts.ca_file`. Credentials come from `LAMINA_REGISTRY_AUTH` when it
+    /// names this host, else the docker config file. The request timeout
     /// is [`DEFAULT_TIMEOUT`] unless `LAMINA_REGISTRY_TIMEOUT` (seconds) says
     /// otherwise.
     pub fn new(host: &str, opts: &SourceOptions) -> Result<RegistryClient, OciError> {
@@ -148,33 +139,22 @@ impl RegistryClient {
         opts: &SourceOptions,
         timeout: Duration,
     ) -> Result<RegistryClient, OciError> {
-        let insecure = is_loopback(host)
-            || opts
-                .insecure_hosts
-                .iter()
-                .any(|h| h == host || h == host_name(host));
-        let scheme = if insecure { "http" } else { "https" };
+        let Reach { plain, loopback } = reach(host, opts);
+        let scheme = if plain { "http" } else { "https" };
         let base_str = format!("{scheme}://{}/", api_host(host));
         let base = Url::parse(&base_str).map_err(|e| OciError::Registry {
             host: host.to_string(),
             message: format!("invalid registry URL {base_str}: {e}"),
         })?;
-        let client = Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(timeout)
-            .user_agent(concat!("lamina/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|source| OciError::Http {
-                method: "INIT".to_string(),
-                url: base_str.clone(),
-                source,
-            })?;
-        let credentials = load_credentials(host, opts)?;
+        let pin = loopback.as_deref().unwrap_or_default();
+        let client = build_client(host, opts, timeout, pin)?;
+        let credentials = load_credentials(host, &CredEnv::from_process(opts))?;
         Ok(RegistryClient {
             host: host.to_string(),
             base,
             client,
             timeout,
+            plain_loopback: plain && loopback.is_some(),
             credentials,
             auth: Arc::new(Mutex::new(AuthState::default())),
         })
@@ -201,7 +181,9 @@ impl RegistryClient {
             return req.bearer_auth(token);
         }
         match (&self.credentials, state.basic) {
-            (Some(c), true) => req.basic_auth(&c.username, Some(&c.password)),
+            (Some(Credentials::Basic { username, password }), true) => {
+                req.basic_auth(username, Some(password))
+            }
             _ => req,
         }
     }
@@ -221,18 +203,17 @@ impl RegistryClient {
         loop {
             let req = self.client.request(method.clone(), url.clone());
             let req = build(self.authorize(req, scope))?;
-            match req.send() {
-                Err(e) if (e.is_connect() || e.is_timeout()) && retries < MAX_RETRIES => {
+            match req
+                .send()
+                .map_err(|e| http_error(method.as_str(), url.as_str(), e))
+            {
+                Err(OciError::Http { source: e, .. })
+                    if (e.is_connect() || e.is_timeout()) && retries < MAX_RETRIES =>
+                {
                     retries += 1;
                     backoff(retries);
                 }
-                Err(source) => {
-                    return Err(OciError::Http {
-                        method: method.to_string(),
-                        url: url.to_string(),
-                        source,
-                    })
-                }
+                Err(e) => return Err(e),
                 Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !challenged => {
                     challenged = true;
                     self.handle_challenge(resp.headers(), scope)?;
@@ -255,59 +236,79 @@ impl RegistryClient {
         }
     }
 
-    fn handle_challenge(&self, headers: &HeaderMap, scope: &str) -> Result<(), OciError> {
-        let auth_err = |message: String| OciError::Auth {
+    fn auth_error(&self, message: String) -> OciError {
+        OciError::Auth {
             host: self.host.clone(),
             message,
-        };
+        }
+    }
+
+    fn handle_challenge(&self, headers: &HeaderMap, scope: &str) -> Result<(), OciError> {
         let header = headers
             .get(WWW_AUTHENTICATE)
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| auth_err("HTTP 401 without a WWW-Authenticate header".to_string()))?;
-        let challenge = parse_challenge(header)
-            .ok_or_else(|| auth_err(format!("unparsable WWW-Authenticate header {header:?}")))?;
+            .ok_or_else(|| {
+                self.auth_error("HTTP 401 without a WWW-Authenticate header".to_string())
+            })?;
+        let challenge = parse_challenge(header).ok_or_else(|| {
+            self.auth_error(format!("unparsable WWW-Authenticate header {header:?}"))
+        })?;
         if challenge.scheme.eq_ignore_ascii_case("basic") {
-            if self.credentials.is_none() {
-                return Err(auth_err(format!(
-                    "registry wants Basic credentials and none are configured (set {AUTH_ENV} \
-                     or log in with docker login)"
-                )));
-            }
-            let mut state = self.auth.lock().unwrap_or_else(|p| p.into_inner());
-            state.basic = true;
-            state.tokens.remove(scope);
-            return Ok(());
+            return self.accept_basic(scope);
         }
         if !challenge.scheme.eq_ignore_ascii_case("bearer") {
-            return Err(auth_err(format!(
-                "unsupported auth scheme {:?}",
-                challenge.scheme
-            )));
+            return Err(self.auth_error(format!("unsupported auth scheme {:?}", challenge.scheme)));
         }
+        let token = self.fetch_token(&challenge, scope)?;
+        let mut state = self.auth.lock().unwrap_or_else(|p| p.into_inner());
+        state.tokens.insert(scope.to_string(), token);
+        Ok(())
+    }
+
+    /// Answer a Basic challenge: from now on send this host's user and
+    /// password with every request.
+    fn accept_basic(&self, scope: &str) -> Result<(), OciError> {
+        match &self.credentials {
+            Some(Credentials::Basic { .. }) => {}
+            Some(Credentials::IdentityToken(_)) => {
+                return Err(self.auth_error(
+                    "registry wants Basic credentials; an identity token works only with \
+                     a bearer token service"
+                        .to_string(),
+                ))
+            }
+            None => {
+                return Err(self.auth_error(format!(
+                    "registry wants Basic credentials and none are configured for this \
+                     host (set {AUTH_ENV}={}=USER:PASSWORD or log in with docker login)",
+                    self.host
+                )))
+            }
+        }
+        let mut state = self.auth.lock().unwrap_or_else(|p| p.into_inner());
+        state.basic = true;
+        state.tokens.remove(scope);
+        Ok(())
+    }
+
+    /// Get a bearer token from the challenge's realm: anonymously, with
+    /// Basic credentials, or by the OAuth2 refresh-token grant for an
+    /// identity token.
+    fn fetch_token(&self, challenge: &Challenge, scope: &str) -> Result<String, OciError> {
         let realm = challenge
             .params
             .get("realm")
-            .ok_or_else(|| auth_err("Bearer challenge without realm".to_string()))?;
+            .ok_or_else(|| self.auth_error("Bearer challenge without realm".to_string()))?;
         let mut url = Url::parse(realm)
-            .map_err(|e| auth_err(format!("invalid token realm {realm:?}: {e}")))?;
-        {
-            let mut q = url.query_pairs_mut();
-            if let Some(service) = challenge.params.get("service") {
-                q.append_pair("service", service);
-            }
-            let challenge_scope = challenge.params.get("scope").map(String::as_str);
-            q.append_pair("scope", challenge_scope.unwrap_or(scope));
-        }
-        let mut req = self.client.get(url.clone());
-        if let Some(c) = &self.credentials {
-            req = req.basic_auth(&c.username, Some(&c.password));
-        }
-        let resp = req.send().map_err(|source| OciError::Http {
-            method: "GET".to_string(),
-            url: url.to_string(),
-            source,
-        })?;
-        let resp = expect_status(resp, "GET", &url, &[StatusCode::OK])?;
+            .map_err(|e| self.auth_error(format!("invalid token realm {realm:?}: {e}")))?;
+        check_realm(&url, &self.base, self.plain_loopback).map_err(|m| self.auth_error(m))?;
+        let service = challenge.params.get("service").map(String::as_str);
+        let scope = challenge.params.get("scope").map_or(scope, String::as_str);
+        let (method, req) = self.token_request(&mut url, service, scope);
+        let resp = req
+            .send()
+            .map_err(|e| http_error(method, url.as_str(), e))?;
+        let resp = expect_status(resp, method, &url, &[StatusCode::OK])?;
         #[derive(Deserialize)]
         struct TokenResponse {
             token: Option<String>,
@@ -316,14 +317,50 @@ impl RegistryClient {
         let body = read_limited(resp, 1 << 20, &url)?;
         let parsed: TokenResponse = serde_json::from_slice(&body)
             .map_err(|e| OciError::json(format!("token response from {url}"), e))?;
-        let token = parsed
+        parsed
             .token
             .filter(|t| !t.is_empty())
             .or(parsed.access_token)
-            .ok_or_else(|| auth_err(format!("token response from {url} has no token")))?;
-        let mut state = self.auth.lock().unwrap_or_else(|p| p.into_inner());
-        state.tokens.insert(scope.to_string(), token);
-        Ok(())
+            .ok_or_else(|| self.auth_error(format!("token response from {url} has no token")))
+    }
+
+    /// The token request to `url` (the realm): a POST of the refresh-token
+    /// grant for an identity token, else a GET with the service and scope in
+    /// the query and Basic credentials if there are any.
+    fn token_request(
+        &self,
+        url: &mut Url,
+        service: Option<&str>,
+        scope: &str,
+    ) -> (&'static str, RequestBuilder) {
+        match &self.credentials {
+            Some(Credentials::IdentityToken(token)) => {
+                let mut form = vec![
+                    ("grant_type", "refresh_token"),
+                    ("client_id", "lamina"),
+                    ("refresh_token", token.as_str()),
+                    ("scope", scope),
+                ];
+                form.extend(service.map(|s| ("service", s)));
+                ("POST", self.client.post(url.clone()).form(&form))
+            }
+            creds => {
+                {
+                    let mut q = url.query_pairs_mut();
+                    if let Some(service) = service {
+                        q.append_pair("service", service);
+                    }
+                    q.append_pair("scope", scope);
+                }
+                let req = self.client.get(url.clone());
+                match creds {
+                    Some(Credentials::Basic { username, password }) => {
+                        ("GET", req.basic_auth(username, Some(password)))
+                    }
+                    _ => ("GET", req),
+                }
+            }
+        }
     }
 
     /// Fetch a manifest or index by tag or digest. A digest reference is
@@ -671,12 +708,6 @@ mod tests {
 
     #[test]
     fn hosts() {
-        assert!(is_loopback("localhost:5000"));
-        assert!(is_loopback("127.0.0.1:5000"));
-        assert!(is_loopback("[::1]:5000"));
-        assert!(!is_loopback("quay.io"));
-        assert_eq!(host_name("[::1]:5000"), "[::1]");
-        assert_eq!(host_name("h:1"), "h");
         assert_eq!(
             effective_repository("docker.io", "busybox"),
             "library/busybox"

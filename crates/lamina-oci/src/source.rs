@@ -175,8 +175,14 @@ pub struct SourceOptions {
     /// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
     pub docker_config: Option<PathBuf>,
     /// Registry hosts (`host` or `host:port`) reached over plain HTTP.
-    /// Loopback hosts always are.
+    /// Loopback hosts (by resolved address) always are, unless listed in
+    /// `tls_hosts`.
     pub insecure_hosts: Vec<String>,
+    /// Loopback registry hosts (`host` or `host:port`) reached over TLS.
+    pub tls_hosts: Vec<String>,
+    /// PEM file of CA certificates trusted for registry TLS, besides the
+    /// system store.
+    pub ca_file: Option<PathBuf>,
     /// Scratch directory for sources or sinks that need one (none does yet).
     pub tmp_dir: Option<PathBuf>,
     /// `(os, architecture)` picked from image indexes, OCI names.
@@ -188,6 +194,8 @@ impl Default for SourceOptions {
         SourceOptions {
             docker_config: None,
             insecure_hosts: Vec::new(),
+            tls_hosts: Vec::new(),
+            ca_file: None,
             tmp_dir: None,
             platform: (
                 "linux".to_string(),

@@ -43,11 +43,21 @@ fn start_registry() -> Option<Registry> {
         println!("skipping registry test: {REGISTRY_BIN} not installed");
         return None;
     }
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("client");
+    Some(spawn_registry("", "http", &client))
+}
+
+/// Start docker-registry on 127.0.0.1, `http_extra` appended to its `http:`
+/// section, and wait (bounded) until `scheme://host/v2/` answers `client`.
+fn spawn_registry(http_extra: &str, scheme: &str, client: &reqwest::blocking::Client) -> Registry {
     let dir = tempfile::tempdir().expect("tmp");
     let port = free_port();
     let host = format!("127.0.0.1:{port}");
     let config = format!(
-        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n{http_extra}",
         dir.path().join("storage").display()
     );
     let config_path = dir.path().join("config.yml");
@@ -65,15 +75,11 @@ fn start_registry() -> Option<Registry> {
         host,
         _dir: dir,
     };
-    let client = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .expect("client");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(r) = client.get(format!("http://{}/v2/", reg.host)).send() {
+        if let Ok(r) = client.get(format!("{scheme}://{}/v2/", reg.host)).send() {
             if r.status().is_success() {
-                return Some(reg);
+                return reg;
             }
         }
         assert!(Instant::now() < deadline, "registry did not come up");
@@ -204,16 +210,19 @@ fn push_pull_range_against_real_registry() {
     }
 }
 
-/// Minimal HTTP/1.1 request head.
+/// Minimal HTTP/1.1 request: head, and a small body when announced.
 struct Req {
+    method: String,
     path: String,
     headers: Vec<(String, String)>,
+    body: String,
 }
 
 fn read_req(stream: &TcpStream) -> Option<Req> {
     let mut r = BufReader::new(stream.try_clone().ok()?);
     let mut line = String::new();
     r.read_line(&mut line).ok()?;
+    let method = line.split_whitespace().next()?.to_string();
     let path = line.split_whitespace().nth(1)?.to_string();
     let mut headers = Vec::new();
     loop {
@@ -227,7 +236,19 @@ fn read_req(stream: &TcpStream) -> Option<Req> {
             headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
     }
-    Some(Req { path, headers })
+    let len = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let mut body = String::new();
+    r.take(len.min(1 << 16)).read_to_string(&mut body).ok()?;
+    Some(Req {
+        method,
+        path,
+        headers,
+        body,
+    })
 }
 
 fn respond(mut s: &TcpStream, status: &str, extra: &[(&str, String)], body: &[u8]) {
@@ -318,4 +339,226 @@ fn bearer_token_flow_with_fake_registry() {
     assert!(matches!(err, OciError::DigestMismatch { .. }), "{err}");
     let _ = reqwest::blocking::get(format!("http://{host}/stop"));
     server.join().expect("server thread");
+}
+
+#[test]
+fn identity_token_is_exchanged_at_the_realm() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let host = format!("127.0.0.1:{port}");
+    let manifest = TestImage::simple("idtoken").manifest_bytes;
+    let body = manifest.clone();
+    let server = std::thread::spawn(move || {
+        // Bounded: at most 6 connections, each with a read timeout.
+        let mut grants = Vec::new();
+        for _ in 0..6 {
+            let Ok((stream, _)) = listener.accept() else {
+                break;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let Some(req) = read_req(&stream) else {
+                continue;
+            };
+            let bearer = req
+                .headers
+                .iter()
+                .any(|(k, v)| k == "authorization" && v == "Bearer tok456");
+            if req.path == "/token" {
+                grants.push(format!("{} {}", req.method, req.body));
+                respond(&stream, "200 OK", &[], br#"{"access_token":"tok456"}"#);
+            } else if req.path == "/stop" {
+                respond(&stream, "200 OK", &[], b"");
+                break;
+            } else if bearer {
+                let ct = [("Content-Type", mt::OCI_MANIFEST.to_string())];
+                respond(&stream, "200 OK", &ct, &body);
+            } else {
+                let challenge = format!(
+                    r#"Bearer realm="http://127.0.0.1:{port}/token",service="fake",scope="repository:a/b:pull""#
+                );
+                let h = [("WWW-Authenticate", challenge)];
+                respond(&stream, "401 Unauthorized", &h, b"{}");
+            }
+        }
+        grants
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = dir.path().join("config.json");
+    let json = serde_json::json!({"auths": {host.clone(): {"identitytoken": "refresh-xyz"}}});
+    std::fs::write(&config, json.to_string()).expect("write config");
+    let opts = SourceOptions {
+        docker_config: Some(config),
+        ..SourceOptions::default()
+    };
+    let client =
+        RegistryClient::with_timeout(&host, &opts, Duration::from_secs(10)).expect("client");
+    let m = client
+        .get_manifest("a/b", &RegistryReference::Tag("t".into()))
+        .expect("manifest");
+    assert_eq!(m.bytes, manifest);
+    let _ = reqwest::blocking::get(format!("http://{host}/stop"));
+    let grants = server.join().expect("server thread");
+    assert_eq!(grants.len(), 1, "{grants:?}");
+    let grant = &grants[0];
+    assert!(grant.starts_with("POST "), "{grant}");
+    for part in [
+        "grant_type=refresh_token",
+        "refresh_token=refresh-xyz",
+        "service=fake",
+        "scope=repository%3Aa%2Fb%3Apull",
+    ] {
+        assert!(grant.contains(part), "{part} missing from {grant}");
+    }
+}
+
+/// Whether the tools a test needs are present. A missing tool fails the
+/// test unless `LAMINA_SKIP_PRIVILEGED=1`, as in lamina-cli's tests.
+#[track_caller]
+fn require_tools(tools: &[&str]) -> bool {
+    let on_path = |t: &str| {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        Path::new(t).is_absolute() && Path::new(t).exists()
+            || std::env::split_paths(&path).any(|d| d.join(t).is_file())
+    };
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !on_path(t)).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var("LAMINA_SKIP_PRIVILEGED").as_deref() == Ok("1") {
+        println!("skipped: needs {}", missing.join(", "));
+        return false;
+    }
+    panic!(
+        "needs {} (run scripts/setup.sh), or set LAMINA_SKIP_PRIVILEGED=1 to skip",
+        missing.join(", ")
+    );
+}
+
+/// Run `openssl ARGS` (split at whitespace) in `dir`, bounded in time;
+/// its stderr is shown only when it fails.
+fn openssl(dir: &Path, args: &str) {
+    let log = dir.join("openssl.log");
+    let mut child = Command::new("openssl")
+        .args(args.split_whitespace())
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn openssl");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait openssl") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("openssl {args} did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "openssl {args}: {status}\n{stderr}");
+}
+
+const EC_KEY: &str = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+
+/// A self-signed CA `NAME.pem`/`NAME.key`, valid two days.
+fn make_ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &format!(
+            "req -x509 {EC_KEY} -days 2 -keyout {name}.key -out {name}.pem \
+             -subj /CN=lamina-test-{name} -addext basicConstraints=critical,CA:TRUE \
+             -addext keyUsage=critical,keyCertSign,cRLSign"
+        ),
+    );
+}
+
+/// CA `ca`, an unrelated CA `other`, and `server.pem`/`server.key` for
+/// 127.0.0.1 signed by `ca`.
+fn make_pki(dir: &Path) {
+    make_ca(dir, "ca");
+    make_ca(dir, "other");
+    let ext = "subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n\
+               keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n";
+    std::fs::write(dir.join("server.ext"), ext).expect("write ext");
+    openssl(
+        dir,
+        &format!("req -new {EC_KEY} -keyout server.key -out server.csr -subj /CN=127.0.0.1"),
+    );
+    openssl(
+        dir,
+        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 2 \
+         -extfile server.ext -out server.pem",
+    );
+}
+
+#[test]
+fn tls_registry_with_private_ca() {
+    if !require_tools(&[REGISTRY_BIN, "openssl"]) {
+        return;
+    }
+    let pki = tempfile::tempdir().expect("tmp");
+    let dir = pki.path();
+    make_pki(dir);
+    let ca = std::fs::read(dir.join("ca.pem")).expect("ca");
+    let ca_cert = reqwest::Certificate::from_pem(&ca).expect("ca cert");
+    let probe = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .add_root_certificate(ca_cert)
+        .build()
+        .expect("client");
+    let tls = format!(
+        "  tls:\n    certificate: {}\n    key: {}\n",
+        dir.join("server.pem").display(),
+        dir.join("server.key").display()
+    );
+    let reg = spawn_registry(&tls, "https", &probe);
+    let host = reg.host.as_str();
+    let image = reg_ref(host, "lamina/tls:v1");
+    let over_tls = SourceOptions {
+        tls_hosts: vec![host.to_string()],
+        ..SourceOptions::default()
+    };
+
+    // Without the CA, or with an unrelated one: a certificate error, and no
+    // fallback to anything else.
+    let err = open_source(&image, &over_tls).expect_err("untrusted");
+    assert!(matches!(err, OciError::Tls { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("https://127.0.0.1"), "{msg}");
+    assert!(msg.contains("certificate not trusted"), "{msg}");
+    assert!(msg.contains("--ca-file"), "{msg}");
+    let other = SourceOptions {
+        ca_file: Some(dir.join("other.pem")),
+        ..over_tls.clone()
+    };
+    let err = open_sink(&image, &other)
+        .and_then(|sink| sink.commit(b"{}", mt::OCI_MANIFEST))
+        .expect_err("unrelated CA");
+    assert!(matches!(err, OciError::Tls { .. }), "{err}");
+
+    // With a bundle holding the unrelated CA and then ours: push, pull.
+    let bundle = dir.join("bundle.pem");
+    let mut pem = std::fs::read(dir.join("other.pem")).expect("other");
+    pem.extend_from_slice(&ca);
+    std::fs::write(&bundle, pem).expect("bundle");
+    let opts = SourceOptions {
+        ca_file: Some(bundle),
+        ..over_tls
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let img = TestImage::simple("tls");
+    let digest = img.push(open_sink(&image, &opts).expect("sink"), tmp.path());
+    let src = open_source(&image, &opts).expect("source over TLS");
+    assert_eq!(src.image().manifest_digest, digest);
+    check_layers(src.as_ref(), &img);
+    let client = RegistryClient::with_timeout(host, &opts, Duration::from_secs(10)).expect("c");
+    let layer = &img.layers[0];
+    let got = client
+        .get_blob_range("lamina/tls", &layer.descriptor.digest, 2, 7)
+        .expect("range");
+    assert_eq!(got, layer.blob[2..9]);
 }

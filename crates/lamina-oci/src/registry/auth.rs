@@ -1,32 +1,10 @@
-//! Registry credentials (docker config, environment) and
-//! `WWW-Authenticate` challenge parsing.
+//! `WWW-Authenticate` challenges and where a bearer token may be fetched.
 
 use std::collections::HashMap;
-use std::io;
-use std::path::PathBuf;
 
-use base64::Engine as _;
-use serde::Deserialize;
+use reqwest::Url;
 
-use crate::error::OciError;
-use crate::source::SourceOptions;
-
-/// Environment variable overriding registry credentials (`user:password`).
-pub const AUTH_ENV: &str = "LAMINA_REGISTRY_AUTH";
-
-#[derive(Clone)]
-pub(crate) struct Credentials {
-    pub(crate) username: String,
-    pub(crate) password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
-}
+use super::transport::ip_is_loopback;
 
 /// A parsed `WWW-Authenticate` challenge.
 #[derive(Debug, PartialEq, Eq)]
@@ -105,111 +83,35 @@ pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
     })
 }
 
-#[derive(Debug, Default, Deserialize)]
-struct DockerConfig {
-    #[serde(default)]
-    auths: HashMap<String, DockerAuth>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct DockerAuth {
-    #[serde(default)]
-    auth: Option<String>,
-    #[serde(default)]
-    username: Option<String>,
-    #[serde(default)]
-    password: Option<String>,
-}
-
-fn docker_config_path(opts: &SourceOptions) -> Option<PathBuf> {
-    if let Some(p) = &opts.docker_config {
-        return Some(p.clone());
+/// Token realms must be https. The one exception: a plain-HTTP loopback
+/// registry may name an http realm on loopback (an IP literal, `localhost`
+/// or the registry's own host), since nothing then crosses a network in
+/// clear. Checked before any request, with or without credentials.
+pub(crate) fn check_realm(realm: &Url, registry: &Url, plain_loopback: bool) -> Result<(), String> {
+    match realm.scheme() {
+        "https" => Ok(()),
+        "http" if plain_loopback && realm_on_loopback(realm, registry) => Ok(()),
+        "http" => Err(format!(
+            "token realm {realm} is plain http; refused for registry {registry} (credentials and \
+             tokens go to an https realm only, or to an http realm on loopback when the \
+             registry itself is a plain-HTTP loopback registry)"
+        )),
+        other => Err(format!("token realm {realm}: unsupported scheme {other:?}")),
     }
-    if let Some(d) = std::env::var_os("DOCKER_CONFIG") {
-        return Some(PathBuf::from(d).join("config.json"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".docker").join("config.json"))
 }
 
-/// The registry part of a docker config `auths` key (`https://h/v1/` -> `h`).
-fn auth_key_host(key: &str) -> &str {
-    let k = key
-        .strip_prefix("https://")
-        .or_else(|| key.strip_prefix("http://"))
-        .unwrap_or(key);
-    k.split('/').next().unwrap_or(k)
-}
-
-fn same_registry(a: &str, b: &str) -> bool {
-    let norm = |h: &str| -> String {
-        match h {
-            "docker.io" | "index.docker.io" | "registry-1.docker.io" => "docker.io".to_string(),
-            other => other.to_ascii_lowercase(),
-        }
+fn realm_on_loopback(realm: &Url, registry: &Url) -> bool {
+    let Some(host) = realm.host_str() else {
+        return false;
     };
-    norm(a) == norm(b)
-}
-
-pub(crate) fn load_credentials(
-    host: &str,
-    opts: &SourceOptions,
-) -> Result<Option<Credentials>, OciError> {
-    if let Ok(v) = std::env::var(AUTH_ENV) {
-        let (u, p) = v.split_once(':').ok_or_else(|| OciError::Auth {
-            host: host.to_string(),
-            message: format!("{AUTH_ENV} must be user:password"),
-        })?;
-        return Ok(Some(Credentials {
-            username: u.to_string(),
-            password: p.to_string(),
-        }));
-    }
-    let Some(path) = docker_config_path(opts) else {
-        return Ok(None);
-    };
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && opts.docker_config.is_none() => {
-            return Ok(None)
-        }
-        Err(e) => return Err(OciError::io("read docker config", path, e)),
-    };
-    let config: DockerConfig = serde_json::from_slice(&bytes)
-        .map_err(|e| OciError::json(format!("docker config {}", path.display()), e))?;
-    let Some(entry) = config
-        .auths
-        .iter()
-        .find(|(k, _)| same_registry(auth_key_host(k), host))
-        .map(|(_, v)| v)
-    else {
-        return Ok(None);
-    };
-    if let Some(auth) = entry.auth.as_deref().filter(|a| !a.is_empty()) {
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(auth.trim())
-            .map_err(|e| OciError::Auth {
-                host: host.to_string(),
-                message: format!("{}: auths entry is not valid base64: {e}", path.display()),
-            })?;
-        let text = String::from_utf8(decoded).map_err(|_| OciError::Auth {
-            host: host.to_string(),
-            message: format!("{}: auths entry is not UTF-8", path.display()),
-        })?;
-        let (u, p) = text.split_once(':').ok_or_else(|| OciError::Auth {
-            host: host.to_string(),
-            message: format!("{}: auths entry is not user:password", path.display()),
-        })?;
-        return Ok(Some(Credentials {
-            username: u.to_string(),
-            password: p.to_string(),
-        }));
-    }
-    match (&entry.username, &entry.password) {
-        (Some(u), Some(p)) => Ok(Some(Credentials {
-            username: u.clone(),
-            password: p.clone(),
-        })),
-        _ => Ok(None),
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    match ip_is_loopback(bare) {
+        Some(loopback) => loopback,
+        // The registry's own name was resolved and pinned to loopback.
+        None => host.eq_ignore_ascii_case("localhost") || Some(host) == registry.host_str(),
     }
 }
 
@@ -233,45 +135,33 @@ mod tests {
         assert!(parse_challenge(r#"Bearer realm="unterminated"#).is_none());
     }
 
-    #[test]
-    fn auth_keys() {
-        assert_eq!(
-            auth_key_host("https://index.docker.io/v1/"),
-            "index.docker.io"
-        );
-        assert!(same_registry("index.docker.io", "docker.io"));
+    fn url(s: &str) -> Url {
+        Url::parse(s).expect("url")
     }
 
     #[test]
-    fn credentials_from_docker_config() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("config.json");
-        let auth = base64::engine::general_purpose::STANDARD.encode("alice:s3cr:et");
-        std::fs::write(
-            &path,
-            format!(
-                r#"{{"auths":{{"https://reg.example.com/v1/":{{"auth":"{auth}"}},"other.io":{{"username":"bob","password":"pw"}}}}}}"#
-            ),
-        )
-        .expect("write");
-        let opts = SourceOptions {
-            docker_config: Some(path),
-            ..SourceOptions::default()
-        };
-        if std::env::var_os(AUTH_ENV).is_some() {
-            return;
-        }
-        let c = load_credentials("reg.example.com", &opts)
-            .expect("load")
-            .expect("some");
-        assert_eq!(
-            (c.username.as_str(), c.password.as_str()),
-            ("alice", "s3cr:et")
-        );
-        let c = load_credentials("other.io", &opts)
-            .expect("load")
-            .expect("some");
-        assert_eq!(c.username, "bob");
-        assert!(load_credentials("none.io", &opts).expect("load").is_none());
+    fn realm_policy() {
+        let tls = url("https://reg.example.com/");
+        let plain = url("http://127.0.0.1:5000/");
+        let named = url("http://myreg:5000/");
+        // https: always.
+        assert!(check_realm(&url("https://auth.example.com/token"), &tls, false).is_ok());
+        assert!(check_realm(&url("https://auth.example.com/token"), &plain, true).is_ok());
+        // http realm for a TLS registry: refused, even on loopback.
+        let err = check_realm(&url("http://auth.example.com/token"), &tls, false)
+            .expect_err("http realm, TLS registry");
+        assert!(err.contains("plain http"), "{err}");
+        assert!(check_realm(&url("http://127.0.0.1:8080/token"), &tls, false).is_err());
+        // http realm for a plain-HTTP loopback registry: only on loopback.
+        assert!(check_realm(&url("http://127.0.0.1:5000/token"), &plain, true).is_ok());
+        assert!(check_realm(&url("http://[::1]:9/token"), &plain, true).is_ok());
+        assert!(check_realm(&url("http://localhost:9/token"), &plain, true).is_ok());
+        assert!(check_realm(&url("http://myreg:9/token"), &named, true).is_ok());
+        assert!(check_realm(&url("http://auth.example.com/token"), &plain, true).is_err());
+        assert!(check_realm(&url("http://127.example.com/token"), &plain, true).is_err());
+        // A plain-HTTP registry that is not loopback (--insecure-registry).
+        let insecure = url("http://10.0.0.5:5000/");
+        assert!(check_realm(&url("http://10.0.0.5:5000/token"), &insecure, false).is_err());
+        assert!(check_realm(&url("ftp://127.0.0.1/token"), &plain, true).is_err());
     }
 }

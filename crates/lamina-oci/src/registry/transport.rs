@@ -1,0 +1,236 @@
+//! How a registry host is reached: loopback by resolved address, the HTTP
+//! client with its trusted roots (system store plus `--ca-file`), and which
+//! request failures are certificate failures.
+
+use std::error::Error as _;
+use std::fs::File;
+use std::io::{self, Read};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::blocking::Client;
+use reqwest::Certificate;
+
+use crate::error::OciError;
+use crate::source::SourceOptions;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A CA bundle larger than this is not a CA bundle.
+const MAX_CA_FILE: u64 = 16 << 20;
+
+/// The host without its port (`[v6]` brackets kept).
+pub(crate) fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        match host.find(']') {
+            Some(i) => host.get(..=i).unwrap_or(host),
+            None => host,
+        }
+    } else {
+        host.split_once(':').map_or(host, |(h, _)| h)
+    }
+}
+
+/// The host name without port and without IPv6 brackets.
+fn bare_name(host: &str) -> &str {
+    let name = host_name(host);
+    name.strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .unwrap_or(name)
+}
+
+/// Whether an IP literal (`127.0.0.1`, `::1`, no brackets) is loopback.
+/// IPv4-mapped IPv6 counts as its IPv4 address.
+pub(crate) fn ip_is_loopback(literal: &str) -> Option<bool> {
+    literal
+        .parse::<IpAddr>()
+        .ok()
+        .map(|ip| ip.to_canonical().is_loopback())
+}
+
+/// The addresses to pin when `host` (`host[:port]`) is loopback, or `None`
+/// when it is not. IP literals and `localhost` count without a lookup (empty
+/// list). Any other name counts only if it resolves and every address is
+/// loopback: the name alone (`127.example.com`) proves nothing.
+pub(crate) fn loopback_addrs(host: &str) -> Option<Vec<SocketAddr>> {
+    let name = bare_name(host);
+    if let Some(loopback) = ip_is_loopback(name) {
+        return loopback.then(Vec::new);
+    }
+    if name.eq_ignore_ascii_case("localhost") {
+        return Some(Vec::new());
+    }
+    let addrs: Vec<SocketAddr> = (name, 0).to_socket_addrs().ok()?.collect();
+    let all_loopback = !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback());
+    all_loopback.then_some(addrs)
+}
+
+/// How a registry host is reached.
+pub(crate) struct Reach {
+    /// Plain HTTP (loopback or `insecure_hosts`, unless in `tls_hosts`).
+    pub(crate) plain: bool,
+    /// Loopback addresses when the host is loopback (see [`loopback_addrs`]).
+    pub(crate) loopback: Option<Vec<SocketAddr>>,
+}
+
+/// Plain HTTP for loopback hosts and `opts.insecure_hosts`, TLS otherwise
+/// and for `opts.tls_hosts`.
+pub(crate) fn reach(host: &str, opts: &SourceOptions) -> Reach {
+    let listed = |hosts: &[String]| hosts.iter().any(|h| h == host || h == host_name(host));
+    let loopback = loopback_addrs(host);
+    let plain = !listed(&opts.tls_hosts) && (loopback.is_some() || listed(&opts.insecure_hosts));
+    Reach { plain, loopback }
+}
+
+/// Whether `host` is loopback (see [`loopback_addrs`]).
+#[cfg(test)]
+pub(crate) fn is_loopback(host: &str) -> bool {
+    loopback_addrs(host).is_some()
+}
+
+/// The HTTP client for one registry host. `pin` fixes the addresses a
+/// loopback name resolved to, so a later lookup cannot move plain-HTTP
+/// traffic off the machine.
+pub(crate) fn build_client(
+    host: &str,
+    opts: &SourceOptions,
+    timeout: Duration,
+    pin: &[SocketAddr],
+) -> Result<Client, OciError> {
+    let mut builder = Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(timeout)
+        .user_agent(concat!("lamina/", env!("CARGO_PKG_VERSION")));
+    if !pin.is_empty() {
+        builder = builder.resolve_to_addrs(bare_name(host), pin);
+    }
+    if let Some(path) = &opts.ca_file {
+        for cert in ca_certificates(path)? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder.build().map_err(|source| OciError::Http {
+        method: "INIT".to_string(),
+        url: format!("registry {host}"),
+        source,
+    })
+}
+
+/// The certificates of a PEM bundle (one or more `CERTIFICATE` blocks).
+fn ca_certificates(path: &Path) -> Result<Vec<Certificate>, OciError> {
+    let bad = |message: String| {
+        OciError::io(
+            "read CA file",
+            path,
+            io::Error::new(io::ErrorKind::InvalidData, message),
+        )
+    };
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|f| f.take(MAX_CA_FILE + 1).read_to_end(&mut bytes))
+        .map_err(|e| OciError::io("read CA file", path, e))?;
+    if bytes.len() as u64 > MAX_CA_FILE {
+        return Err(bad(format!("larger than {MAX_CA_FILE} bytes")));
+    }
+    let certs = Certificate::from_pem_bundle(&bytes)
+        .map_err(|e| bad(format!("not a PEM certificate bundle: {e}")))?;
+    if certs.is_empty() {
+        return Err(bad("no PEM CERTIFICATE block in it".to_string()));
+    }
+    Ok(certs)
+}
+
+/// The innermost complaint about a certificate in `err`'s cause chain, when
+/// the request failed because the server's certificate was not trusted.
+pub(crate) fn certificate_failure(err: &reqwest::Error) -> Option<String> {
+    let mut found = None;
+    let mut cause = err.source();
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if text.contains("certificate") {
+            found = Some(text);
+        }
+        cause = e.source();
+    }
+    found
+}
+
+/// A request error as an [`OciError`]: certificate failures get their own
+/// variant so the message says what to do.
+pub(crate) fn http_error(method: &str, url: &str, source: reqwest::Error) -> OciError {
+    match certificate_failure(&source) {
+        Some(detail) => OciError::Tls {
+            url: url.to_string(),
+            detail,
+        },
+        None => OciError::Http {
+            method: method.to_string(),
+            url: url.to_string(),
+            source,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_by_address_not_by_name() {
+        assert!(is_loopback("127.0.0.1"));
+        assert!(is_loopback("127.0.0.1:5000"));
+        assert!(is_loopback("127.9.8.7"));
+        assert!(is_loopback("[::1]:5000"));
+        assert!(is_loopback("[::ffff:127.0.0.1]:5000"));
+        assert!(is_loopback("localhost:5000"));
+        assert!(is_loopback("LOCALHOST"));
+        assert!(!is_loopback("10.0.0.1:5000"));
+        assert!(!is_loopback("[::2]:5000"));
+        // Looks like 127.x but is a name: only its addresses could make it
+        // loopback, and it does not resolve to loopback.
+        assert!(!is_loopback("127.example.com"));
+        assert!(!is_loopback("127.example.com:5000"));
+        assert!(!is_loopback("127.0.0.1.example.com"));
+        assert_eq!(host_name("[::1]:5000"), "[::1]");
+        assert_eq!(host_name("h:1"), "h");
+        assert_eq!(bare_name("[::1]:5000"), "::1");
+    }
+
+    #[test]
+    fn plain_http_only_for_loopback_and_insecure_hosts() {
+        let plain = |host: &str, opts: &SourceOptions| {
+            let r = reach(host, opts);
+            (r.plain, r.loopback.is_some())
+        };
+        let default = SourceOptions::default();
+        assert_eq!(plain("127.0.0.1:5000", &default), (true, true));
+        assert_eq!(plain("[::1]:5000", &default), (true, true));
+        assert_eq!(plain("localhost:5000", &default), (true, true));
+        assert_eq!(plain("127.example.com", &default), (false, false));
+        assert_eq!(plain("127.example.com:5000", &default), (false, false));
+        let opts = SourceOptions {
+            insecure_hosts: vec!["10.1.2.3".into()],
+            tls_hosts: vec!["127.0.0.1:5001".into()],
+            ..SourceOptions::default()
+        };
+        assert_eq!(plain("10.1.2.3:5000", &opts), (true, false));
+        assert_eq!(plain("10.1.2.4:5000", &opts), (false, false));
+        assert_eq!(plain("127.0.0.1:5001", &opts), (false, true));
+        assert_eq!(plain("127.0.0.1:5002", &opts), (true, true));
+    }
+
+    #[test]
+    fn ca_file_must_hold_certificates() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").expect("write");
+        let err = ca_certificates(&empty).expect_err("no certs");
+        assert!(
+            err.to_string().contains("no PEM CERTIFICATE block"),
+            "{err}"
+        );
+        let missing = dir.path().join("missing.pem");
+        let err = ca_certificates(&missing).expect_err("missing");
+        assert!(matches!(err, OciError::Io { .. }), "{err}");
+    }
+}
