@@ -13,7 +13,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use lamina_fetch::fetch::{
-    fetch_chunks, FetchOptions, FetchStats, LayoutSource, RangeSource, RegistrySource,
+    attempt_timeout, fetch_chunks, FetchOptions, FetchStats, LayoutSource, RangeSource,
+    RegistrySource,
 };
 use lamina_fetch::store::{BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
@@ -133,7 +134,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             let client = RegistryClient::with_timeout(
                 host,
                 &opts,
-                Duration::from_secs(config.timeout_secs.max(1)),
+                attempt_timeout(Duration::from_secs(config.timeout_secs.max(1))),
             )
             .map_err(io::Error::other)?;
             Box::new(RegistrySource {
@@ -447,7 +448,12 @@ impl Shared {
                 let layer = Digest::parse(&spec.layer_digest).map_err(io::Error::other)?;
                 let mut attempt = 0;
                 let compressed = loop {
-                    match self.source.read_range(&layer, 0, spec.layer_size) {
+                    let read = if attempt == 0 {
+                        self.source.read_range(&layer, 0, spec.layer_size)
+                    } else {
+                        self.source.read_range_again(&layer, 0, spec.layer_size)
+                    };
+                    match read {
                         Ok(bytes) => break bytes,
                         Err(e) if attempt < 3 => {
                             eprintln!("worker: boot pages: {e}; retrying");

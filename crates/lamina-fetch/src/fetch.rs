@@ -16,6 +16,12 @@ use lamina_oci::{Digest, RegistryClient};
 pub trait RangeSource: Send + Sync + std::fmt::Debug {
     /// Reads `len` bytes of blob `digest` from `offset`.
     fn read_range(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>>;
+
+    /// The same, retrying after a failed or corrupt answer: a network
+    /// source uses a new connection, not the one the failure came on.
+    fn read_range_again(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        self.read_range(digest, offset, len)
+    }
 }
 
 /// A registry repository, read with HTTP Range requests over one pooled client.
@@ -31,6 +37,12 @@ impl RangeSource for RegistrySource {
     fn read_range(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
         self.client
             .get_blob_range(&self.repository, digest, offset, len)
+            .map_err(|e| e.into_io())
+    }
+
+    fn read_range_again(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        self.client
+            .get_blob_range_fresh(&self.repository, digest, offset, len)
             .map_err(|e| e.into_io())
     }
 }
@@ -64,6 +76,14 @@ pub struct FetchOptions {
     pub backoff: Duration,
     /// Give up when this much time has passed, whatever the attempts left.
     pub deadline: Duration,
+}
+
+/// How long one request may wait for its answer and then for each read of
+/// its body when readers wait at most `reader_timeout`: short enough that a
+/// stalled connection is given up on and retried on a fresh one (about three
+/// tries fit in a reader's wait), long enough for a slow link.
+pub fn attempt_timeout(reader_timeout: Duration) -> Duration {
+    (reader_timeout / 3).clamp(Duration::from_secs(1), Duration::from_secs(10))
 }
 
 impl Default for FetchOptions {
@@ -201,7 +221,12 @@ pub fn fetch_chunks(
             let start = first.compressed_offset.get();
             let end = last.compressed_offset.get() + u64::from(last.compressed_size.get());
             stats.requests.fetch_add(1, Ordering::Relaxed);
-            let bytes = match source.read_range(blob, start, end - start) {
+            let read = if attempt > 1 {
+                source.read_range_again(blob, start, end - start)
+            } else {
+                source.read_range(blob, start, end - start)
+            };
+            let bytes = match read {
                 Ok(b) => b,
                 Err(e) => {
                     last_err = e.to_string();

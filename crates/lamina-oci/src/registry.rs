@@ -72,6 +72,8 @@ pub struct RegistryClient {
     host: String,
     base: Url,
     client: Client,
+    /// Opens a new connection for every request: for retries.
+    fresh_client: Client,
     timeout: Duration,
     /// Plain HTTP to a loopback address (may use an http token realm).
     plain_loopback: bool,
@@ -147,12 +149,14 @@ impl RegistryClient {
             message: format!("invalid registry URL {base_str}: {e}"),
         })?;
         let pin = loopback.as_deref().unwrap_or_default();
-        let client = build_client(host, opts, timeout, pin)?;
+        let client = build_client(host, opts, timeout, pin, true)?;
+        let fresh_client = build_client(host, opts, timeout, pin, false)?;
         let credentials = load_credentials(host, &CredEnv::from_process(opts))?;
         Ok(RegistryClient {
             host: host.to_string(),
             base,
             client,
+            fresh_client,
             timeout,
             plain_loopback: plain && loopback.is_some(),
             credentials,
@@ -198,10 +202,29 @@ impl RegistryClient {
         scope: &str,
         build: &dyn Fn(RequestBuilder) -> Result<RequestBuilder, OciError>,
     ) -> Result<Response, OciError> {
+        self.send_on(false, method, url, scope, build)
+    }
+
+    /// [`send`](Self::send), on a fresh connection from the first attempt
+    /// when `fresh`, and from the first retry in any case: the connection a
+    /// failure came on is not trusted again.
+    fn send_on(
+        &self,
+        fresh: bool,
+        method: Method,
+        url: &Url,
+        scope: &str,
+        build: &dyn Fn(RequestBuilder) -> Result<RequestBuilder, OciError>,
+    ) -> Result<Response, OciError> {
         let mut retries = 0;
         let mut challenged = false;
         loop {
-            let req = self.client.request(method.clone(), url.clone());
+            let client = if fresh || retries > 0 {
+                &self.fresh_client
+            } else {
+                &self.client
+            };
+            let req = client.request(method.clone(), url.clone());
             let req = build(self.authorize(req, scope))?;
             match req
                 .send()
@@ -456,6 +479,29 @@ impl RegistryClient {
         offset: u64,
         len: u64,
     ) -> Result<Vec<u8>, OciError> {
+        self.blob_range(false, repo, digest, offset, len)
+    }
+
+    /// [`get_blob_range`](Self::get_blob_range) on a new connection: the
+    /// retry after a reset, truncated or corrupt answer.
+    pub fn get_blob_range_fresh(
+        &self,
+        repo: &str,
+        digest: &Digest,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, OciError> {
+        self.blob_range(true, repo, digest, offset, len)
+    }
+
+    fn blob_range(
+        &self,
+        fresh: bool,
+        repo: &str,
+        digest: &Digest,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, OciError> {
         let repo = effective_repository(&self.host, repo);
         let repo = repo.as_str();
         if len == 0 {
@@ -469,7 +515,7 @@ impl RegistryClient {
             })?;
         let url = self.url(&format!("v2/{repo}/blobs/{digest}"))?;
         let range = format!("bytes={offset}-{last}");
-        let resp = self.send(Method::GET, &url, &pull_scope(repo), &|r| {
+        let resp = self.send_on(fresh, Method::GET, &url, &pull_scope(repo), &|r| {
             Ok(r.header(RANGE, range.as_str()))
         })?;
         if resp.status() == StatusCode::NOT_FOUND {

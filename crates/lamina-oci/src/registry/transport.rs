@@ -91,16 +91,25 @@ pub(crate) fn is_loopback(host: &str) -> bool {
 /// The HTTP client for one registry host. `pin` fixes the addresses a
 /// loopback name resolved to, so a later lookup cannot move plain-HTTP
 /// traffic off the machine.
+///
+/// `timeout` bounds the wait for the response headers and for each read of
+/// the body (progress), so a stalled connection is given up on. A client
+/// without `pooled` connections opens a fresh one for every request: what a
+/// retry after a reset, truncated or corrupt response uses.
 pub(crate) fn build_client(
     host: &str,
     opts: &SourceOptions,
     timeout: Duration,
     pin: &[SocketAddr],
+    pooled: bool,
 ) -> Result<Client, OciError> {
     let mut builder = Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT.min(timeout))
         .timeout(timeout)
         .user_agent(concat!("lamina/", env!("CARGO_PKG_VERSION")));
+    if !pooled {
+        builder = builder.pool_max_idle_per_host(0);
+    }
     if !pin.is_empty() {
         builder = builder.resolve_to_addrs(bare_name(host), pin);
     }
