@@ -319,12 +319,24 @@ pub fn run(args: Args) -> Result<()> {
             cache_dir,
         } => {
             lamina_mount::unmount(&mountpoint)?;
-            let status = lamina_mount::finish_unmount(&absolute(&cache_dir)?, &mountpoint);
+            let done = lamina_mount::finish_unmount(&absolute(&cache_dir)?, &mountpoint);
+            if let Some(pid) = done.still_serving {
+                eprintln!(
+                    "lamina: {} is unmounted, but the filesystem lives on (another mount or an \
+                     overlay uses it); its holder (pid {pid}) serves it until the last user is gone",
+                    mountpoint.display()
+                );
+            }
             if args.json {
-                let status: serde_json::Value = status
+                let status: serde_json::Value = done
+                    .last_status
                     .and_then(|s| serde_json::from_str(&s).ok())
                     .unwrap_or(serde_json::Value::Null);
-                print_json(&serde_json::json!({"unmounted": mountpoint, "last_status": status}))?;
+                print_json(&serde_json::json!({
+                    "unmounted": mountpoint,
+                    "last_status": status,
+                    "holder_still_serving": done.still_serving,
+                }))?;
             } else {
                 println!("unmounted {}", mountpoint.display());
             }

@@ -125,9 +125,14 @@ fn write_ready(config: &DaemonConfig, error: Option<String>) -> io::Result<()> {
 pub fn run_holder(config_path: &Path) -> io::Result<()> {
     let _ = rustix::process::setsid();
     lamina_sys::ignore_termination_signals()?;
+    // The OOM killer must never pick the process whose death lets readers
+    // see holes as zeros.
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        eprintln!("holder: oom_score_adj: {e}");
+    }
     let config = DaemonConfig::load(config_path)?;
     match setup(&config, config_path) {
-        Ok((group, worker, watched, mounted_dev)) => {
+        Ok((group, worker, watched, superblock)) => {
             let readahead = if watched.is_empty() {
                 None
             } else {
@@ -137,14 +142,18 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
                         .ok()
                 })
             };
-            write_ready(&config, None)?;
+            // Mounted: from here on the holder never leaves while the
+            // filesystem lives, whatever fails.
+            if let Err(e) = write_ready(&config, None) {
+                eprintln!("holder: writing the ready file: {e}; serving anyway");
+            }
             serve(
                 &config,
                 config_path,
                 group,
                 worker,
                 watched,
-                mounted_dev,
+                superblock,
                 readahead,
             )
         }
@@ -156,7 +165,7 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
     }
 }
 
-type Setup = (FanotifyGroup, Worker, HashMap<(u64, u64), u32>, u64);
+type Setup = (FanotifyGroup, Worker, HashMap<(u64, u64), u32>, OwnedFd);
 
 /// The mount's readahead, lowered while blobs are incomplete and put back
 /// when the last one completes (from then on reads never leave the kernel).
@@ -227,8 +236,39 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
             config.mountpoint.display()
         )));
     }
-    let dev = std::fs::metadata(&config.mountpoint)?.dev();
-    Ok((group, worker, watched, dev))
+    let superblock = watch_superblock(&config.mountpoint).inspect_err(|_| {
+        let _ = rustix::mount::unmount(
+            config.mountpoint.as_path(),
+            rustix::mount::UnmountFlags::DETACH,
+        );
+    })?;
+    Ok((group, worker, watched, superblock))
+}
+
+/// An inotify watch on the root of the mount just made. It reports
+/// `IN_UNMOUNT` when the superblock dies: not at `umount -l` while a file is
+/// open, not when something is mounted over the mountpoint, not while an
+/// overlay uses the tree, but when nobody can read it any more.
+fn watch_superblock(mountpoint: &Path) -> io::Result<OwnedFd> {
+    use rustix::fs::inotify;
+    let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+    // A read-only root never changes: the watch only waits for the unmount.
+    inotify::add_watch(&fd, mountpoint, inotify::WatchFlags::DELETE_SELF)?;
+    Ok(fd)
+}
+
+/// Whether the superblock watched by `fd` is gone (drains its events).
+fn superblock_gone(fd: &OwnedFd) -> bool {
+    use rustix::fs::inotify::{ReadFlags, Reader};
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1024];
+    let mut reader = Reader::new(fd, &mut buf);
+    let mut gone = false;
+    while let Ok(event) = reader.next() {
+        gone |= event
+            .events()
+            .intersects(ReadFlags::UNMOUNT | ReadFlags::IGNORED);
+    }
+    gone
 }
 
 fn serve(
@@ -237,7 +277,7 @@ fn serve(
     group: FanotifyGroup,
     mut worker: Worker,
     mut watched: HashMap<(u64, u64), u32>,
-    mounted_dev: u64,
+    superblock: OwnedFd,
     mut readahead: Option<Readahead>,
 ) -> io::Result<()> {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
@@ -246,7 +286,6 @@ fn serve(
     let mut pending: HashMap<u64, PendingMiss> = HashMap::new();
     let mut next_id = 1u64;
     let mut buf = Vec::new();
-    let mut last_mount_check = Instant::now();
     let mut last_respawn = Instant::now();
     let mut respawn_delay = Duration::from_millis(250);
     let mut failed: Vec<FailedRange> = Vec::new();
@@ -263,6 +302,7 @@ fn serve(
         let mut fds = [
             PollFd::new(&group_fd, PollFlags::IN),
             PollFd::new(&worker.sock, PollFlags::IN),
+            PollFd::new(&superblock, PollFlags::IN),
         ];
         let ts = rustix::event::Timespec {
             tv_sec: wait.as_secs() as i64,
@@ -279,6 +319,7 @@ fn serve(
         }
         let group_ready = fds[0].revents().contains(PollFlags::IN);
         let worker_ready = !fds[1].revents().is_empty();
+        let unmounted = !fds[2].revents().is_empty() && superblock_gone(&superblock);
 
         if group_ready {
             let worker_pid = worker.child.id() as i32;
@@ -312,13 +353,14 @@ fn serve(
                 };
                 let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
                 // A read that got EIO is retried by the kernel at once
-                // (readahead, then the page itself), and one read(2) can
-                // need several ranges in turn: fail those at once so a reader
-                // waits at most one timeout. The memory is short, so a read
-                // made after the source recovered goes to the network again.
+                // (readahead, then the page itself): fail a range that meets
+                // the failed one at once, so a reader waits at most one
+                // timeout. Other ranges, other readers' among them, go on.
+                // The memory is short, so a read made after the source
+                // recovered goes to the network again.
                 let now = Instant::now();
                 failed.retain(|f| f.until > now);
-                if failed.iter().any(|f| f.blob == blob) {
+                if failed.iter().any(|f| f.covers(blob, offset, count)) {
                     answer(&group, ev.response_fd, Response::DenyErrno(libc::EIO));
                     continue;
                 }
@@ -414,38 +456,44 @@ fn serve(
 
         expire(&group, &mut pending, &mut failed);
 
-        if last_mount_check.elapsed() >= Duration::from_millis(200) {
-            last_mount_check = Instant::now();
-            let still = std::fs::metadata(&config.mountpoint).map(|m| m.dev() == mounted_dev);
-            if !matches!(still, Ok(true)) {
-                for (_, miss) in pending.drain() {
-                    let _ = group.respond(miss.response_fd, Response::DenyErrno(libc::EIO));
-                }
-                let _ = worker.child.kill();
-                let _ = worker.child.wait();
-                return Ok(());
+        if unmounted {
+            // Nobody can read any more: what is pending cannot be waited for.
+            for (_, miss) in pending.drain() {
+                let _ = group.respond(miss.response_fd, Response::DenyErrno(libc::EIO));
             }
+            eprintln!("holder: the filesystem is gone; exiting");
+            let _ = worker.child.kill();
+            let _ = worker.child.wait();
+            return Ok(());
         }
     }
 }
 
-/// A blob whose read just failed; new misses on it fail at once until `until`.
+/// A range whose read just failed; new misses that meet it fail at once
+/// until `until`.
 struct FailedRange {
     blob: u32,
+    start: u64,
+    end: u64,
     until: Instant,
 }
 
 impl FailedRange {
-    /// Long enough to cover the kernel's immediate retries and the next
-    /// range of the same read(2), short enough that a later read tries the
-    /// network again.
+    /// Long enough to cover the kernel's immediate retries of the range,
+    /// short enough that a later read tries the network again.
     const MEMORY: Duration = Duration::from_millis(250);
 
     fn after(miss: &PendingMiss) -> Self {
         FailedRange {
             blob: miss.blob,
+            start: miss.offset,
+            end: miss.offset.saturating_add(miss.count.max(1)),
             until: Instant::now() + Self::MEMORY,
         }
+    }
+
+    fn covers(&self, blob: u32, offset: u64, count: u64) -> bool {
+        blob == self.blob && offset < self.end && offset.saturating_add(count.max(1)) > self.start
     }
 }
 

@@ -239,10 +239,13 @@ pub fn mount_lazy(
             )));
         }
         if started.elapsed() > Duration::from_secs(60) {
-            let _ = holder.kill();
-            return Err(MountError::Daemon(
-                "holder did not get ready in 60 s".into(),
-            ));
+            // Never killed: if it has mounted by now, its death would let
+            // readers see holes as zeros. It exits by itself once unmounted.
+            return Err(MountError::Daemon(format!(
+                "holder (pid {}) did not report in 60 s; it is left running, see {}",
+                holder.id(),
+                log_path.display()
+            )));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -255,27 +258,51 @@ pub fn mount_lazy(
     })
 }
 
+/// What became of a lazy mount's daemon after its unmount.
+#[derive(Debug, Default)]
+pub struct Unmounted {
+    /// The worker's last status, as JSON text.
+    pub last_status: Option<String>,
+    /// The holder still serves: the filesystem outlives the mountpoint
+    /// (another mount of it, an overlay on it, or a lazy unmount by someone
+    /// else while files are open). It exits once the last reader is gone.
+    pub still_serving: Option<u32>,
+}
+
 /// After an unmount: waits for the mount's holder to notice and exit, then
-/// removes its run directory. Returns the holder's final status text, if any.
-pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Option<String> {
+/// removes its run directory. A holder that still serves (the filesystem
+/// lives on elsewhere) keeps its run directory.
+pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Unmounted {
     let run = run_dir(cache_dir, mountpoint);
     let Some(ready) = fs::read(run.join("ready"))
         .ok()
         .and_then(|b| serde_json::from_slice::<Ready>(&b).ok())
     else {
         let _ = fs::remove_dir_all(&run); // an eager mount's record
-        return None;
+        return Unmounted::default();
     };
     let proc = PathBuf::from(format!("/proc/{}", ready.pid));
     let started = Instant::now();
-    while proc.exists() && started.elapsed() < Duration::from_secs(10) {
+    let mut alive = proc.exists();
+    while alive && started.elapsed() < Duration::from_secs(5) {
         // A zombie (our own child) still has /proc; check its state.
         if fs::read_to_string(proc.join("stat")).is_ok_and(|s| s.contains(") Z ")) {
+            alive = false;
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
+        alive = proc.exists();
     }
-    let status = fs::read_to_string(run.join("status.json")).ok();
+    let last_status = fs::read_to_string(run.join("status.json")).ok();
+    if alive {
+        return Unmounted {
+            last_status,
+            still_serving: Some(ready.pid),
+        };
+    }
     let _ = fs::remove_dir_all(&run);
-    status
+    Unmounted {
+        last_status,
+        still_serving: None,
+    }
 }

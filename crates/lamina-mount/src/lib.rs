@@ -23,4 +23,4 @@ mod lazy;
 pub use cache::{materialize_blob, store_metadata, CacheError};
 pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
-pub use lazy::{finish_unmount, mount_lazy, run_dir, LazyOptions, Prefetch};
+pub use lazy::{finish_unmount, mount_lazy, run_dir, LazyOptions, Prefetch, Unmounted};
