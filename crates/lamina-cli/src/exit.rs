@@ -56,7 +56,7 @@ fn inner<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'stati
             BuildError::Layer(e) => Some(e),
             BuildError::Format(e) => Some(e),
             BuildError::Io(e) => Some(e),
-            BuildError::Options(_) => None,
+            BuildError::Options(_) | BuildError::TooLarge(_) => None,
         };
     }
     if let Some(e) = cause.downcast_ref::<MountError>() {

@@ -7,6 +7,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -510,4 +511,137 @@ fn corrupt_data_blob_gives_eio_on_lazy_mount() {
     let m = Mount::with_args(&image, &mnt, &cache, &lazy);
     treecmp(&[], &reference, &m.path);
     m.unmount();
+}
+
+/// Tags `new_tag` in the layout `dir`: the manifest of `tag` plus a boot-pages
+/// layer holding `blob` (zstd-compressed boot pages), whose uncompressed
+/// size annotation says `claimed`.
+fn add_boot_layer(dir: &Path, tag: &str, new_tag: &str, raw: &[u8], blob: &[u8], claimed: u64) {
+    let write_blob = |bytes: &[u8]| {
+        let digest = format!("sha256:{}", sha256_hex(bytes));
+        fs::write(blob_path(dir, &digest), bytes).unwrap();
+        digest
+    };
+    let mut manifest = read_manifest(dir, tag);
+    let layer_digest = write_blob(blob);
+    // A lamina config lists every layer's digest as its diff_id.
+    let config_digest = manifest["config"]["digest"].as_str().unwrap().to_string();
+    let mut config: Value =
+        serde_json::from_slice(&fs::read(blob_path(dir, &config_digest)).unwrap()).unwrap();
+    config["rootfs"]["diff_ids"]
+        .as_array_mut()
+        .unwrap()
+        .push(layer_digest.clone().into());
+    let config = serde_json::to_vec(&config).unwrap();
+    manifest["config"]["digest"] = write_blob(&config).into();
+    manifest["config"]["size"] = config.len().into();
+    let layer = serde_json::json!({
+        "mediaType": "application/vnd.oci.image.layer.lamina.boot.v1+zstd",
+        "digest": layer_digest,
+        "size": blob.len(),
+        "annotations": {
+            "dev.lamina.uncompressed.digest": format!("sha256:{}", sha256_hex(raw)),
+            "dev.lamina.uncompressed.size": claimed.to_string(),
+        },
+    });
+    manifest["layers"].as_array_mut().unwrap().push(layer);
+    let bytes = serde_json::to_vec(&manifest).unwrap();
+    let digest = write_blob(&bytes);
+    let mut index: Value =
+        serde_json::from_slice(&fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let entries = index["manifests"].as_array_mut().unwrap();
+    let mut entry = entries
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .unwrap()
+        .clone();
+    entry["digest"] = digest.into();
+    entry["size"] = bytes.len().into();
+    entry["annotations"]["org.opencontainers.image.ref.name"] = new_tag.into();
+    entries.push(entry);
+    fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Issue 7: a boot-pages layer whose size annotation says 1 TiB made every
+/// worker start preallocate it and abort, so every read got EIO. Now the
+/// mount refuses it (exit 3, naming the boot pages) before any holder
+/// starts; and a size that lies within the bounds only costs the boot
+/// pages: the worker logs it and serves every read from chunks.
+#[test]
+fn hostile_boot_pages_sizes() {
+    if !require(&["zstd"]) {
+        return;
+    }
+    let t = TestDir::new("boot-size");
+    let out = t.join("out");
+    lamina([
+        "convert",
+        &oci_ref(&fixtures().join("misc"), "minimal"),
+        &oci_ref(&out, "minimal"),
+    ])
+    .ok();
+    // Boot pages with no extents: the 16-byte header alone.
+    let raw = b"LAMBOOT\x01\0\0\0\0\0\0\0\0".to_vec();
+    let raw_path = t.join("boot.raw");
+    fs::write(&raw_path, &raw).unwrap();
+    let z_path = t.join("boot.zst");
+    run(
+        &mut command(
+            "zstd",
+            [
+                OsStr::new("-q"),
+                raw_path.as_os_str(),
+                OsStr::new("-o"),
+                z_path.as_os_str(),
+            ],
+        ),
+        TIMEOUT,
+    )
+    .ok();
+    let blob = fs::read(&z_path).unwrap();
+    add_boot_layer(&out, "minimal", "boot-1tib", &raw, &blob, 1 << 40);
+    // minimal's cache file has 2 pages: boot pages can be 2 * (4096 + 16) + 16.
+    add_boot_layer(&out, "minimal", "boot-lies", &raw, &blob, 8192);
+
+    let cache = t.join("cache");
+    let mnt = t.mkdir("mnt");
+    let o = lamina([
+        "mount",
+        "--lazy",
+        &oci_ref(&out, "boot-1tib"),
+        mnt.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    let _unmount_if_mounted = MountWatch(mnt.clone(), cache.clone());
+    assert!(!is_mountpoint(&mnt), "mounted:\n{}", o.describe());
+    assert_eq!(o.code(), Some(3), "{}", o.describe());
+    assert!(o.stderr.contains("boot pages"), "{}", o.describe());
+
+    let m = Mount::with_args(
+        &oci_ref(&out, "boot-lies"),
+        &t.join("mnt2"),
+        &cache,
+        &["--lazy"],
+    );
+    treecmp(
+        &[],
+        &ociunpack(&fixtures().join("misc"), "minimal"),
+        &m.path,
+    );
+    let status = m.status();
+    let applied = status
+        .as_ref()
+        .and_then(|s| s["status"]["boot_page_bytes"].as_u64());
+    assert_eq!(applied, Some(0), "status: {status:?}");
+    let last = m.unmount();
+    assert_eq!(last["last_status"]["failed_misses"], 0, "{last}");
 }

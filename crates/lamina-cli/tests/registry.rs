@@ -54,11 +54,8 @@ fn registry_round_trip_matches_umoci() {
         .as_ref()
         .and_then(|s| s["holder_pid"].as_u64())
         .unwrap_or_else(|| panic!("lamina status does not list the lazy mount: {status:?}"));
-    treecmp(
-        &["--ignore-xattr", "user.empty"],
-        umoci_edge_rootfs(),
-        &m.path,
-    );
+    treecmp(UMOCI_IGNORES, umoci_edge_rootfs(), &m.path);
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
     fsck_erofs(&m);
     let mnt = m.path.clone();
     let cache = m.cache.clone();

@@ -472,7 +472,14 @@ impl Shared {
                         "boot pages layer does not match its digest {layer}"
                     )));
                 }
-                let raw = zstd::bulk::decompress(&compressed, spec.size as usize)?;
+                // Streamed and cut at the expected size (bounded at mount):
+                // nothing is allocated for what a frame header claims.
+                let decoder = zstd::stream::read::Decoder::new(&compressed[..])?;
+                let mut raw = Vec::new();
+                io::copy(
+                    &mut io::Read::take(decoder, spec.size.saturating_add(1)),
+                    &mut raw,
+                )?;
                 if raw.len() as u64 != spec.size {
                     return Err(io::Error::other("boot pages: wrong uncompressed size"));
                 }

@@ -98,6 +98,7 @@ impl BootPages {
         if header.magic != BOOT_MAGIC || header.reserved.get() != 0 {
             return Err(BootError::BadMagic);
         }
+        // The extent table must fit in the input before it is allocated.
         let count = header.extent_count.get() as usize;
         let table = count
             .checked_mul(size_of::<BootExtent>())
@@ -117,14 +118,22 @@ impl BootPages {
             let Some(&size) = cache_sizes.get(blob as usize) else {
                 return bad(format!("extent names blob {blob} of {}", cache_sizes.len()));
             };
-            let end = start.checked_add(pages * BOOT_PAGE);
-            if pages == 0 || !start.is_multiple_of(BOOT_PAGE) || end.is_none_or(|end| end > size) {
+            let len = pages.checked_mul(BOOT_PAGE);
+            let end = len.and_then(|len| start.checked_add(len));
+            let (Some(len), Some(end)) = (len, end) else {
+                return bad(format!("extent of {pages} pages at {start} overflows"));
+            };
+            if pages == 0 || !start.is_multiple_of(BOOT_PAGE) || end > size {
                 return bad(format!(
                     "extent of {pages} pages at {start} in blob {blob} (cache size {size})"
                 ));
             }
-            total += pages * BOOT_PAGE;
-            ranges.push((blob, start, start + pages * BOOT_PAGE));
+            // Extents may still overlap here (checked below), so their sum
+            // is not yet bounded by the cache sizes.
+            total = total
+                .checked_add(len)
+                .ok_or_else(|| BootError::Inconsistent("extents overflow".into()))?;
+            ranges.push((blob, start, end));
         }
         if total != data.len() as u64 {
             return bad(format!(
@@ -230,5 +239,46 @@ mod tests {
         let mut misaligned = ok.clone();
         misaligned.extents[0].cache_offset = 100.into();
         assert!(BootPages::from_bytes(&misaligned.to_bytes(), &[1 << 20]).is_err());
+    }
+
+    /// Hostile counts and sizes: an extent table larger than the input is
+    /// refused before it is allocated; extents whose end or total would
+    /// overflow are refused, not wrapped.
+    #[test]
+    fn hostile_sizes_are_refused() {
+        let mut huge = BootHeader {
+            magic: BOOT_MAGIC,
+            extent_count: u32::MAX.into(),
+            reserved: 0.into(),
+        }
+        .as_bytes()
+        .to_vec();
+        huge.extend_from_slice(&[0; 64]);
+        assert!(matches!(
+            BootPages::from_bytes(&huge, &[u64::MAX]),
+            Err(BootError::Truncated)
+        ));
+        let near_end = u64::MAX - u64::MAX % BOOT_PAGE - BOOT_PAGE;
+        let b = BootPages {
+            extents: vec![BootExtent {
+                cache_offset: near_end.into(),
+                blob: 0.into(),
+                pages: u32::MAX.into(),
+            }],
+            data: Vec::new(),
+        };
+        assert!(matches!(
+            BootPages::from_bytes(&b.to_bytes(), &[u64::MAX]),
+            Err(BootError::Inconsistent(_))
+        ));
+        // Overlapping extents of 2^32-1 pages each: their sum passes 2^64.
+        let b = BootPages {
+            extents: vec![extent(0, 0, u32::MAX); (1 << 20) + 1],
+            data: Vec::new(),
+        };
+        assert!(matches!(
+            BootPages::from_bytes(&b.to_bytes(), &[u64::MAX]),
+            Err(BootError::Inconsistent(_))
+        ));
     }
 }

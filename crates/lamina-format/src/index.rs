@@ -19,6 +19,19 @@ pub const INDEX_MAGIC: [u8; 8] = *b"LAMINDX\x01";
 pub const INDEX_VERSION: u32 = 1;
 /// `ChunkEntry::flags`: the stored bytes are one zstd frame (else raw).
 pub const CHUNK_ZSTD: u32 = 1;
+/// Chunk sizes lamina writes and reads, as log2: 4 KiB to 16 MiB.
+pub const CHUNK_BITS: std::ops::RangeInclusive<u8> = 12..=24;
+/// Most data blobs in an index: EROFS device ids are 16-bit and device 0 is
+/// the metadata image itself.
+pub const MAX_BLOBS: u32 = u16::MAX as u32 - 1;
+/// Most chunks in an index: 1 TiB of distinct data at the default 256 KiB
+/// chunk size, 16 GiB at 4 KiB.
+pub const MAX_CHUNKS: u32 = 1 << 22;
+/// The largest index [`MAX_BLOBS`] and [`MAX_CHUNKS`] allow (about 291 MB),
+/// each chunk also in the boot set.
+pub const MAX_INDEX_SIZE: u64 = size_of::<IndexHeader>() as u64
+    + MAX_BLOBS as u64 * size_of::<BlobEntry>() as u64
+    + MAX_CHUNKS as u64 * (size_of::<ChunkEntry>() as u64 + 4);
 
 /// Start of the index.
 #[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -119,6 +132,16 @@ pub enum IndexError {
     /// Offsets that overlap or run past the blob or cache sizes.
     #[error("chunk index inconsistent: {0}")]
     Inconsistent(String),
+    /// More blobs or chunks than lamina reads (see [`MAX_BLOBS`], [`MAX_CHUNKS`]).
+    #[error("chunk index has {count} {what}, more than the limit of {limit}")]
+    TooLarge {
+        /// Blobs or chunks.
+        what: &'static str,
+        /// The count in the header.
+        count: u32,
+        /// The limit.
+        limit: u32,
+    },
 }
 
 impl ChunkIndex {
@@ -164,65 +187,91 @@ impl ChunkIndex {
         out
     }
 
-    /// Parses and validates an index: every chunk lies inside its blob and
-    /// its cache file, and chunks of a blob do not overlap in the cache file.
+    /// Parses and validates an index: counts within [`MAX_BLOBS`] and
+    /// [`MAX_CHUNKS`] and matching the input's length (checked before
+    /// anything is allocated), every chunk of exactly one blob, inside its
+    /// blob and cache file, and every boot-set entry naming a chunk.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, IndexError> {
         let (header, rest) =
             IndexHeader::read_from_prefix(bytes).map_err(|_| IndexError::Truncated)?;
         if header.magic != INDEX_MAGIC || header.version.get() != INDEX_VERSION {
             return Err(IndexError::BadMagic);
         }
-        let blob_count = header.blob_count.get() as usize;
-        let chunk_count = header.chunk_count.get() as usize;
-        let blob_bytes = blob_count
-            .checked_mul(size_of::<BlobEntry>())
-            .ok_or(IndexError::Truncated)?;
-        if rest.len() < blob_bytes {
+        let chunk_bits = u8::try_from(header.chunk_bits.get())
+            .ok()
+            .filter(|b| CHUNK_BITS.contains(b))
+            .ok_or_else(|| IndexError::Inconsistent("chunk bits".into()))?;
+        let (blob_count, chunk_count, prefetch_count) = (
+            header.blob_count.get(),
+            header.chunk_count.get(),
+            header.prefetch_count.get(),
+        );
+        for (what, count, limit) in [
+            ("blobs", blob_count, MAX_BLOBS),
+            ("chunks", chunk_count, MAX_CHUNKS),
+        ] {
+            if count > limit {
+                return Err(IndexError::TooLarge { what, count, limit });
+            }
+        }
+        if prefetch_count > chunk_count {
+            return Err(IndexError::Inconsistent(
+                "more boot-set entries than chunks".into(),
+            ));
+        }
+        // Within the limits above these cannot overflow, even on 32 bits.
+        let blob_bytes = blob_count as usize * size_of::<BlobEntry>();
+        let chunk_bytes = chunk_count as usize * size_of::<ChunkEntry>();
+        if rest.len() != blob_bytes + chunk_bytes + prefetch_count as usize * 4 {
             return Err(IndexError::Truncated);
         }
         let (blob_area, rest) = rest.split_at(blob_bytes);
-        let chunk_bytes = chunk_count.saturating_mul(size_of::<ChunkEntry>());
-        let prefetch_count = header.prefetch_count.get() as usize;
-        if rest.len() != chunk_bytes.saturating_add(prefetch_count.saturating_mul(4)) {
-            return Err(IndexError::Truncated);
-        }
         let (chunk_area, prefetch_area) = rest.split_at(chunk_bytes);
-        let chunk_bits = u8::try_from(header.chunk_bits.get())
-            .ok()
-            .filter(|b| (12..=30).contains(b))
-            .ok_or_else(|| IndexError::Inconsistent("chunk bits".into()))?;
-        let chunks: Vec<ChunkEntry> = chunk_area
-            .chunks_exact(size_of::<ChunkEntry>())
-            .map(|c| ChunkEntry::read_from_bytes(c).map_err(|_| IndexError::Truncated))
-            .collect::<Result<_, _>>()?;
-        let mut blobs = Vec::with_capacity(blob_count);
-        let mut ranges = Vec::with_capacity(blob_count);
+        let mut blobs = Vec::with_capacity(blob_count as usize);
+        let mut firsts = Vec::with_capacity(blob_count as usize);
+        let mut next = 0usize;
         for raw in blob_area.chunks_exact(size_of::<BlobEntry>()) {
             let b = BlobEntry::read_from_bytes(raw).map_err(|_| IndexError::Truncated)?;
+            // Blobs own consecutive runs of the chunk array, so no chunk is
+            // copied twice (overlapping runs would multiply the memory used).
             let first = b.first_chunk.get() as usize;
             let end = first
                 .checked_add(b.chunk_count.get() as usize)
-                .filter(|&e| e <= chunks.len())
+                .filter(|&e| first == next && e <= chunk_count as usize)
                 .ok_or_else(|| IndexError::Inconsistent("blob chunk range".into()))?;
+            let chunks = chunk_area
+                .get(first * size_of::<ChunkEntry>()..end * size_of::<ChunkEntry>())
+                .ok_or(IndexError::Truncated)?
+                .chunks_exact(size_of::<ChunkEntry>())
+                .map(|c| ChunkEntry::read_from_bytes(c).map_err(|_| IndexError::Truncated))
+                .collect::<Result<_, _>>()?;
             let blob = IndexBlob {
                 digest: b.digest,
                 compressed_size: b.compressed_size.get(),
                 cache_size: b.cache_size.get(),
-                chunks: chunks[first..end].to_vec(),
+                chunks,
             };
             blob.validate(chunk_bits)?;
-            ranges.push(first..end);
+            firsts.push(first);
             blobs.push(blob);
+            next = end;
         }
-        let mut prefetch = Vec::with_capacity(prefetch_count);
+        if next != chunk_count as usize {
+            return Err(IndexError::Inconsistent(
+                "chunks that belong to no blob".into(),
+            ));
+        }
+        let mut prefetch = Vec::with_capacity(prefetch_count as usize);
         for raw in prefetch_area.chunks_exact(4) {
             let global = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize;
-            let (blob, range) = ranges
-                .iter()
-                .enumerate()
-                .find(|(_, r)| r.contains(&global))
+            // The blob whose run holds `global`: the last one starting at or
+            // before it (runs are consecutive; empty ones share a start).
+            let blob = firsts
+                .partition_point(|&f| f <= global)
+                .checked_sub(1)
+                .filter(|_| global < chunk_count as usize)
                 .ok_or_else(|| IndexError::Inconsistent("boot-set entry names no chunk".into()))?;
-            prefetch.push((blob as u32, (global - range.start) as u32));
+            prefetch.push((blob as u32, (global - firsts[blob]) as u32));
         }
         Ok(ChunkIndex {
             chunk_bits,
@@ -233,35 +282,42 @@ impl ChunkIndex {
 }
 
 impl IndexBlob {
+    /// Chunks are packed in the cache file as the writer lays them out (each
+    /// at the next 4 KiB boundary, the file ending with the last one), and
+    /// in order and apart in the blob; sizes within the chunk size, stored
+    /// sizes within zstd's bound. So every offset and size is bounded, and
+    /// no sum overflows.
     fn validate(&self, chunk_bits: u8) -> Result<(), IndexError> {
         let bad = |what: &str| Err(IndexError::Inconsistent(what.into()));
-        if !self.cache_size.is_multiple_of(4096) {
-            return bad("cache size not block aligned");
-        }
         let mut cache_end = 0u64;
+        let mut blob_end = 0u64;
         for c in &self.chunks {
-            let off = c.cache_offset.get();
             let size = u64::from(c.size.get());
-            if !off.is_multiple_of(4096) || off < cache_end || size == 0 || size > 1 << chunk_bits {
+            let stored = u64::from(c.compressed_size.get());
+            if c.cache_offset.get() != cache_end.next_multiple_of(4096)
+                || size == 0
+                || size > 1 << chunk_bits
+            {
                 return bad("chunk cache range");
             }
-            cache_end = off + size;
-            if cache_end > self.cache_size {
-                return bad("chunk beyond cache size");
-            }
-            let cend = c
-                .compressed_offset
-                .get()
-                .checked_add(u64::from(c.compressed_size.get()));
-            if cend.is_none_or(|e| e > self.compressed_size) {
-                return bad("chunk beyond blob size");
-            }
+            cache_end = c.cache_offset.get() + size;
             if c.flags.get() & !CHUNK_ZSTD != 0 {
                 return bad("unknown chunk flags");
             }
-            if c.flags.get() & CHUNK_ZSTD == 0 && c.compressed_size != c.size {
-                return bad("raw chunk size");
+            let zstd = c.flags.get() & CHUNK_ZSTD != 0;
+            if (!zstd && stored != size)
+                || (zstd && (stored == 0 || stored > crate::zstd_bound(size)))
+            {
+                return bad("chunk stored size");
             }
+            let offset = c.compressed_offset.get();
+            match offset.checked_add(stored) {
+                Some(end) if offset >= blob_end && end <= self.compressed_size => blob_end = end,
+                _ => return bad("chunk beyond blob size or out of order"),
+            }
+        }
+        if self.cache_size != cache_end.next_multiple_of(4096) {
+            return bad("cache size is not the end of the last chunk");
         }
         Ok(())
     }
@@ -302,7 +358,7 @@ mod tests {
                     digest: [1; 32],
                     compressed_size: 300,
                     cache_size: 3 * 4096,
-                    chunks: vec![chunk(0, 0, 100, 5000), chunk(8192, 100, 200, 10)],
+                    chunks: vec![chunk(0, 0, 100, 5000), chunk(8192, 100, 50, 10)],
                 },
                 IndexBlob {
                     digest: [2; 32],
@@ -339,6 +395,126 @@ mod tests {
         let mut index = sample();
         index.blobs[1].chunks[0].compressed_size = 51.into(); // past blob end
         assert!(ChunkIndex::from_bytes(&index.to_bytes()).is_err());
+    }
+
+    fn header(chunk_bits: u32, blobs: u32, chunks: u32, prefetch: u32) -> Vec<u8> {
+        IndexHeader {
+            magic: INDEX_MAGIC,
+            version: INDEX_VERSION.into(),
+            chunk_bits: chunk_bits.into(),
+            blob_count: blobs.into(),
+            chunk_count: chunks.into(),
+            prefetch_count: prefetch.into(),
+            reserved: [0; 4],
+        }
+        .as_bytes()
+        .to_vec()
+    }
+
+    /// Counts are checked against the limits and the input's length before
+    /// anything is allocated: a 32-byte header claiming 4 billion chunks is
+    /// refused at once.
+    #[test]
+    fn header_counts_are_bounded() {
+        let too_many = |r| matches!(r, Err(IndexError::TooLarge { .. }));
+        assert!(too_many(ChunkIndex::from_bytes(&header(
+            18,
+            0,
+            u32::MAX,
+            0
+        ))));
+        assert!(too_many(ChunkIndex::from_bytes(&header(
+            18,
+            u32::MAX,
+            0,
+            0
+        ))));
+        assert!(too_many(ChunkIndex::from_bytes(&header(
+            18,
+            0,
+            MAX_CHUNKS + 1,
+            0
+        ))));
+        for h in [
+            header(18, 0, MAX_CHUNKS, 0),
+            header(18, MAX_BLOBS, 0, 0),
+            header(18, 1, 1, 1),
+        ] {
+            assert!(matches!(
+                ChunkIndex::from_bytes(&h),
+                Err(IndexError::Truncated)
+            ));
+        }
+        assert!(matches!(
+            ChunkIndex::from_bytes(&header(18, 0, 0, u32::MAX)),
+            Err(IndexError::Inconsistent(_))
+        ));
+        const { assert!(MAX_INDEX_SIZE < 300 << 20) };
+    }
+
+    /// Chunk sizes within 1 << chunk_bits (chunk_bits at most 24: no 1 GiB
+    /// chunks), stored sizes within zstd's bound, offsets that would
+    /// overflow, cache sizes beyond the last chunk.
+    #[test]
+    fn chunk_sizes_and_offsets_are_bounded() {
+        let refused = |index: &ChunkIndex| ChunkIndex::from_bytes(&index.to_bytes()).is_err();
+        let mut index = sample();
+        index.chunk_bits = 30;
+        index.blobs[1].chunks[0].size = (1 << 30).into();
+        index.blobs[1].cache_size = 1 << 30;
+        assert!(refused(&index));
+        let mut index = sample();
+        index.blobs[1].chunks[0].size = (1 << 20 | 1).into(); // over the chunk size
+        index.blobs[1].cache_size = (1 << 20) + 4096;
+        assert!(refused(&index));
+        let mut index = sample();
+        index.blobs[1].compressed_size = 1 << 20;
+        index.blobs[1].chunks[0].compressed_size = (4096 + 4096).into(); // over zstd's bound
+        assert!(refused(&index));
+        let mut index = sample();
+        index.blobs[1].chunks[0].compressed_offset = (u64::MAX - 10).into();
+        assert!(refused(&index));
+        let mut index = sample();
+        index.blobs[0].chunks[1].cache_offset = (u64::MAX - 4095).into();
+        index.blobs[0].cache_size = u64::MAX - 4095;
+        assert!(refused(&index));
+        let mut index = sample();
+        index.blobs[1].cache_size = 1 << 40; // a cache file far past its chunks
+        assert!(refused(&index));
+        let mut index = sample();
+        index.blobs[0].chunks[1].compressed_offset = 50.into(); // overlaps chunk 0
+        assert!(refused(&index));
+    }
+
+    /// Blobs own consecutive runs of chunks: two blobs naming the same run
+    /// (which would copy it twice) and chunks of no blob are refused.
+    #[test]
+    fn blob_runs_are_consecutive() {
+        let bytes = sample().to_bytes();
+        let first_chunk = |blob: usize| 32 + 96 * blob + 48;
+        let mut shared = bytes.clone();
+        shared[first_chunk(1)..first_chunk(1) + 4].copy_from_slice(&0u32.to_le_bytes());
+        assert!(ChunkIndex::from_bytes(&shared).is_err());
+        let mut orphan = bytes.clone();
+        orphan[first_chunk(1) + 4..first_chunk(1) + 8].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            ChunkIndex::from_bytes(&orphan),
+            Err(IndexError::Inconsistent(_))
+        ));
+    }
+
+    #[test]
+    fn boot_set_entries_name_chunks() {
+        let mut index = sample();
+        index.prefetch = vec![(0, 0), (1, 0), (0, 1)];
+        assert_eq!(ChunkIndex::from_bytes(&index.to_bytes()).unwrap(), index);
+        let mut bytes = index.to_bytes();
+        let n = bytes.len();
+        bytes[n - 4..].copy_from_slice(&3u32.to_le_bytes()); // 3 chunks: 0..=2
+        assert!(matches!(
+            ChunkIndex::from_bytes(&bytes),
+            Err(IndexError::Inconsistent(_))
+        ));
     }
 
     #[test]

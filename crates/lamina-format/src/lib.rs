@@ -14,3 +14,13 @@ pub mod boot;
 pub mod erofs;
 pub mod fill;
 pub mod index;
+
+/// The most bytes zstd may need for one frame of `n` bytes, as
+/// `ZSTD_COMPRESSBOUND` (an incompressible input grows by 1/256 plus a header),
+/// saturating. Readers use it to bound a compressed size by the size it
+/// claims to decompress to.
+pub const fn zstd_bound(n: u64) -> u64 {
+    const SMALL: u64 = 128 << 10;
+    let margin = if n < SMALL { (SMALL - n) >> 11 } else { 0 };
+    n.saturating_add(n >> 8).saturating_add(margin)
+}

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
-use lamina_format::index::ChunkIndex;
+use lamina_format::boot::{BootExtent, BootHeader, BOOT_PAGE};
+use lamina_format::index::{ChunkIndex, MAX_INDEX_SIZE};
+use lamina_format::zstd_bound;
 use lamina_oci::{Descriptor, Digest, ImageSource, Manifest};
 
 /// Media type of a data blob: concatenated chunks, each a zstd frame or raw.
@@ -42,8 +44,11 @@ pub const ANNOTATION_UNCOMPRESSED_SIZE: &str = "dev.lamina.uncompressed.size";
 /// The format version this build writes and reads.
 pub const FORMAT_VERSION: &str = "1";
 
-/// Largest metadata or index lamina will decompress (guards against zstd bombs).
-const MAX_DECOMPRESSED: u64 = 1 << 32;
+/// Largest EROFS metadata image lamina writes or reads, uncompressed.
+pub const MAX_METADATA_SIZE: u64 = 256 << 20;
+/// Largest boot pages lamina writes or reads, uncompressed. They are fetched
+/// and held whole by the mount's worker.
+pub const MAX_BOOT_PAGES_SIZE: u64 = 1 << 30;
 
 /// Why an image is not a usable lamina image.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +70,17 @@ pub enum ArtifactError {
     /// The chunk index is malformed.
     #[error(transparent)]
     Index(#[from] lamina_format::index::IndexError),
+    /// A size the image states (descriptor or annotation) is beyond what
+    /// lamina reads; refused before anything of that size is allocated.
+    #[error("{what}: {size} bytes is more than the limit of {limit}")]
+    TooLarge {
+        /// Which size.
+        what: &'static str,
+        /// The size stated.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 /// The layers of a lamina manifest, by role.
@@ -123,37 +139,144 @@ impl LaminaLayers {
     }
 }
 
-/// Reads a zstd-compressed lamina layer and checks its uncompressed digest.
+/// The most a zstd layer of `size` uncompressed bytes may take: zstd's
+/// bound plus a little (lamina writes one frame; this leaves room for a
+/// few more frame headers).
+fn compressed_limit(size: u64) -> u64 {
+    zstd_bound(size).saturating_add(64 << 10)
+}
+
+fn too_large(what: &'static str, size: u64, limit: u64) -> Result<(), ArtifactError> {
+    if size > limit {
+        return Err(ArtifactError::TooLarge { what, size, limit });
+    }
+    Ok(())
+}
+
+/// The uncompressed-size annotation of a zstd layer, if it has one.
+fn annotated_size(desc: &Descriptor, what: &'static str) -> Result<Option<u64>, ArtifactError> {
+    desc.annotations
+        .get(ANNOTATION_UNCOMPRESSED_SIZE)
+        .map(|v| {
+            v.parse().map_err(|_| ArtifactError::Corrupt {
+                what,
+                reason: format!("bad {ANNOTATION_UNCOMPRESSED_SIZE} annotation {v:?}"),
+            })
+        })
+        .transpose()
+}
+
+/// Reads a zstd-compressed lamina layer (index, metadata or boot pages) and
+/// checks its uncompressed digest. Its sizes are checked against the
+/// layer's limit first (metadata [`MAX_METADATA_SIZE`], index
+/// [`MAX_INDEX_SIZE`], boot pages [`MAX_BOOT_PAGES_SIZE`]), and it is
+/// decompressed as a stream that stops at the limit, so neither a lying
+/// annotation nor a zstd bomb makes it allocate more.
 pub fn read_compressed_layer(
     source: &dyn ImageSource,
     desc: &Descriptor,
     what: &'static str,
 ) -> Result<Vec<u8>, ArtifactError> {
-    let raw = source.open_blob(desc)?;
-    let mut out = Vec::new();
-    let decoder = zstd::stream::read::Decoder::new(raw).map_err(|e| ArtifactError::Corrupt {
-        what,
-        reason: e.to_string(),
-    })?;
-    decoder
-        .take(MAX_DECOMPRESSED)
-        .read_to_end(&mut out)
-        .map_err(|e| ArtifactError::Corrupt {
-            what,
-            reason: e.to_string(),
-        })?;
+    let max = match desc.media_type.as_str() {
+        MEDIA_TYPE_METADATA => MAX_METADATA_SIZE,
+        MEDIA_TYPE_INDEX => MAX_INDEX_SIZE,
+        MEDIA_TYPE_BOOT => MAX_BOOT_PAGES_SIZE,
+        other => {
+            return Err(ArtifactError::NotLamina(format!(
+                "{what}: layer type {other} is not a zstd lamina layer"
+            )))
+        }
+    };
+    let size = annotated_size(desc, what)?;
+    if let Some(size) = size {
+        too_large(what, size, max)?;
+    }
+    // Decompress no further than the annotation says, else the limit.
+    let limit = size.unwrap_or(max);
+    too_large(what, desc.size, compressed_limit(limit))?;
     let expected = desc
         .annotations
         .get(ANNOTATION_UNCOMPRESSED_DIGEST)
         .ok_or_else(|| ArtifactError::NotLamina(format!("{what} layer has no content digest")))?;
+    let raw = source.open_blob(desc)?;
+    let corrupt = |reason: String| ArtifactError::Corrupt { what, reason };
+    let decoder = zstd::stream::read::Decoder::new(raw).map_err(|e| corrupt(e.to_string()))?;
+    let mut out = Vec::new();
+    decoder
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| corrupt(e.to_string()))?;
+    if out.len() as u64 > limit {
+        return Err(corrupt(format!("decompresses to more than {limit} bytes")));
+    }
+    if let Some(size) = size.filter(|&s| s != out.len() as u64) {
+        return Err(corrupt(format!(
+            "{} bytes uncompressed, the annotation says {size}",
+            out.len()
+        )));
+    }
     let actual = Digest::of_bytes(&out);
     if actual.to_string() != *expected {
-        return Err(ArtifactError::Corrupt {
-            what,
-            reason: format!("content digest {actual} does not match {expected}"),
-        });
+        return Err(corrupt(format!(
+            "content digest {actual} does not match {expected}"
+        )));
     }
     Ok(out)
+}
+
+/// A boot-pages layer's sizes and content digest, checked against the image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootLayer {
+    /// Size of the compressed layer (its descriptor's).
+    pub compressed_size: u64,
+    /// Size of the uncompressed boot pages.
+    pub size: u64,
+    /// Digest of the uncompressed boot pages.
+    pub digest: Digest,
+}
+
+/// Checks a boot-pages layer's descriptor before anything is fetched: the
+/// uncompressed size must fit what boot pages over the index's cache files
+/// can be (header, one extent per page at most, each page once) and
+/// [`MAX_BOOT_PAGES_SIZE`]; the compressed size must fit zstd's bound of it.
+pub fn boot_layer(desc: &Descriptor, index: &ChunkIndex) -> Result<BootLayer, ArtifactError> {
+    const WHAT: &str = "boot pages";
+    let missing = |key: &str| ArtifactError::Corrupt {
+        what: WHAT,
+        reason: format!("layer has no {key} annotation"),
+    };
+    let size = annotated_size(desc, WHAT)?.ok_or_else(|| missing(ANNOTATION_UNCOMPRESSED_SIZE))?;
+    let digest = desc
+        .annotations
+        .get(ANNOTATION_UNCOMPRESSED_DIGEST)
+        .ok_or_else(|| missing(ANNOTATION_UNCOMPRESSED_DIGEST))?;
+    let digest = Digest::parse(digest).map_err(|e| ArtifactError::Corrupt {
+        what: WHAT,
+        reason: format!("bad {ANNOTATION_UNCOMPRESSED_DIGEST} annotation: {e}"),
+    })?;
+    let pages: u64 = index
+        .blobs
+        .iter()
+        .map(|b| b.cache_size / BOOT_PAGE)
+        .fold(0, u64::saturating_add);
+    let per_page = BOOT_PAGE + size_of::<BootExtent>() as u64;
+    let most = pages
+        .saturating_mul(per_page)
+        .saturating_add(size_of::<BootHeader>() as u64)
+        .min(MAX_BOOT_PAGES_SIZE);
+    too_large("boot pages (uncompressed)", size, most)?;
+    if size < size_of::<BootHeader>() as u64 {
+        return Err(ArtifactError::Corrupt {
+            what: WHAT,
+            reason: format!("{size} bytes is shorter than the boot pages header"),
+        });
+    }
+    too_large("boot pages (compressed)", desc.size, compressed_limit(size))?;
+    Ok(BootLayer {
+        compressed_size: desc.size,
+        size,
+        digest,
+    })
 }
 
 /// Loads and validates the chunk index, and checks it names the manifest's blobs.
@@ -202,4 +325,176 @@ pub fn content_annotations(raw: &[u8]) -> BTreeMap<String, String> {
             raw.len().to_string(),
         ),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_format::index::IndexBlob;
+    use lamina_oci::{OciError, SourceImage};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// One blob, served for any descriptor; remembers whether it was opened.
+    #[derive(Debug)]
+    struct OneBlob {
+        image: SourceImage,
+        blob: Vec<u8>,
+        opened: AtomicBool,
+    }
+
+    impl OneBlob {
+        fn new(blob: Vec<u8>) -> Self {
+            let config = Descriptor::of_bytes("application/vnd.lamina.test", b"{}");
+            OneBlob {
+                image: SourceImage {
+                    manifest: Manifest {
+                        schema_version: 2,
+                        media_type: None,
+                        config,
+                        layers: Vec::new(),
+                        annotations: BTreeMap::new(),
+                    },
+                    manifest_bytes: Vec::new(),
+                    manifest_digest: Digest::of_bytes(b""),
+                    config_bytes: b"{}".to_vec(),
+                    config: serde_json::Value::Null,
+                    layers: Vec::new(),
+                },
+                blob,
+                opened: AtomicBool::new(false),
+            }
+        }
+    }
+
+    impl ImageSource for OneBlob {
+        fn image(&self) -> &SourceImage {
+            &self.image
+        }
+        fn open_layer(&self, _: usize) -> Result<Box<dyn Read + Send + '_>, OciError> {
+            Err(OciError::Unsupported("no layers".into()))
+        }
+        fn open_blob(&self, _: &Descriptor) -> Result<Box<dyn Read + Send + '_>, OciError> {
+            self.opened.store(true, Ordering::Relaxed);
+            Ok(Box::new(&self.blob[..]))
+        }
+    }
+
+    /// A zstd layer descriptor of `raw` compressed to `z`, with `size` as
+    /// its uncompressed-size annotation.
+    fn layer(media_type: &str, raw: &[u8], z: &[u8], size: Option<u64>) -> Descriptor {
+        let mut desc = Descriptor::of_bytes(media_type, z);
+        desc.annotations = content_annotations(raw);
+        match size {
+            Some(s) => desc
+                .annotations
+                .insert(ANNOTATION_UNCOMPRESSED_SIZE.into(), s.to_string()),
+            None => desc.annotations.remove(ANNOTATION_UNCOMPRESSED_SIZE),
+        };
+        desc
+    }
+
+    #[test]
+    fn compressed_layer_round_trip() {
+        let raw = b"metadata".repeat(1000);
+        let z = zstd::bulk::compress(&raw, 3).unwrap();
+        let src = OneBlob::new(z.clone());
+        for size in [Some(raw.len() as u64), None] {
+            let desc = layer(MEDIA_TYPE_METADATA, &raw, &z, size);
+            assert_eq!(read_compressed_layer(&src, &desc, "metadata").unwrap(), raw);
+        }
+    }
+
+    /// Sizes beyond the layer's limit are refused before the blob is
+    /// opened; a frame larger than its annotation is cut at the annotation.
+    #[test]
+    fn compressed_layer_sizes_are_bounded() {
+        let raw = vec![0u8; 1 << 20];
+        let z = zstd::bulk::compress(&raw, 3).unwrap();
+        let src = OneBlob::new(z.clone());
+        let refused_unopened = |desc: &Descriptor| {
+            let err = read_compressed_layer(&src, desc, "metadata").unwrap_err();
+            assert!(matches!(err, ArtifactError::TooLarge { .. }), "{err}");
+            assert!(!src.opened.load(Ordering::Relaxed));
+        };
+        refused_unopened(&layer(MEDIA_TYPE_METADATA, &raw, &z, Some(1 << 40)));
+        refused_unopened(&layer(
+            MEDIA_TYPE_METADATA,
+            &raw,
+            &z,
+            Some(MAX_METADATA_SIZE + 1),
+        ));
+        refused_unopened(&layer(MEDIA_TYPE_INDEX, &raw, &z, Some(MAX_INDEX_SIZE + 1)));
+        let mut huge = layer(MEDIA_TYPE_METADATA, &raw, &z, None);
+        huge.size = u64::MAX;
+        refused_unopened(&huge);
+        let mut over_bound = layer(MEDIA_TYPE_METADATA, &raw, &z, Some(1000));
+        over_bound.size = compressed_limit(1000) + 1;
+        refused_unopened(&over_bound);
+        // 1 MiB of zeros whose annotation says 1000 bytes: stops after 1001.
+        let lying = layer(MEDIA_TYPE_METADATA, &raw, &z, Some(1000));
+        let err = read_compressed_layer(&src, &lying, "metadata").unwrap_err();
+        assert!(err.to_string().contains("more than 1000 bytes"), "{err}");
+        let mut blob = layer(MEDIA_TYPE_METADATA, &raw, &z, None);
+        blob.media_type = MEDIA_TYPE_BLOB.into();
+        assert!(read_compressed_layer(&src, &blob, "metadata").is_err());
+    }
+
+    fn index_with_cache(cache_size: u64) -> ChunkIndex {
+        ChunkIndex {
+            chunk_bits: 18,
+            blobs: vec![IndexBlob {
+                digest: [0; 32],
+                compressed_size: 0,
+                cache_size,
+                chunks: Vec::new(),
+            }],
+            prefetch: Vec::new(),
+        }
+    }
+
+    /// Issue 7: a boot-pages annotation of 1 TiB made every worker start
+    /// preallocate it and abort.
+    #[test]
+    fn boot_layer_sizes_are_bounded() {
+        let raw = vec![7u8; 64];
+        let z = zstd::bulk::compress(&raw, 3).unwrap();
+        let index = index_with_cache(8 << 20);
+        let good = layer(MEDIA_TYPE_BOOT, &raw, &z, Some(raw.len() as u64));
+        let boot = boot_layer(&good, &index).unwrap();
+        assert_eq!((boot.size, boot.compressed_size), (64, z.len() as u64));
+        assert_eq!(boot.digest, Digest::of_bytes(&raw));
+
+        let too_large = |desc: &Descriptor, index: &ChunkIndex| {
+            let err = boot_layer(desc, index).unwrap_err();
+            assert!(matches!(err, ArtifactError::TooLarge { .. }), "{err}");
+        };
+        too_large(&layer(MEDIA_TYPE_BOOT, &raw, &z, Some(1 << 40)), &index);
+        // More than the cache files' pages with their extents could be.
+        let most = 16 + 2048 * (4096 + 16);
+        assert!(boot_layer(&layer(MEDIA_TYPE_BOOT, &raw, &z, Some(most)), &index).is_ok());
+        too_large(&layer(MEDIA_TYPE_BOOT, &raw, &z, Some(most + 1)), &index);
+        // The fixed cap, whatever the cache files.
+        too_large(
+            &layer(MEDIA_TYPE_BOOT, &raw, &z, Some(MAX_BOOT_PAGES_SIZE + 1)),
+            &index_with_cache(1 << 40),
+        );
+        let mut compressed = good.clone();
+        compressed.size = 1 << 40;
+        too_large(&compressed, &index);
+
+        let corrupt = |desc: &Descriptor| {
+            let err = boot_layer(desc, &index).unwrap_err();
+            assert!(matches!(err, ArtifactError::Corrupt { .. }), "{err}");
+        };
+        corrupt(&layer(MEDIA_TYPE_BOOT, &raw, &z, Some(15)));
+        corrupt(&layer(MEDIA_TYPE_BOOT, &raw, &z, None));
+        let mut bad = good.clone();
+        bad.annotations
+            .insert(ANNOTATION_UNCOMPRESSED_SIZE.into(), "-1".into());
+        corrupt(&bad);
+        let mut bad = good.clone();
+        bad.annotations
+            .insert(ANNOTATION_UNCOMPRESSED_DIGEST.into(), "sha256:zz".into());
+        corrupt(&bad);
+    }
 }

@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use lamina_format::erofs::{self, ChunkAddr, Device, FileChunks};
-use lamina_format::index::{ChunkEntry, ChunkIndex, IndexBlob, CHUNK_ZSTD};
+use lamina_format::index::{ChunkEntry, ChunkIndex, IndexBlob, CHUNK_ZSTD, MAX_CHUNKS};
 use lamina_oci::{sha256, Sha256};
 use lamina_tree::{apply_layer, ApplyError, LayerStats, NodeKind, Tree};
+
+use crate::artifact::MAX_METADATA_SIZE;
 
 /// Build settings.
 #[derive(Debug, Clone)]
@@ -48,6 +50,9 @@ pub enum BuildError {
     /// Settings out of range.
     #[error("invalid build option: {0}")]
     Options(String),
+    /// The image is beyond a limit readers enforce (docs/format.md, "Limits").
+    #[error("image too large: {0}")]
+    TooLarge(String),
 }
 
 /// One finished data blob: a file in the work directory.
@@ -375,6 +380,19 @@ impl<'a> ImageBuilder<'a> {
             })
             .collect();
         let (metadata, image_stats) = erofs::write_image(&self.tree, &devices)?;
+        // Readers refuse what is over the limits; better not to write it.
+        if metadata.len() as u64 > MAX_METADATA_SIZE {
+            return Err(BuildError::TooLarge(format!(
+                "the EROFS metadata image is {} bytes, more than {MAX_METADATA_SIZE}",
+                metadata.len()
+            )));
+        }
+        let chunk_count: usize = self.store.finished.iter().map(|b| b.chunks.len()).sum();
+        if chunk_count > MAX_CHUNKS as usize {
+            return Err(BuildError::TooLarge(format!(
+                "{chunk_count} distinct chunks, more than {MAX_CHUNKS} (use a larger --chunk-size)"
+            )));
+        }
         let mut stats = self.store.stats;
         stats.inodes = image_stats.inodes;
         stats.compact_inodes = image_stats.compact_inodes;

@@ -194,6 +194,12 @@ pub fn convert(
     let mut boot_report = None;
     if !boot.extents.is_empty() {
         let raw = boot.to_bytes();
+        if raw.len() as u64 > MAX_BOOT_PAGES_SIZE {
+            return Err(ConvertError::Config(format!(
+                "the trace's boot pages are {} bytes, more than {MAX_BOOT_PAGES_SIZE}",
+                raw.len()
+            )));
+        }
         // Fetched whole at every cold mount and written once: worth zstd's
         // strongest level (4.1 MB of python3 pages: 1.61 MB at level 3,
         // 1.35 MB at 19).
@@ -287,7 +293,11 @@ pub fn convert(
         metadata_compressed_bytes: metadata_z.len() as u64,
         index_bytes: index_raw.len() as u64,
         blobs: blob_reports,
-        source_layer_bytes: image.layers.iter().map(|l| l.descriptor.size).sum(),
+        source_layer_bytes: image
+            .layers
+            .iter()
+            .map(|l| l.descriptor.size)
+            .fold(0, u64::saturating_add),
         boot_pages: boot_report,
         dedup_ratio: if stats.stored_bytes == 0 {
             1.0

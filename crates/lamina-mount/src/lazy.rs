@@ -11,7 +11,7 @@ use lamina_daemon::config::{BlobSpec, BootPagesSpec, DaemonConfig, SourceSpec};
 use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
 use lamina_fetch::store::BlobStore;
-use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
+use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, RegistryRef};
 
 use crate::kernel::{cached_layer, MountError, MountInfo, MountOptions};
@@ -109,25 +109,13 @@ pub fn mount_lazy(
     metadata?;
     let boot_pages = match &layers.boot {
         Some(desc) => {
-            let annotation = |key: &str| {
-                desc.annotations
-                    .get(key)
-                    .cloned()
-                    .ok_or_else(|| ArtifactError::Corrupt {
-                        what: "boot pages",
-                        reason: format!("layer has no {key} annotation"),
-                    })
-            };
+            // Sizes bounded here, before the worker allocates for them.
+            let boot = artifact::boot_layer(desc, &index)?;
             Some(BootPagesSpec {
                 layer_digest: desc.digest.to_string(),
-                layer_size: desc.size,
-                digest: annotation(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)?,
-                size: annotation(artifact::ANNOTATION_UNCOMPRESSED_SIZE)?
-                    .parse()
-                    .map_err(|_| ArtifactError::Corrupt {
-                        what: "boot pages",
-                        reason: "bad uncompressed size annotation".into(),
-                    })?,
+                layer_size: boot.compressed_size,
+                digest: boot.digest.to_string(),
+                size: boot.size,
                 path: meta_dir.join(format!("{}.boot", desc.digest.hex())),
             })
         }

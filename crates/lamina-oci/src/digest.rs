@@ -461,6 +461,26 @@ mod tests {
         assert_eq!((d2, n2), (d, 11));
     }
 
+    /// A size over the limit is refused before the reader is touched or
+    /// anything is allocated for it.
+    #[test]
+    fn read_verified_checks_the_limit_first() {
+        struct Unreadable;
+        impl Read for Unreadable {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::Error::other("must not be read"))
+            }
+        }
+        let d = Digest::of_bytes(b"");
+        for size in [1025, u64::MAX] {
+            let err = read_verified(Unreadable, &d, size, 1024, "blob").expect_err("size");
+            assert!(matches!(err, OciError::TooLarge { .. }), "{err}");
+        }
+        // A lying (small) size: the stream is cut there.
+        let err = read_verified(&[0u8; 4096][..], &d, 10, 1024, "blob").expect_err("lie");
+        assert!(matches!(err, OciError::SizeMismatch { .. }), "{err}");
+    }
+
     #[test]
     fn verifying_reader_checks() {
         let data = b"some blob".to_vec();

@@ -79,7 +79,9 @@ pub struct Descriptor {
     pub media_type: String,
     /// Digest of the referenced content.
     pub digest: Digest,
-    /// Size in bytes of the referenced content.
+    /// Size in bytes of the referenced content (at most `i64::MAX`, the
+    /// spec's int64; negative or larger sizes do not parse).
+    #[serde(deserialize_with = "descriptor_size")]
     pub size: u64,
     /// Annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -87,6 +89,18 @@ pub struct Descriptor {
     /// Platform (index entries only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<Platform>,
+}
+
+/// The OCI spec's int64, non-negative: sizes above it are refused as the
+/// JSON is parsed, so no arithmetic on a size starts near `u64::MAX`.
+fn descriptor_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let size = u64::deserialize(d)?;
+    if size > i64::MAX as u64 {
+        return Err(serde::de::Error::custom(format!(
+            "descriptor size {size} is out of range"
+        )));
+    }
+    Ok(size)
 }
 
 impl Descriptor {
@@ -211,6 +225,29 @@ mod tests {
         assert_eq!(v["size"], 2);
         assert!(v.get("annotations").is_none());
         assert!(v.get("platform").is_none());
+    }
+
+    #[test]
+    fn descriptor_sizes_must_be_int64() {
+        let desc = |size: &str| {
+            serde_json::from_str::<Descriptor>(&format!(
+                r#"{{"mediaType":"x","digest":"sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855","size":{size}}}"#
+            ))
+        };
+        assert_eq!(
+            desc("9223372036854775807").expect("max").size,
+            i64::MAX as u64
+        );
+        for bad in [
+            "-1",
+            "1.5",
+            "1e30",
+            "9223372036854775808",
+            "18446744073709551616",
+            "\"1\"",
+        ] {
+            assert!(desc(bad).is_err(), "size {bad} parsed");
+        }
     }
 
     #[test]

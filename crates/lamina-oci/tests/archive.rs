@@ -262,3 +262,16 @@ fn archive_verification_failures() {
         open_source(&archive_ref(&tmp.path().join("absent.tar"), None), &opts).expect_err("absent");
     assert!(err.to_string().contains("absent.tar"), "{err}");
 }
+
+/// manifest.json is read whole: one over 16 MiB is refused.
+#[test]
+fn archive_manifest_size_is_bounded() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut a = ArchiveBuilder::new();
+    a.file("manifest.json", &vec![b' '; (16 << 20) + 1]);
+    let path = tmp.path().join("big.tar");
+    a.write(&path);
+    let err = open_source(&archive_ref(&path, None), &SourceOptions::default())
+        .expect_err("manifest.json");
+    assert!(matches!(err, OciError::TooLarge { .. }), "{err}");
+}

@@ -377,3 +377,60 @@ fn adopted_blobs_are_moved_from_scratch_and_checked_elsewhere() {
     );
     assert!(!scratch.exists(), "scratch directory left behind");
 }
+
+/// index.json, manifests and configs are read whole, so each has a limit
+/// (16 MiB, 4 MiB, 64 MiB) checked before a byte of a descriptor's size
+/// is allocated; a descriptor claiming more is refused unread.
+#[test]
+fn metadata_sizes_are_bounded() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).expect("w");
+    let too_large = |what: &str| {
+        let err = open_source(&oci(dir, None), &SourceOptions::default()).expect_err(what);
+        assert!(matches!(err, OciError::TooLarge { .. }), "{what}: {err}");
+    };
+
+    // A sparse index.json one byte over 16 MiB.
+    let f = fs::File::create(dir.join("index.json")).expect("create");
+    f.set_len((16 << 20) + 1).expect("set_len");
+    too_large("index.json");
+
+    // A manifest descriptor of 4 MiB + 1 and of i64::MAX: not read.
+    let blob = Digest::of_bytes(b"{}");
+    fs::create_dir_all(dir.join("blobs/sha256")).expect("mkdir");
+    fs::write(blob_path(dir, &blob), b"{}").expect("blob");
+    for size in [(4u64 << 20) + 1, i64::MAX as u64] {
+        let index = ImageIndex {
+            manifests: vec![Descriptor::new(mt::OCI_MANIFEST, blob.clone(), size)],
+            ..ImageIndex::default()
+        };
+        fs::write(
+            dir.join("index.json"),
+            serde_json::to_vec(&index).expect("json"),
+        )
+        .expect("w");
+        too_large("manifest");
+    }
+
+    // A manifest whose config descriptor claims 64 MiB + 1.
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": mt::OCI_MANIFEST,
+        "config": {"mediaType": mt::OCI_CONFIG, "digest": blob.to_string(), "size": (64u64 << 20) + 1},
+        "layers": [],
+    });
+    let bytes = serde_json::to_vec(&manifest).expect("json");
+    let md = Digest::of_bytes(&bytes);
+    fs::write(blob_path(dir, &md), &bytes).expect("manifest");
+    let index = ImageIndex {
+        manifests: vec![Descriptor::of_bytes(mt::OCI_MANIFEST, &bytes)],
+        ..ImageIndex::default()
+    };
+    fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&index).expect("json"),
+    )
+    .expect("w");
+    too_large("config");
+}

@@ -562,3 +562,37 @@ fn tls_registry_with_private_ca() {
         .expect("range");
     assert_eq!(got, layer.blob[2..9]);
 }
+
+/// A manifest is read whole, so a body over 4 MiB is refused (and read no
+/// further than the limit).
+#[test]
+fn oversized_manifest_is_refused() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = std::thread::spawn(move || {
+        let Ok((stream, _)) = listener.accept() else {
+            return;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        if read_req(&stream).is_some() {
+            let body = vec![b' '; (4 << 20) + 1];
+            respond(
+                &stream,
+                "200 OK",
+                &[("Content-Type", mt::OCI_MANIFEST.to_string())],
+                &body,
+            );
+        }
+    });
+    let client = RegistryClient::with_timeout(
+        &format!("127.0.0.1:{port}"),
+        &SourceOptions::default(),
+        Duration::from_secs(10),
+    )
+    .expect("client");
+    let err = client
+        .get_manifest("a/b", &RegistryReference::Tag("t".into()))
+        .expect_err("too large");
+    assert!(matches!(err, OciError::TooLarge { .. }), "{err}");
+    server.join().expect("server thread");
+}

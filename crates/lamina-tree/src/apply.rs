@@ -163,6 +163,11 @@ fn trim_nul(mut v: Vec<u8>) -> Vec<u8> {
 
 /// Parses PAX records (`LEN KEY=VALUE\n`, LEN counting the whole record), by
 /// length, so values may hold any bytes.
+///
+/// POSIX: a keyword with an empty value is deleted, so the header field
+/// applies again (`uid=` means the header's uid). Xattr records are exempt:
+/// there an empty value is the xattr's value (`user.x` set to ""), as
+/// containerd keeps it.
 fn parse_pax(mut data: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut out = Vec::new();
     while !data.is_empty() {
@@ -180,10 +185,22 @@ fn parse_pax(mut data: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         }
         let record = &data[space + 1..len - 1];
         let eq = record.iter().position(|&b| b == b'=').ok_or_else(bad)?;
-        out.push((record[..eq].to_vec(), record[eq + 1..].to_vec()));
+        let (key, value) = (&record[..eq], &record[eq + 1..]);
+        if value.is_empty() && !is_xattr_record(key) {
+            out.retain(|(k, _)| k != key);
+        } else {
+            out.push((key.to_vec(), value.to_vec()));
+        }
         data = &data[len..];
     }
     Ok(out)
+}
+
+const SCHILY_XATTR: &[u8] = b"SCHILY.xattr.";
+const LIBARCHIVE_XATTR: &[u8] = b"LIBARCHIVE.xattr.";
+
+fn is_xattr_record(key: &[u8]) -> bool {
+    key.starts_with(SCHILY_XATTR) || key.starts_with(LIBARCHIVE_XATTR)
 }
 
 /// One parsed tar entry, reduced to what the tree needs.
@@ -561,9 +578,9 @@ fn read_metadata<R: Read>(entry: &tar::Entry<'_, R>, pending: &Pending) -> io::R
                 b"gid" => meta.gid = parse_u32(value)?,
                 b"mtime" => (meta.mtime, meta.mtime_nsec) = parse_pax_time(value)?,
                 _ => {
-                    if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                    if let Some(name) = key.strip_prefix(SCHILY_XATTR) {
                         meta.xattrs.insert(name.to_vec(), value.to_vec());
-                    } else if let Some(name) = key.strip_prefix(b"LIBARCHIVE.xattr.") {
+                    } else if let Some(name) = key.strip_prefix(LIBARCHIVE_XATTR) {
                         let name = percent_decode(name);
                         let value = base64::engine::general_purpose::STANDARD_NO_PAD
                             .decode(value.strip_suffix(b"=").unwrap_or(value))
@@ -667,6 +684,27 @@ mod tests {
         }
         fn hardlink(&mut self, p: &str, t: &str) -> &mut Self {
             self.add(p, tar::EntryType::Link, b"", Some(t));
+            self
+        }
+        /// A PAX extended header with `records`, for the next entry.
+        fn pax(&mut self, records: &[(&str, &[u8])]) -> &mut Self {
+            let mut data = Vec::new();
+            for (key, value) in records {
+                let body = [b" ", key.as_bytes(), b"=", value, b"\n"].concat();
+                let mut len = body.len() + 1;
+                while len.to_string().len() + body.len() != len {
+                    len = len.to_string().len() + body.len();
+                }
+                data.extend_from_slice(len.to_string().as_bytes());
+                data.extend_from_slice(&body);
+            }
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::XHeader);
+            h.set_path("PaxHeader").unwrap();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            self.0.append(&h, &data[..]).unwrap();
             self
         }
         fn bytes(self) -> Vec<u8> {
@@ -850,6 +888,70 @@ mod tests {
         assert_eq!(got[1], (b"path".to_vec(), b"ab".to_vec()));
         assert!(parse_pax(b"99 path=x\n").is_err());
         assert!(parse_pax(b"5 a=b\n").is_err());
+    }
+
+    fn meta_of<'a>(tree: &'a T, path: &str) -> &'a Metadata {
+        &tree.nodes[tree.lookup(path.as_bytes()).unwrap()].meta
+    }
+
+    /// Issue 7: an xattr whose value is empty is an xattr, not a deleted
+    /// PAX keyword (Go's archive/tar, and so umoci, drops it).
+    #[test]
+    fn empty_xattr_values_are_kept() {
+        let mut l0 = LayerBuilder::new();
+        l0.pax(&[
+            ("SCHILY.xattr.user.empty", b""),
+            ("SCHILY.xattr.user.set", b"v"),
+            ("LIBARCHIVE.xattr.user.lib", b""),
+        ])
+        .file("f", b"data")
+        .pax(&[("SCHILY.xattr.trusted.empty", b"")])
+        .dir("d");
+        let mut t = T::new();
+        apply(&mut t, 0, l0.bytes()).unwrap();
+        let xattrs = |p| {
+            meta_of(&t, p)
+                .xattrs
+                .iter()
+                .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            xattrs("f"),
+            [
+                ("user.empty".to_string(), vec![]),
+                ("user.lib".to_string(), vec![]),
+                ("user.set".to_string(), b"v".to_vec()),
+            ]
+        );
+        assert_eq!(xattrs("d"), [("trusted.empty".to_string(), vec![])]);
+    }
+
+    /// POSIX: an empty value deletes a keyword, so the header field applies.
+    #[test]
+    fn empty_pax_values_fall_back_to_the_header() {
+        let mut l0 = LayerBuilder::new();
+        l0.pax(&[
+            ("uid", b"70000"),
+            ("uid", b""),
+            ("gid", b""),
+            ("mtime", b""),
+            ("path", b""),
+        ])
+        .file("f", b"data");
+        let mut t = T::new();
+        apply(&mut t, 0, l0.bytes()).unwrap();
+        let m = meta_of(&t, "f");
+        assert_eq!((m.uid, m.gid, m.mtime), (0, 0, 1000));
+        assert_eq!(content(&t, "f").unwrap(), b"data");
+        assert_eq!(
+            parse_pax(b"11 path=ab\n8 path=\n").unwrap(),
+            Vec::<(Vec<u8>, Vec<u8>)>::new()
+        );
+        assert_eq!(
+            parse_pax(b"24 SCHILY.xattr.user.e=\n").unwrap(),
+            [(b"SCHILY.xattr.user.e".to_vec(), vec![])]
+        );
     }
 
     #[test]

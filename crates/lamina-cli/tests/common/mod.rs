@@ -963,6 +963,16 @@ pub fn edge_layout() -> PathBuf {
     fixtures().join("edge")
 }
 
+/// treecmp options for comparing with umoci's unpack of edge: umoci drops
+/// xattrs whose value is empty (Go's archive/tar reads an empty PAX value as
+/// "unset"); compare with ociunpack.py, which keeps them, without ignores.
+pub const UMOCI_IGNORES: &[&str] = &[
+    "--ignore-xattr",
+    "user.empty",
+    "--ignore-xattr",
+    "trusted.empty",
+];
+
 /// The rootfs of `umoci unpack --image FIX/edge:edge-gz`, built once per
 /// test binary (umoci cannot read the zstd layers of tag edge).
 #[track_caller]

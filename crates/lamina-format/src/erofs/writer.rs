@@ -820,6 +820,21 @@ mod tests {
         assert_eq!(stats.compact_inodes, 300);
     }
 
+    /// Issue 7: an xattr with an empty value is an entry with value size 0,
+    /// not left out.
+    #[test]
+    fn empty_xattr_value_is_encoded() {
+        let xattrs = std::collections::BTreeMap::from([
+            (b"user.empty".to_vec(), Vec::new()),
+            (b"trusted.t".to_vec(), b"v".to_vec()),
+        ]);
+        let area = encode_xattrs(&xattrs).unwrap();
+        // header, then "t"+"v" (4 + 2, padded to 8), then "empty" (4 + 5, padded to 12)
+        assert_eq!(area.len(), 12 + 8 + 12);
+        assert_eq!(&area[12..20], &[1, 4, 1, 0, b't', b'v', 0, 0]);
+        assert_eq!(&area[20..29], &[5, 1, 0, 0, b'e', b'm', b'p', b't', b'y']);
+    }
+
     #[test]
     fn bad_inputs_are_errors() {
         let mut tree: Tree<FileChunks> = Tree::new();
