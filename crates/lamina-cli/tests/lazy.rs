@@ -18,6 +18,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -2222,4 +2223,311 @@ fn umount_stops_holder_and_worker_and_removes_run_dir() {
     f.check(!is_mountpoint(&mnt), || "still mounted".into());
     eprintln!("figures: umount took {umount_secs:.2} s (holder {holder}, worker {worker})");
     f.finish("umount");
+}
+
+// ---------------------------------------------------------------------------
+// 10. the holder lives as long as anyone can read (issue 7, point 2)
+
+/// Opens a file, reads its first page, says `started`, waits for a line on
+/// stdin, then reads the rest and prints the sha256 of the whole file (or
+/// `errno N`).
+const PARTIAL_READER: &str = r#"
+import hashlib, sys
+f = open(sys.argv[1], 'rb')
+h = hashlib.sha256()
+h.update(f.read(4096))
+print('started', flush=True)
+sys.stdin.readline()
+try:
+    while True:
+        b = f.read(1 << 20)
+        if not b:
+            break
+        h.update(b)
+    print(h.hexdigest(), flush=True)
+except OSError as e:
+    print('errno', e.errno, flush=True)
+"#;
+
+/// A file held open across what the test does to the mount.
+struct OpenFile {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl OpenFile {
+    fn open(path: &Path) -> OpenFile {
+        use std::io::BufRead;
+        let mut child = Command::new(tool("python3"))
+            .arg("-c")
+            .arg(PARTIAL_READER)
+            .arg(path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("reader output");
+        assert_eq!(line.trim(), "started", "the reader did not start");
+        OpenFile { child, out }
+    }
+
+    /// Reads the rest; returns the whole file's sha256 or the error.
+    fn finish(mut self) -> String {
+        use std::io::{BufRead, Write};
+        let mut stdin = self.child.stdin.take().expect("stdin");
+        stdin.write_all(b"go\n").expect("to the reader");
+        drop(stdin);
+        let mut line = String::new();
+        self.out.read_line(&mut line).expect("reader output");
+        let _ = self.child.wait();
+        line.trim().to_string()
+    }
+}
+
+/// The largest file of the image: many chunks, most not yet read.
+fn largest_file(deb: &Debian) -> &str {
+    deb.files
+        .iter()
+        .max_by_key(|f| deb.sizes[*f])
+        .expect("files")
+}
+
+fn holder_pid(m: &Mount) -> u32 {
+    m.status().expect("listed")["holder_pid"]
+        .as_u64()
+        .expect("holder pid") as u32
+}
+
+/// `umount -l` while a file is open, then something mounted over the
+/// mountpoint: the open file still reads the image's bytes (on main the
+/// holder left at the mountpoint change and the rest read as zeros), and
+/// the holder leaves once the file is closed and the superblock is gone.
+#[test]
+fn holder_serves_open_files_after_lazy_unmount_and_overmount() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "holder_serves_open_files_after_lazy_unmount_and_overmount",
+        "lazy-lifetime",
+    ) else {
+        return;
+    };
+    let file = largest_file(deb);
+    let mut f = Failures::default();
+    for how in ["umount -l", "overmount"] {
+        let m = Mount::with_args(
+            &reg.reference(IMAGE),
+            &t.join("mnt"),
+            &t.join("cache"),
+            &["--prefetch", "none"],
+        );
+        let holder = holder_pid(&m);
+        let open = OpenFile::open(&m.path.join(file));
+        let tmpfs = m.path.clone();
+        match how {
+            "umount -l" => run(Command::new("umount").arg("-l").arg(&m.path), TIMEOUT).ok(),
+            _ => run(
+                Command::new("mount")
+                    .args(["-t", "tmpfs", "tmpfs"])
+                    .arg(&tmpfs),
+                TIMEOUT,
+            )
+            .ok(),
+        };
+        std::thread::sleep(Duration::from_millis(600)); // the old holder looked every 200 ms
+        let got = open.finish();
+        f.check(got == deb.hashes[file], || {
+            format!("{how}: {file} read {got}, reference {}", deb.hashes[file])
+        });
+        if how == "overmount" {
+            run(Command::new("umount").arg(&tmpfs), TIMEOUT).ok();
+            f.check(pid_alive(holder), || {
+                format!("{how}: the holder left while the filesystem was mounted")
+            });
+            m.unmount();
+        } else {
+            std::mem::forget(m); // unmounted already
+        }
+        f.check(process_exits(holder, Duration::from_secs(10)), || {
+            format!("{how}: holder {holder} still runs after the filesystem is gone")
+        });
+        // A fresh cache each round: the file is fetched again.
+        let _ = fs::remove_dir_all(t.join("cache"));
+    }
+    f.finish("holder lifetime");
+}
+
+/// An overlay with the lazy mount as its lower dir keeps the filesystem
+/// alive: `lamina umount` of the lower mount either reports it busy or
+/// says the filesystem lives on, and reads through the overlay still get
+/// the image's bytes.
+#[test]
+fn overlay_on_a_lazy_mount_keeps_it_served() {
+    let Some(Lazy { _time, deb, reg, t }) =
+        start("overlay_on_a_lazy_mount_keeps_it_served", "lazy-overlay")
+    else {
+        return;
+    };
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--prefetch", "none"],
+    );
+    let holder = holder_pid(&m);
+    let (upper, work, merged) = (t.join("upper"), t.join("work"), t.join("merged"));
+    for d in [&upper, &work, &merged] {
+        fs::create_dir_all(d).unwrap();
+    }
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        m.path.display(),
+        upper.display(),
+        work.display()
+    );
+    run(
+        Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(&merged),
+        TIMEOUT,
+    )
+    .ok();
+    let out = lamina([
+        OsStr::new("umount"),
+        m.path.as_os_str(),
+        OsStr::new("--cache-dir"),
+        m.cache.as_os_str(),
+    ]);
+    let mut f = Failures::default();
+    let busy = !out.status.success();
+    f.check(
+        if busy {
+            out.stderr.contains("still in use")
+        } else {
+            out.stderr.contains("lives on")
+        },
+        || format!("lamina umount under an overlay said:\n{}", out.describe()),
+    );
+    let sample: Vec<String> = deb.files.iter().rev().take(40).cloned().collect();
+    match hash_files(&merged, &sample, t.path(), "overlay", TIMEOUT) {
+        Ok(got) => check_reads(&mut f, "through the overlay", deb, &sample, &got),
+        Err(e) => f.check(false, || e),
+    }
+    run(Command::new("umount").arg(&merged), TIMEOUT).ok();
+    if busy {
+        m.unmount();
+    } else {
+        std::mem::forget(m);
+    }
+    f.check(process_exits(holder, Duration::from_secs(10)), || {
+        format!("holder {holder} still runs after the overlay is gone")
+    });
+    eprintln!(
+        "figures: lamina umount under an overlay: {}",
+        if busy {
+            "busy"
+        } else {
+            "unmounted, filesystem lives on"
+        }
+    );
+    f.finish("overlay");
+}
+
+// ---------------------------------------------------------------------------
+// 11. many mounts, one cache (issue 7, point 4)
+
+/// Compressed bytes of the image's data blobs (`lamina inspect`).
+fn compressed_data_bytes(image: &str) -> u64 {
+    let doc = lamina(["inspect", "--json", image]).ok().json();
+    doc["blobs"]
+        .as_array()
+        .expect("blobs")
+        .iter()
+        .map(|b| b["compressed_bytes"].as_u64().expect("compressed_bytes"))
+        .sum()
+}
+
+/// Two mounts of one image share a cache dir. A mount that prefetches the
+/// whole image turns none of its writes into misses of an idle mount (on
+/// main every background write was a miss of the other holder, which
+/// fetched the chunk again). Then eight readers, four on each mount, read
+/// every file at once: right bytes, and every chunk fetched once between
+/// the two workers.
+#[test]
+fn mounts_sharing_a_cache_fetch_each_chunk_once() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "mounts_sharing_a_cache_fetch_each_chunk_once",
+        "lazy-shared",
+    ) else {
+        return;
+    };
+    let image = reg.reference(IMAGE);
+    let data_bytes = compressed_data_bytes(&image);
+    let mut f = Failures::default();
+
+    let cache = t.join("cache");
+    let idle = Mount::with_args(&image, &t.join("idle"), &cache, &["--prefetch", "none"]);
+    let busy = Mount::with_args(&image, &t.join("busy"), &cache, &["--prefetch", "all"]);
+    wait_status(&busy, "whole image prefetched", TIMEOUT, fully_cached);
+    let s = settled_status(&idle);
+    f.check(
+        num(&s, "misses") == 0 && num(&s, "fetched_bytes") == 0,
+        || format!("the other mount's background fills reached the idle mount: {s}"),
+    );
+    busy.unmount();
+    idle.unmount();
+
+    let cache = t.join("cache2");
+    let a = Mount::with_args(&image, &t.join("a"), &cache, &["--prefetch", "none"]);
+    let b = Mount::with_args(&image, &t.join("b"), &cache, &["--prefetch", "none"]);
+    let readers: Vec<_> = (0..8u64)
+        .map(|i| {
+            let root = if i % 2 == 0 { &a.path } else { &b.path };
+            let files = shuffled(deb.files.clone(), 0x5eed ^ i);
+            hash_in_background(
+                root,
+                files,
+                t.path(),
+                &format!("r{i}"),
+                Duration::from_secs(600),
+            )
+        })
+        .collect();
+    for h in readers {
+        match h.join().expect("reader thread") {
+            Ok(got) => check_reads(&mut f, "shared-cache reader", deb, &deb.files, &got),
+            Err(e) => f.check(false, || e),
+        }
+    }
+    let (sa, sb) = (settled_status(&a), settled_status(&b));
+    let fetched = num(&sa, "fetched_bytes") + num(&sb, "fetched_bytes");
+    // Merged requests may carry the small gaps between chunks; twice the
+    // chunks would be twice the image.
+    f.check(fetched <= data_bytes + data_bytes / 20, || {
+        format!(
+            "the two mounts fetched {} together, the image's data is {}: chunks fetched twice\n{sa}\n{sb}",
+            mib(fetched),
+            mib(data_bytes)
+        )
+    });
+    f.check(
+        num(&sa, "failed_misses") + num(&sb, "failed_misses") == 0,
+        || format!("failed misses:\n{sa}\n{sb}"),
+    );
+    eprintln!(
+        "figures: two mounts, one cache: fetched {} + {} of {} image data; misses {} + {}",
+        mib(num(&sa, "fetched_bytes")),
+        mib(num(&sb, "fetched_bytes")),
+        mib(data_bytes),
+        num(&sa, "misses"),
+        num(&sb, "misses")
+    );
+    finish_with_logs(
+        f,
+        &run_dir(&a),
+        || daemon_logs(&run_dir(&b)),
+        "shared cache",
+    );
+    a.unmount();
+    b.unmount();
 }

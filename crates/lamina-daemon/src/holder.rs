@@ -462,11 +462,30 @@ fn serve(
                 let _ = group.respond(miss.response_fd, Response::DenyErrno(libc::EIO));
             }
             eprintln!("holder: the filesystem is gone; exiting");
-            let _ = worker.child.kill();
-            let _ = worker.child.wait();
+            stop_worker(worker);
+            // The run dir describes a live mount; there is none now.
+            let _ = std::fs::remove_dir_all(&config.run_dir);
             return Ok(());
         }
     }
+}
+
+/// Closes the worker's socket, so that it saves its fill records and exits;
+/// kills it if it has not within two seconds.
+fn stop_worker(worker: Worker) {
+    let Worker {
+        mut child, sock, ..
+    } = worker;
+    drop(sock);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// A range whose read just failed; new misses that meet it fail at once

@@ -115,7 +115,16 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let mut digests = Vec::new();
     for (spec, blob) in config.blobs.iter().zip(index.blobs) {
         digests.push(Digest::parse(&spec.digest).map_err(io::Error::other)?);
-        stores.push(Mutex::new(BlobStore::open(&config.blob_dir, blob)?));
+        let mut store = BlobStore::open(&config.blob_dir, blob)?;
+        if !store.is_complete() {
+            // Background fills must not become misses in other mounts
+            // that share this cache file: write them through a quiet fd.
+            match lamina_sys::open_quiet(&store.cache_path).and_then(|f| store.set_writer(f)) {
+                Ok(()) => {}
+                Err(e) => eprintln!("worker: quiet fd for {}: {e}", store.cache_path.display()),
+            }
+        }
+        stores.push(Mutex::new(store));
     }
     let source: Box<dyn RangeSource> = match &config.source {
         SourceSpec::Registry {
@@ -326,7 +335,10 @@ impl Shared {
     }
 
     /// Fills the chunks under `[offset, offset + count)` (and the rest of the
-    /// fill window around it), writing through the event's `file`.
+    /// fill window around it), writing through the event's `file`. Chunks
+    /// that another thread or another mount sharing the cache file is
+    /// fetching are waited for and then verified, never fetched twice; a
+    /// fetch that fails leaves its chunks to the next claimant.
     fn serve_miss(&self, blob: u32, offset: u64, count: u64, file: &File) -> io::Result<()> {
         if let Some(trace) = &self.trace {
             // A trace that cannot be written must not fail the reader.
@@ -345,66 +357,49 @@ impl Shared {
             let win = store.chunks_covering(start, w.max(offset + count - start));
             (needed, win)
         };
-        // Chunks another mount sharing this cache file already filled.
-        {
-            let mut store = self.lock_store(blob)?;
-            for i in needed.clone() {
-                store.adopt(i, file)?;
-            }
-        }
-        let mine = self.claim(blob, window.clone().chain(needed.clone()))?;
-        if !mine.is_empty() {
-            let result = self.fetch_into(blob, &mine, Some(file));
-            self.release(blob, &mine);
-            result?;
-        }
-        // Chunks another thread was fetching: wait for them.
         let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
-        let mut inflight = self
+        let mut wanted: Vec<usize> = window.chain(needed.clone()).collect();
+        loop {
+            let mine = self.claim(blob, wanted.iter().copied(), Some(file))?;
+            if !mine.is_empty() {
+                let result = self.fetch_into(blob, &mine, Some(file));
+                self.release(blob, &mine);
+                result?;
+            }
+            if self.all_filled(blob, needed.clone())? {
+                return Ok(());
+            }
+            if mine.is_empty() {
+                // Others are fetching what we need: wait for them (a thread
+                // of ours wakes us; another process's lock is polled).
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "waiting for chunks another fetch holds",
+                    ));
+                }
+                self.wait_landed(Duration::from_millis(10))?;
+            }
+            wanted = needed.clone().collect();
+        }
+    }
+
+    fn all_filled(&self, blob: u32, chunks: std::ops::Range<usize>) -> io::Result<bool> {
+        let store = self.lock_store(blob)?;
+        Ok(chunks.into_iter().all(|i| store.is_filled(i)))
+    }
+
+    fn wait_landed(&self, at_most: Duration) -> io::Result<()> {
+        let inflight = self
             .inflight
             .lock()
             .map_err(|_| io::Error::other("lock poisoned"))?;
-        loop {
-            let store = self.lock_store(blob)?;
-            if needed.clone().all(|i| store.is_filled(i)) {
-                return Ok(());
-            }
-            drop(store);
-            let unclaimed = {
-                let store = self.lock_store(blob)?;
-                needed
-                    .clone()
-                    .any(|i| !store.is_filled(i) && !inflight.contains(&(blob, i)))
-            };
-            if unclaimed {
-                // Not filled and nobody fetching: fetch ourselves.
-                drop(inflight);
-                let store = self.lock_store(blob)?;
-                let missing: Vec<usize> = needed.clone().filter(|&i| !store.is_filled(i)).collect();
-                drop(store);
-                let mine = self.claim(blob, missing.into_iter())?;
-                let r = self.fetch_into(blob, &mine, Some(file));
-                self.release(blob, &mine);
-                r?;
-                inflight = self
-                    .inflight
-                    .lock()
-                    .map_err(|_| io::Error::other("lock poisoned"))?;
-                continue;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "waiting for chunks",
-                ));
-            }
-            inflight = self
-                .landed
-                .wait_timeout(inflight, left.min(Duration::from_millis(100)))
-                .map_err(|_| io::Error::other("lock poisoned"))?
-                .0;
-        }
+        drop(
+            self.landed
+                .wait_timeout(inflight, at_most)
+                .map_err(|_| io::Error::other("lock poisoned"))?,
+        );
+        Ok(())
     }
 
     /// Appends a miss to the trace: the part of each chunk it reads.
@@ -512,23 +507,48 @@ impl Shared {
         Ok(())
     }
 
-    /// Marks the unfilled, unclaimed chunks among `chunks` as ours.
-    fn claim(&self, blob: u32, chunks: impl Iterator<Item = usize>) -> io::Result<Vec<usize>> {
+    /// Makes the chunks among `chunks` that nobody is fetching ours: in
+    /// this process (the in-flight set) and across processes (the chunk's
+    /// lock in the cache file). A chunk whose bytes another process already
+    /// wrote is verified (read through `via` or the quiet writer) and
+    /// adopted instead of fetched. Returns the chunks to fetch.
+    fn claim(
+        &self,
+        blob: u32,
+        chunks: impl Iterator<Item = usize>,
+        via: Option<&File>,
+    ) -> io::Result<Vec<usize>> {
         let mut inflight = self
             .inflight
             .lock()
             .map_err(|_| io::Error::other("lock poisoned"))?;
-        let store = self.lock_store(blob)?;
+        let mut store = self.lock_store(blob)?;
         let mut mine = Vec::new();
         for i in chunks {
-            if !store.is_filled(i) && inflight.insert((blob, i)) {
-                mine.push(i);
+            if store.is_filled(i) || inflight.contains(&(blob, i)) {
+                continue;
             }
+            if !store.try_lock_chunk(i)? {
+                continue; // another mount is fetching it
+            }
+            if store.adopt(i, via)? {
+                store.unlock_chunk(i)?;
+                continue;
+            }
+            inflight.insert((blob, i));
+            mine.push(i);
         }
         Ok(mine)
     }
 
     fn release(&self, blob: u32, chunks: &[usize]) {
+        if let Ok(store) = self.lock_store(blob) {
+            for &i in chunks {
+                if let Err(e) = store.unlock_chunk(i) {
+                    eprintln!("worker: unlocking chunk {i} of blob {blob}: {e}");
+                }
+            }
+        }
         if let Ok(mut inflight) = self.inflight.lock() {
             for i in chunks {
                 inflight.remove(&(blob, *i));
@@ -698,7 +718,7 @@ impl Shared {
     }
 
     fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
-        if let Ok(mine) = self.claim(blob, chunks.into_iter()) {
+        if let Ok(mine) = self.claim(blob, chunks.into_iter(), None) {
             if let Err(e) = self.fetch_with(blob, &mine, None, opts, false) {
                 eprintln!("worker: prefetch: {e}");
             }

@@ -42,6 +42,10 @@ pub struct BlobStore {
     pub cache_path: PathBuf,
     record_path: PathBuf,
     cache: File,
+    /// Where background fills are written and adopted chunks read: a quiet
+    /// fd (see `lamina_sys::open_quiet`) once set, so that other mounts
+    /// sharing the file are not asked about them.
+    writer: Option<File>,
     /// `None` where the filesystem reports no birth time: nothing can be
     /// bound to the file, so no record is written or trusted.
     identity: Option<FileIdentity>,
@@ -180,6 +184,7 @@ impl BlobStore {
             cache_path,
             record_path,
             cache,
+            writer: None,
             identity,
             filled: vec![false; n],
             filled_count: 0,
@@ -304,6 +309,34 @@ impl BlobStore {
         written
     }
 
+    /// Writes fills that come with no fd of their own through `file` (a
+    /// quiet fd of this cache file) instead of the store's own fd.
+    pub fn set_writer(&mut self, file: File) -> io::Result<()> {
+        if file.metadata()?.ino() != self.cache.metadata()?.ino() {
+            return Err(io::Error::other("the writer is not this cache file"));
+        }
+        self.writer = Some(file);
+        Ok(())
+    }
+
+    fn io_fd<'a>(&'a self, via: Option<&'a File>) -> &'a File {
+        via.or(self.writer.as_ref()).unwrap_or(&self.cache)
+    }
+
+    /// Takes the cross-process lock of chunk `i` (its cache range), so that
+    /// mounts sharing this file fetch it once. `Ok(false)`: another process
+    /// holds it (is fetching the chunk).
+    pub fn try_lock_chunk(&self, i: usize) -> io::Result<bool> {
+        let c = &self.blob.chunks[i];
+        lamina_sys::try_lock_range(&self.cache, c.cache_offset.get(), c.size.get().into())
+    }
+
+    /// Releases [`try_lock_chunk`](Self::try_lock_chunk).
+    pub fn unlock_chunk(&self, i: usize) -> io::Result<()> {
+        let c = &self.blob.chunks[i];
+        lamina_sys::unlock_range(&self.cache, c.cache_offset.get(), c.size.get().into())
+    }
+
     /// Whether every chunk is present.
     pub fn is_complete(&self) -> bool {
         self.filled_count == self.filled.len()
@@ -341,7 +374,7 @@ impl BlobStore {
         if data.len() != chunk.size.get() as usize {
             return Err(io::Error::other("chunk size does not match the index"));
         }
-        via.unwrap_or(&self.cache)
+        self.io_fd(via)
             .write_all_at(data, chunk.cache_offset.get())?;
         self.mark_filled(i);
         self.unsaved += 1;
@@ -356,7 +389,7 @@ impl BlobStore {
     /// another process, or by a worker killed before it saved) and, read
     /// through `via`, match the chunk's digest. Returns whether the chunk is
     /// now filled.
-    pub fn adopt(&mut self, i: usize, via: &File) -> io::Result<bool> {
+    pub fn adopt(&mut self, i: usize, via: Option<&File>) -> io::Result<bool> {
         if self.filled[i] {
             return Ok(true);
         }
@@ -366,6 +399,7 @@ impl BlobStore {
         }
         let chunk = &self.blob.chunks[i];
         let (start, size) = (chunk.cache_offset.get(), u64::from(chunk.size.get()));
+        let via = self.io_fd(via);
         // A hole is never a filled chunk: skip the read and the hash.
         match rustix::fs::seek(via, rustix::fs::SeekFrom::Data(start)) {
             Ok(data_at) if data_at < start + size => {}
@@ -406,7 +440,7 @@ impl BlobStore {
             if self.page_ready(at / PAGE) {
                 continue;
             }
-            self.cache.write_all_at(page, at)?;
+            self.io_fd(None).write_all_at(page, at)?;
             let p = (at / PAGE) as usize;
             self.boot_pages[p / 64] |= 1 << (p % 64);
             self.boot_bytes += PAGE;
@@ -569,14 +603,23 @@ mod tests {
         let mut s = open(dir.path(), &data);
         assert_eq!(s.filled().0, 0);
         let via = File::open(&s.cache_path).unwrap();
-        assert!(s.adopt(0, &via).unwrap(), "verified bytes are adopted");
-        assert!(!s.adopt(1, &via).unwrap(), "damaged bytes are not");
-        assert!(!s.adopt(2, &via).unwrap(), "a hole is not");
+        assert!(
+            s.adopt(0, Some(&via)).unwrap(),
+            "verified bytes are adopted"
+        );
+        assert!(!s.adopt(1, Some(&via)).unwrap(), "damaged bytes are not");
+        assert!(!s.adopt(2, None).unwrap(), "a hole is not");
         // Another process's saved record is adopted without a read.
         let mut other = open(dir.path(), &data);
         other.fill(2, data[2], None).unwrap();
         other.save().unwrap();
-        assert!(s.adopt(2, &via).unwrap());
+        assert!(s.adopt(2, Some(&via)).unwrap());
+        // Chunk locks: another store (another process's fd) is kept out.
+        assert!(s.try_lock_chunk(0).unwrap());
+        assert!(!other.try_lock_chunk(0).unwrap());
+        assert!(other.try_lock_chunk(1).unwrap());
+        s.unlock_chunk(0).unwrap();
+        assert!(other.try_lock_chunk(0).unwrap());
     }
 
     #[test]

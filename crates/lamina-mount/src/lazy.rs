@@ -269,6 +269,8 @@ pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Unmounted {
         let _ = fs::remove_dir_all(&run); // an eager mount's record
         return Unmounted::default();
     };
+    // Read before the holder leaves: it removes the run dir on its way out.
+    let last_status = fs::read_to_string(run.join("status.json")).ok();
     let proc = PathBuf::from(format!("/proc/{}", ready.pid));
     let started = Instant::now();
     let mut alive = proc.exists();
@@ -281,7 +283,6 @@ pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Unmounted {
         std::thread::sleep(Duration::from_millis(20));
         alive = proc.exists();
     }
-    let last_status = fs::read_to_string(run.join("status.json")).ok();
     if alive {
         return Unmounted {
             last_status,

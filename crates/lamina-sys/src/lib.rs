@@ -14,6 +14,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+mod quiet;
+pub use quiet::{open_quiet, try_lock_range, unlock_range};
+
 /// `FAN_CLASS_PRE_CONTENT`.
 const FAN_CLASS_PRE_CONTENT: u32 = 0x08;
 /// `FAN_CLOEXEC`.

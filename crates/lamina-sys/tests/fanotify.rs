@@ -72,3 +72,75 @@ fn fill_through_event_fd_then_allow_and_deny() {
         .read_exact_at(&mut b, 900 * 1024)
         .unwrap();
 }
+
+/// A quiet fd's writes raise no pre-content event in a group marking the
+/// file; a normal fd's write does (and waits for the answer).
+#[test]
+fn quiet_fd_writes_raise_no_events() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("sparse");
+    File::create(&path).unwrap().set_len(1 << 20).unwrap();
+    let group = FanotifyGroup::new().expect("fanotify pre-content group (root, Linux 6.14+)");
+    group.watch(&path).expect("pre-content mark");
+    let quiet = lamina_sys::open_quiet(&path).expect("quiet fd");
+    quiet.write_all_at(&[7u8; 4096], 8192).unwrap();
+    let mut back = [0u8; 4096];
+    quiet.read_exact_at(&mut back, 8192).unwrap();
+    assert_eq!(back, [7u8; 4096]);
+    let group_fd = group.as_fd();
+    let mut fds = [rustix::event::PollFd::new(
+        &group_fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let ts = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 200_000_000,
+    };
+    assert_eq!(
+        rustix::event::poll(&mut fds, Some(&ts)).unwrap(),
+        0,
+        "quiet I/O raised an event"
+    );
+
+    let normal = OpenOptions::new().write(true).open(&path).unwrap();
+    let writer = std::thread::spawn(move || normal.write_all_at(&[9u8; 4096], 16384));
+    let mut buf = Vec::new();
+    let events = group.read_events(&mut buf).unwrap();
+    assert!(!events.is_empty(), "a normal write raises an event");
+    for ev in events {
+        group.respond(ev.response_fd, Response::Allow).unwrap();
+    }
+    writer.join().unwrap().unwrap();
+}
+
+/// Chunk locks exclude other open file descriptions, not the holder's own.
+#[test]
+fn range_locks_exclude_other_descriptions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    File::create(&path).unwrap().set_len(1 << 20).unwrap();
+    // A write lock needs an fd open for writing.
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap()
+    };
+    let (a, b) = (open(), open());
+    assert!(lamina_sys::try_lock_range(&a, 0, 4096).unwrap());
+    assert!(
+        lamina_sys::try_lock_range(&a, 0, 4096).unwrap(),
+        "own lock again"
+    );
+    assert!(
+        !lamina_sys::try_lock_range(&b, 4095, 2).unwrap(),
+        "overlapping"
+    );
+    assert!(
+        lamina_sys::try_lock_range(&b, 4096, 4096).unwrap(),
+        "next range"
+    );
+    lamina_sys::unlock_range(&a, 0, 4096).unwrap();
+    assert!(lamina_sys::try_lock_range(&b, 0, 4096).unwrap());
+}

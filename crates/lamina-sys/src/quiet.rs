@@ -1,0 +1,145 @@
+//! Quiet fds and chunk locks: what lets several mounts share one cache file.
+//!
+//! Fanotify marks belong to the cache file's inode, so every group watching
+//! it is asked about every read and write of it, through any fd that is not
+//! quiet. A fanotify event's own fd is quiet: the kernel opens it with
+//! `FMODE_NONOTIFY`, for groups of every class (verified on 6.18: a write
+//! through a notification group's `FAN_OPEN` event fd raised no
+//! `FAN_PRE_ACCESS` in a pre-content group marking the same file, while a
+//! write through a normal fd did). [`open_quiet`] gets one that way, so a
+//! worker's background fills never become misses in other mounts' holders.
+//!
+//! [`try_lock_range`] takes an open-file-description byte-range lock, so
+//! that workers of different mounts fetch a chunk once: the one that holds
+//! the lock fetches and writes, the others wait for it and then verify.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// `FAN_CLASS_NOTIF`.
+const FAN_CLASS_NOTIF: u32 = 0x00;
+/// `FAN_CLOEXEC`.
+const FAN_CLOEXEC: u32 = 0x01;
+/// `FAN_MARK_ADD`.
+const FAN_MARK_ADD: u32 = 0x01;
+/// `FAN_OPEN`.
+const FAN_OPEN: u64 = 0x20;
+/// `sizeof(struct fanotify_event_metadata)`.
+const METADATA_LEN: usize = 24;
+
+/// Opens `path` (a regular file) read-write through an fd whose reads and
+/// writes raise no fanotify events: the fd of a `FAN_OPEN` event that a
+/// short-lived notification group receives when this call opens the file.
+pub fn open_quiet(path: &Path) -> io::Result<File> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let event_f_flags = (libc::O_RDWR | libc::O_LARGEFILE | libc::O_CLOEXEC) as u32;
+    // SAFETY: fanotify_init takes two integer flag words and returns a new
+    // fd or -1; no memory is passed.
+    let raw = unsafe { libc::fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, event_f_flags) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw was just returned by fanotify_init and is owned by no one else.
+    let group = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: the group fd is valid, c is a NUL-terminated string that
+    // outlives the call, AT_FDCWD is a valid dirfd.
+    let rc = unsafe {
+        libc::fanotify_mark(
+            group.as_raw_fd(),
+            FAN_MARK_ADD,
+            FAN_OPEN,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let probe = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags_nofollow()
+        .open(path)?;
+    let want = probe.metadata()?;
+    // Our open queued an event before `open` returned; others' opens of the
+    // same file may queue theirs too: any of them names the same inode.
+    let mut buf = [0u8; 4096];
+    let n = rustix::io::read(&group, &mut buf)?;
+    let mut events = &buf[..n];
+    let mut found = None;
+    while events.len() >= METADATA_LEN {
+        let event_len = u32::from_ne_bytes([events[0], events[1], events[2], events[3]]) as usize;
+        let fd = i32::from_ne_bytes([events[16], events[17], events[18], events[19]]);
+        if event_len < METADATA_LEN || event_len > events.len() {
+            break;
+        }
+        if fd >= 0 {
+            // SAFETY: the kernel installed this fd in our table for this
+            // event and nothing else owns it; we take ownership exactly once.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            if found.is_none() {
+                found = Some(File::from(owned));
+            }
+        }
+        events = &events[event_len..];
+    }
+    let file = found.ok_or_else(|| io::Error::other("no fanotify open event for the file"))?;
+    let got = file.metadata()?;
+    if (got.dev(), got.ino()) != (want.dev(), want.ino()) {
+        return Err(io::Error::other("the quiet fd names another file"));
+    }
+    Ok(file)
+}
+
+trait NoFollow {
+    fn custom_flags_nofollow(&mut self) -> &mut Self;
+}
+
+impl NoFollow for std::fs::OpenOptions {
+    fn custom_flags_nofollow(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::custom_flags(self, libc::O_NOFOLLOW | libc::O_CLOEXEC)
+    }
+}
+
+fn ofd_lock(fd: BorrowedFd<'_>, kind: i16, start: u64, len: u64) -> io::Result<bool> {
+    let (Ok(start), Ok(len)) = (libc::off_t::try_from(start), libc::off_t::try_from(len)) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "lock range"));
+    };
+    let lock = libc::flock {
+        l_type: kind,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: start,
+        l_len: len,
+        l_pid: 0, // must be 0 for open-file-description locks
+    };
+    // SAFETY: fd is a valid open fd for the duration of the call and `lock`
+    // is a properly initialised struct flock that outlives it; F_OFD_SETLK
+    // does not keep the pointer.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Takes an exclusive lock on `[start, start + len)` of `fd`'s file for
+/// this open file description, without waiting. `Ok(false)`: another open
+/// file description (another process) holds a lock that meets the range.
+/// Advisory: it changes nothing about reads and writes. `fd` must be open
+/// for writing.
+pub fn try_lock_range(fd: impl AsFd, start: u64, len: u64) -> io::Result<bool> {
+    ofd_lock(fd.as_fd(), libc::F_WRLCK as i16, start, len)
+}
+
+/// Releases a lock taken with [`try_lock_range`].
+pub fn unlock_range(fd: impl AsFd, start: u64, len: u64) -> io::Result<()> {
+    ofd_lock(fd.as_fd(), libc::F_UNLCK as i16, start, len).map(|_| ())
+}
