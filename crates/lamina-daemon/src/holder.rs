@@ -258,7 +258,7 @@ fn watch_superblock(mountpoint: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Whether the superblock watched by `fd` is gone (drains its events).
-fn superblock_gone(fd: &OwnedFd) -> bool {
+pub(crate) fn superblock_gone(fd: &OwnedFd) -> bool {
     use rustix::fs::inotify::{ReadFlags, Reader};
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1024];
     let mut reader = Reader::new(fd, &mut buf);
@@ -387,6 +387,7 @@ fn serve(
                 Ok(Some((msg, _))) => match msg {
                     Message::Hello => {
                         worker.ready = true;
+                        hand_over(&worker, &group, &superblock);
                         for (id, miss) in pending.iter_mut().filter(|(_, m)| !m.sent) {
                             miss.sent = forward(&worker, *id, miss);
                         }
@@ -415,7 +416,10 @@ fn serve(
                             }
                         }
                     }
-                    Message::Miss { .. } => {}
+                    Message::Miss { .. }
+                    | Message::GroupFd
+                    | Message::SuperblockFd
+                    | Message::Shutdown => {}
                 },
                 Ok(None) | Err(_) => {
                     // The worker is gone: keep the events, start another.
@@ -470,7 +474,25 @@ fn serve(
     }
 }
 
-/// Closes the worker's socket, so that it saves its fill records and exits;
+/// Gives the worker copies of the group and of the superblock watch: if the
+/// holder is killed, the group stays open in the worker, which then serves
+/// the events itself instead of the kernel letting reads see zeros.
+fn hand_over(worker: &Worker, group: &FanotifyGroup, superblock: &OwnedFd) {
+    let sent =
+        protocol::send(worker.sock.as_fd(), Message::GroupFd, Some(group.as_fd())).and_then(|()| {
+            protocol::send(
+                worker.sock.as_fd(),
+                Message::SuperblockFd,
+                Some(superblock.as_fd()),
+            )
+        });
+    if let Err(e) = sent {
+        eprintln!("holder: handing the group to the worker: {e}");
+    }
+}
+
+/// Tells the worker the mount is gone and closes its socket, so that it
+/// saves its fill records and exits;
 /// kills it if it has not within two seconds.
 fn stop_worker(worker: Worker) {
     let Worker {
@@ -554,6 +576,7 @@ fn forward(worker: &Worker, id: u64, miss: &PendingMiss) -> bool {
         blob: miss.blob,
         offset: miss.offset,
         count: miss.count,
+        response_fd: miss.response_fd,
     };
     protocol::send_owned(&worker.sock, msg, Some(&miss.file)).is_ok()
 }

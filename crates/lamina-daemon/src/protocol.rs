@@ -1,5 +1,16 @@
 //! Holder <-> worker messages over a SOCK_SEQPACKET socketpair. Each message
-//! is one fixed 32-byte record; a miss carries the event's fd as SCM_RIGHTS.
+//! is one fixed 40-byte record; a miss carries the event's fd as SCM_RIGHTS,
+//! and so do the two hand-overs of the holder's own fds.
+//!
+//! ```text
+//! byte 0      kind (1 hello, 2 miss, 3 done, 4 complete, 5 group fd, 6 superblock fd,
+//!             7 shutdown)
+//! bytes 4-8   blob (miss, complete) or errno (done), u32 LE
+//! bytes 8-16  request id (miss, done), u64 LE
+//! bytes 16-24 cache offset (miss), u64 LE
+//! bytes 24-32 byte count (miss), u64 LE
+//! bytes 32-36 the event's fd number in the holder (miss), i32 LE
+//! ```
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -10,7 +21,7 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags,
 };
 
-const MSG_LEN: usize = 32;
+const MSG_LEN: usize = 40;
 
 /// A message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +39,9 @@ pub enum Message {
         offset: u64,
         /// Bytes.
         count: u64,
+        /// The event's fd number in the holder: what answers the event if
+        /// the worker must answer it itself (the holder died).
+        response_fd: i32,
     },
     /// Worker -> holder: request `id` done; `errno` 0 means filled.
     Done {
@@ -41,6 +55,15 @@ pub enum Message {
         /// Blob index.
         blob: u32,
     },
+    /// Holder -> worker: a copy of the fanotify group (comes with its fd),
+    /// so that the group outlives a holder killed with `kill -9`.
+    GroupFd,
+    /// Holder -> worker: the inotify watch on the mount's root (comes with
+    /// its fd), which tells when the superblock is gone.
+    SuperblockFd,
+    /// Holder -> worker: the mount is gone; save and exit (the socket
+    /// closing without this means the holder died).
+    Shutdown,
 }
 
 impl Message {
@@ -53,12 +76,14 @@ impl Message {
                 blob,
                 offset,
                 count,
+                response_fd,
             } => {
                 b[0] = 2;
                 b[4..8].copy_from_slice(&blob.to_le_bytes());
                 b[8..16].copy_from_slice(&id.to_le_bytes());
                 b[16..24].copy_from_slice(&offset.to_le_bytes());
                 b[24..32].copy_from_slice(&count.to_le_bytes());
+                b[32..36].copy_from_slice(&response_fd.to_le_bytes());
             }
             Message::Done { id, errno } => {
                 b[0] = 3;
@@ -69,6 +94,9 @@ impl Message {
                 b[0] = 4;
                 b[4..8].copy_from_slice(&blob.to_le_bytes());
             }
+            Message::GroupFd => b[0] = 5,
+            Message::SuperblockFd => b[0] = 6,
+            Message::Shutdown => b[0] = 7,
         }
         b
     }
@@ -93,12 +121,16 @@ impl Message {
                 id: u64_at(8),
                 offset: u64_at(16),
                 count: u64_at(24),
+                response_fd: u32_at(32) as i32,
             },
             3 => Message::Done {
                 errno: u32_at(4) as i32,
                 id: u64_at(8),
             },
             4 => Message::Complete { blob: u32_at(4) },
+            5 => Message::GroupFd,
+            6 => Message::SuperblockFd,
+            7 => Message::Shutdown,
             _ => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -193,6 +225,7 @@ mod tests {
             blob: 2,
             offset: 1 << 40,
             count: 4096,
+            response_fd: 17,
         };
         send(a.as_fd(), msg, Some(file.as_fd())).unwrap();
         let (got, fd) = recv(b.as_fd()).unwrap().unwrap();

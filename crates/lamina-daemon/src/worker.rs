@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lamina_fetch::fetch::{
@@ -20,9 +20,11 @@ use lamina_fetch::store::{BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
 use lamina_format::index::ChunkIndex;
 use lamina_oci::{Digest, RegistryClient, SourceOptions};
+use lamina_sys::{FanotifyGroup, Response};
 
 use crate::config::{write_atomic, BootPagesSpec, DaemonConfig, SourceSpec};
 use crate::protocol::{self, Message};
+use rustix::event::{poll, PollFd, PollFlags};
 
 /// Live figures, written to `<run_dir>/status.json`.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -103,6 +105,12 @@ struct Shared {
     boot_set: Vec<(u32, u32)>,
     sock: OwnedFd,
     trace: Option<Mutex<File>>,
+    /// A copy of the holder's group: it stays open if the holder dies.
+    group: OnceLock<FanotifyGroup>,
+    /// A copy of the holder's watch on the mount's root.
+    superblock: OnceLock<OwnedFd>,
+    /// The holder died: misses are answered through `group`.
+    holder_gone: AtomicBool,
 }
 
 /// Runs the worker on the socket `sock` from the holder.
@@ -189,6 +197,9 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         boot_set,
         sock,
         trace,
+        group: OnceLock::new(),
+        superblock: OnceLock::new(),
+        holder_gone: AtomicBool::new(false),
     });
     // Blobs completed by an earlier worker: tell the holder again.
     for b in 0..n {
@@ -211,7 +222,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     );
     protocol::send_owned(&shared.sock, Message::Hello, None)?;
 
-    let (tx, rx) = mpsc::channel::<(u64, u32, u64, u64, File)>();
+    let (tx, rx) = mpsc::channel::<Job>();
     let rx = Arc::new(Mutex::new(rx));
     for _ in 0..shared.config.workers.max(1) {
         let shared = shared.clone();
@@ -221,7 +232,15 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                 Ok(r) => r.recv(),
                 Err(_) => return,
             };
-            let Ok((id, blob, offset, count, file)) = job else {
+            let Ok(Job {
+                id,
+                blob,
+                offset,
+                count,
+                file,
+                response_fd,
+            }) = job
+            else {
                 return;
             };
             let errno = match shared.serve_miss(blob, offset, count, &file) {
@@ -232,8 +251,8 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     libc::EIO
                 }
             };
+            shared.answer(id, response_fd, errno);
             shared.active_misses.fetch_sub(1, Ordering::Relaxed);
-            let _ = protocol::send_owned(&shared.sock, Message::Done { id, errno }, None);
         });
     }
     {
@@ -261,10 +280,24 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
 
     loop {
         match protocol::recv(std::os::fd::AsFd::as_fd(&shared.sock))? {
-            None => {
+            Some((Message::Shutdown, _)) => {
                 shared.save_records(Duration::ZERO);
                 let _ = shared.write_status();
-                return Ok(()); // the holder is gone
+                return Ok(()); // the mount is gone
+            }
+            None => {
+                // The holder died without a word (kill -9).
+                shared.holder_gone.store(true, Ordering::SeqCst);
+                shared.guard_after_holder()?;
+                shared.save_records(Duration::ZERO);
+                let _ = shared.write_status();
+                return Ok(());
+            }
+            Some((Message::GroupFd, Some(fd))) => {
+                let _ = shared.group.set(FanotifyGroup::from_fd(fd));
+            }
+            Some((Message::SuperblockFd, Some(fd))) => {
+                let _ = shared.superblock.set(fd);
             }
             Some((
                 Message::Miss {
@@ -272,6 +305,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     blob,
                     offset,
                     count,
+                    response_fd,
                 },
                 Some(fd),
             )) => {
@@ -292,11 +326,29 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     );
                     continue;
                 }
-                let _ = tx.send((id, blob, offset, count, File::from(fd)));
+                let _ = tx.send(Job {
+                    id,
+                    blob,
+                    offset,
+                    count,
+                    file: File::from(fd),
+                    response_fd,
+                });
             }
             Some(_) => {}
         }
     }
+}
+
+/// A miss to serve: the event's range, its fd, and how to answer it.
+struct Job {
+    id: u64,
+    blob: u32,
+    offset: u64,
+    count: u64,
+    file: File,
+    /// The event's fd number in the holder.
+    response_fd: i32,
 }
 
 fn add_stats(to: &FetchStats, from: &FetchStats) {
@@ -314,6 +366,67 @@ impl Shared {
         self.stores[blob as usize]
             .lock()
             .map_err(|_| io::Error::other("store lock poisoned"))
+    }
+
+    /// Answers a served miss: to the holder, or, once the holder is gone,
+    /// to the kernel through the group copy, by the event's fd number in the
+    /// dead holder (unique among its pending events; no new event is read
+    /// before every forwarded one is answered, so none can share it).
+    fn answer(&self, id: u64, response_fd: i32, errno: i32) {
+        if !self.holder_gone.load(Ordering::SeqCst)
+            && protocol::send_owned(&self.sock, Message::Done { id, errno }, None).is_ok()
+        {
+            return;
+        }
+        if let Some(group) = self.group.get() {
+            let response = match errno {
+                0 => Response::Allow,
+                e => Response::DenyErrno(e),
+            };
+            if let Err(e) = group.respond(response_fd, response) {
+                eprintln!("worker: answering event {response_fd} for the dead holder: {e}");
+            }
+        }
+    }
+
+    /// After the holder was killed: the group stays open in this process, so
+    /// the kernel does not let reads of unfilled ranges see zeros. The misses
+    /// in hand are finished and answered; every later event is answered with
+    /// EIO (fail closed: an answer by fd number could reach another pending
+    /// event, and only EIO is safe then) until the superblock is gone.
+    fn guard_after_holder(&self) -> io::Result<()> {
+        let (Some(group), Some(superblock)) = (self.group.get(), self.superblock.get()) else {
+            eprintln!("worker: the holder died before handing over its group");
+            return Ok(());
+        };
+        eprintln!("worker: the holder died; finishing the misses in hand, then failing reads of unfilled ranges with EIO until unmounted");
+        while self.active_misses.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.save_records(Duration::ZERO);
+        let mut buf = Vec::new();
+        loop {
+            let group_fd = group.as_fd();
+            let mut fds = [
+                PollFd::new(&group_fd, PollFlags::IN),
+                PollFd::new(superblock, PollFlags::IN),
+            ];
+            match poll(&mut fds, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if !fds[1].revents().is_empty() && crate::holder::superblock_gone(superblock) {
+                eprintln!("worker: the filesystem is gone; exiting");
+                return Ok(());
+            }
+            if fds[0].revents().contains(PollFlags::IN) {
+                for ev in group.read_events(&mut buf)? {
+                    if ev.file.is_some() {
+                        let _ = group.respond(ev.response_fd, Response::DenyErrno(libc::EIO));
+                    }
+                }
+            }
+        }
     }
 
     /// Saves the fill records whose chunks have waited `interval`: the
