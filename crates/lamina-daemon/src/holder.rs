@@ -498,6 +498,9 @@ fn stop_worker(worker: Worker) {
     let Worker {
         mut child, sock, ..
     } = worker;
+    if let Err(e) = protocol::send_owned(&sock, Message::Shutdown, None) {
+        eprintln!("holder: telling the worker to stop: {e}");
+    }
     drop(sock);
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
