@@ -13,6 +13,9 @@
 #   7. boot pages: the same start recorded (`lamina mount --record-trace`), the image
 #      converted again with `--prefetch TRACE` (tag bookworm-boot), mounted with a fresh
 #      cache and started again: it fetches the pages it reads in one request
+#   8. faults: the same start through a proxy (tests/tools/faultproxy.py) that spoils
+#      every fifth range request in turn (flipped bytes, truncated body, reset, 500, 503,
+#      3 s stall): the container starts anyway, with the image's bytes
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -258,6 +261,28 @@ if [ "$LAZY" = 1 ]; then
         "$TMP/status-boot.json" >&2
 fi
 
+# ---- 8. faults: the same start through a proxy that spoils every fifth range request --------
+FAULTS=0
+if [ "$LAZY" = 1 ]; then
+    FAULTS=1
+    teardown
+    python3 "$ROOT/tests/tools/faultproxy.py" 0 "$PORT" mix --every 5 --stall 3 --lifetime 600 \
+        --port-file "$TMP/proxy.port" --stats "$TMP/proxy.json" >"$TMP/proxy.log" 2>&1 &
+    for _ in $(seq 100); do [ -s "$TMP/proxy.port" ] && break; sleep 0.05; done
+    [ -s "$TMP/proxy.port" ] || die "the fault proxy did not start: $(cat "$TMP/proxy.log")"
+    P="127.0.0.1:$(cat "$TMP/proxy.port")"
+    CACHE="$TMP/cache-faults"
+    t=$(now)
+    log "lamina mount docker://$P/debian:bookworm-lamina $MNT (through the fault proxy, fresh cache)"
+    "$LAMINA" mount --prefetch none "docker://$P/debian:bookworm-lamina" "$MNT" --cache-dir "$CACHE" >/dev/null
+    step "lamina mount (through faults)" "$t" "$(now)"
+    run_container faults
+    settled_status >"$TMP/status-faults.json"
+    jq -r '"  through the proxy: \(.fetched_bytes) bytes in \(.requests) requests, \(.bad_chunks) corrupt chunks fetched again, \(.failed_misses) failed reads"' \
+        "$TMP/status-faults.json" >&2
+    jq -r '"  the proxy spoilt \(.faulted) of \(.eligible) range requests: \(.faults)"' "$TMP/proxy.json" >&2
+fi
+
 # ---- summary ----------------------------------------------------------------------------------
 echo
 echo "lamina demo: $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
@@ -278,6 +303,11 @@ if [ "$BOOT" = 1 ]; then
     printf '  %-36s %8s  (chunks for readers: %s)\n' "fetched for the boot-image start" \
         "$(human "$(jq -r .fetched_bytes "$TMP/status-boot.json")")" \
         "$(human "$(jq -r .miss_fetched_bytes "$TMP/status-boot.json")")"
+fi
+if [ "$FAULTS" = 1 ]; then
+    printf '  %-36s %8s  (%s corrupt chunks refetched, %s failed reads)\n' "range requests spoilt by the proxy" \
+        "$(jq -r '"\(.faulted)/\(.eligible)"' "$TMP/proxy.json")" \
+        "$(jq -r .bad_chunks "$TMP/status-faults.json")" "$(jq -r .failed_misses "$TMP/status-faults.json")"
 fi
 printf '  %-36s %8s\n' "files written by the container" "$(find "$OVL/upper" -mindepth 1 | wc -l)"
 echo "  container said: $(cat "$TMP/container.out")"
