@@ -233,7 +233,11 @@ fn parse_record(buf: &[u8]) -> io::Result<(RawEvent, usize)> {
     if vers != METADATA_VERSION {
         return Err(bad("unexpected metadata version"));
     }
-    if event_len < METADATA_LEN || event_len > buf.len() || metadata_len < METADATA_LEN {
+    if event_len < METADATA_LEN
+        || event_len > buf.len()
+        || metadata_len < METADATA_LEN
+        || metadata_len > event_len
+    {
         return Err(bad("malformed event length"));
     }
     let mut mask_bytes = [0u8; 8];
@@ -369,5 +373,20 @@ mod tests {
         assert_eq!(ev[0].fd, -1);
         b[0] = 200; // longer than the buffer
         assert!(parse(&b).is_err());
+    }
+
+    /// Found by the `fanotify_events` fuzz target: a metadata length past the
+    /// end of its event panicked on a slice index.
+    #[test]
+    fn metadata_longer_than_event_is_an_error() {
+        let mut b = Vec::new();
+        b.extend_from_slice(&48u32.to_ne_bytes());
+        b.push(METADATA_VERSION);
+        b.push(0);
+        b.extend_from_slice(&6157u16.to_ne_bytes());
+        b.resize(48, 0);
+        let records: Vec<_> = parse_events(&b).collect();
+        assert_eq!(records.len(), 1);
+        assert!(records[0].is_err());
     }
 }
