@@ -245,9 +245,9 @@ impl IndexBlob {
             if !off.is_multiple_of(4096) || off < cache_end || size == 0 || size > 1 << chunk_bits {
                 return bad("chunk cache range");
             }
-            cache_end = off + size;
-            if cache_end > self.cache_size {
-                return bad("chunk beyond cache size");
+            match off.checked_add(size) {
+                Some(end) if end <= self.cache_size => cache_end = end,
+                _ => return bad("chunk beyond cache size"),
             }
             let cend = c
                 .compressed_offset
@@ -339,6 +339,19 @@ mod tests {
         let mut index = sample();
         index.blobs[1].chunks[0].compressed_size = 51.into(); // past blob end
         assert!(ChunkIndex::from_bytes(&index.to_bytes()).is_err());
+    }
+
+    /// Found by the `chunk_index` fuzz target: a chunk at the top of the
+    /// offset range overflowed computing its end (a panic with overflow
+    /// checks, a wrapped end that passed the size check without).
+    #[test]
+    fn chunk_end_past_u64_is_rejected() {
+        let mut index = sample();
+        index.blobs[1].chunks[0].cache_offset = (u64::MAX - 4095).into();
+        assert!(matches!(
+            ChunkIndex::from_bytes(&index.to_bytes()),
+            Err(IndexError::Inconsistent(_))
+        ));
     }
 
     #[test]
