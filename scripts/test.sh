@@ -7,6 +7,8 @@
 #
 # The end-to-end tests fail when root or a tool is missing; set
 # LAMINA_SKIP_PRIVILEGED=1 to have them print "skipped: ..." instead.
+# The fuzz step runs after the tests (scripts/fuzz.sh installs nightly and
+# cargo-fuzz when missing) and fails on any crash.
 # Tests run one at a time (--test-threads=1): they mount file systems and the
 # Debian one converts a ~175 MB image. --no-fail-fast: every test binary runs
 # even when an earlier one failed, so one run shows all failures.
@@ -31,5 +33,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test --workspace --no-fail-fast -- --test-threads=1"
 cargo test --workspace --no-fail-fast -- --test-threads=1
+
+step "scripts/fuzz.sh 20 (every fuzz target for 20 s; nightly, cargo-fuzz)"
+bash scripts/fuzz.sh 20
 
 printf '\n=== all checks passed in %ss\n' "$(($(date +%s) - start))"

@@ -517,6 +517,19 @@ mod tests {
         ));
     }
 
+    /// Found by the `chunk_index` fuzz target: a chunk at the top of the
+    /// offset range overflowed computing its end (a panic with overflow
+    /// checks, a wrapped end that passed the size check without).
+    #[test]
+    fn chunk_end_past_u64_is_rejected() {
+        let mut index = sample();
+        index.blobs[1].chunks[0].cache_offset = (u64::MAX - 4095).into();
+        assert!(matches!(
+            ChunkIndex::from_bytes(&index.to_bytes()),
+            Err(IndexError::Inconsistent(_))
+        ));
+    }
+
     #[test]
     fn covering() {
         let index = sample();

@@ -30,3 +30,12 @@ pub use registry::{FetchedManifest, RegistryClient};
 pub use sink::{open_sink, ImageSink};
 pub use source::{open_source, ImageSource, SourceImage, SourceLayer, SourceOptions};
 pub use types::{media_types, Descriptor, ImageIndex, Manifest, Platform};
+
+/// `WWW-Authenticate` challenge parsing, exposed only for the fuzz targets in
+/// `fuzz/`: the scheme and the parameters (keys lower-cased), or `None`.
+#[doc(hidden)]
+pub fn fuzz_parse_challenge(
+    header: &str,
+) -> Option<(String, std::collections::HashMap<String, String>)> {
+    registry::auth::parse_challenge(header).map(|c| (c.scheme, c.params))
+}

@@ -1,7 +1,7 @@
 //! A small blocking client for the OCI distribution (docker registry v2)
 //! API, with token/basic auth, and the registry source and sink.
 
-mod auth;
+pub(crate) mod auth;
 mod creds;
 mod helper;
 mod image;

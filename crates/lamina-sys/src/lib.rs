@@ -6,7 +6,9 @@
 //! the kernel opened with `FMODE_NONOTIFY`, so the write raises no event) and
 //! then answers allow, or deny with an errno. Only `fanotify_init` and
 //! `fanotify_mark` need `unsafe`; reading events and writing responses go
-//! through rustix, and event records are parsed as plain bytes.
+//! through rustix, and event records are parsed as plain bytes
+//! ([`parse_events`], pure) before [`FanotifyGroup::read_events`] takes
+//! ownership of the fds they name.
 
 use std::ffi::CString;
 use std::io;
@@ -134,7 +136,26 @@ impl FanotifyGroup {
                 Err(e) => return Err(e.into()),
             }
         };
-        parse_events(&buf[..n])
+        let mut events = Vec::new();
+        for record in parse_events(&buf[..n]) {
+            let record = record?;
+            let file = if record.fd >= 0 {
+                // SAFETY: the kernel installed this fd in our table for this
+                // event and nothing else owns it; each record is read once, so
+                // ownership is taken exactly once.
+                Some(unsafe { OwnedFd::from_raw_fd(record.fd) })
+            } else {
+                None
+            };
+            events.push(Event {
+                file,
+                response_fd: record.fd,
+                mask: record.mask,
+                pid: record.pid,
+                range: record.range,
+            });
+        }
+        Ok(events)
     }
 
     /// Answers the event whose response fd is `fd`.
@@ -159,60 +180,100 @@ impl FanotifyGroup {
     }
 }
 
-fn parse_events(mut buf: &[u8]) -> io::Result<Vec<Event>> {
+/// One event record as the kernel wrote it, before anyone owns its fd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawEvent {
+    /// The event fd's number in the reading process's table (negative, e.g.
+    /// `FAN_NOFD`, for queue overflow events). Only a record the kernel just
+    /// wrote names an fd that this process may take ownership of.
+    pub fd: RawFd,
+    /// Event mask.
+    pub mask: u64,
+    /// Reading process.
+    pub pid: i32,
+    /// Byte range about to be read (offset, count), if reported.
+    pub range: Option<(u64, u64)>,
+}
+
+/// Parses the event records of one `read` of a fanotify group: plain bytes
+/// in, records out, no fd touched. Yields an error for a malformed record and
+/// nothing after it; trailing bytes too short for a record are ignored.
+pub fn parse_events(buf: &[u8]) -> EventRecords<'_> {
+    EventRecords { buf, failed: false }
+}
+
+/// Iterator over event records; see [`parse_events`].
+#[derive(Debug, Clone)]
+pub struct EventRecords<'a> {
+    buf: &'a [u8],
+    failed: bool,
+}
+
+impl Iterator for EventRecords<'_> {
+    type Item = io::Result<RawEvent>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.buf.len() < METADATA_LEN {
+            return None;
+        }
+        let record = parse_record(self.buf);
+        match &record {
+            Ok((_, event_len)) => self.buf = &self.buf[*event_len..],
+            Err(_) => self.failed = true,
+        }
+        Some(record.map(|(event, _)| event))
+    }
+}
+
+/// Parses the record at the start of `buf` (at least [`METADATA_LEN`] bytes
+/// long) and returns it with its length.
+fn parse_record(buf: &[u8]) -> io::Result<(RawEvent, usize)> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("fanotify: {what}"));
-    let mut events = Vec::new();
-    while buf.len() >= METADATA_LEN {
-        let u32_at =
-            |b: &[u8], at: usize| u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-        let event_len = u32_at(buf, 0) as usize;
-        let vers = buf[4];
-        let metadata_len = u16::from_ne_bytes([buf[6], buf[7]]) as usize;
-        if vers != METADATA_VERSION {
-            return Err(bad("unexpected metadata version"));
+    let u32_at = |b: &[u8], at: usize| u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let event_len = u32_at(buf, 0) as usize;
+    let vers = buf[4];
+    let metadata_len = u16::from_ne_bytes([buf[6], buf[7]]) as usize;
+    if vers != METADATA_VERSION {
+        return Err(bad("unexpected metadata version"));
+    }
+    if event_len < METADATA_LEN
+        || event_len > buf.len()
+        || metadata_len < METADATA_LEN
+        || metadata_len > event_len
+    {
+        return Err(bad("malformed event length"));
+    }
+    let mut mask_bytes = [0u8; 8];
+    mask_bytes.copy_from_slice(&buf[8..16]);
+    let mask = u64::from_ne_bytes(mask_bytes);
+    let fd = u32_at(buf, 16) as i32;
+    let pid = u32_at(buf, 20) as i32;
+    let mut range = None;
+    let mut info = &buf[metadata_len..event_len];
+    while info.len() >= 4 {
+        let info_type = info[0];
+        let len = u16::from_ne_bytes([info[2], info[3]]) as usize;
+        if len < 4 || len > info.len() {
+            return Err(bad("malformed info record"));
         }
-        if event_len < METADATA_LEN || event_len > buf.len() || metadata_len < METADATA_LEN {
-            return Err(bad("malformed event length"));
+        if info_type == INFO_TYPE_RANGE && len >= 24 {
+            let mut o = [0u8; 8];
+            let mut c = [0u8; 8];
+            o.copy_from_slice(&info[8..16]);
+            c.copy_from_slice(&info[16..24]);
+            range = Some((u64::from_ne_bytes(o), u64::from_ne_bytes(c)));
         }
-        let mut mask_bytes = [0u8; 8];
-        mask_bytes.copy_from_slice(&buf[8..16]);
-        let mask = u64::from_ne_bytes(mask_bytes);
-        let fd = u32_at(buf, 16) as i32;
-        let pid = u32_at(buf, 20) as i32;
-        let mut range = None;
-        let mut info = &buf[metadata_len..event_len];
-        while info.len() >= 4 {
-            let info_type = info[0];
-            let len = u16::from_ne_bytes([info[2], info[3]]) as usize;
-            if len < 4 || len > info.len() {
-                return Err(bad("malformed info record"));
-            }
-            if info_type == INFO_TYPE_RANGE && len >= 24 {
-                let mut o = [0u8; 8];
-                let mut c = [0u8; 8];
-                o.copy_from_slice(&info[8..16]);
-                c.copy_from_slice(&info[16..24]);
-                range = Some((u64::from_ne_bytes(o), u64::from_ne_bytes(c)));
-            }
-            info = &info[len..];
-        }
-        let file = if fd >= 0 {
-            // SAFETY: the kernel installed this fd in our table for this event
-            // and nothing else owns it; we take ownership exactly once.
-            Some(unsafe { OwnedFd::from_raw_fd(fd) })
-        } else {
-            None
-        };
-        events.push(Event {
-            file,
-            response_fd: fd,
+        info = &info[len..];
+    }
+    Ok((
+        RawEvent {
+            fd,
             mask,
             pid,
             range,
-        });
-        buf = &buf[event_len..];
-    }
-    Ok(events)
+        },
+        event_len,
+    ))
 }
 
 /// Makes SIGTERM, SIGINT, SIGHUP and SIGPIPE no-ops for this process.
@@ -307,12 +368,28 @@ mod tests {
         b.extend_from_slice(&0u32.to_ne_bytes());
         b.extend_from_slice(&8192u64.to_ne_bytes());
         b.extend_from_slice(&4096u64.to_ne_bytes());
-        let ev = parse_events(&b).unwrap();
+        let parse = |b: &[u8]| parse_events(b).collect::<io::Result<Vec<_>>>();
+        let ev = parse(&b).unwrap();
         assert_eq!(ev.len(), 1);
         assert_eq!(ev[0].range, Some((8192, 4096)));
         assert_eq!(ev[0].pid, 1234);
-        assert!(ev[0].file.is_none());
+        assert_eq!(ev[0].fd, -1);
         b[0] = 200; // longer than the buffer
-        assert!(parse_events(&b).is_err());
+        assert!(parse(&b).is_err());
+    }
+
+    /// Found by the `fanotify_events` fuzz target: a metadata length past the
+    /// end of its event panicked on a slice index.
+    #[test]
+    fn metadata_longer_than_event_is_an_error() {
+        let mut b = Vec::new();
+        b.extend_from_slice(&48u32.to_ne_bytes());
+        b.push(METADATA_VERSION);
+        b.push(0);
+        b.extend_from_slice(&6157u16.to_ne_bytes());
+        b.resize(48, 0);
+        let records: Vec<_> = parse_events(&b).collect();
+        assert_eq!(records.len(), 1);
+        assert!(records[0].is_err());
     }
 }
