@@ -40,6 +40,8 @@ struct PendingMiss {
     blob: u32,
     offset: u64,
     count: u64,
+    /// The reading process.
+    pid: i32,
     deadline: Instant,
     sent: bool,
 }
@@ -353,14 +355,15 @@ fn serve(
                 };
                 let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
                 // A read that got EIO is retried by the kernel at once
-                // (readahead, then the page itself): fail a range that meets
-                // the failed one at once, so a reader waits at most one
-                // timeout. Other ranges, other readers' among them, go on.
-                // The memory is short, so a read made after the source
-                // recovered goes to the network again.
+                // (readahead, then the page itself), and one read(2) can
+                // need several ranges in turn: a miss that meets the failed
+                // range, or comes from the process whose read failed, fails
+                // at once, so a reader waits at most one timeout. Other
+                // readers' ranges go on. The memory is short, so a read made
+                // after the source recovered goes to the network again.
                 let now = Instant::now();
                 failed.retain(|f| f.until > now);
-                if failed.iter().any(|f| f.covers(blob, offset, count)) {
+                if failed.iter().any(|f| f.covers(blob, offset, count, ev.pid)) {
                     answer(&group, ev.response_fd, Response::DenyErrno(libc::EIO));
                     continue;
                 }
@@ -372,6 +375,7 @@ fn serve(
                     blob,
                     offset,
                     count,
+                    pid: ev.pid,
                     deadline: Instant::now() + timeout,
                     sent: false,
                 };
@@ -513,18 +517,20 @@ fn stop_worker(worker: Worker) {
     let _ = child.wait();
 }
 
-/// A range whose read just failed; new misses that meet it fail at once
-/// until `until`.
+/// A range whose read just failed; until `until`, new misses of that blob
+/// that meet it, or come from the same reading process, fail at once.
 struct FailedRange {
     blob: u32,
     start: u64,
     end: u64,
+    pid: i32,
     until: Instant,
 }
 
 impl FailedRange {
-    /// Long enough to cover the kernel's immediate retries of the range,
-    /// short enough that a later read tries the network again.
+    /// Long enough to cover the kernel's immediate retries and the next
+    /// range of the same read(2), short enough that a later read tries the
+    /// network again.
     const MEMORY: Duration = Duration::from_millis(250);
 
     fn after(miss: &PendingMiss) -> Self {
@@ -532,12 +538,14 @@ impl FailedRange {
             blob: miss.blob,
             start: miss.offset,
             end: miss.offset.saturating_add(miss.count.max(1)),
+            pid: miss.pid,
             until: Instant::now() + Self::MEMORY,
         }
     }
 
-    fn covers(&self, blob: u32, offset: u64, count: u64) -> bool {
-        blob == self.blob && offset < self.end && offset.saturating_add(count.max(1)) > self.start
+    fn covers(&self, blob: u32, offset: u64, count: u64, pid: i32) -> bool {
+        let meets = offset < self.end && offset.saturating_add(count.max(1)) > self.start;
+        blob == self.blob && (meets || pid == self.pid)
     }
 }
 
@@ -582,4 +590,31 @@ fn forward(worker: &Worker, id: u64, miss: &PendingMiss) -> bool {
         response_fd: miss.response_fd,
     };
     protocol::send_owned(&worker.sock, msg, Some(&miss.file)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_range_fails_fast_only_for_its_range_and_its_reader() {
+        let f = FailedRange {
+            blob: 1,
+            start: 4096,
+            end: 8192,
+            pid: 77,
+            until: Instant::now() + FailedRange::MEMORY,
+        };
+        assert!(
+            f.covers(1, 4096, 4096, 99),
+            "the kernel's retry of the range"
+        );
+        assert!(f.covers(1, 0, 4097, 99), "a range that meets it");
+        assert!(
+            f.covers(1, 1 << 20, 4096, 77),
+            "the next range of the same read"
+        );
+        assert!(!f.covers(1, 8192, 4096, 99), "another reader's range");
+        assert!(!f.covers(2, 4096, 4096, 77), "another blob");
+    }
 }

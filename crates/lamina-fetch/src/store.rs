@@ -290,6 +290,29 @@ impl BlobStore {
         private::write_atomic(&self.record_path, &record.to_bytes(), true)
     }
 
+    /// Whether `blob`'s cache file in `dir` exists and a fill record bound
+    /// to it says every chunk is there. Creates nothing: an eager mount asks
+    /// this before it fetches, and a blob that turns out corrupt must leave
+    /// no cache file behind.
+    pub fn recorded_complete(dir: &Path, blob: &IndexBlob) -> io::Result<bool> {
+        let (cache_path, record_path) = store_paths(dir, &hex::encode(blob.digest));
+        let cache = match private::open_existing(&cache_path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if cache.metadata()?.len() != blob.cache_size {
+            return Ok(false);
+        }
+        let Some(id) = identity(&cache)? else {
+            return Ok(false);
+        };
+        let n = blob.chunks.len();
+        Ok(read_record(&record_path).is_some_and(|r| {
+            r.describes(&blob.digest, blob.cache_size, n, id) && r.filled.iter().all(|f| *f)
+        }))
+    }
+
     /// Records that `file`, now in place as this blob's cache file in `dir`,
     /// holds every chunk: the caller verified each of them and synced it.
     pub fn record_complete(dir: &Path, blob: &IndexBlob, file: &File) -> io::Result<()> {
@@ -632,8 +655,10 @@ mod tests {
         f.write_all_at(b"x", 0).unwrap();
         f.set_len(4096).unwrap();
         assert!(!open(dir.path(), &data).is_complete());
+        assert!(!BlobStore::recorded_complete(dir.path(), &b).unwrap());
         BlobStore::record_complete(dir.path(), &b, &f).unwrap();
         assert!(open(dir.path(), &data).is_complete());
+        assert!(BlobStore::recorded_complete(dir.path(), &b).unwrap());
     }
 
     #[test]

@@ -140,10 +140,8 @@ pub fn mount_image(
         // Complete only if a fill record bound to this cache file says so:
         // a lazy mount's sparse file has the full length too.
         let blob_dir = opts.cache_dir.join("blobs");
-        let store = BlobStore::open(&blob_dir, blob.clone()).map_err(io_err(&blob_dir))?;
-        let path = store.cache_path.clone();
-        if !store.is_complete() {
-            drop(store);
+        let (path, _) = lamina_fetch::store::store_paths(&blob_dir, &hex::encode(blob.digest));
+        if !BlobStore::recorded_complete(&blob_dir, blob).map_err(io_err(&path))? {
             let reader = source.open_blob(desc)?;
             let file = materialize_blob(&path, blob, reader)?;
             BlobStore::record_complete(&blob_dir, blob, &file).map_err(io_err(&path))?;
