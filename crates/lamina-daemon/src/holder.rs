@@ -479,8 +479,9 @@ fn serve(
 }
 
 /// Gives the worker copies of the group and of the superblock watch: if the
-/// holder is killed, the group stays open in the worker, which then serves
-/// the events itself instead of the kernel letting reads see zeros.
+/// holder is killed, the group stays open in the worker, which finishes the
+/// misses in hand and fails later reads with EIO, instead of the kernel
+/// letting reads see zeros.
 fn hand_over(worker: &Worker, group: &FanotifyGroup, superblock: &OwnedFd) {
     let sent =
         protocol::send(worker.sock.as_fd(), Message::GroupFd, Some(group.as_fd())).and_then(|()| {
@@ -496,8 +497,8 @@ fn hand_over(worker: &Worker, group: &FanotifyGroup, superblock: &OwnedFd) {
 }
 
 /// Tells the worker the mount is gone and closes its socket, so that it
-/// saves its fill records and exits;
-/// kills it if it has not within two seconds.
+/// saves its fill records and exits; kills it if it has not within two
+/// seconds.
 fn stop_worker(worker: Worker) {
     let Worker {
         mut child, sock, ..
