@@ -49,6 +49,8 @@ pub struct BlobStore {
     /// `None` where the filesystem reports no birth time: nothing can be
     /// bound to the file, so no record is written or trusted.
     identity: Option<FileIdentity>,
+    /// The record file last read: inode and mtime.
+    record_seen: Option<(u64, i64, i64)>,
     filled: Vec<bool>,
     filled_count: usize,
     filled_bytes: u64,
@@ -186,6 +188,7 @@ impl BlobStore {
             cache,
             writer: None,
             identity,
+            record_seen: None,
             filled: vec![false; n],
             filled_count: 0,
             filled_bytes: 0,
@@ -194,23 +197,31 @@ impl BlobStore {
             boot_pages: Vec::new(),
             boot_bytes: 0,
         };
-        store.merge_record();
+        store.merge_record(true);
         Ok(store)
     }
 
     /// Takes the chunks that the record on disk, if it describes this very
-    /// cache file, says are verified and durable.
-    fn merge_record(&mut self) {
-        let Some(id) = self.identity else { return };
-        let Some(record) = read_record(&self.record_path) else {
-            return;
-        };
-        let n = self.filled.len();
-        if record.describes(&self.blob.digest, self.blob.cache_size, n, id) {
-            for (i, _) in record.filled.iter().enumerate().filter(|(_, f)| **f) {
-                self.mark_filled(i);
-            }
+    /// cache file, says are verified and durable, and returns them. A record
+    /// is replaced by rename, so the one last read is not read again unless
+    /// `force`d (a miss asks for every chunk it claims).
+    fn merge_record(&mut self, force: bool) -> Option<Vec<bool>> {
+        let id = self.identity?;
+        let meta = std::fs::symlink_metadata(&self.record_path).ok()?;
+        let stamp = (meta.ino(), meta.mtime(), meta.mtime_nsec());
+        if !force && self.record_seen == Some(stamp) {
+            return None;
         }
+        let record = read_record(&self.record_path)?;
+        self.record_seen = Some(stamp);
+        let n = self.filled.len();
+        if !record.describes(&self.blob.digest, self.blob.cache_size, n, id) {
+            return None;
+        }
+        for (i, _) in record.filled.iter().enumerate().filter(|(_, f)| **f) {
+            self.mark_filled(i);
+        }
+        Some(record.filled)
     }
 
     /// Writes the record: syncs the cache file, then replaces the record
@@ -272,14 +283,8 @@ impl BlobStore {
     }
 
     fn write_record(&mut self, id: FileIdentity, mut synced: Vec<bool>) -> io::Result<()> {
-        self.merge_record();
-        if let Some(on_disk) = read_record(&self.record_path) {
-            if on_disk.describes(&self.blob.digest, self.blob.cache_size, synced.len(), id) {
-                synced
-                    .iter_mut()
-                    .zip(on_disk.filled)
-                    .for_each(|(s, d)| *s |= d);
-            }
+        if let Some(on_disk) = self.merge_record(true) {
+            synced.iter_mut().zip(on_disk).for_each(|(s, d)| *s |= d);
         }
         let record = FillRecord {
             blob_digest: self.blob.digest,
@@ -416,7 +421,7 @@ impl BlobStore {
         if self.filled[i] {
             return Ok(true);
         }
-        self.merge_record();
+        self.merge_record(false);
         if self.filled[i] {
             return Ok(true);
         }
