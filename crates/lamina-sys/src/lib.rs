@@ -74,19 +74,43 @@ pub enum Response {
     DenyErrno(i32),
 }
 
+/// A new fanotify group of class and flags `flags`, whose event fds are
+/// opened read-write.
+pub(crate) fn fanotify_init(flags: u32) -> io::Result<OwnedFd> {
+    let event_f_flags = (libc::O_RDWR | libc::O_LARGEFILE | libc::O_CLOEXEC) as u32;
+    // SAFETY: fanotify_init takes two integer flag words and returns a new
+    // fd or -1; no memory is passed.
+    let fd = unsafe { libc::fanotify_init(flags, event_f_flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by fanotify_init and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fanotify_mark(group, flags, mask, AT_FDCWD, path)`.
+pub(crate) fn fanotify_mark(
+    group: BorrowedFd<'_>,
+    flags: u32,
+    mask: u64,
+    path: &Path,
+) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    // SAFETY: the group fd is valid for the call, c is a valid NUL-terminated
+    // string that outlives it, AT_FDCWD is a valid dirfd.
+    let rc =
+        unsafe { libc::fanotify_mark(group.as_raw_fd(), flags, mask, libc::AT_FDCWD, c.as_ptr()) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 impl FanotifyGroup {
     /// Creates a pre-content group whose event fds are opened read-write.
     pub fn new() -> io::Result<Self> {
-        let flags = FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_UNLIMITED_QUEUE;
-        let event_f_flags = (libc::O_RDWR | libc::O_LARGEFILE | libc::O_CLOEXEC) as u32;
-        // SAFETY: fanotify_init takes two integer flag words and returns a new
-        // fd or -1; no memory is passed.
-        let fd = unsafe { libc::fanotify_init(flags, event_f_flags) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just returned by fanotify_init and is owned by no one else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_UNLIMITED_QUEUE)?;
         Ok(FanotifyGroup { fd })
     }
 
@@ -96,23 +120,7 @@ impl FanotifyGroup {
     }
 
     fn mark(&self, flags: u32, path: &Path) -> io::Result<()> {
-        let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-        // SAFETY: the group fd is valid for self's lifetime, c is a valid
-        // NUL-terminated string that outlives the call, AT_FDCWD is a valid dirfd.
-        let rc = unsafe {
-            libc::fanotify_mark(
-                self.fd.as_raw_fd(),
-                flags,
-                FAN_PRE_ACCESS,
-                libc::AT_FDCWD,
-                c.as_ptr(),
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        fanotify_mark(self.fd.as_fd(), flags, FAN_PRE_ACCESS, path)
     }
 
     /// Asks for pre-access events on reads of `path` (a regular file).

@@ -16,16 +16,13 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
+
+use crate::{FAN_CLOEXEC, FAN_MARK_ADD};
 
 /// `FAN_CLASS_NOTIF`.
 const FAN_CLASS_NOTIF: u32 = 0x00;
-/// `FAN_CLOEXEC`.
-const FAN_CLOEXEC: u32 = 0x01;
-/// `FAN_MARK_ADD`.
-const FAN_MARK_ADD: u32 = 0x01;
 /// `FAN_OPEN`.
 const FAN_OPEN: u64 = 0x20;
 /// `sizeof(struct fanotify_event_metadata)`.
@@ -35,34 +32,11 @@ const METADATA_LEN: usize = 24;
 /// writes raise no fanotify events: the fd of a `FAN_OPEN` event that a
 /// short-lived notification group receives when this call opens the file.
 pub fn open_quiet(path: &Path) -> io::Result<File> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    let event_f_flags = (libc::O_RDWR | libc::O_LARGEFILE | libc::O_CLOEXEC) as u32;
-    // SAFETY: fanotify_init takes two integer flag words and returns a new
-    // fd or -1; no memory is passed.
-    let raw = unsafe { libc::fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, event_f_flags) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: raw was just returned by fanotify_init and is owned by no one else.
-    let group = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: the group fd is valid, c is a NUL-terminated string that
-    // outlives the call, AT_FDCWD is a valid dirfd.
-    let rc = unsafe {
-        libc::fanotify_mark(
-            group.as_raw_fd(),
-            FAN_MARK_ADD,
-            FAN_OPEN,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let group = crate::fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC)?;
+    crate::fanotify_mark(group.as_fd(), FAN_MARK_ADD, FAN_OPEN, path)?;
     let probe = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags_nofollow()
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
     let want = probe.metadata()?;
     // Our open queued an event before `open` returned; others' opens of the
@@ -93,16 +67,6 @@ pub fn open_quiet(path: &Path) -> io::Result<File> {
         return Err(io::Error::other("the quiet fd names another file"));
     }
     Ok(file)
-}
-
-trait NoFollow {
-    fn custom_flags_nofollow(&mut self) -> &mut Self;
-}
-
-impl NoFollow for std::fs::OpenOptions {
-    fn custom_flags_nofollow(&mut self) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::custom_flags(self, libc::O_NOFOLLOW | libc::O_CLOEXEC)
-    }
 }
 
 fn ofd_lock(fd: BorrowedFd<'_>, kind: i16, start: u64, len: u64) -> io::Result<bool> {
