@@ -24,6 +24,13 @@ fn read_one_file(root: &Path) -> usize {
     panic!("no non-empty file below {}", root.display());
 }
 
+/// The edge fixture converted into `t/out` (tag edge).
+fn converted_edge(t: &TestDir) -> String {
+    let image = oci_ref(&t.join("out"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    image
+}
+
 /// Point 1: a lazy mount leaves full-length sparse cache files behind; an
 /// eager mount of the same image from the same cache dir took them for
 /// complete and served the holes as file content (48 of 49 files of a test
@@ -34,8 +41,7 @@ fn eager_mount_after_a_lazy_one_reads_the_image_not_holes() {
         return;
     }
     let t = TestDir::new("integrity-lazy-eager");
-    let image = oci_ref(&t.join("out"), "edge");
-    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let image = converted_edge(&t);
     let cache = t.join("cache");
     let lazy = Mount::with_args(
         &image,
@@ -59,8 +65,7 @@ fn cache_and_run_state_are_private() {
         return;
     }
     let t = TestDir::new("integrity-private");
-    let image = oci_ref(&t.join("out"), "edge");
-    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let image = converted_edge(&t);
     let cache = t.join("cache");
     let m = Mount::with_args(&image, &t.join("mnt"), &cache, &["--lazy"]);
     read_one_file(&m.path);

@@ -15,7 +15,8 @@ use rustix::mount::{MountFlags, UnmountFlags};
 use crate::cache::{materialize_blob, store_metadata, CacheError};
 use lamina_fetch::store::BlobStore;
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MountError + '_ {
+/// Local I/O on `path` failed.
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MountError + '_ {
     move |e| MountError::Io(path.to_path_buf(), e)
 }
 

@@ -14,7 +14,7 @@ use lamina_fetch::store::BlobStore;
 use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, RegistryRef};
 
-use crate::kernel::{cached_layer, MountError, MountInfo, MountOptions};
+use crate::kernel::{cached_layer, io_err, MountError, MountInfo, MountOptions};
 
 /// What a lazy mount fetches without a reader waiting for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,16 +77,12 @@ pub fn mount_lazy(
     opts: &MountOptions,
     lazy: &LazyOptions,
 ) -> Result<MountInfo, MountError> {
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |e| MountError::Io(p, e)
-    };
     let mountpoint = fs::canonicalize(mountpoint)
         .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
     if !mountpoint.is_dir() {
         return Err(MountError::Mountpoint(mountpoint, "not a directory".into()));
     }
-    private::private_dir(&opts.cache_dir).map_err(io(&opts.cache_dir))?;
+    private::private_dir(&opts.cache_dir).map_err(io_err(&opts.cache_dir))?;
     let source = open_source(image, &opts.source)?;
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
@@ -125,7 +121,7 @@ pub fn mount_lazy(
     let blob_dir = opts.cache_dir.join("blobs");
     let mut blobs = Vec::new();
     for (desc, blob) in layers.blobs.iter().zip(index.blobs) {
-        let store = BlobStore::open(&blob_dir, blob).map_err(io(&blob_dir))?;
+        let store = BlobStore::open(&blob_dir, blob).map_err(io_err(&blob_dir))?;
         blobs.push(BlobSpec {
             digest: desc.digest.to_string(),
             cache_path: store.cache_path.clone(),
@@ -145,7 +141,7 @@ pub fn mount_lazy(
         }
     }
     let _ = fs::remove_dir_all(&run);
-    private::private_dir(&run).map_err(io(&run))?;
+    private::private_dir(&run).map_err(io_err(&run))?;
     let spec = match image {
         ImageRef::Registry(RegistryRef {
             host, repository, ..
@@ -157,7 +153,7 @@ pub fn mount_lazy(
             ca_file: opts.source.ca_file.clone(),
         },
         ImageRef::Oci { dir, .. } => SourceSpec::Layout {
-            dir: fs::canonicalize(dir).map_err(io(dir))?,
+            dir: fs::canonicalize(dir).map_err(io_err(dir))?,
         },
         ImageRef::DockerArchive { .. } => {
             return Err(MountError::Mountpoint(
@@ -192,19 +188,19 @@ pub fn mount_lazy(
         boot_pages,
     };
     let config_path = run.join("config.json");
-    config.save(&config_path).map_err(io(&config_path))?;
+    config.save(&config_path).map_err(io_err(&config_path))?;
 
-    let exe = std::env::current_exe().map_err(io(Path::new("/proc/self/exe")))?;
+    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
     let log_path = run.join("holder.log");
-    let log = private::create_new(&log_path).map_err(io(&log_path))?;
+    let log = private::create_new(&log_path).map_err(io_err(&log_path))?;
     let mut holder = Command::new(exe)
         .arg("internal-holder")
         .arg(&config_path)
         .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(io(&log_path))?)
+        .stdout(log.try_clone().map_err(io_err(&log_path))?)
         .stderr(log)
         .spawn()
-        .map_err(io(&config_path))?;
+        .map_err(io_err(&config_path))?;
 
     // Wait until the holder has mounted (or failed).
     let started = Instant::now();
