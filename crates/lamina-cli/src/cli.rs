@@ -127,6 +127,25 @@ enum Command {
         #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
         cache_dir: PathBuf,
     },
+    /// Serve containerd as a proxy snapshotter (snapshots gRPC on a unix
+    /// socket): lamina images mount lazily, other images get overlayfs
+    /// snapshots. See docs/containerd.md.
+    Snapshotter {
+        /// Root directory: snapshots, their state and the shared cache.
+        #[arg(long, default_value = "/var/lib/lamina/snapshotter")]
+        root: PathBuf,
+        /// The socket containerd's `proxy_plugins` entry names.
+        #[arg(long, default_value = "/run/lamina/snapshotter.sock")]
+        address: PathBuf,
+        /// Seconds a reader of a lamina image waits for missing data before
+        /// getting EIO.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// What lamina mounts fetch with no reader waiting: none, pages,
+        /// boot or all (as `lamina mount --prefetch`).
+        #[arg(long, default_value = "boot", value_parser = ["none", "pages", "boot", "all"])]
+        prefetch: String,
+    },
     /// Internal: the fanotify holder of one lazy mount.
     #[command(hide = true)]
     InternalHolder {
@@ -152,6 +171,15 @@ enum Command {
 /// and the kernel (`device=`) must not depend on a working directory.
 fn absolute(path: &std::path::Path) -> Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("cache dir {}", path.display()))
+}
+
+fn parse_prefetch(s: &str) -> lamina_mount::Prefetch {
+    match s {
+        "none" => lamina_mount::Prefetch::None,
+        "pages" => lamina_mount::Prefetch::Pages,
+        "all" => lamina_mount::Prefetch::All,
+        _ => lamina_mount::Prefetch::Boot,
+    }
 }
 
 fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
@@ -289,10 +317,7 @@ pub fn run(args: Args) -> Result<()> {
                     fill_window,
                     prefetch: match prefetch.as_str() {
                         _ if prefetch_all => lamina_mount::Prefetch::All,
-                        "none" => lamina_mount::Prefetch::None,
-                        "pages" => lamina_mount::Prefetch::Pages,
-                        "all" => lamina_mount::Prefetch::All,
-                        _ => lamina_mount::Prefetch::Boot,
+                        p => parse_prefetch(p),
                     },
                     record_trace,
                     readahead_kb: readahead,
@@ -360,6 +385,24 @@ pub fn run(args: Args) -> Result<()> {
                     report.in_use
                 );
             }
+        }
+        Command::Snapshotter {
+            root,
+            address,
+            timeout,
+            prefetch,
+        } => {
+            lamina_snapshotter::init_logging();
+            lamina_snapshotter::serve(lamina_snapshotter::Options {
+                root: absolute(&root)?,
+                address: absolute(&address)?,
+                source,
+                lazy: lamina_mount::LazyOptions {
+                    timeout: std::time::Duration::from_secs(timeout.max(1)),
+                    prefetch: parse_prefetch(&prefetch),
+                    ..lamina_mount::LazyOptions::default()
+                },
+            })?
         }
         Command::InternalHolder { config } => lamina_daemon::holder::run_holder(&config)?,
         Command::InternalWorker { config, fd } => {

@@ -1,0 +1,251 @@
+//! `lamina snapshotter`: a containerd proxy snapshotter. Ordinary images get
+//! overlayfs snapshots that containerd unpacks as usual; lamina images are
+//! recognised from the labels containerd passes with each layer and mounted
+//! lazily, so containerd downloads none of their data. docs/containerd.md
+//! tells how to plug it in.
+
+pub mod filter;
+pub mod proto;
+mod service;
+pub mod snapshots;
+pub mod state;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use lamina_image::artifact::LaminaLayers;
+use lamina_mount::{LazyOptions, MountOptions};
+use lamina_oci::{open_source, ImageRef, RegistryRef, SourceOptions};
+
+pub use snapshots::{Images, LayerRole, Snapshotter};
+
+/// What `lamina snapshotter` is given.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Root directory: state, snapshots and the shared cache.
+    pub root: PathBuf,
+    /// The unix socket containerd connects to.
+    pub address: PathBuf,
+    /// How registries are reached.
+    pub source: SourceOptions,
+    /// How lamina images are served.
+    pub lazy: LazyOptions,
+}
+
+/// The real lamina side: manifests from registries, lazy kernel mounts
+/// sharing one cache.
+#[derive(Debug)]
+pub struct RegistryImages {
+    source: SourceOptions,
+    cache_dir: PathBuf,
+    lazy: LazyOptions,
+    /// Per image reference: the manifest's digest and layer digests, or
+    /// `None` for an image that is not a lamina image.
+    known: HashMap<String, Option<(String, Vec<String>)>>,
+}
+
+impl RegistryImages {
+    /// Lamina images mounted with `cache_dir` as their cache.
+    pub fn new(source: SourceOptions, cache_dir: PathBuf, lazy: LazyOptions) -> Self {
+        RegistryImages {
+            source,
+            cache_dir,
+            lazy,
+            known: HashMap::new(),
+        }
+    }
+
+    fn resolve(&self, reference: &str) -> Result<Option<(String, Vec<String>)>, String> {
+        let rr = RegistryRef::parse(reference).map_err(|e| e.to_string())?;
+        let source =
+            open_source(&ImageRef::Registry(rr), &self.source).map_err(|e| e.to_string())?;
+        let img = source.image();
+        if LaminaLayers::from_manifest(&img.manifest).is_err() {
+            return Ok(None);
+        }
+        let layers = img
+            .manifest
+            .layers
+            .iter()
+            .map(|l| l.digest.to_string())
+            .collect();
+        Ok(Some((img.manifest_digest.to_string(), layers)))
+    }
+}
+
+impl Images for RegistryImages {
+    fn lookup(&mut self, reference: &str, layer: &str) -> Result<Option<LayerRole>, String> {
+        let role = |known: &Option<(String, Vec<String>)>| {
+            let (digest, layers) = known.as_ref()?;
+            let pos = layers.iter().position(|l| l == layer)?;
+            Some(if pos + 1 == layers.len() {
+                let name = reference.split_once('@').map_or(reference, |(n, _)| n);
+                // HOST/REPO without the tag, pinned to the manifest.
+                let repo = match name.rsplit_once(':') {
+                    Some((repo, tag)) if !tag.contains('/') => repo,
+                    _ => name,
+                };
+                LayerRole::Top {
+                    image: format!("{repo}@{digest}"),
+                }
+            } else {
+                LayerRole::Lower
+            })
+        };
+        if let Some(known) = self.known.get(reference) {
+            if let Some(r) = role(known) {
+                return Ok(Some(r));
+            }
+        }
+        // Not seen, or the tag may have moved: ask the registry.
+        let known = self.resolve(reference)?;
+        let r = role(&known);
+        self.known.insert(reference.to_string(), known);
+        Ok(r)
+    }
+
+    fn mount(&mut self, image: &str, mountpoint: &Path) -> Result<(), String> {
+        let rr = RegistryRef::parse(image).map_err(|e| e.to_string())?;
+        let opts = MountOptions {
+            cache_dir: self.cache_dir.clone(),
+            source: self.source.clone(),
+        };
+        lamina_mount::mount_lazy(&ImageRef::Registry(rr), mountpoint, &opts, &self.lazy)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn unmount(&mut self, mountpoint: &Path) -> Result<(), String> {
+        lamina_mount::unmount(mountpoint).map_err(|e| e.to_string())?;
+        lamina_mount::finish_unmount(&self.cache_dir, mountpoint);
+        Ok(())
+    }
+
+    fn is_mounted(&self, mountpoint: &Path) -> bool {
+        is_mountpoint(mountpoint)
+    }
+}
+
+/// Whether `path` is a mount point (in this process's mount namespace).
+fn is_mountpoint(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| unescape_mountinfo(m) == want)
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let mut out = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Logs to stderr at `info` unless `LAMINA_LOG` says otherwise (e.g.
+/// `LAMINA_LOG=debug`, `LAMINA_LOG=lamina_snapshotter=trace`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LAMINA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs the snapshotter until SIGTERM or SIGINT. Lamina mounts and their
+/// daemons outlive it: a restart finds them in its state and serves on.
+pub fn serve(opts: Options) -> anyhow::Result<()> {
+    let images = RegistryImages::new(
+        opts.source.clone(),
+        opts.root.join("cache"),
+        opts.lazy.clone(),
+    );
+    let mut sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for line in sn.reconcile() {
+        tracing::warn!("{line}");
+    }
+    let inner = Arc::new(Mutex::new(sn));
+    spawn_reaper(inner.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(listen(opts.address, service::Service::new(inner)))
+}
+
+async fn listen<I: Images + 'static>(
+    address: PathBuf,
+    svc: service::Service<I>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    if let Some(dir) = address.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if std::os::unix::net::UnixStream::connect(&address).is_ok() {
+        bail!(
+            "{} is in use: is another snapshotter running?",
+            address.display()
+        );
+    }
+    let _ = std::fs::remove_file(&address); // a stale socket
+    let listener = tokio::net::UnixListener::bind(&address)
+        .with_context(|| format!("listening on {}", address.display()))?;
+    std::fs::set_permissions(
+        &address,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
+    tracing::info!(address = %address.display(), "lamina snapshotter serving");
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let stop = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("stopping; lamina mounts stay served");
+    };
+    tonic::transport::Server::builder()
+        .add_service(proto::snapshots_server::SnapshotsServer::new(svc))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            stop,
+        )
+        .await
+        .context("serving gRPC")?;
+    let _ = std::fs::remove_file(&address);
+    Ok(())
+}
+
+/// Mount daemons are this process's children until they exit: reap them,
+/// under the snapshotter's lock so no mount in progress loses its own
+/// child's status.
+fn spawn_reaper<I: Send + 'static>(inner: Arc<Mutex<Snapshotter<I>>>) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_secs(2));
+        let _guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+        while let Ok(Some((_pid, _))) = rustix::process::wait(rustix::process::WaitOptions::NOHANG)
+        {
+        }
+    });
+}

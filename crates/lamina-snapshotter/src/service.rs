@@ -1,0 +1,228 @@
+//! The gRPC face of the snapshotter: containerd's snapshots service over a
+//! unix socket. Each call runs on the blocking pool, one at a time (the
+//! snapshotter is behind one mutex; a lazy mount holds it while it fetches
+//! the image's metadata).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::proto::{self, snapshots_server::Snapshots};
+use crate::snapshots::{Error, Images, Info, Snapshotter};
+use crate::state::Kind;
+
+/// The service, sharing one snapshotter.
+#[derive(Debug)]
+pub struct Service<I> {
+    inner: Arc<Mutex<Snapshotter<I>>>,
+}
+
+impl<I> Service<I> {
+    /// Serves `snapshotter`.
+    pub fn new(inner: Arc<Mutex<Snapshotter<I>>>) -> Self {
+        Service { inner }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let msg = e.to_string();
+        match e {
+            Error::NotFound(_) => Status::not_found(msg),
+            Error::AlreadyExists(_) => Status::already_exists(msg),
+            Error::FailedPrecondition(_) => Status::failed_precondition(msg),
+            Error::InvalidArgument(_) => Status::invalid_argument(msg),
+            Error::Internal(_) => Status::internal(msg),
+        }
+    }
+}
+
+fn labels(map: HashMap<String, String>) -> BTreeMap<String, String> {
+    map.into_iter().collect()
+}
+
+fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    t.into()
+}
+
+fn to_proto(i: Info) -> proto::Info {
+    let kind = match i.kind {
+        Kind::View => proto::Kind::View,
+        Kind::Active => proto::Kind::Active,
+        Kind::Committed => proto::Kind::Committed,
+    };
+    proto::Info {
+        name: i.name,
+        parent: i.parent,
+        kind: kind as i32,
+        created_at: Some(timestamp(i.created)),
+        updated_at: Some(timestamp(i.updated)),
+        labels: i.labels.into_iter().collect(),
+    }
+}
+
+impl<I: Images + 'static> Service<I> {
+    /// Runs `f` on the snapshotter, off the async threads.
+    async fn with<T, F>(&self, op: &'static str, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Snapshotter<I>) -> Result<T, Error> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        let res = tokio::task::spawn_blocking(move || {
+            let mut sn = inner.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut sn)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("{op}: {e}")))?;
+        match &res {
+            Err(Error::Internal(msg)) => tracing::error!(op, "{msg}"),
+            Err(e @ (Error::FailedPrecondition(_) | Error::InvalidArgument(_))) => {
+                tracing::info!(op, "{e}")
+            }
+            _ => {}
+        }
+        res.map_err(Status::from)
+    }
+}
+
+#[tonic::async_trait]
+impl<I: Images + 'static> Snapshots for Service<I> {
+    async fn prepare(
+        &self,
+        req: Request<proto::PrepareSnapshotRequest>,
+    ) -> Result<Response<proto::PrepareSnapshotResponse>, Status> {
+        let r = req.into_inner();
+        let mounts = self
+            .with("prepare", move |s| {
+                s.prepare(&r.key, &r.parent, labels(r.labels))
+            })
+            .await?;
+        Ok(Response::new(proto::PrepareSnapshotResponse { mounts }))
+    }
+
+    async fn view(
+        &self,
+        req: Request<proto::ViewSnapshotRequest>,
+    ) -> Result<Response<proto::ViewSnapshotResponse>, Status> {
+        let r = req.into_inner();
+        let mounts = self
+            .with("view", move |s| s.view(&r.key, &r.parent, labels(r.labels)))
+            .await?;
+        Ok(Response::new(proto::ViewSnapshotResponse { mounts }))
+    }
+
+    async fn mounts(
+        &self,
+        req: Request<proto::MountsRequest>,
+    ) -> Result<Response<proto::MountsResponse>, Status> {
+        let r = req.into_inner();
+        let mounts = self.with("mounts", move |s| s.mounts(&r.key)).await?;
+        Ok(Response::new(proto::MountsResponse { mounts }))
+    }
+
+    async fn commit(
+        &self,
+        req: Request<proto::CommitSnapshotRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let r = req.into_inner();
+        if !r.parent.is_empty() {
+            return Err(Status::unimplemented(
+                "commit onto another parent (rebase) is not supported",
+            ));
+        }
+        self.with("commit", move |s| {
+            s.commit(&r.name, &r.key, labels(r.labels))
+        })
+        .await?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn remove(
+        &self,
+        req: Request<proto::RemoveSnapshotRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let r = req.into_inner();
+        self.with("remove", move |s| s.remove(&r.key)).await?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn stat(
+        &self,
+        req: Request<proto::StatSnapshotRequest>,
+    ) -> Result<Response<proto::StatSnapshotResponse>, Status> {
+        let r = req.into_inner();
+        let info = self.with("stat", move |s| s.stat(&r.key)).await?;
+        Ok(Response::new(proto::StatSnapshotResponse {
+            info: Some(to_proto(info)),
+        }))
+    }
+
+    async fn update(
+        &self,
+        req: Request<proto::UpdateSnapshotRequest>,
+    ) -> Result<Response<proto::UpdateSnapshotResponse>, Status> {
+        let r = req.into_inner();
+        let info = r
+            .info
+            .ok_or_else(|| Status::invalid_argument("update without info"))?;
+        let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
+        let info = self
+            .with("update", move |s| {
+                s.update(&info.name, labels(info.labels), &paths)
+            })
+            .await?;
+        Ok(Response::new(proto::UpdateSnapshotResponse {
+            info: Some(to_proto(info)),
+        }))
+    }
+
+    type ListStream = ReceiverStream<Result<proto::ListSnapshotsResponse, Status>>;
+
+    async fn list(
+        &self,
+        req: Request<proto::ListSnapshotsRequest>,
+    ) -> Result<Response<Self::ListStream>, Status> {
+        let r = req.into_inner();
+        let infos = self.with("list", move |s| s.walk(&r.filters)).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut infos = infos.into_iter().map(to_proto).peekable();
+            // Batches keep each message well under gRPC's 4 MiB default.
+            while infos.peek().is_some() {
+                let info: Vec<_> = infos.by_ref().take(100).collect();
+                if tx
+                    .send(Ok(proto::ListSnapshotsResponse { info }))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn usage(
+        &self,
+        req: Request<proto::UsageRequest>,
+    ) -> Result<Response<proto::UsageResponse>, Status> {
+        let r = req.into_inner();
+        let (size, inodes) = self.with("usage", move |s| s.usage(&r.key)).await?;
+        Ok(Response::new(proto::UsageResponse { size, inodes }))
+    }
+
+    async fn cleanup(
+        &self,
+        _req: Request<proto::CleanupRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let removed = self.with("cleanup", |s| s.cleanup()).await?;
+        for path in removed {
+            tracing::info!(path = %path.display(), "cleanup removed an orphaned snapshot directory");
+        }
+        Ok(Response::new(proto::Empty {}))
+    }
+}

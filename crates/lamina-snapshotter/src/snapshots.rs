@@ -1,0 +1,648 @@
+//! Snapshot operations with containerd's semantics, independent of gRPC:
+//! ordinary snapshots are overlayfs layers (a bind mount for a layer
+//! without parents), lamina images are mounted lazily as one layer.
+//!
+//! How a lamina image gets in: containerd prepares each layer with the
+//! labels of a remote snapshot (the target chain id and the image and
+//! layer of `containerd.io/snapshot/cri.*`, or stargz's). When the layer
+//! belongs to a lamina image, the snapshot is created here, committed
+//! under the target name, and `AlreadyExists` tells containerd not to
+//! download or unpack the layer. Layers below the image's top are empty
+//! placeholders; the top one mounts the whole image.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::filter::{matches_any, Fields, Filter};
+use crate::proto::Mount;
+use crate::state::{snapshot_dir, Backing, Kind, Snapshot, State};
+
+/// containerd's label naming the snapshot a layer's Prepare should commit.
+pub const LABEL_TARGET: &str = "containerd.io/snapshot.ref";
+/// The image reference, as containerd's CRI and transfer service pass it.
+pub const LABEL_CRI_IMAGE: &str = "containerd.io/snapshot/cri.image-ref";
+/// The layer digest, as containerd's CRI and transfer service pass it.
+pub const LABEL_CRI_LAYER: &str = "containerd.io/snapshot/cri.layer-digest";
+/// The image reference, as `ctr-remote image rpull` passes it.
+pub const LABEL_STARGZ_IMAGE: &str = "containerd.io/snapshot/remote/stargz.reference";
+/// The layer digest, as `ctr-remote image rpull` passes it.
+pub const LABEL_STARGZ_LAYER: &str = "containerd.io/snapshot/remote/stargz.digest";
+
+/// Why an operation failed; each maps to a gRPC code containerd knows.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No such snapshot.
+    #[error("snapshot {0}: not found")]
+    NotFound(String),
+    /// The name is taken.
+    #[error("snapshot {0}: already exists")]
+    AlreadyExists(String),
+    /// The snapshot is in the wrong state for the operation.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A bad request.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Local I/O or a mount failed.
+    #[error("{0}")]
+    Internal(String),
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+fn internal(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::Internal(format!("{what}: {e}"))
+}
+
+/// Where a layer sits in a lamina image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerRole {
+    /// Below the top: the top snapshot will carry it.
+    Lower,
+    /// The top layer: mount `image` (pinned `HOST/REPO@DIGEST`).
+    Top {
+        /// What to mount.
+        image: String,
+    },
+}
+
+/// The lamina side: recognising lamina layers and mounting images. The
+/// real one talks to registries and the kernel; tests use a fake.
+pub trait Images: Send {
+    /// `Some` when `layer` is a layer of the lamina image `reference`.
+    fn lookup(
+        &mut self,
+        reference: &str,
+        layer: &str,
+    ) -> std::result::Result<Option<LayerRole>, String>;
+    /// Mounts `image` lazily at `mountpoint`.
+    fn mount(&mut self, image: &str, mountpoint: &Path) -> std::result::Result<(), String>;
+    /// Unmounts what `mount` mounted; an error when busy.
+    fn unmount(&mut self, mountpoint: &Path) -> std::result::Result<(), String>;
+    /// Whether `mountpoint` has a mount on it.
+    fn is_mounted(&self, mountpoint: &Path) -> bool;
+}
+
+/// A snapshot as callers see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Info {
+    /// Name (key).
+    pub name: String,
+    /// Parent's name, "" for none.
+    pub parent: String,
+    /// Kind.
+    pub kind: Kind,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Creation time.
+    pub created: SystemTime,
+    /// Last update.
+    pub updated: SystemTime,
+}
+
+impl Fields for Info {
+    fn field(&self, path: &[String]) -> Option<String> {
+        match path {
+            [f] if f == "name" => Some(self.name.clone()),
+            [f] if f == "parent" => (!self.parent.is_empty()).then(|| self.parent.clone()),
+            [f] if f == "kind" => Some(self.kind.as_str().to_string()),
+            [f, rest @ ..] if f == "labels" && !rest.is_empty() => {
+                self.labels.get(&rest.join(".")).cloned()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The snapshotter: its root directory, its state and the lamina side.
+#[derive(Debug)]
+pub struct Snapshotter<I> {
+    root: PathBuf,
+    state: State,
+    images: I,
+}
+
+impl<I: Images> Snapshotter<I> {
+    /// Opens (creating) the snapshotter at `root` (0700).
+    pub fn open(root: &Path, images: I) -> Result<Self> {
+        for dir in [root.to_path_buf(), root.join("snapshots")] {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(internal(dir.display()))?;
+        }
+        let state = State::load(root).map_err(internal("loading state"))?;
+        Ok(Snapshotter {
+            root: root.to_path_buf(),
+            state,
+            images,
+        })
+    }
+
+    /// The lamina side.
+    pub fn images(&mut self) -> &mut I {
+        &mut self.images
+    }
+
+    fn dir(&self, snap: &Snapshot) -> PathBuf {
+        snapshot_dir(&self.root, snap.id)
+    }
+
+    fn get(&self, key: &str) -> Result<&Snapshot> {
+        self.state
+            .snapshots
+            .get(key)
+            .ok_or_else(|| Error::NotFound(key.to_string()))
+    }
+
+    fn save(&self) -> Result<()> {
+        self.state
+            .save(&self.root)
+            .map_err(internal("saving state"))
+    }
+
+    /// Creates an active snapshot `key` on `parent`; for a lamina layer,
+    /// commits it under its target name instead and says `AlreadyExists`.
+    pub fn prepare(
+        &mut self,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<Mount>> {
+        if let Some(err) = self.try_lamina(parent, &labels)? {
+            return Err(err);
+        }
+        self.create(Kind::Active, key, parent, labels)
+    }
+
+    /// Creates a read-only view `key` of `parent`.
+    pub fn view(
+        &mut self,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<Mount>> {
+        self.create(Kind::View, key, parent, labels)
+    }
+
+    fn check_new(&self, key: &str, parent: &str) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "snapshot key must not be empty".into(),
+            ));
+        }
+        if self.state.snapshots.contains_key(key) {
+            return Err(Error::AlreadyExists(key.to_string()));
+        }
+        if !parent.is_empty() && self.get(parent)?.kind != Kind::Committed {
+            return Err(Error::InvalidArgument(format!(
+                "parent {parent} is not a committed snapshot"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes `snapshots/ID/` (0700) with `fs/` (0755) and, for active
+    /// snapshots, `work/`; returns the new id.
+    fn make_dirs(&mut self, kind: Kind) -> Result<u64> {
+        let id = self.state.take_id();
+        let dir = snapshot_dir(&self.root, id);
+        let mut subdirs = vec![("fs", 0o755)];
+        if kind == Kind::Active {
+            subdirs.push(("work", 0o700));
+        }
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(internal(dir.display()))?;
+        for (name, mode) in subdirs {
+            let sub = dir.join(name);
+            fs::DirBuilder::new()
+                .mode(mode)
+                .create(&sub)
+                .map_err(internal(sub.display()))?;
+            // The umask may have narrowed it; containerd wants 0755 roots.
+            fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .map_err(internal(sub.display()))?;
+        }
+        Ok(id)
+    }
+
+    fn insert(&mut self, key: &str, snap: Snapshot) -> Result<()> {
+        let dir = self.dir(&snap);
+        self.state.snapshots.insert(key.to_string(), snap);
+        if let Err(e) = self.save() {
+            self.state.snapshots.remove(key);
+            let _ = fs::remove_dir_all(dir);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn create(
+        &mut self,
+        kind: Kind,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<Mount>> {
+        self.check_new(key, parent)?;
+        let id = self.make_dirs(kind)?;
+        let now = SystemTime::now();
+        let snap = Snapshot {
+            id,
+            kind,
+            parent: parent.to_string(),
+            labels,
+            created: now,
+            updated: now,
+            backing: Backing::Overlay,
+            usage: None,
+        };
+        self.insert(key, snap)?;
+        self.mounts(key)
+    }
+
+    /// The remote-snapshot path: `Some(AlreadyExists)` when the layer is a
+    /// lamina layer now committed under its target name.
+    fn try_lamina(
+        &mut self,
+        parent: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Option<Error>> {
+        let Some(target) = labels.get(LABEL_TARGET) else {
+            return Ok(None);
+        };
+        let image = labels
+            .get(LABEL_CRI_IMAGE)
+            .or(labels.get(LABEL_STARGZ_IMAGE));
+        let layer = labels
+            .get(LABEL_CRI_LAYER)
+            .or(labels.get(LABEL_STARGZ_LAYER));
+        let (Some(image), Some(layer)) = (image, layer) else {
+            return Ok(None);
+        };
+        if self.state.snapshots.contains_key(target) {
+            return Ok(Some(Error::AlreadyExists(target.clone())));
+        }
+        let role = match self.images.lookup(image, layer) {
+            Ok(Some(role)) => role,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                tracing::warn!(
+                    image,
+                    layer,
+                    "not a remote snapshot, containerd unpacks it: {e}"
+                );
+                return Ok(None);
+            }
+        };
+        self.check_new(target, parent)?;
+        let id = self.make_dirs(Kind::Committed)?;
+        let dir = snapshot_dir(&self.root, id);
+        let backing = match role {
+            LayerRole::Lower => Backing::LaminaLayer {
+                layer: layer.clone(),
+            },
+            LayerRole::Top { image } => {
+                let mnt = dir.join("lamina");
+                let mounted = fs::create_dir(&mnt)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| self.images.mount(&image, &mnt));
+                if let Err(e) = mounted {
+                    let _ = fs::remove_dir_all(&dir);
+                    return Err(Error::Internal(format!("lazy mount of {image}: {e}")));
+                }
+                tracing::info!(image, snapshot = target, "lamina image mounted lazily");
+                Backing::LaminaImage { image }
+            }
+        };
+        let now = SystemTime::now();
+        let snap = Snapshot {
+            id,
+            kind: Kind::Committed,
+            parent: parent.to_string(),
+            labels: labels.clone(),
+            created: now,
+            updated: now,
+            backing,
+            usage: Some((0, 0)),
+        };
+        self.insert(target, snap)?;
+        Ok(Some(Error::AlreadyExists(target.clone())))
+    }
+
+    /// The directories an overlay on `parent` stacks, topmost first.
+    fn lowers<'a>(&'a self, mut parent: &'a str) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        while !parent.is_empty() {
+            let snap = self.get(parent)?;
+            let dir = self.dir(snap);
+            match &snap.backing {
+                Backing::Overlay => out.push(dir.join("fs")),
+                // The image's top carries the whole image: stop there.
+                Backing::LaminaImage { .. } => {
+                    out.push(dir.join("lamina"));
+                    break;
+                }
+                Backing::LaminaLayer { .. } => {}
+            }
+            parent = &snap.parent;
+        }
+        Ok(out)
+    }
+
+    /// The mounts that give snapshot `key`'s filesystem.
+    pub fn mounts(&self, key: &str) -> Result<Vec<Mount>> {
+        let snap = self.get(key)?;
+        let dir = self.dir(snap);
+        let lowers = self.lowers(&snap.parent)?;
+        let bind = |source: &Path, mode: &str| Mount {
+            r#type: "bind".into(),
+            source: source.display().to_string(),
+            target: String::new(),
+            options: vec![mode.into(), "rbind".into()],
+        };
+        let lowerdir = || {
+            let paths: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
+            format!("lowerdir={}", paths.join(":"))
+        };
+        let overlay = |options: Vec<String>| Mount {
+            r#type: "overlay".into(),
+            source: "overlay".into(),
+            target: String::new(),
+            options,
+        };
+        Ok(match (snap.kind, lowers.len()) {
+            (Kind::Committed, _) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "snapshot {key} is committed: mount a view of it"
+                )))
+            }
+            (Kind::Active, 0) => vec![bind(&dir.join("fs"), "rw")],
+            (Kind::View, 0) => vec![bind(&dir.join("fs"), "ro")],
+            (Kind::View, 1) => vec![bind(&lowers[0], "ro")],
+            (Kind::View, _) => vec![overlay(vec![lowerdir()])],
+            (Kind::Active, _) => vec![overlay(vec![
+                format!("workdir={}", dir.join("work").display()),
+                format!("upperdir={}", dir.join("fs").display()),
+                lowerdir(),
+            ])],
+        })
+    }
+
+    /// Commits active snapshot `key` as `name`.
+    pub fn commit(
+        &mut self,
+        name: &str,
+        key: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<()> {
+        let snap = self.get(key)?.clone();
+        if snap.kind != Kind::Active {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {key} is {}, only active snapshots commit",
+                snap.kind.as_str()
+            )));
+        }
+        if self.state.snapshots.contains_key(name) {
+            return Err(Error::AlreadyExists(name.to_string()));
+        }
+        let dir = self.dir(&snap);
+        let usage = disk_usage(&dir.join("fs")).map_err(internal("measuring usage"))?;
+        let now = SystemTime::now();
+        let committed = Snapshot {
+            kind: Kind::Committed,
+            labels,
+            created: now,
+            updated: now,
+            usage: Some(usage),
+            ..snap
+        };
+        self.state.snapshots.remove(key);
+        self.state.snapshots.insert(name.to_string(), committed);
+        if let Err(e) = self.save() {
+            let back = self.state.snapshots.remove(name).expect("just inserted");
+            self.state.snapshots.insert(
+                key.to_string(),
+                Snapshot {
+                    kind: Kind::Active,
+                    ..back
+                },
+            );
+            return Err(e);
+        }
+        let _ = fs::remove_dir_all(dir.join("work"));
+        Ok(())
+    }
+
+    /// Removes snapshot `key`, which must have no children.
+    pub fn remove(&mut self, key: &str) -> Result<()> {
+        let snap = self.get(key)?.clone();
+        if let Some(child) = self.state.children(key).next() {
+            return Err(Error::FailedPrecondition(format!(
+                "cannot remove snapshot {key}: snapshot {child} is its child"
+            )));
+        }
+        let dir = self.dir(&snap);
+        if let Backing::LaminaImage { image } = &snap.backing {
+            let mnt = dir.join("lamina");
+            if self.images.is_mounted(&mnt) {
+                self.images.unmount(&mnt).map_err(|e| {
+                    Error::FailedPrecondition(format!(
+                        "cannot remove snapshot {key} ({image}): {e}"
+                    ))
+                })?;
+            }
+        }
+        self.state.snapshots.remove(key);
+        if let Err(e) = self.save() {
+            self.state.snapshots.insert(key.to_string(), snap);
+            return Err(e);
+        }
+        remove_snapshot_dir(&dir);
+        Ok(())
+    }
+
+    /// The snapshot `key`.
+    pub fn stat(&self, key: &str) -> Result<Info> {
+        Ok(info(key, self.get(key)?))
+    }
+
+    /// Updates labels: all of them (no field paths, or `labels`), or the
+    /// named ones (`labels.KEY`); other fields are immutable.
+    pub fn update(
+        &mut self,
+        name: &str,
+        labels: BTreeMap<String, String>,
+        paths: &[String],
+    ) -> Result<Info> {
+        let mut snap = self.get(name)?.clone();
+        if paths.is_empty() {
+            snap.labels = labels.clone();
+        }
+        for path in paths {
+            if path == "labels" {
+                snap.labels = labels.clone();
+            } else if let Some(label) = path.strip_prefix("labels.") {
+                match labels.get(label) {
+                    Some(v) => snap.labels.insert(label.to_string(), v.clone()),
+                    None => snap.labels.remove(label),
+                };
+            } else {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot update {path:?} of snapshot {name}: only labels are mutable"
+                )));
+            }
+        }
+        snap.updated = SystemTime::now();
+        let old = self.state.snapshots.insert(name.to_string(), snap.clone());
+        if let Err(e) = self.save() {
+            self.state
+                .snapshots
+                .insert(name.to_string(), old.expect("exists"));
+            return Err(e);
+        }
+        Ok(info(name, &snap))
+    }
+
+    /// Bytes and inodes the snapshot uses: an active snapshot's upper dir
+    /// measured now, a committed one's as measured at commit.
+    pub fn usage(&self, key: &str) -> Result<(i64, i64)> {
+        let snap = self.get(key)?;
+        match (snap.kind, snap.usage) {
+            (Kind::Committed, Some(u)) => Ok(u),
+            _ => disk_usage(&self.dir(snap).join("fs")).map_err(internal("measuring usage")),
+        }
+    }
+
+    /// Every snapshot matching any of `filters` (all when none).
+    pub fn walk(&self, filters: &[String]) -> Result<Vec<Info>> {
+        let filters = filters
+            .iter()
+            .map(|f| Filter::parse(f))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(Error::InvalidArgument)?;
+        Ok(self
+            .state
+            .snapshots
+            .iter()
+            .map(|(name, snap)| info(name, snap))
+            .filter(|i| matches_any(&filters, i))
+            .collect())
+    }
+
+    /// Removes snapshot directories the state does not name (left by a
+    /// crash between a directory change and a state change).
+    pub fn cleanup(&mut self) -> Result<Vec<PathBuf>> {
+        let known: HashSet<String> = self
+            .state
+            .snapshots
+            .values()
+            .map(|s| s.id.to_string())
+            .collect();
+        let snapshots = self.root.join("snapshots");
+        let mut removed = Vec::new();
+        for entry in fs::read_dir(&snapshots).map_err(internal(snapshots.display()))? {
+            let entry = entry.map_err(internal(snapshots.display()))?;
+            if known.contains(&*entry.file_name().to_string_lossy()) {
+                continue;
+            }
+            let mnt = entry.path().join("lamina");
+            if self.images.is_mounted(&mnt) {
+                if let Err(e) = self.images.unmount(&mnt) {
+                    tracing::warn!(path = %mnt.display(), "orphaned lamina mount left: {e}");
+                    continue;
+                }
+            }
+            remove_snapshot_dir(&entry.path());
+            removed.push(entry.path());
+        }
+        Ok(removed)
+    }
+
+    /// After a start: every lamina image the state names is mounted again
+    /// if its mount is gone. Returns what it did, one line each.
+    pub fn reconcile(&mut self) -> Vec<String> {
+        let mut done = Vec::new();
+        let images: Vec<(String, PathBuf, String)> = self
+            .state
+            .snapshots
+            .iter()
+            .filter_map(|(name, s)| match &s.backing {
+                Backing::LaminaImage { image } => {
+                    Some((name.clone(), self.dir(s).join("lamina"), image.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        for (name, mnt, image) in images {
+            if self.images.is_mounted(&mnt) {
+                continue;
+            }
+            match self.images.mount(&image, &mnt) {
+                Ok(()) => done.push(format!(
+                    "snapshot {name}: {image} was not mounted; mounted it again"
+                )),
+                Err(e) => done.push(format!(
+                    "snapshot {name}: {image} is not mounted and mounting it failed: {e}"
+                )),
+            }
+        }
+        done
+    }
+}
+
+fn info(name: &str, s: &Snapshot) -> Info {
+    Info {
+        name: name.to_string(),
+        parent: s.parent.clone(),
+        kind: s.kind,
+        labels: s.labels.clone(),
+        created: s.created,
+        updated: s.updated,
+    }
+}
+
+/// Removes a snapshot directory without crossing into anything mounted
+/// below it (a busy lamina mount stays, with its directory).
+fn remove_snapshot_dir(dir: &Path) {
+    let dev = fs::symlink_metadata(dir).map(|m| m.dev()).ok();
+    let walker = walkdir::WalkDir::new(dir)
+        .same_file_system(true)
+        .contents_first(true);
+    for entry in walker.into_iter().flatten() {
+        if Some(entry.metadata().map(|m| m.dev()).unwrap_or(0)) != dev {
+            continue;
+        }
+        let res = if entry.file_type().is_dir() {
+            fs::remove_dir(entry.path())
+        } else {
+            fs::remove_file(entry.path())
+        };
+        if let Err(e) = res {
+            tracing::warn!(path = %entry.path().display(), "left behind: {e}");
+        }
+    }
+}
+
+/// Bytes (allocated blocks) and inodes under `dir`, each inode once.
+fn disk_usage(dir: &Path) -> std::io::Result<(i64, i64)> {
+    let mut seen = HashSet::new();
+    let (mut bytes, mut inodes) = (0i64, 0i64);
+    for entry in walkdir::WalkDir::new(dir).same_file_system(true) {
+        let meta = entry
+            .map_err(std::io::Error::other)?
+            .metadata()
+            .map_err(std::io::Error::other)?;
+        if seen.insert((meta.dev(), meta.ino())) {
+            inodes += 1;
+            bytes += meta.blocks() as i64 * 512;
+        }
+    }
+    Ok((bytes, inodes))
+}
