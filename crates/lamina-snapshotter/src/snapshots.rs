@@ -107,7 +107,9 @@ impl Fields for Info {
     fn field(&self, path: &[String]) -> Option<String> {
         match path {
             [f] if f == "name" => Some(self.name.clone()),
-            [f] if f == "parent" => (!self.parent.is_empty()).then(|| self.parent.clone()),
+            // Always present, as in containerd: `parent==""` finds the
+            // snapshots without one (containerd's metadata layer asks so).
+            [f] if f == "parent" => Some(self.parent.clone()),
             [f] if f == "kind" => Some(self.kind.as_str().to_string()),
             [f, rest @ ..] if f == "labels" && !rest.is_empty() => {
                 self.labels.get(&rest.join(".")).cloned()

@@ -1,0 +1,547 @@
+//! `lamina snapshotter` under real containerd: Debian's 1.6 (images pulled
+//! with `ctr-remote image rpull`, which passes stargz's remote-snapshot
+//! labels) and 2.x built from its Go module by scripts/setup.sh (images
+//! pulled with `ctr image pull` through the transfer service, which passes
+//! the CRI labels when the proxy plugin exports
+//! `enable_remote_snapshot_annotations`). Each test runs a private
+//! containerd (its own root, state and sockets), a private snapshotter, the
+//! local registry and runc.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const LAMINA_IMAGE: &str = "deb:lamina";
+const PLAIN_IMAGE: &str = "deb:plain";
+const SRC_TAG: &str = "bookworm";
+
+/// Where scripts/setup.sh installs containerd 2.x (containerd, ctr and the
+/// runc shim, built from containerd's Go module).
+const CONTAINERD2_DIR: &str = "/var/cache/lamina-test/go/containerd-v2.4.2";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Version {
+    /// Debian's containerd 1.6.
+    V16,
+    /// containerd 2.x from its Go module.
+    V2,
+}
+
+/// The Debian image as a lamina image and as a plain one, in a registry's
+/// storage (copied by every test), plus facts about it.
+#[derive(Debug)]
+struct Images {
+    registry_data: PathBuf,
+    /// The source layout (for the plain image's reference content).
+    source: PathBuf,
+    /// Digests of the lamina image's data blobs.
+    blob_digests: Vec<String>,
+    /// Their compressed bytes in all.
+    blob_bytes: u64,
+}
+
+fn images() -> &'static Images {
+    static I: OnceLock<Images> = OnceLock::new();
+    I.get_or_init(build_images)
+}
+
+fn build_images() -> Images {
+    let source = std::env::var_os("LAMINA_DEBIAN_OCI")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/lamina-test/debian-oci"));
+    let mut c = command(
+        "bash",
+        [
+            repo_file("scripts/debian-image.sh").as_os_str(),
+            source.as_os_str(),
+        ],
+    );
+    run(&mut c, Duration::from_secs(1800)).ok();
+    let reg = Registry::start();
+    lamina_timeout(
+        [
+            "convert",
+            &oci_ref(&source, SRC_TAG),
+            &reg.reference(LAMINA_IMAGE),
+        ],
+        Duration::from_secs(1200),
+    )
+    .ok();
+    let mut c = command(
+        tool("skopeo"),
+        [
+            "copy".to_string(),
+            "--dest-tls-verify=false".into(),
+            oci_ref(&source, SRC_TAG),
+            reg.reference(PLAIN_IMAGE),
+        ],
+    );
+    run(&mut c, TIMEOUT).ok();
+    let inspect = lamina(["inspect", "--json", &reg.reference(LAMINA_IMAGE)])
+        .ok()
+        .json();
+    let blobs = inspect["blobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no blobs in {inspect}"));
+    let blob_digests = blobs
+        .iter()
+        .map(|b| b["digest"].as_str().expect("blob digest").to_string())
+        .collect();
+    let blob_bytes = blobs
+        .iter()
+        .map(|b| {
+            b["compressed_bytes"]
+                .as_u64()
+                .expect("blob compressed_bytes")
+        })
+        .sum();
+    reg.stop();
+    let registry_data = fixtures().join("containerd-registry-data");
+    let _ = fs::remove_dir_all(&registry_data);
+    let mut c = command(
+        "cp",
+        [
+            OsStr::new("-a"),
+            reg.dir().join("data").as_os_str(),
+            registry_data.as_os_str(),
+        ],
+    );
+    run(&mut c, TIMEOUT).ok();
+    Images {
+        registry_data,
+        source,
+        blob_digests,
+        blob_bytes,
+    }
+}
+
+/// A private containerd with lamina as a proxy snapshotter.
+struct Node {
+    version: Version,
+    t: TestDir,
+    reg: Registry,
+    snapshotter: Background,
+    containerd: Background,
+}
+
+impl Node {
+    fn start(version: Version) -> Option<Node> {
+        let mut tools = vec!["runc", "skopeo", "docker-registry", "umoci"];
+        if version == Version::V16 {
+            tools.extend(["containerd", "ctr", "ctr-remote"]);
+        }
+        if !require(&tools) {
+            return None;
+        }
+        if version == Version::V2 {
+            let ctd = Path::new(CONTAINERD2_DIR).join("containerd");
+            assert!(
+                ctd.exists(),
+                "{} is missing: scripts/setup.sh installs containerd 2.x there",
+                ctd.display()
+            );
+        }
+        let imgs = images();
+        let reg = Registry::start_with_data(&imgs.registry_data);
+        let t = TestDir::new("containerd");
+        let snapshotter = start_snapshotter(&t);
+        let containerd = start_containerd(version, &t);
+        let node = Node {
+            version,
+            t,
+            reg,
+            snapshotter,
+            containerd,
+        };
+        node.wait_containerd();
+        Some(node)
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.t.join("containerd.sock")
+    }
+
+    fn snap_root(&self) -> PathBuf {
+        self.t.join("snapshotter")
+    }
+
+    fn ctr_bin(&self) -> PathBuf {
+        match self.version {
+            Version::V16 => tool("ctr"),
+            Version::V2 => Path::new(CONTAINERD2_DIR).join("ctr"),
+        }
+    }
+
+    /// `ctr -a SOCK ARGS...`
+    fn ctr<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(&self, args: I) -> Command {
+        let mut c = command(self.ctr_bin(), ["-a".as_ref(), self.sock().as_os_str()]);
+        c.args(args);
+        c
+    }
+
+    fn wait_containerd(&self) {
+        let started = Instant::now();
+        loop {
+            if let Ok(out) = try_run(&mut self.ctr(["version"]), SHORT) {
+                if out.status.success() {
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "containerd did not answer in 30 s:\n{}",
+                self.containerd.describe()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn image(&self, repo_tag: &str) -> String {
+        format!("{}/{repo_tag}", self.reg.host())
+    }
+
+    /// Pulls `repo_tag` for the lamina snapshotter the way each version
+    /// passes remote-snapshot labels.
+    fn pull(&self, repo_tag: &str) -> Output {
+        let image = self.image(repo_tag);
+        let mut c = match self.version {
+            Version::V16 => {
+                let mut c = command(tool("ctr-remote"), ["-a".as_ref(), self.sock().as_os_str()]);
+                c.args([
+                    "image",
+                    "rpull",
+                    "--plain-http",
+                    "--snapshotter",
+                    "lamina",
+                    &image,
+                ]);
+                c
+            }
+            Version::V2 => self.ctr([
+                "image",
+                "pull",
+                "--plain-http",
+                "--snapshotter",
+                "lamina",
+                &image,
+            ]),
+        };
+        run(&mut c, TIMEOUT)
+    }
+
+    /// `ctr run --rm` of `repo_tag` with `cmd`.
+    fn run_rm(&self, repo_tag: &str, id: &str, cmd: &[&str]) -> Output {
+        let image = self.image(repo_tag);
+        let mut args = vec!["run", "--rm", "--snapshotter", "lamina", &image, id];
+        args.extend(cmd);
+        run(&mut self.ctr(args), TIMEOUT)
+    }
+
+    /// Digests in containerd's content store.
+    fn content(&self) -> Vec<String> {
+        let out = run(&mut self.ctr(["content", "ls", "-q"]), SHORT).ok();
+        out.stdout.lines().map(|l| l.trim().to_string()).collect()
+    }
+
+    /// `ctr snapshots --snapshotter lamina ls`: (key, parent, kind).
+    fn snapshots(&self) -> Vec<(String, String, String)> {
+        let out = run(
+            &mut self.ctr(["snapshots", "--snapshotter", "lamina", "ls"]),
+            SHORT,
+        )
+        .ok();
+        out.stdout
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                match f.as_slice() {
+                    [k, kind] => (k.to_string(), String::new(), kind.to_string()),
+                    [k, p, kind] => (k.to_string(), p.to_string(), kind.to_string()),
+                    _ => panic!("unexpected `ctr snapshots ls` line {l:?}"),
+                }
+            })
+            .collect()
+    }
+
+    /// Bytes lamina fetched for the mounts under the snapshotter's cache.
+    fn fetched_bytes(&self) -> u64 {
+        let out = lamina([
+            OsStr::new("status"),
+            OsStr::new("--json"),
+            OsStr::new("--cache-dir"),
+            self.snap_root().join("cache").as_os_str(),
+        ])
+        .ok();
+        out.json()
+            .as_array()
+            .unwrap_or_else(|| panic!("status --json is not an array:\n{}", out.describe()))
+            .iter()
+            .map(|m| {
+                m["status"]["fetched_bytes"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("no fetched_bytes in {m}"))
+            })
+            .sum()
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "{}\n{}",
+            self.snapshotter.describe(),
+            self.containerd.describe()
+        )
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Tasks first (their shims outlive containerd), then containerd,
+        // then the snapshotter; TestDir's drop unmounts what is left.
+        if let Ok(out) = try_run(&mut self.ctr(["task", "ls", "-q"]), SHORT) {
+            for id in out.stdout.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                let _ = try_run(&mut self.ctr(["task", "kill", "-s", "KILL", id]), SHORT);
+                std::thread::sleep(Duration::from_millis(200));
+                let _ = try_run(&mut self.ctr(["task", "delete", "-f", id]), SHORT);
+                let _ = try_run(&mut self.ctr(["container", "delete", id]), SHORT);
+            }
+        }
+        self.containerd.stop();
+        self.snapshotter.stop();
+        for m in mounts_under(self.t.path()) {
+            if let Err(e) = force_unmount(&m, Some(&self.snap_root().join("cache"))) {
+                eprintln!("warning: {e}");
+            }
+        }
+    }
+}
+
+fn start_snapshotter(t: &TestDir) -> Background {
+    let root = t.join("snapshotter");
+    let sock = t.join("snapshotter.sock");
+    let mut c = lamina_cmd([
+        OsStr::new("snapshotter"),
+        OsStr::new("--root"),
+        root.as_os_str(),
+        OsStr::new("--address"),
+        sock.as_os_str(),
+    ]);
+    let mut bg = Background::spawn("snapshotter", &mut c, t.path());
+    let started = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(
+            bg.running() && started.elapsed() < Duration::from_secs(30),
+            "lamina snapshotter did not listen on {}:\n{}",
+            sock.display(),
+            bg.describe()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bg
+}
+
+/// containerd's config: private paths, no CRI (these tests use ctr), lamina
+/// as a proxy snapshotter.
+fn containerd_config(version: Version, t: &TestDir) -> String {
+    let dir = t.path().display();
+    let proxy = format!(
+        "[proxy_plugins.lamina]\n  type = \"snapshot\"\n  address = \"{dir}/snapshotter.sock\"\n"
+    );
+    match version {
+        Version::V16 => format!(
+            "version = 2\nroot = \"{dir}/ctd-root\"\nstate = \"{dir}/ctd-state\"\n\
+             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             [grpc]\n  address = \"{dir}/containerd.sock\"\n\
+             [ttrpc]\n  address = \"{dir}/containerd.sock.ttrpc\"\n{proxy}"
+        ),
+        Version::V2 => format!(
+            "version = 3\nroot = \"{dir}/ctd-root\"\nstate = \"{dir}/ctd-state\"\n\
+             disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.images\", \
+             \"io.containerd.cri.v1.runtime\"]\n\
+             [grpc]\n  address = \"{dir}/containerd.sock\"\n\
+             [ttrpc]\n  address = \"{dir}/containerd.sock.ttrpc\"\n{proxy}\
+             [proxy_plugins.lamina.exports]\n  enable_remote_snapshot_annotations = \"true\"\n\
+             [plugins.\"io.containerd.transfer.v1.local\"]\n\
+             [[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  \
+             platform = \"linux/amd64\"\n  snapshotter = \"lamina\"\n"
+        ),
+    }
+}
+
+fn start_containerd(version: Version, t: &TestDir) -> Background {
+    let config = t.join("containerd.toml");
+    fs::write(&config, containerd_config(version, t)).unwrap();
+    let bin = match version {
+        Version::V16 => tool("containerd"),
+        Version::V2 => Path::new(CONTAINERD2_DIR).join("containerd"),
+    };
+    let mut c = command(&bin, [OsStr::new("--config"), config.as_os_str()]);
+    if version == Version::V2 {
+        // Its own runc shim before Debian's 1.6 one.
+        let path = std::env::var("PATH").unwrap_or_default();
+        c.env("PATH", format!("{CONTAINERD2_DIR}:{path}"));
+    }
+    Background::spawn("containerd", &mut c, t.path())
+}
+
+/// Pull, run, writes, content store, bytes moved, a plain image: the checks
+/// both containerd versions share.
+fn lamina_and_plain_images_run(version: Version) {
+    let Some(node) = Node::start(version) else {
+        return;
+    };
+    let imgs = images();
+    let mut f = Failures::default();
+
+    let pulled = node.pull(LAMINA_IMAGE);
+    f.check(pulled.status.success(), || {
+        format!("pulling the lamina image failed:\n{}", pulled.describe())
+    });
+    let content = node.content();
+    let in_store: Vec<_> = imgs
+        .blob_digests
+        .iter()
+        .filter(|d| content.contains(d))
+        .collect();
+    f.check(in_store.is_empty(), || {
+        format!("containerd's content store holds lamina data blobs {in_store:?}")
+    });
+
+    let out = node.run_rm(
+        LAMINA_IMAGE,
+        "py",
+        &["python3", "-c", "print('hello from lamina')"],
+    );
+    f.check(
+        out.status.success() && out.stdout.contains("hello from lamina"),
+        || format!("python3 in the lamina container:\n{}", out.describe()),
+    );
+    let fetched = node.fetched_bytes();
+    eprintln!(
+        "{version:?}: python3 start fetched {fetched} of {} compressed bytes",
+        imgs.blob_bytes
+    );
+    f.check(fetched > 0 && fetched * 10 < imgs.blob_bytes, || {
+        format!(
+            "the python3 start fetched {fetched} bytes, not under 10% of the image's {}",
+            imgs.blob_bytes
+        )
+    });
+
+    // The container's writes go to its own upper dir and vanish with it.
+    let before = node.snapshots();
+    let out = node.run_rm(
+        LAMINA_IMAGE,
+        "writer",
+        &[
+            "sh",
+            "-c",
+            "echo written > /etc/lamina-test && cat /etc/lamina-test",
+        ],
+    );
+    f.check(
+        out.status.success() && out.stdout.contains("written"),
+        || format!("a write in the container:\n{}", out.describe()),
+    );
+    f.check(node.snapshots() == before, || {
+        format!(
+            "snapshots before {before:?}, after the --rm container {:?}",
+            node.snapshots()
+        )
+    });
+    // containerd removes the snapshot from its own records at once and has
+    // the snapshotter remove it in its next garbage collection, soon after.
+    let started = Instant::now();
+    let mut leaked = walk_files_named(&node.snap_root().join("snapshots"), "lamina-test");
+    while !leaked.is_empty() && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+        leaked = walk_files_named(&node.snap_root().join("snapshots"), "lamina-test");
+    }
+    f.check(leaked.is_empty(), || {
+        format!("the container's write outlived it: {leaked:?}")
+    });
+
+    let pulled = node.pull(PLAIN_IMAGE);
+    f.check(pulled.status.success(), || {
+        format!("pulling the plain image failed:\n{}", pulled.describe())
+    });
+    let out = node.run_rm(PLAIN_IMAGE, "plain", &["cat", "/etc/debian_version"]);
+    let want = debian_version(&imgs.source);
+    f.check(
+        out.status.success() && out.stdout.trim() == want.trim(),
+        || {
+            format!(
+                "the plain image's /etc/debian_version (want {want:?}):\n{}",
+                out.describe()
+            )
+        },
+    );
+    let kinds: Vec<String> = node.snapshots().into_iter().map(|s| s.2).collect();
+    f.check(kinds.iter().all(|k| k == "Committed"), || {
+        format!(
+            "snapshots left active after the runs: {:?}",
+            node.snapshots()
+        )
+    });
+    if !f.0.is_empty() {
+        f.0.push(node.logs());
+    }
+    f.finish(&format!("containerd {version:?}"));
+}
+
+/// `/etc/debian_version` of the source image, by umoci.
+fn debian_version(source: &Path) -> String {
+    static V: OnceLock<String> = OnceLock::new();
+    V.get_or_init(|| {
+        let dir = fixtures().join("containerd-umoci");
+        let _ = fs::remove_dir_all(&dir);
+        let rootfs = umoci_unpack(&format!("{}:{SRC_TAG}", source.display()), &dir);
+        fs::read_to_string(rootfs.join("etc/debian_version")).unwrap()
+    })
+    .clone()
+}
+
+fn walk_files_named(root: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    let root_dev = fs::metadata(root).map(|m| m.dev()).ok();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            // Stay off the lamina mounts: the image itself is not a leak.
+            if Some(meta.dev()) != root_dev {
+                continue;
+            }
+            if e.file_name() == name {
+                found.push(e.path());
+            }
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn containerd_16_runs_lamina_and_plain_images() {
+    lamina_and_plain_images_run(Version::V16);
+}
+
+#[test]
+fn containerd_2_runs_lamina_and_plain_images() {
+    lamina_and_plain_images_run(Version::V2);
+}
