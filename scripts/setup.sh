@@ -13,6 +13,7 @@ set -euo pipefail
 PACKAGES=(
     docker-registry umoci skopeo erofs-utils squashfs-tools debootstrap hyperfine
     fuse3 attr zstd jq python3 e2fsprogs util-linux iproute2 containerd runc
+    stargz-snapshotter
     ca-certificates curl build-essential pkg-config
 )
 
@@ -81,8 +82,26 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 log "cargo: $(cargo --version)"
 
+# --- containerd 2.x (Go module) ---------------------------------------------------
+# Debian ships containerd 1.6; 2.x (containerd, ctr, its runc shim) is built
+# from containerd's Go module into a versioned directory, once per machine.
+CONTAINERD2_VERSION=v2.4.2
+CONTAINERD2_DIR=/var/cache/lamina-test/go/containerd-$CONTAINERD2_VERSION
+GO=${GO:-/usr/local/go/bin/go}
+if [ ! -x "$CONTAINERD2_DIR/containerd-shim-runc-v2" ]; then
+    [ -x "$GO" ] || command -v "$GO" >/dev/null || die "Go not found at $GO (set GO=/path/to/go)"
+    log "building containerd $CONTAINERD2_VERSION from its Go module into $CONTAINERD2_DIR"
+    mkdir -p "$CONTAINERD2_DIR"
+    run env GOBIN="$CONTAINERD2_DIR" GOFLAGS=-mod=mod "$GO" install \
+        "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD2_VERSION" \
+        "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD2_VERSION" \
+        "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD2_VERSION"
+fi
+log "containerd 2.x: $("$CONTAINERD2_DIR/containerd" --version)"
+
 # --- sanity ------------------------------------------------------------------------
-for tool in umoci skopeo docker-registry mkfs.erofs zstd debootstrap jq python3 curl hyperfine unsquashfs; do
+for tool in umoci skopeo docker-registry mkfs.erofs zstd debootstrap jq python3 curl hyperfine unsquashfs \
+    containerd ctr ctr-remote runc; do
     command -v "$tool" >/dev/null || die "tool not on PATH after install: $tool"
 done
 log "ok"

@@ -7,6 +7,8 @@
 #
 # The end-to-end tests fail when root or a tool is missing; set
 # LAMINA_SKIP_PRIVILEGED=1 to have them print "skipped: ..." instead.
+# containerd's snapshotter conformance suite runs after the cargo tests
+# (scripts/snapshotter-suite.sh; Go from /usr/local/go/bin).
 # The fuzz step runs after the tests (scripts/fuzz.sh installs nightly and
 # cargo-fuzz when missing) and fails on any crash.
 # Tests run one at a time (--test-threads=1): they mount file systems and the
@@ -33,6 +35,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test --workspace --no-fail-fast -- --test-threads=1"
 cargo test --workspace --no-fail-fast -- --test-threads=1
+
+step "scripts/snapshotter-suite.sh (containerd's snapshotter conformance suite)"
+bash scripts/snapshotter-suite.sh
 
 step "scripts/fuzz.sh 20 (every fuzz target for 20 s; nightly, cargo-fuzz)"
 bash scripts/fuzz.sh 20
