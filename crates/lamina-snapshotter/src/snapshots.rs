@@ -648,3 +648,233 @@ fn disk_usage(dir: &Path) -> std::io::Result<(i64, i64)> {
     }
     Ok((bytes, inodes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// A lamina side that knows one image of three layers and records
+    /// mounts in memory.
+    #[derive(Debug, Default)]
+    struct FakeImages {
+        mounted: BTreeSet<PathBuf>,
+        mounts: usize,
+        busy: bool,
+        registry_down: bool,
+    }
+
+    impl Images for FakeImages {
+        fn lookup(
+            &mut self,
+            reference: &str,
+            layer: &str,
+        ) -> std::result::Result<Option<LayerRole>, String> {
+            if self.registry_down {
+                return Err("connection refused".into());
+            }
+            Ok(match (reference, layer) {
+                ("reg/img:tag", "sha256:l1" | "sha256:l2") => Some(LayerRole::Lower),
+                ("reg/img:tag", "sha256:top") => Some(LayerRole::Top {
+                    image: "reg/img@sha256:m".into(),
+                }),
+                _ => None,
+            })
+        }
+        fn mount(&mut self, _image: &str, mountpoint: &Path) -> std::result::Result<(), String> {
+            self.mounts += 1;
+            self.mounted.insert(mountpoint.to_path_buf());
+            Ok(())
+        }
+        fn unmount(&mut self, mountpoint: &Path) -> std::result::Result<(), String> {
+            if self.busy {
+                return Err("device or resource busy".into());
+            }
+            self.mounted.remove(mountpoint);
+            Ok(())
+        }
+        fn is_mounted(&self, mountpoint: &Path) -> bool {
+            self.mounted.contains(mountpoint)
+        }
+    }
+
+    fn remote_labels(target: &str, layer: &str) -> BTreeMap<String, String> {
+        [
+            (LABEL_TARGET, target),
+            (LABEL_CRI_IMAGE, "reg/img:tag"),
+            (LABEL_CRI_LAYER, layer),
+            ("containerd.io/gc.root", "x"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    /// Pulls the fake image the way containerd does: one Prepare per layer
+    /// with the target chain id; returns the top's name.
+    fn pull(sn: &mut Snapshotter<FakeImages>) -> String {
+        let mut parent = String::new();
+        for (i, layer) in ["sha256:l1", "sha256:l2", "sha256:top"].iter().enumerate() {
+            let target = format!("chain-{i}");
+            let err = sn
+                .prepare(
+                    &format!("extract-{i}"),
+                    &parent,
+                    remote_labels(&target, layer),
+                )
+                .unwrap_err();
+            assert!(
+                matches!(&err, Error::AlreadyExists(t) if *t == target),
+                "{err}"
+            );
+            assert!(
+                sn.get(&format!("extract-{i}")).is_err(),
+                "the extract key must not exist"
+            );
+            parent = target;
+        }
+        parent
+    }
+
+    #[test]
+    fn lamina_layers_become_committed_snapshots_and_the_top_mounts_the_image() {
+        let root = tempfile::tempdir().unwrap();
+        let mut sn = Snapshotter::open(root.path(), FakeImages::default()).unwrap();
+        let top = pull(&mut sn);
+        assert_eq!(sn.images.mounts, 1, "only the top layer mounts");
+        let info = sn.stat(&top).unwrap();
+        assert_eq!(
+            (info.kind, info.parent.as_str()),
+            (Kind::Committed, "chain-1")
+        );
+        assert_eq!(
+            info.labels.get(LABEL_TARGET).map(String::as_str),
+            Some("chain-2")
+        );
+        // Pulling again finds what exists and mounts nothing more.
+        assert!(matches!(
+            sn.prepare(
+                "extract-again",
+                "chain-1",
+                remote_labels("chain-2", "sha256:top")
+            ),
+            Err(Error::AlreadyExists(_))
+        ));
+        assert_eq!(sn.images.mounts, 1);
+
+        let mounts = sn.prepare("container", &top, BTreeMap::new()).unwrap();
+        let top_dir = sn.dir(sn.get(&top).unwrap());
+        let opts = &mounts[0].options;
+        assert_eq!(mounts[0].r#type, "overlay");
+        assert!(
+            opts.contains(&format!("lowerdir={}", top_dir.join("lamina").display())),
+            "the image's mount is the only lower dir: {opts:?}"
+        );
+        // A view of the image is a read-only bind of its mount.
+        let view = sn.view("view", &top, BTreeMap::new()).unwrap();
+        assert_eq!(view[0].source, top_dir.join("lamina").display().to_string());
+        assert!(view[0].options.contains(&"ro".to_string()));
+    }
+
+    #[test]
+    fn other_images_and_an_unreachable_registry_get_ordinary_snapshots() {
+        let root = tempfile::tempdir().unwrap();
+        let mut sn = Snapshotter::open(root.path(), FakeImages::default()).unwrap();
+        let mut labels = remote_labels("chain-x", "sha256:plain");
+        labels.insert(LABEL_CRI_IMAGE.into(), "reg/other:tag".into());
+        let mounts = sn.prepare("extract-x", "", labels).unwrap();
+        assert_eq!(mounts[0].r#type, "bind");
+        assert_eq!(sn.stat("extract-x").unwrap().kind, Kind::Active);
+
+        sn.images.registry_down = true;
+        sn.prepare("extract-y", "", remote_labels("chain-y", "sha256:l1"))
+            .unwrap();
+        assert_eq!(sn.stat("extract-y").unwrap().kind, Kind::Active);
+        assert_eq!(sn.images.mounts, 0);
+    }
+
+    #[test]
+    fn a_busy_image_is_not_removed_and_a_free_one_is_unmounted() {
+        let root = tempfile::tempdir().unwrap();
+        let mut sn = Snapshotter::open(root.path(), FakeImages::default()).unwrap();
+        let top = pull(&mut sn);
+        assert!(
+            matches!(sn.remove("chain-1"), Err(Error::FailedPrecondition(m)) if m.contains("remove"))
+        );
+        sn.images.busy = true;
+        assert!(matches!(sn.remove(&top), Err(Error::FailedPrecondition(_))));
+        assert!(sn.stat(&top).is_ok(), "a failed remove keeps the snapshot");
+        sn.images.busy = false;
+        sn.remove(&top).unwrap();
+        assert!(sn.images.mounted.is_empty());
+        for name in ["chain-1", "chain-0"] {
+            sn.remove(name).unwrap();
+        }
+        assert!(sn.walk(&[]).unwrap().is_empty());
+        assert_eq!(
+            fs::read_dir(root.path().join("snapshots")).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_restart_keeps_the_state_and_mounts_again_what_is_gone() {
+        let root = tempfile::tempdir().unwrap();
+        let top = {
+            let mut sn = Snapshotter::open(root.path(), FakeImages::default()).unwrap();
+            let top = pull(&mut sn);
+            sn.prepare("container", &top, BTreeMap::new()).unwrap();
+            top
+        };
+        // A new process: nothing mounted as far as its fake knows.
+        let mut sn = Snapshotter::open(root.path(), FakeImages::default()).unwrap();
+        assert_eq!(sn.stat("container").unwrap().parent, top);
+        let done = sn.reconcile();
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert!(done[0].contains("mounted it again"), "{done:?}");
+        assert_eq!(sn.images.mounts, 1);
+        assert!(sn.reconcile().is_empty(), "a mounted image is left alone");
+    }
+
+    #[test]
+    fn commit_update_and_cleanup_follow_containerd() {
+        let root = tempfile::tempdir().unwrap();
+        let mut sn = Snapshotter::open(root.path(), FakeImages::default()).unwrap();
+        sn.prepare("a", "", BTreeMap::new()).unwrap();
+        assert!(matches!(
+            sn.prepare("a", "", BTreeMap::new()),
+            Err(Error::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            sn.prepare("b", "a", BTreeMap::new()),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            sn.prepare("b", "nope", BTreeMap::new()),
+            Err(Error::NotFound(_))
+        ));
+        sn.commit("c", "a", BTreeMap::new()).unwrap();
+        assert!(matches!(
+            sn.commit("d", "c", BTreeMap::new()),
+            Err(Error::FailedPrecondition(_))
+        ));
+        assert!(matches!(sn.mounts("c"), Err(Error::FailedPrecondition(_))));
+
+        let labels: BTreeMap<_, _> = [("l1".to_string(), "v".to_string())].into();
+        sn.update("c", labels.clone(), &[]).unwrap();
+        let i = sn
+            .update("c", BTreeMap::new(), &["labels.l1".into()])
+            .unwrap();
+        assert!(i.labels.is_empty());
+        assert!(matches!(
+            sn.update("c", labels, &["parent".into()]),
+            Err(Error::InvalidArgument(_))
+        ));
+
+        let orphan = root.path().join("snapshots/999");
+        fs::create_dir_all(orphan.join("fs")).unwrap();
+        assert_eq!(sn.cleanup().unwrap(), vec![orphan.clone()]);
+        assert!(!orphan.exists());
+        assert!(sn.stat("c").is_ok(), "cleanup keeps what the state names");
+    }
+}
