@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::*;
+use serde_json::Value;
 
 const LAMINA_IMAGE: &str = "deb:lamina";
 const PLAIN_IMAGE: &str = "deb:plain";
@@ -285,10 +286,12 @@ impl Node {
             .as_array()
             .unwrap_or_else(|| panic!("status --json is not an array:\n{}", out.describe()))
             .iter()
-            .map(|m| {
-                m["status"]["fetched_bytes"]
+            .map(|m| match &m["status"] {
+                // The worker has not written its first status yet.
+                Value::Null => 0,
+                s => s["fetched_bytes"]
                     .as_u64()
-                    .unwrap_or_else(|| panic!("no fetched_bytes in {m}"))
+                    .unwrap_or_else(|| panic!("no fetched_bytes in {m}")),
             })
             .sum()
     }
@@ -544,4 +547,91 @@ fn containerd_16_runs_lamina_and_plain_images() {
 #[test]
 fn containerd_2_runs_lamina_and_plain_images() {
     lamina_and_plain_images_run(Version::V2);
+}
+
+/// Hashes every file under /usr, in order, and prints one digest and the
+/// pipeline's exit codes: the same script in the container and on the
+/// reference tree.
+const HASH_USR: &str = "set -o pipefail; cd / && find usr -type f | LC_ALL=C sort | \
+                        xargs -d '\\n' sha256sum | sha256sum; echo \"rc=${PIPESTATUS[*]}\"";
+
+#[test]
+fn snapshotter_killed_and_restarted_while_a_container_reads() {
+    let Some(mut node) = Node::start(Version::V2) else {
+        return;
+    };
+    let imgs = images();
+    let pulled = node.pull(LAMINA_IMAGE);
+    assert!(pulled.status.success(), "pull:\n{}", pulled.describe());
+
+    let image = node.image(LAMINA_IMAGE);
+    let mut reader = node.ctr([
+        "run",
+        "--rm",
+        "--snapshotter",
+        "lamina",
+        &image,
+        "reader",
+        "bash",
+        "-c",
+        HASH_USR,
+    ]);
+    let mut reader = Background::spawn("reader", &mut reader, node.t.path());
+    // Kill the snapshotter once the container is reading.
+    let started = Instant::now();
+    while node.fetched_bytes() < 8 << 20 {
+        assert!(
+            reader.running() && started.elapsed() < Duration::from_secs(120),
+            "the reader did not get going:\n{}\n{}",
+            reader.describe(),
+            node.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed_at = node.fetched_bytes();
+    node.snapshotter.stop(); // SIGKILL
+    std::thread::sleep(Duration::from_millis(500));
+    node.snapshotter = start_snapshotter(&node.t);
+
+    let status = reader.wait_timeout(TIMEOUT);
+    let out = fs::read_to_string(&reader.stdout_path).unwrap_or_default();
+    let reference = reference_usr_hash(&imgs.source);
+    let mut f = Failures::default();
+    f.check(status.is_some_and(|s| s.success()), || {
+        format!("the reader did not finish well:\n{}", reader.describe())
+    });
+    f.check(out.trim() == reference.trim(), || {
+        format!(
+            "the container read other bytes than the image's (killed after {killed_at} bytes):\n\
+             container: {out}\nreference: {reference}\n{}",
+            reader.describe()
+        )
+    });
+    // The restarted snapshotter found its mount alive and serves new work.
+    let restarted = fs::read_to_string(&node.snapshotter.stderr_path).unwrap_or_default();
+    f.check(!restarted.contains("mounted it again"), || {
+        format!("the restart remounted a live image:\n{restarted}")
+    });
+    let again = node.run_rm(
+        LAMINA_IMAGE,
+        "after",
+        &["python3", "-c", "print('still here')"],
+    );
+    f.check(again.stdout.contains("still here"), || {
+        format!("a container after the restart:\n{}", again.describe())
+    });
+    if !f.0.is_empty() {
+        f.0.push(node.logs());
+    }
+    f.finish("snapshotter kill -9 and restart");
+}
+
+/// [`HASH_USR`] over the umoci unpack of the source image.
+fn reference_usr_hash(source: &Path) -> String {
+    debian_version(source); // unpacks it
+    let rootfs = fixtures().join("containerd-umoci/rootfs");
+    let script = HASH_USR.replace("cd /", &format!("cd {}", rootfs.display()));
+    run(&mut command("bash", ["-c", &script]), TIMEOUT)
+        .ok()
+        .stdout
 }
