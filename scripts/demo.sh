@@ -16,6 +16,9 @@
 #   8. faults: the same start through a proxy (tests/tools/faultproxy.py) that spoils
 #      every fifth range request in turn (flipped bytes, truncated body, reset, 500, 503,
 #      3 s stall): the container starts anyway, with the image's bytes
+#   9. containerd: a private containerd 2.x (built by setup.sh) with `lamina snapshotter`
+#      as its proxy snapshotter pulls the boot image (`ctr image pull --snapshotter
+#      lamina`: no data layer is downloaded) and runs the same container (`ctr run`)
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -88,6 +91,9 @@ BUNDLE="$TMP/bundle"
 OVL="$TMP/overlay"
 CID="lamina-demo-$$"
 RUNC_STARTED=0
+CTD_PID="" SNAP_PID=""
+CONTAINERD2_DIR=/var/cache/lamina-test/go/containerd-v2.4.2
+ctr() { "$CONTAINERD2_DIR/ctr" -a "$TMP/containerd/containerd.sock" "$@"; }
 
 # wait (up to 10 s) until the given pids have exited
 wait_gone() {
@@ -109,6 +115,14 @@ cleanup() {
     if [ "$RUNC_STARTED" = 1 ]; then
         runc delete --force "$CID" >/dev/null 2>&1
     fi
+    if [ -n "$CTD_PID" ]; then
+        ctr task kill -s KILL demo-ctd >/dev/null 2>&1 && sleep 0.3
+        ctr task delete -f demo-ctd >/dev/null 2>&1
+        ctr container delete demo-ctd >/dev/null 2>&1
+        kill "$CTD_PID" 2>/dev/null
+        wait_gone "$CTD_PID"
+    fi
+    [ -n "$SNAP_PID" ] && kill "$SNAP_PID" 2>/dev/null
     # the overlay first, then the lamina mount through lamina (stops its lazy daemon)
     mountpoint -q "$BUNDLE/rootfs" 2>/dev/null && umount "$BUNDLE/rootfs"
     if mountpoint -q "$MNT" 2>/dev/null; then
@@ -283,6 +297,55 @@ if [ "$LAZY" = 1 ]; then
     jq -r '"  the proxy spoilt \(.faulted) of \(.eligible) range requests: \(.faults)"' "$TMP/proxy.json" >&2
 fi
 
+# ---- 9. containerd 2.x: the boot image pulled and run through lamina snapshotter ------------
+CTD=0
+if [ "$BOOT" = 1 ] && [ -x "$CONTAINERD2_DIR/containerd" ]; then
+    CTD=1
+    teardown
+    D="$TMP/containerd"
+    mkdir -p "$D"
+    "$LAMINA" snapshotter --root "$TMP/snapshotter" --address "$D/lamina.sock" >"$TMP/snapshotter.log" 2>&1 &
+    SNAP_PID=$!
+    cat >"$D/config.toml" <<EOF
+version = 3
+root = "$D/root"
+state = "$D/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime"]
+[grpc]
+  address = "$D/containerd.sock"
+[ttrpc]
+  address = "$D/containerd.sock.ttrpc"
+[proxy_plugins.lamina]
+  type = "snapshot"
+  address = "$D/lamina.sock"
+  [proxy_plugins.lamina.exports]
+    enable_remote_snapshot_annotations = "true"
+[plugins."io.containerd.transfer.v1.local"]
+  [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+    platform = "linux/amd64"
+    snapshotter = "lamina"
+EOF
+    PATH="$CONTAINERD2_DIR:$PATH" "$CONTAINERD2_DIR/containerd" --config "$D/config.toml" >"$TMP/containerd.log" 2>&1 &
+    CTD_PID=$!
+    for _ in $(seq 300); do ctr version >/dev/null 2>&1 && [ -S "$D/lamina.sock" ] && break; sleep 0.1; done
+    ctr version >/dev/null 2>&1 || die "containerd did not start: $(tail -5 "$TMP/containerd.log")"
+    log "containerd $("$CONTAINERD2_DIR/containerd" --version | awk '{print $3}') with lamina snapshotter ($D)"
+    t=$(now)
+    log "ctr image pull --snapshotter lamina $R/debian:bookworm-boot"
+    ctr image pull --plain-http --snapshotter lamina "$R/debian:bookworm-boot" >/dev/null
+    step "ctr image pull (lamina)" "$t" "$(now)"
+    t=$(now)
+    ctr run --rm --snapshotter lamina "$R/debian:bookworm-boot" demo-ctd \
+        python3 -c 'print("hello from a lamina container")' </dev/null >"$TMP/container-ctd.out"
+    step "ctr run (containerd 2.x)" "$t" "$(now)"
+    grep -qx "hello from a lamina container" "$TMP/container-ctd.out" || die "unexpected output from the containerd container"
+    "$LAMINA" status --json --cache-dir "$TMP/snapshotter/cache" | jq '.[0].status' >"$TMP/status-ctd.json"
+    BLOBS=$(jq -r '.blobs[].digest' "$TMP/convert-boot.json")
+    CTD_DATA=$(ctr content ls -q | grep -cFx "$BLOBS" || true)
+    log "  containerd's content store holds $CTD_DATA of the image's $(wc -l <<<"$BLOBS") data blobs"
+    jq -r '"  lamina fetched \(.fetched_bytes) bytes for the pull and start, in \(.requests) requests"' "$TMP/status-ctd.json" >&2
+fi
+
 # ---- summary ----------------------------------------------------------------------------------
 echo
 echo "lamina demo: $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
@@ -308,6 +371,10 @@ if [ "$FAULTS" = 1 ]; then
     printf '  %-36s %8s  (%s corrupt chunks refetched, %s failed reads)\n' "range requests spoilt by the proxy" \
         "$(jq -r '"\(.faulted)/\(.eligible)"' "$TMP/proxy.json")" \
         "$(jq -r .bad_chunks "$TMP/status-faults.json")" "$(jq -r .failed_misses "$TMP/status-faults.json")"
+fi
+if [ "$CTD" = 1 ]; then
+    printf '  %-36s %8s  (data blobs in containerd: %s)\n' "fetched for the containerd start" \
+        "$(human "$(jq -r .fetched_bytes "$TMP/status-ctd.json")")" "$CTD_DATA"
 fi
 printf '  %-36s %8s\n' "files written by the container" "$(find "$OVL/upper" -mindepth 1 | wc -l)"
 echo "  container said: $(cat "$TMP/container.out")"
