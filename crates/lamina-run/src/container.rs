@@ -620,6 +620,29 @@ fn read_in_image(root: &Path, rel: &str) -> Result<Option<String>, RunError> {
     Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
+/// The OCI runtime's path: `name` itself when it has a slash, else found on
+/// PATH or in the sbin directories (where Debian puts runc and which a
+/// non-login PATH may lack).
+pub fn find_runtime(name: &Path) -> Result<PathBuf, RunError> {
+    let not_found = || RunError::Io {
+        what: "finding the OCI runtime",
+        path: name.to_path_buf(),
+        source: std::io::ErrorKind::NotFound.into(),
+    };
+    if name.components().count() > 1 {
+        return name
+            .is_file()
+            .then(|| name.to_path_buf())
+            .ok_or_else(not_found);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
+        .ok_or_else(not_found)
+}
+
 /// `lamina rm NAME`: removes a stopped container's kept upper dir.
 pub fn remove(state_dir: &Path, cache_dir: &Path, name: &str) -> Result<PathBuf, RunError> {
     config::check_name(name)?;
