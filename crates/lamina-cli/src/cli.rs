@@ -36,6 +36,8 @@ pub struct Args {
     ca_file: Option<PathBuf>,
 }
 
+// One value per process, never moved in a loop: variant sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Convert an image into a lamina image (EROFS metadata + chunked zstd blobs).
@@ -69,40 +71,87 @@ enum Command {
         image: String,
         /// Where to mount it.
         mountpoint: PathBuf,
-        /// Cache directory.
-        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
-        cache_dir: PathBuf,
-        /// Serve data on demand (default for docker:// images).
-        #[arg(long, conflicts_with = "eager")]
-        lazy: bool,
-        /// Fetch all data before mounting (default for oci: images).
-        #[arg(long)]
-        eager: bool,
-        /// Seconds a reader waits for missing data before getting EIO.
-        #[arg(long, default_value = "60")]
-        timeout: u64,
-        /// Also fetch the chunks within this many bytes around each miss
-        /// (cache-file offsets); 0 fetches only the chunks the read needs.
-        #[arg(long, default_value = "0")]
-        fill_window: u64,
-        /// Same as `--prefetch all`.
-        #[arg(long)]
-        prefetch_all: bool,
-        /// What to fetch with no reader waiting: `none`; `pages` (the
-        /// image's boot pages); `boot` (boot pages, then the boot set's whole
-        /// chunks once the start is over); `all` (then the rest of the image,
-        /// yielding to every miss).
-        #[arg(long, value_name = "MODE", default_value = "boot", value_parser = ["none", "pages", "boot", "all"])]
-        prefetch: String,
+        #[command(flatten)]
+        serve: ServeArgs,
         /// Record every read the workload makes of data not yet local, in
         /// order, to FILE (for `lamina convert --prefetch FILE`).
         #[arg(long, value_name = "FILE")]
         record_trace: Option<PathBuf>,
-        /// read_ahead_kb of the mount until all data is local (default: 0
-        /// when recording or when the image has boot pages, else the
-        /// kernel's).
-        #[arg(long, value_name = "KB")]
-        readahead: Option<u32>,
+    },
+    /// Run a container from a lamina image with runc (no containerd needed).
+    ///
+    /// The image is mounted as `lamina mount` mounts it, an overlayfs with a
+    /// private upper dir goes on top, and runc runs the image's entrypoint,
+    /// command, environment, working dir and user. Arguments after the image
+    /// (or after `--`) replace the image's Cmd. Exit code: the container's;
+    /// 125 when lamina fails, 126 when the command cannot be executed, 127
+    /// when it is not found. SIGINT/SIGTERM stop the container (SIGKILL
+    /// after --stop-timeout) and everything is unmounted. With --json a
+    /// report goes to stderr at exit.
+    Run {
+        /// The lamina image.
+        image: String,
+        /// The command and its arguments (replace the image's Cmd).
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
+        args: Vec<String>,
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// Container name (default: generated); runc's id and the hostname.
+        #[arg(long)]
+        name: Option<String>,
+        /// Remove the container's upper dir at exit (it is kept otherwise,
+        /// until `lamina rm NAME`).
+        #[arg(long)]
+        rm: bool,
+        /// Set KEY=VAL in the container; KEY alone takes lamina's value.
+        #[arg(short = 'e', long = "env", value_name = "KEY[=VAL]")]
+        env: Vec<String>,
+        /// Bind-mount host path SRC at DST (both absolute), read-only with :ro.
+        #[arg(short = 'v', long = "volume", value_name = "SRC:DST[:ro]")]
+        volumes: Vec<String>,
+        /// host: the host's network; none: only a loopback of its own.
+        #[arg(long, default_value = "host", value_name = "host|none")]
+        net: String,
+        /// User (uid, uid:gid, name or name:group), replacing the image's.
+        #[arg(short = 'u', long)]
+        user: Option<String>,
+        /// Working directory, replacing the image's.
+        #[arg(short = 'w', long)]
+        workdir: Option<String>,
+        /// Entrypoint, replacing the image's (and dropping its Cmd).
+        #[arg(long)]
+        entrypoint: Option<String>,
+        /// Give the container a terminal.
+        #[arg(short = 't', long)]
+        tty: bool,
+        /// Pass stdin on to the container (/dev/null otherwise).
+        #[arg(short = 'i', long)]
+        interactive: bool,
+        /// Seconds between the stop signal and SIGKILL.
+        #[arg(long, default_value = "10", value_name = "SECS")]
+        stop_timeout: u64,
+        /// Run state (mounts, bundle, runc's state).
+        #[arg(long, env = "LAMINA_STATE_DIR", default_value = "/run/lamina")]
+        state_dir: PathBuf,
+        /// The OCI runtime.
+        #[arg(long, default_value = "runc")]
+        runtime: PathBuf,
+    },
+    /// Remove stopped containers' kept upper dirs (`lamina run` without --rm).
+    Rm {
+        /// Container names.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Cache directory.
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        cache_dir: PathBuf,
+        /// Run state.
+        #[arg(long, env = "LAMINA_STATE_DIR", default_value = "/run/lamina")]
+        state_dir: PathBuf,
     },
     /// Unmount a lamina mount (and stop its daemon).
     Umount {
@@ -167,10 +216,70 @@ enum Command {
     },
 }
 
+/// How an image is mounted and served: shared by `mount` and `run`.
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Cache directory.
+    #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+    cache_dir: PathBuf,
+    /// Serve data on demand (default for docker:// images).
+    #[arg(long, conflicts_with = "eager")]
+    lazy: bool,
+    /// Fetch all data before mounting (default for oci: images).
+    #[arg(long)]
+    eager: bool,
+    /// Seconds a reader waits for missing data before getting EIO.
+    #[arg(long, default_value = "60")]
+    timeout: u64,
+    /// Also fetch the chunks within this many bytes around each miss
+    /// (cache-file offsets); 0 fetches only the chunks the read needs.
+    #[arg(long, default_value = "0")]
+    fill_window: u64,
+    /// Same as `--prefetch all`.
+    #[arg(long)]
+    prefetch_all: bool,
+    /// What to fetch with no reader waiting: `none`; `pages` (the
+    /// image's boot pages); `boot` (boot pages, then the boot set's whole
+    /// chunks once the start is over); `all` (then the rest of the image,
+    /// yielding to every miss).
+    #[arg(long, value_name = "MODE", default_value = "boot", value_parser = ["none", "pages", "boot", "all"])]
+    prefetch: String,
+    /// read_ahead_kb of the mount until all data is local (default: 0
+    /// when recording or when the image has boot pages, else the
+    /// kernel's).
+    #[arg(long, value_name = "KB")]
+    readahead: Option<u32>,
+}
+
+impl ServeArgs {
+    /// Lazy settings, or None for an eager mount: lazy for docker://
+    /// images and when recording, unless --eager.
+    fn lazy_options(
+        &self,
+        image: &ImageRef,
+        record_trace: Option<PathBuf>,
+    ) -> Option<lamina_mount::LazyOptions> {
+        let lazy = self.lazy
+            || record_trace.is_some()
+            || (!self.eager && matches!(image, ImageRef::Registry(_)));
+        lazy.then(|| lamina_mount::LazyOptions {
+            timeout: std::time::Duration::from_secs(self.timeout.max(1)),
+            fill_window: self.fill_window,
+            prefetch: match self.prefetch.as_str() {
+                _ if self.prefetch_all => lamina_mount::Prefetch::All,
+                p => parse_prefetch(p),
+            },
+            record_trace,
+            readahead_kb: self.readahead,
+            ..lamina_mount::LazyOptions::default()
+        })
+    }
+}
+
 /// The cache dir as an absolute path: records compare paths, and the daemon
 /// and the kernel (`device=`) must not depend on a working directory.
 fn absolute(path: &std::path::Path) -> Result<PathBuf> {
-    std::path::absolute(path).with_context(|| format!("cache dir {}", path.display()))
+    std::path::absolute(path).with_context(|| format!("directory {}", path.display()))
 }
 
 fn parse_prefetch(s: &str) -> lamina_mount::Prefetch {
@@ -216,8 +325,8 @@ fn parse_ref(s: &str) -> Result<ImageRef> {
         .with_context(|| format!("bad image reference {s:?}"))
 }
 
-/// Runs one command.
-pub fn run(args: Args) -> Result<()> {
+/// Runs one command; the exit code on success (a container's for `run`).
+pub fn run(args: Args) -> Result<u8> {
     // Absolute: a lazy mount's worker reads it long after this command ends.
     let ca_file = match &args.ca_file {
         Some(p) => {
@@ -295,37 +404,17 @@ pub fn run(args: Args) -> Result<()> {
         Command::Mount {
             image,
             mountpoint,
-            cache_dir,
-            lazy,
-            eager,
-            timeout,
-            fill_window,
-            prefetch_all,
-            prefetch,
+            serve,
             record_trace,
-            readahead,
         } => {
             let image = parse_ref(&image)?;
-            let cache_dir = absolute(&cache_dir)?;
-            let opts = MountOptions { cache_dir, source };
-            let lazy = lazy
-                || record_trace.is_some()
-                || (!eager && matches!(image, ImageRef::Registry(_)));
-            let info = if lazy {
-                let lazy_opts = lamina_mount::LazyOptions {
-                    timeout: std::time::Duration::from_secs(timeout.max(1)),
-                    fill_window,
-                    prefetch: match prefetch.as_str() {
-                        _ if prefetch_all => lamina_mount::Prefetch::All,
-                        p => parse_prefetch(p),
-                    },
-                    record_trace,
-                    readahead_kb: readahead,
-                    ..lamina_mount::LazyOptions::default()
-                };
-                lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts)
-            } else {
-                lamina_mount::mount_image(&image, &mountpoint, &opts)
+            let opts = MountOptions {
+                cache_dir: absolute(&serve.cache_dir)?,
+                source,
+            };
+            let info = match serve.lazy_options(&image, record_trace) {
+                Some(lazy_opts) => lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts),
+                None => lamina_mount::mount_image(&image, &mountpoint, &opts),
             }
             .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
             if args.json {
@@ -337,6 +426,75 @@ pub fn run(args: Args) -> Result<()> {
                     info.blob_paths.len(),
                     info.fetched_bytes
                 );
+            }
+        }
+        Command::Run {
+            image,
+            args: cmd,
+            serve,
+            name,
+            rm,
+            env,
+            volumes,
+            net,
+            user,
+            workdir,
+            entrypoint,
+            tty,
+            interactive,
+            stop_timeout,
+            state_dir,
+            runtime,
+        } => {
+            let image = parse_ref(&image)?;
+            let volumes = volumes
+                .iter()
+                .map(|v| v.parse::<lamina_run::Volume>())
+                .collect::<Result<Vec<_>, _>>()?;
+            let opts = lamina_run::RunOptions {
+                lazy: serve.lazy_options(&image, None),
+                image,
+                mount: MountOptions {
+                    cache_dir: absolute(&serve.cache_dir)?,
+                    source,
+                },
+                state_dir: absolute(&state_dir)?,
+                runc: lamina_run::container::find_runtime(&runtime)?,
+                name,
+                remove: rm,
+                env,
+                volumes,
+                network: net.parse()?,
+                user,
+                workdir,
+                entrypoint,
+                args: cmd,
+                tty,
+                interactive,
+                stop_timeout: std::time::Duration::from_secs(stop_timeout),
+            };
+            let report = lamina_run::run(&opts)?;
+            for w in &report.cleanup_warnings {
+                eprintln!("lamina: {w}");
+            }
+            if args.json {
+                eprintln!("{}", serde_json::to_string(&report)?);
+            }
+            return Ok(u8::try_from(report.exit_code).unwrap_or(125));
+        }
+        Command::Rm {
+            names,
+            cache_dir,
+            state_dir,
+        } => {
+            for name in names {
+                let removed =
+                    lamina_run::remove(&absolute(&state_dir)?, &absolute(&cache_dir)?, &name)?;
+                if args.json {
+                    print_json(&serde_json::json!({"removed": name, "upper_dir": removed}))?;
+                } else {
+                    println!("{name}");
+                }
             }
         }
         Command::Umount {
@@ -414,7 +572,15 @@ pub fn run(args: Args) -> Result<()> {
             inspect(&image, &source, args.json)?;
         }
     }
-    Ok(())
+    Ok(0)
+}
+
+impl Args {
+    /// Whether this is `lamina run` (whose failures exit with docker's
+    /// codes instead of the table in the crate docs).
+    pub fn is_run(&self) -> bool {
+        matches!(self.command, Command::Run { .. })
+    }
 }
 
 fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {

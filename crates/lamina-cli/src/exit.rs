@@ -138,6 +138,26 @@ fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
     None
 }
 
+/// docker's code for a `run` that failed in lamina itself.
+pub const RUN_FAILED: u8 = 125;
+
+/// Exit code for a failed `lamina run`: 125, or 126/127 when runc could not
+/// execute or find the command.
+pub fn run_code_for(err: &anyhow::Error) -> u8 {
+    err.chain()
+        .find_map(|c| c.downcast_ref::<lamina_run::RunError>())
+        .map_or(RUN_FAILED, lamina_run::RunError::exit_code)
+}
+
+/// Whether the command line is `lamina [GLOBAL FLAGS] run ...`, for usage
+/// errors, which clap reports before any command exists.
+pub fn is_run_invocation() -> bool {
+    std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .is_some_and(|a| a == "run")
+}
+
 /// Whether the failure was only stdout closing early (`lamina ... | head`).
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|c| {

@@ -4,6 +4,10 @@
 //! image reference, 3 image content refused (digest or diff_id mismatch,
 //! corrupt or hostile data), 4 image or blob not found, 5 registry or network
 //! error, 6 the kernel refused a mount or unmount.
+//!
+//! `lamina run` exits as `docker run` does: with the container's code; 125
+//! when lamina itself fails (usage errors included), 126 when the command
+//! cannot be executed, 127 when it is not found.
 #![forbid(unsafe_code)]
 
 mod cli;
@@ -12,15 +16,30 @@ mod exit;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args = <cli::Args as clap::Parser>::parse();
+    let args = match <cli::Args as clap::Parser>::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(match e.exit_code() {
+                0 => 0,
+                _ if exit::is_run_invocation() => exit::RUN_FAILED,
+                code => u8::try_from(code).unwrap_or(2),
+            });
+        }
+    };
+    let is_run = args.is_run();
     match cli::run(args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(err) => {
-            if exit::is_broken_pipe(&err) {
+            if exit::is_broken_pipe(&err) && !is_run {
                 return ExitCode::SUCCESS;
             }
             eprintln!("lamina: {}", exit::render(&err));
-            ExitCode::from(exit::code_for(&err))
+            ExitCode::from(if is_run {
+                exit::run_code_for(&err)
+            } else {
+                exit::code_for(&err)
+            })
         }
     }
 }

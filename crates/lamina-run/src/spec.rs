@@ -1,0 +1,307 @@
+//! The OCI runtime spec (`config.json` of the bundle) runc runs. Pure.
+//!
+//! Defaults follow `runc spec` (mounts, masked and read-only paths, device
+//! rules) and docker (capability set, effective capabilities only for uid
+//! 0). No seccomp profile and no cgroup limits: runc's defaults apply.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::config::{Network, User, Volume};
+
+/// The OCI runtime spec version written (runc 1.1 reads 1.0.x).
+const OCI_VERSION: &str = "1.0.2";
+
+/// docker's default capability set.
+const CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+const MASKED: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+];
+
+const READONLY: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// Everything the spec depends on.
+#[derive(Debug)]
+pub struct SpecInput<'a> {
+    /// The container's root (the overlay), absolute.
+    pub rootfs: &'a Path,
+    /// argv.
+    pub args: &'a [String],
+    /// `KEY=VALUE` entries.
+    pub env: &'a [String],
+    /// Working directory, absolute.
+    pub cwd: &'a str,
+    /// Who runs it.
+    pub user: &'a User,
+    /// UTS hostname.
+    pub hostname: &'a str,
+    /// Give the process a terminal.
+    pub terminal: bool,
+    /// Network namespace.
+    pub network: Network,
+    /// `-v` binds.
+    pub volumes: &'a [Volume],
+    /// Generated files bound over `/etc/hosts` etc.: (host file, path in
+    /// the container).
+    pub etc_files: &'a [(PathBuf, &'static str)],
+}
+
+/// The runtime spec as JSON.
+pub fn runtime_spec(input: &SpecInput) -> Value {
+    let caps: &[&str] = CAPS;
+    // As docker: a non-root user gets the bounding set only, so its
+    // processes hold no capability unless a file grants one.
+    let effective: &[&str] = if input.user.uid == 0 { caps } else { &[] };
+    let mut namespaces = vec![
+        json!({"type": "pid"}),
+        json!({"type": "ipc"}),
+        json!({"type": "uts"}),
+        json!({"type": "mount"}),
+    ];
+    if input.network == Network::None {
+        // A new namespace: runc brings up its loopback and nothing else.
+        namespaces.push(json!({"type": "network"}));
+    }
+    json!({
+        "ociVersion": OCI_VERSION,
+        "process": {
+            "terminal": input.terminal,
+            "user": {
+                "uid": input.user.uid,
+                "gid": input.user.gid,
+                "additionalGids": input.user.additional_gids,
+            },
+            "args": input.args,
+            "env": input.env,
+            "cwd": input.cwd,
+            "capabilities": {
+                "bounding": caps,
+                "effective": effective,
+                "permitted": effective,
+            },
+            "noNewPrivileges": false,
+        },
+        "root": {"path": input.rootfs, "readonly": false},
+        "hostname": input.hostname,
+        "mounts": mounts(input),
+        "linux": {
+            "namespaces": namespaces,
+            "resources": {"devices": [{"allow": false, "access": "rwm"}]},
+            "maskedPaths": MASKED,
+            "readonlyPaths": READONLY,
+        },
+    })
+}
+
+fn mounts(input: &SpecInput) -> Vec<Value> {
+    let mut m = vec![
+        mount("/proc", "proc", "proc", &[]),
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        ),
+        mount(
+            "/dev/shm",
+            "tmpfs",
+            "shm",
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        ),
+        mount(
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            &["nosuid", "noexec", "nodev"],
+        ),
+        mount(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "ro"],
+        ),
+        mount(
+            "/sys/fs/cgroup",
+            "cgroup",
+            "cgroup",
+            &["nosuid", "noexec", "nodev", "relatime", "ro"],
+        ),
+    ];
+    for (file, dest) in input.etc_files {
+        m.push(bind(file, dest, true));
+    }
+    for v in input.volumes {
+        m.push(bind(&v.source, &v.destination, v.read_only));
+    }
+    m
+}
+
+fn mount(destination: &str, kind: &str, source: &str, options: &[&str]) -> Value {
+    json!({"destination": destination, "type": kind, "source": source, "options": options})
+}
+
+fn bind(source: &Path, destination: &str, read_only: bool) -> Value {
+    json!({
+        "destination": destination,
+        "type": "bind",
+        "source": source,
+        "options": ["rbind", "rprivate", if read_only { "ro" } else { "rw" }],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(user: User, network: Network, volumes: &[Volume]) -> Value {
+        let args = vec!["sh".to_string(), "-c".into(), "exit 3".into()];
+        let env = vec!["PATH=/bin".to_string()];
+        let etc = vec![(PathBuf::from("/run/x/hosts"), "/etc/hosts")];
+        runtime_spec(&SpecInput {
+            rootfs: Path::new("/run/x/rootfs"),
+            args: &args,
+            env: &env,
+            cwd: "/srv",
+            user: &user,
+            hostname: "c1",
+            terminal: false,
+            network,
+            volumes,
+            etc_files: &etc,
+        })
+    }
+
+    fn root() -> User {
+        User {
+            uid: 0,
+            gid: 0,
+            additional_gids: vec![],
+            home: "/root".into(),
+        }
+    }
+
+    #[test]
+    fn process_fields() {
+        let s = spec(root(), Network::Host, &[]);
+        let p = &s["process"];
+        assert_eq!(p["args"], json!(["sh", "-c", "exit 3"]));
+        assert_eq!(p["env"], json!(["PATH=/bin"]));
+        assert_eq!(p["cwd"], "/srv");
+        assert_eq!(p["user"], json!({"uid": 0, "gid": 0, "additionalGids": []}));
+        assert_eq!(p["terminal"], false);
+        assert_eq!(
+            s["root"],
+            json!({"path": "/run/x/rootfs", "readonly": false})
+        );
+        assert_eq!(s["hostname"], "c1");
+        assert_eq!(
+            p["capabilities"]["effective"],
+            p["capabilities"]["bounding"]
+        );
+    }
+
+    #[test]
+    fn non_root_has_no_effective_caps() {
+        let user = User {
+            uid: 33,
+            gid: 105,
+            additional_gids: vec![29],
+            home: "/".into(),
+        };
+        let s = spec(user, Network::Host, &[]);
+        let p = &s["process"];
+        assert_eq!(
+            p["user"],
+            json!({"uid": 33, "gid": 105, "additionalGids": [29]})
+        );
+        assert_eq!(p["capabilities"]["effective"], json!([]));
+        assert_eq!(p["capabilities"]["permitted"], json!([]));
+        assert_eq!(
+            p["capabilities"]["bounding"].as_array().map(Vec::len),
+            Some(CAPS.len())
+        );
+    }
+
+    fn has_netns(s: &Value) -> bool {
+        s["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "network")
+    }
+
+    #[test]
+    fn network_none_is_a_new_namespace() {
+        assert!(has_netns(&spec(root(), Network::None, &[])));
+        assert!(!has_netns(&spec(root(), Network::Host, &[])));
+    }
+
+    #[test]
+    fn volumes_and_etc_files_are_binds() {
+        let vols = vec![
+            "/h/a:/data".parse::<Volume>().unwrap(),
+            "/h/b:/ro:ro".parse::<Volume>().unwrap(),
+        ];
+        let s = spec(root(), Network::Host, &vols);
+        let binds: Vec<&Value> = s["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["type"] == "bind")
+            .collect();
+        assert_eq!(binds.len(), 3);
+        assert_eq!(binds[0]["destination"], "/etc/hosts");
+        assert_eq!(binds[0]["options"][2], "ro");
+        assert_eq!(binds[1]["source"], "/h/a");
+        assert_eq!(binds[1]["destination"], "/data");
+        assert_eq!(binds[1]["options"], json!(["rbind", "rprivate", "rw"]));
+        assert_eq!(binds[2]["options"][2], "ro");
+        // The standard filesystems come first, binds after them.
+        assert_eq!(s["mounts"][0]["destination"], "/proc");
+    }
+}
