@@ -23,6 +23,8 @@ use serde_json::Value;
 const LAMINA_IMAGE: &str = "deb:lamina";
 const PLAIN_IMAGE: &str = "deb:plain";
 const SRC_TAG: &str = "bookworm";
+/// A plain image whose command sleeps: the pod sandbox ("pause") image.
+const PAUSE_IMAGE: &str = "pause:1";
 
 /// Where scripts/setup.sh installs containerd 2.x (containerd, ctr and the
 /// runc shim, built from containerd's Go module).
@@ -86,6 +88,42 @@ fn build_images() -> Images {
         ],
     );
     run(&mut c, TIMEOUT).ok();
+    // The pod sandbox image: the plain image, made to sleep.
+    let pause = fixtures().join("containerd-pause-oci");
+    let _ = fs::remove_dir_all(&pause);
+    run(
+        &mut command(
+            "cp",
+            [OsStr::new("-a"), source.as_os_str(), pause.as_os_str()],
+        ),
+        TIMEOUT,
+    )
+    .ok();
+    let mut c = command(
+        tool("umoci"),
+        [
+            "config".to_string(),
+            "--image".into(),
+            format!("{}:{SRC_TAG}", pause.display()),
+            "--tag".into(),
+            "pause".into(),
+            "--config.cmd".into(),
+            "sleep".into(),
+            "--config.cmd".into(),
+            "infinity".into(),
+        ],
+    );
+    run(&mut c, TIMEOUT).ok();
+    let mut c = command(
+        tool("skopeo"),
+        [
+            "copy".to_string(),
+            "--dest-tls-verify=false".into(),
+            oci_ref(&pause, "pause"),
+            reg.reference(PAUSE_IMAGE),
+        ],
+    );
+    run(&mut c, TIMEOUT).ok();
     let inspect = lamina(["inspect", "--json", &reg.reference(LAMINA_IMAGE)])
         .ok()
         .json();
@@ -135,6 +173,13 @@ struct Node {
 
 impl Node {
     fn start(version: Version) -> Option<Node> {
+        Node::start_with(version, false)
+    }
+
+    /// With `cri`, containerd's CRI plugin is on (lamina as its snapshotter,
+    /// the registry over plain HTTP through a hosts.toml, PAUSE_IMAGE as
+    /// the pod sandbox image).
+    fn start_with(version: Version, cri: bool) -> Option<Node> {
         let mut tools = vec!["runc", "skopeo", "docker-registry", "umoci"];
         if version == Version::V16 {
             tools.extend(["containerd", "ctr", "ctr-remote"]);
@@ -154,7 +199,8 @@ impl Node {
         let reg = Registry::start_with_data(&imgs.registry_data);
         let t = TestDir::new("containerd");
         let snapshotter = start_snapshotter(&t);
-        let containerd = start_containerd(version, &t);
+        let registry = cri.then(|| reg.host());
+        let containerd = start_containerd(version, &t, registry.as_deref());
         let node = Node {
             version,
             t,
@@ -353,8 +399,11 @@ fn start_snapshotter(t: &TestDir) -> Background {
 
 /// containerd's config: private paths, no CRI (these tests use ctr), lamina
 /// as a proxy snapshotter.
-fn containerd_config(version: Version, t: &TestDir) -> String {
+fn containerd_config(version: Version, t: &TestDir, cri_registry: Option<&str>) -> String {
     let dir = t.path().display();
+    if let Some(host) = cri_registry {
+        return cri_config(version, t, host);
+    }
     let proxy = format!(
         "[proxy_plugins.lamina]\n  type = \"snapshot\"\n  address = \"{dir}/snapshotter.sock\"\n"
     );
@@ -379,9 +428,51 @@ fn containerd_config(version: Version, t: &TestDir) -> String {
     }
 }
 
-fn start_containerd(version: Version, t: &TestDir) -> Background {
+/// containerd with its CRI plugin: lamina as the snapshotter with the
+/// remote-snapshot labels passed, the registry over plain HTTP, host
+/// networking only (no CNI on the test machine). `restrict_oom_score_adj`:
+/// CRI gives the pod sandbox an oom_score_adj of -998, which needs
+/// CAP_SYS_RESOURCE, and the test machines run without it (runc's init
+/// then dies with "can't get final child's PID from pipe").
+fn cri_config(version: Version, t: &TestDir, host: &str) -> String {
+    let dir = t.path().display();
+    let hosts = t.join(&format!("certs.d/{host}"));
+    fs::create_dir_all(&hosts).unwrap();
+    fs::write(
+        hosts.join("hosts.toml"),
+        format!("server = \"http://{host}\"\n[host.\"http://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+    )
+    .unwrap();
+    let common = format!(
+        "root = \"{dir}/ctd-root\"\nstate = \"{dir}/ctd-state\"\n\
+         [grpc]\n  address = \"{dir}/containerd.sock\"\n\
+         [ttrpc]\n  address = \"{dir}/containerd.sock.ttrpc\"\n\
+         [proxy_plugins.lamina]\n  type = \"snapshot\"\n  address = \"{dir}/snapshotter.sock\"\n"
+    );
+    match version {
+        Version::V16 => format!(
+            "version = 2\n{common}\
+             [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{host}/{PAUSE_IMAGE}\"\n  \
+             restrict_oom_score_adj = true\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"lamina\"\n  \
+             disable_snapshot_annotations = false\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"{dir}/certs.d\"\n"
+        ),
+        Version::V2 => format!(
+            "version = 3\n{common}\
+             [proxy_plugins.lamina.exports]\n  enable_remote_snapshot_annotations = \"true\"\n\
+             [plugins.\"io.containerd.cri.v1.images\"]\n  snapshotter = \"lamina\"\n  \
+             disable_snapshot_annotations = false\n\
+             [plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = \"{host}/{PAUSE_IMAGE}\"\n\
+             [plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = \"{dir}/certs.d\"\n\
+             [plugins.\"io.containerd.cri.v1.runtime\"]\n  restrict_oom_score_adj = true\n"
+        ),
+    }
+}
+
+fn start_containerd(version: Version, t: &TestDir, cri_registry: Option<&str>) -> Background {
     let config = t.join("containerd.toml");
-    fs::write(&config, containerd_config(version, t)).unwrap();
+    fs::write(&config, containerd_config(version, t, cri_registry)).unwrap();
     let bin = match version {
         Version::V16 => tool("containerd"),
         Version::V2 => Path::new(CONTAINERD2_DIR).join("containerd"),
@@ -634,4 +725,105 @@ fn reference_usr_hash(source: &Path) -> String {
     run(&mut command("bash", ["-c", &script]), TIMEOUT)
         .ok()
         .stdout
+}
+
+/// The CRI client of tests/cri-run, built on first use.
+fn cri_run_bin() -> PathBuf {
+    static B: OnceLock<PathBuf> = OnceLock::new();
+    B.get_or_init(|| {
+        let dir = repo_file("tests/cri-run");
+        let bin = fixtures().join("cri-run");
+        let go = std::env::var("GO").unwrap_or_else(|_| "/usr/local/go/bin/go".into());
+        let mut c = command(
+            go,
+            [
+                OsStr::new("build"),
+                OsStr::new("-o"),
+                bin.as_os_str(),
+                OsStr::new("."),
+            ],
+        );
+        c.current_dir(dir).env("GOFLAGS", "-mod=mod");
+        run(&mut c, TIMEOUT).ok();
+        bin
+    })
+    .clone()
+}
+
+/// Kubernetes' path: a CRI client pulls the lamina image and runs a pod
+/// with it; the sandbox (pause) image is a plain one through the same
+/// snapshotter.
+fn cri_pod_runs_a_lamina_image(version: Version) {
+    let Some(node) = Node::start_with(version, true) else {
+        return;
+    };
+    let imgs = images();
+    let mut c = command(
+        cri_run_bin(),
+        [
+            "-endpoint".to_string(),
+            node.sock().display().to_string(),
+            "-sandbox-image".into(),
+            node.image(PAUSE_IMAGE),
+            "-image".into(),
+            node.image(LAMINA_IMAGE),
+            "-log-dir".into(),
+            node.t.path().display().to_string(),
+            "--".into(),
+            "python3".into(),
+            "-c".into(),
+            "print('hello from a lamina pod')".into(),
+        ],
+    );
+    let out = run(&mut c, TIMEOUT);
+    let mut f = Failures::default();
+    f.check(out.status.success(), || {
+        format!("cri-run:\n{}", out.describe())
+    });
+    if out.status.success() {
+        let res = out.json();
+        f.check(res["exit_code"] == 0, || {
+            format!("the pod's container: {res}")
+        });
+        f.check(
+            res["log"]
+                .as_str()
+                .is_some_and(|l| l.contains("hello from a lamina pod")),
+            || format!("the pod's log: {res}"),
+        );
+    }
+    let content = run(
+        &mut node.ctr(["-n", "k8s.io", "content", "ls", "-q"]),
+        SHORT,
+    )
+    .ok();
+    let in_store: Vec<_> = imgs
+        .blob_digests
+        .iter()
+        .filter(|d| content.stdout.contains(d.as_str()))
+        .collect();
+    f.check(in_store.is_empty(), || {
+        format!("containerd's content store holds lamina data blobs {in_store:?}")
+    });
+    let fetched = node.fetched_bytes();
+    f.check(fetched > 0 && fetched * 10 < imgs.blob_bytes, || {
+        format!(
+            "the pod fetched {fetched} bytes of the image's {}",
+            imgs.blob_bytes
+        )
+    });
+    if !f.0.is_empty() {
+        f.0.push(node.logs());
+    }
+    f.finish(&format!("CRI on containerd {version:?}"));
+}
+
+#[test]
+fn cri_on_containerd_16_runs_a_lamina_pod() {
+    cri_pod_runs_a_lamina_image(Version::V16);
+}
+
+#[test]
+fn cri_on_containerd_2_runs_a_lamina_pod() {
+    cri_pod_runs_a_lamina_image(Version::V2);
 }
