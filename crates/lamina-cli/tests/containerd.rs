@@ -57,17 +57,7 @@ fn images() -> &'static Images {
 }
 
 fn build_images() -> Images {
-    let source = std::env::var_os("LAMINA_DEBIAN_OCI")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/lamina-test/debian-oci"));
-    let mut c = command(
-        "bash",
-        [
-            repo_file("scripts/debian-image.sh").as_os_str(),
-            source.as_os_str(),
-        ],
-    );
-    run(&mut c, Duration::from_secs(1800)).ok();
+    let source = debian_source();
     let reg = Registry::start();
     lamina_timeout(
         [

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -17,18 +16,7 @@ fn debian_bookworm_converts_mounts_and_runs() {
     if !require(&["umoci", "debootstrap", "jq", "chroot", "fsck.erofs", "zstd"]) {
         return;
     }
-    // Built once per machine (~2 min); a no-op when cached.
-    let layout = std::env::var_os("LAMINA_DEBIAN_OCI")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/lamina-test/debian-oci"));
-    let mut c = command(
-        "bash",
-        [
-            repo_file("scripts/debian-image.sh").as_os_str(),
-            layout.as_os_str(),
-        ],
-    );
-    run(&mut c, Duration::from_secs(1800)).ok();
+    let layout = debian_source();
 
     let t = TestDir::new("debian");
     let out = t.join("out");

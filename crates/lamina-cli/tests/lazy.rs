@@ -131,18 +131,7 @@ fn debian() -> &'static Debian {
 
 fn build_debian() -> Debian {
     let started = Instant::now();
-    let source = std::env::var_os("LAMINA_DEBIAN_OCI")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/lamina-test/debian-oci"));
-    // Built once per machine (~2 min); a no-op when cached.
-    let mut c = command(
-        "bash",
-        [
-            repo_file("scripts/debian-image.sh").as_os_str(),
-            source.as_os_str(),
-        ],
-    );
-    run(&mut c, Duration::from_secs(1800)).ok();
+    let source = debian_source();
 
     let dir = fixtures().join("debian-lazy");
     if dir.exists() {

@@ -55,18 +55,7 @@ fn registry_data() -> &'static Path {
 }
 
 fn build_image() -> PathBuf {
-    let source = std::env::var_os("LAMINA_DEBIAN_OCI")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/lamina-test/debian-oci"));
-    // Built once per machine; a no-op when cached.
-    let mut c = command(
-        "bash",
-        [
-            repo_file("scripts/debian-image.sh").as_os_str(),
-            source.as_os_str(),
-        ],
-    );
-    run(&mut c, Duration::from_secs(1800)).ok();
+    let source = debian_source();
     let dir = fixtures().join("debian-run");
     if dir.exists() {
         fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("rm {}: {e}", dir.display()));

@@ -371,6 +371,25 @@ fn canonical(p: &Path) -> PathBuf {
     p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
 }
 
+/// The reference Debian OCI layout (tag `bookworm`): `$LAMINA_DEBIAN_OCI`,
+/// else `/var/cache/lamina-test/debian-oci`, built by scripts/debian-image.sh
+/// once per machine (~2 min; a no-op when cached).
+#[track_caller]
+pub fn debian_source() -> PathBuf {
+    let layout = std::env::var_os("LAMINA_DEBIAN_OCI")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/lamina-test/debian-oci"));
+    let mut c = command(
+        "bash",
+        [
+            repo_file("scripts/debian-image.sh").as_os_str(),
+            layout.as_os_str(),
+        ],
+    );
+    run(&mut c, Duration::from_secs(1800)).ok();
+    layout
+}
+
 /// Whether something is mounted at `path`.
 pub fn is_mountpoint(path: &Path) -> bool {
     let p = canonical(path);
