@@ -309,8 +309,8 @@ impl Node {
             .collect()
     }
 
-    /// Bytes lamina fetched for the mounts under the snapshotter's cache.
-    fn fetched_bytes(&self) -> u64 {
+    /// `lamina status --json` of the snapshotter's cache: one entry a mount.
+    fn status(&self) -> Vec<Value> {
         let out = lamina([
             OsStr::new("status"),
             OsStr::new("--json"),
@@ -321,6 +321,17 @@ impl Node {
         out.json()
             .as_array()
             .unwrap_or_else(|| panic!("status --json is not an array:\n{}", out.describe()))
+            .clone()
+    }
+
+    /// Live lamina mounts under the snapshotter.
+    fn lamina_mounts(&self) -> usize {
+        self.status().iter().filter(|m| m["alive"] == true).count()
+    }
+
+    /// Bytes lamina fetched for the mounts under the snapshotter's cache.
+    fn fetched_bytes(&self) -> u64 {
+        self.status()
             .iter()
             .map(|m| match &m["status"] {
                 // The worker has not written its first status yet.
@@ -551,6 +562,13 @@ fn lamina_and_plain_images_run(version: Version) {
     }
     f.check(leaked.is_empty(), || {
         format!("the container's write outlived it: {leaked:?}")
+    });
+
+    // Both containers of the image ran on its one lazy mount: one cache,
+    // one set of daemons.
+    let mounts = node.lamina_mounts();
+    f.check(mounts == 1, || {
+        format!("{mounts} lamina mounts for two containers of one image, want 1")
     });
 
     let pulled = node.pull(PLAIN_IMAGE);
