@@ -735,4 +735,116 @@ mod tests {
         );
         assert_eq!(effective_repository("quay.io", "busybox"), "busybox");
     }
+
+    /// A client for `ns` with `hosts_toml` as its configuration.
+    fn client_with(ns: &str, hosts_toml: &str) -> (tempfile::TempDir, RegistryClient) {
+        let root = tempfile::tempdir().expect("tmp");
+        let dir = root
+            .path()
+            .join(crate::hosts::namespace_dirs(ns)[0].as_str());
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("hosts.toml"), hosts_toml).expect("write");
+        let opts = SourceOptions {
+            hosts: crate::hosts::HostsConfig::new(root.path()),
+            ..SourceOptions::default()
+        };
+        let client =
+            RegistryClient::with_timeout(ns, &opts, Duration::from_secs(5)).expect("client");
+        (root, client)
+    }
+
+    fn hosts_of(c: &RegistryClient, order: &[usize]) -> Vec<String> {
+        order.iter().map(|&i| c.endpoints[i].host.clone()).collect()
+    }
+
+    const MIRRORS: &str = r#"
+[host."http://127.0.0.1:1"]
+  capabilities = ["pull"]
+[host."https://mirror.example/base"]
+  capabilities = ["pull", "resolve"]
+  override_path = true
+[host."http://127.0.0.1:3"]
+"#;
+
+    #[test]
+    fn hosts_by_capability_then_health() {
+        let (_dir, c) = client_with("127.0.0.1:5000", MIRRORS);
+        let pull = c.candidates(Op::Pull).expect("pull");
+        assert_eq!(
+            hosts_of(&c, &pull),
+            [
+                "127.0.0.1:1",
+                "mirror.example",
+                "127.0.0.1:3",
+                "127.0.0.1:5000"
+            ]
+        );
+        let resolve = c.candidates(Op::Resolve).expect("resolve");
+        assert_eq!(
+            hosts_of(&c, &resolve),
+            ["mirror.example", "127.0.0.1:3", "127.0.0.1:5000"]
+        );
+        // Uploads go to the first host that may push, and only there.
+        let push = c.candidates(Op::Push).expect("push");
+        assert_eq!(hosts_of(&c, &push), ["127.0.0.1:3"]);
+        // A host that failed goes last, the others keep their order.
+        c.endpoints[0].mark_unhealthy();
+        let pull = c.candidates(Op::Pull).expect("pull");
+        assert_eq!(
+            hosts_of(&c, &pull),
+            [
+                "mirror.example",
+                "127.0.0.1:3",
+                "127.0.0.1:5000",
+                "127.0.0.1:1"
+            ]
+        );
+    }
+
+    #[test]
+    fn mirror_urls_carry_ns_and_their_own_path() {
+        let (_dir, c) = client_with("127.0.0.1:5000", MIRRORS);
+        let url = |i: usize| {
+            c.endpoints[i]
+                .url("app/blobs/sha256:ab")
+                .expect("url")
+                .to_string()
+        };
+        assert_eq!(
+            url(0),
+            "http://127.0.0.1:1/v2/app/blobs/sha256:ab?ns=127.0.0.1%3A5000"
+        );
+        assert_eq!(
+            url(1),
+            "https://mirror.example/base/app/blobs/sha256:ab?ns=127.0.0.1%3A5000"
+        );
+        // The registry itself: no ns, plain HTTP because it is loopback.
+        assert_eq!(url(3), "http://127.0.0.1:5000/v2/app/blobs/sha256:ab");
+    }
+
+    #[test]
+    fn no_host_may_push_is_an_error_naming_it() {
+        let (_dir, c) = client_with(
+            "127.0.0.1:5000",
+            "server = \"http://127.0.0.1:5000\"\ncapabilities = [\"pull\", \"resolve\"]\n",
+        );
+        let err = c.candidates(Op::Push).expect_err("no push host");
+        assert!(err.to_string().contains("may push"), "{err}");
+        assert!(c.candidates(Op::Pull).is_ok());
+    }
+
+    #[test]
+    fn a_range_asked_for_again_demotes_the_host_that_sent_it() {
+        let (_dir, c) = client_with("127.0.0.1:5000", MIRRORS);
+        let d = Digest::of_bytes(b"blob");
+        c.remember_sender(&d, 100, 50, 1);
+        c.remember_sender(&d, 1000, 50, 0);
+        // A retry of part of the first range: host 1 sent it.
+        c.distrust_sender(&d, 120, 10);
+        assert!(!c.endpoints[1].healthy());
+        assert!(c.endpoints[0].healthy());
+        // Another blob's range says nothing about host 0.
+        c.distrust_sender(&Digest::of_bytes(b"other"), 1000, 50);
+        assert!(c.endpoints[0].healthy());
+    }
 }
