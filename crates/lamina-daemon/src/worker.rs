@@ -147,7 +147,9 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                 insecure_hosts: insecure_hosts.clone(),
                 tls_hosts: tls_hosts.clone(),
                 ca_file: ca_file.clone(),
-                hosts: hosts_dir.as_ref().map_or_else(HostsConfig::none, HostsConfig::new),
+                hosts: hosts_dir
+                    .as_ref()
+                    .map_or_else(HostsConfig::none, HostsConfig::new),
                 ..SourceOptions::default()
             };
             let client = RegistryClient::with_timeout(
