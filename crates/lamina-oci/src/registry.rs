@@ -737,7 +737,10 @@ mod tests {
     }
 
     /// A client for `ns` with `hosts_toml` as its configuration.
-    fn client_with(ns: &str, hosts_toml: &str) -> (tempfile::TempDir, RegistryClient) {
+    fn try_client_with(
+        ns: &str,
+        hosts_toml: &str,
+    ) -> (tempfile::TempDir, Result<RegistryClient, OciError>) {
         let root = tempfile::tempdir().expect("tmp");
         let dir = root
             .path()
@@ -748,9 +751,43 @@ mod tests {
             hosts: crate::hosts::HostsConfig::new(root.path()),
             ..SourceOptions::default()
         };
-        let client =
-            RegistryClient::with_timeout(ns, &opts, Duration::from_secs(5)).expect("client");
+        let client = RegistryClient::with_timeout(ns, &opts, Duration::from_secs(5));
         (root, client)
+    }
+
+    fn client_with(ns: &str, hosts_toml: &str) -> (tempfile::TempDir, RegistryClient) {
+        let (root, client) = try_client_with(ns, hosts_toml);
+        (root, client.expect("client"))
+    }
+
+    #[test]
+    fn unusable_tls_files_of_a_host_are_errors_naming_them() {
+        let (_dir, r) = try_client_with(
+            "127.0.0.1:5000",
+            "[host.\"https://mirror.example\"]\nca = \"missing-ca.pem\"\n",
+        );
+        let err = r.expect_err("missing CA").to_string();
+        assert!(
+            err.contains("missing-ca.pem") && err.contains("read CA file"),
+            "{err}"
+        );
+        let (_dir, r) = try_client_with(
+            "127.0.0.1:5000",
+            "[host.\"https://mirror.example\"]\nclient = [[\"c.cert\", \"c.key\"]]\n",
+        );
+        let err = r.expect_err("missing client cert").to_string();
+        assert!(
+            err.contains("c.cert") && err.contains("client certificate"),
+            "{err}"
+        );
+        // Headers, skip_verify and a dial timeout build a client.
+        let (_dir, r) = try_client_with(
+            "127.0.0.1:5000",
+            "[host.\"https://mirror.example\"]\nskip_verify = true\ndial_timeout = \"1s\"\n\
+             [host.\"https://mirror.example\".header]\nx-token = [\"a\", \"b\"]\n",
+        );
+        let c = r.expect("client");
+        assert_eq!(c.endpoints.len(), 2);
     }
 
     fn hosts_of(c: &RegistryClient, order: &[usize]) -> Vec<String> {

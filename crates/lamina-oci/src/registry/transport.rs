@@ -183,14 +183,17 @@ pub(crate) fn build_client(spec: &ClientSpec<'_>, pooled: bool) -> Result<Client
     })
 }
 
-/// The headers of a hosts file (validated when it was parsed).
+/// The headers of a hosts file (validated when it was parsed), marked
+/// sensitive: they may carry tokens, which no debug output of a request
+/// should show.
 fn header_map(headers: &[(String, String)]) -> HeaderMap {
     let mut map = HeaderMap::new();
     for (name, value) in headers {
-        if let (Ok(n), Ok(v)) = (
+        if let (Ok(n), Ok(mut v)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(value),
         ) {
+            v.set_sensitive(true);
             map.append(n, v);
         }
     }
