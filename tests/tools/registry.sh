@@ -12,6 +12,12 @@
 # DIR/data and allows deletes. `start` is idempotent: when the registry of DIR
 # already answers, it just prints the port.
 #
+# With PULL_THROUGH_OF=http://127.0.0.1:PORT in the environment (not a
+# REGISTRY_ name: docker-registry reads those as configuration) the
+# registry is a pull-through cache of that registry (distribution's `proxy`
+# mode), and its access log goes to DIR/registry.log: tests read it to see
+# that the cache was really asked.
+#
 # Example:
 #   port=$(tests/tools/registry.sh start /tmp/reg)
 #   skopeo copy --preserve-digests --dest-tls-verify=false oci:/tmp/fx/edge:edge docker://127.0.0.1:$port/edge:latest
@@ -66,12 +72,14 @@ start() {
     stop_quiet
     mkdir -p "$dir/data"
     port=${want_port:-$(free_port)}
+    local accesslog_disabled=true
+    [ -z "${PULL_THROUGH_OF:-}" ] || accesslog_disabled=false
     cat >"$dir/config.yml" <<EOF
 version: 0.1
 log:
   level: warn
   accesslog:
-    disabled: true
+    disabled: $accesslog_disabled
 storage:
   filesystem:
     rootdirectory: $dir/data
@@ -80,6 +88,9 @@ storage:
 http:
   addr: 127.0.0.1:$port
 EOF
+    if [ -n "${PULL_THROUGH_OF:-}" ]; then
+        printf 'proxy:\n  remoteurl: %s\n' "$PULL_THROUGH_OF" >>"$dir/config.yml"
+    fi
     # own session: survives the caller's job control, no terminal signals
     setsid "$REGISTRY_BIN" serve "$dir/config.yml" >"$dir/registry.log" 2>&1 </dev/null &
     pid=$!

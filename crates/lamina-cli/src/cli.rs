@@ -10,7 +10,7 @@ use lamina_image::artifact::{self, LaminaLayers};
 use lamina_image::build::BuildOptions;
 use lamina_image::convert::{convert, ConvertOptions, Progress};
 use lamina_mount::MountOptions;
-use lamina_oci::{open_source, ImageRef, SourceOptions};
+use lamina_oci::{open_source, HostsConfig, ImageRef, SourceOptions};
 
 /// Lazy-loading container images on EROFS.
 ///
@@ -34,6 +34,17 @@ pub struct Args {
     /// system store.
     #[arg(long, global = true, value_name = "PATH")]
     ca_file: Option<PathBuf>,
+    /// Registry host configuration as containerd reads it: mirrors, CAs,
+    /// client certificates and headers in DIR/HOST[:PORT]/hosts.toml (or
+    /// DIR/HOST_PORT_/, DIR/_default/). A missing directory configures
+    /// nothing.
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        default_value = lamina_oci::hosts::DEFAULT_HOSTS_DIR
+    )]
+    hosts_dir: PathBuf,
 }
 
 // One value per process, never moved in a loop: variant sizes do not matter.
@@ -334,10 +345,13 @@ pub fn run(args: Args) -> Result<u8> {
         }
         None => None,
     };
+    let hosts_dir = std::path::absolute(&args.hosts_dir)
+        .with_context(|| format!("hosts directory {}", args.hosts_dir.display()))?;
     let source = SourceOptions {
         insecure_hosts: args.insecure.clone(),
         tls_hosts: args.tls.clone(),
         ca_file,
+        hosts: HostsConfig::new(hosts_dir),
         ..SourceOptions::default()
     };
     match args.command {

@@ -91,7 +91,7 @@ fn inner<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'stati
 fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
     if let Some(oci) = cause.downcast_ref::<OciError>() {
         return Some(match oci {
-            OciError::InvalidReference { .. } => 2,
+            OciError::InvalidReference { .. } | OciError::Hosts(_) => 2,
             OciError::DigestMismatch { .. }
             | OciError::SizeMismatch { .. }
             | OciError::DiffIdMismatch { .. }

@@ -1,9 +1,9 @@
 //! `lamina`: parse arguments, call the library, print the result.
 //!
-//! Exit codes: 0 success, 1 failure not covered below, 2 usage error or bad
-//! image reference, 3 image content refused (digest or diff_id mismatch,
-//! corrupt or hostile data), 4 image or blob not found, 5 registry or network
-//! error, 6 the kernel refused a mount or unmount.
+//! Exit codes: 0 success, 1 failure not covered below, 2 usage error, bad
+//! image reference or bad hosts.toml, 3 image content refused (digest or
+//! diff_id mismatch, corrupt or hostile data), 4 image or blob not found, 5
+//! registry or network error, 6 the kernel refused a mount or unmount.
 //!
 //! `lamina run` exits as `docker run` does: with the container's code; 125
 //! when lamina itself fails (usage errors included), 126 when the command

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -645,13 +645,6 @@ fn chroot_python(root: &Path) -> Output {
     o
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// Waits until something accepts on 127.0.0.1:`port` while `bg` runs.
 #[track_caller]
 fn wait_tcp(port: u16, bg: &mut Background, timeout: Duration) {
@@ -752,65 +745,6 @@ impl Drop for Overlay {
             c.arg(&self.merged);
             let _ = try_run(&mut c, SHORT);
         }
-    }
-}
-
-/// `tests/tools/faultproxy.py`, killed on drop (and bounded by its own
-/// --lifetime and parent watchdog).
-#[derive(Debug)]
-struct FaultProxy {
-    bg: Background,
-    port: u16,
-    stats: PathBuf,
-}
-
-impl FaultProxy {
-    /// Starts it on `listen` (0: any port) in front of `upstream`.
-    #[track_caller]
-    fn start(
-        dir: &Path,
-        label: &str,
-        listen: u16,
-        upstream: u16,
-        mode: &str,
-        extra: &[&str],
-    ) -> FaultProxy {
-        let port_file = dir.join(format!("{label}.port"));
-        let stats = dir.join(format!("{label}.stats.json"));
-        let _ = fs::remove_file(&port_file);
-        let mut c = command(tool("python3"), [repo_file("tests/tools/faultproxy.py")]);
-        c.args([listen.to_string(), upstream.to_string(), mode.to_string()])
-            .arg("--port-file")
-            .arg(&port_file)
-            .arg("--stats")
-            .arg(&stats)
-            .args(["--lifetime", "600"])
-            .args(extra);
-        let mut bg = Background::spawn(label, &mut c, dir);
-        let start = Instant::now();
-        let port = loop {
-            if let Some(p) = fs::read_to_string(&port_file)
-                .ok()
-                .and_then(|s| s.trim().parse::<u16>().ok())
-            {
-                break p;
-            }
-            assert!(bg.running(), "faultproxy exited:\n{}", bg.describe());
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "faultproxy did not start:\n{}",
-                bg.describe()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        FaultProxy { bg, port, stats }
-    }
-
-    fn stats(&self) -> Value {
-        fs::read(&self.stats)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Value::Null)
     }
 }
 

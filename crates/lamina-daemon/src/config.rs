@@ -21,6 +21,9 @@ pub enum SourceSpec {
         /// Extra trusted CA certificates (PEM).
         #[serde(default)]
         ca_file: Option<PathBuf>,
+        /// containerd-style registry host configuration (`hosts.toml`s).
+        #[serde(default)]
+        hosts_dir: Option<PathBuf>,
     },
     /// A local OCI layout.
     Layout {

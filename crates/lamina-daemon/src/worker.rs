@@ -19,7 +19,7 @@ use lamina_fetch::fetch::{
 use lamina_fetch::store::{BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
 use lamina_format::index::ChunkIndex;
-use lamina_oci::{Digest, RegistryClient, SourceOptions};
+use lamina_oci::{Digest, HostsConfig, RegistryClient, SourceOptions};
 use lamina_sys::{FanotifyGroup, Response};
 
 use crate::config::{write_atomic, BootPagesSpec, DaemonConfig, SourceSpec};
@@ -141,11 +141,15 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             insecure_hosts,
             tls_hosts,
             ca_file,
+            hosts_dir,
         } => {
             let opts = SourceOptions {
                 insecure_hosts: insecure_hosts.clone(),
                 tls_hosts: tls_hosts.clone(),
                 ca_file: ca_file.clone(),
+                hosts: hosts_dir
+                    .as_ref()
+                    .map_or_else(HostsConfig::none, HostsConfig::new),
                 ..SourceOptions::default()
             };
             let client = RegistryClient::with_timeout(

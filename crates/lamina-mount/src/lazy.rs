@@ -151,6 +151,7 @@ pub fn mount_lazy(
             insecure_hosts: opts.source.insecure_hosts.clone(),
             tls_hosts: opts.source.tls_hosts.clone(),
             ca_file: opts.source.ca_file.clone(),
+            hosts_dir: opts.source.hosts.dir().map(Path::to_path_buf),
         },
         ImageRef::Oci { dir, .. } => SourceSpec::Layout {
             dir: fs::canonicalize(dir).map_err(io_err(dir))?,

@@ -257,6 +257,10 @@ pub enum OciError {
         message: String,
     },
 
+    /// The registry host configuration (`hosts.toml`) is unusable.
+    #[error("registry host configuration: {0}")]
+    Hosts(#[from] crate::hosts::HostsError),
+
     /// A registry answered with something that violates the protocol.
     #[error("registry {host}: {message}")]
     Registry {

@@ -3,56 +3,48 @@
 
 pub(crate) mod auth;
 mod creds;
+mod endpoint;
 mod helper;
 mod image;
 mod transport;
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reqwest::blocking::{Client, RequestBuilder, Response};
-use reqwest::header::{
-    HeaderMap, ACCEPT, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, LOCATION, RANGE,
-    WWW_AUTHENTICATE,
-};
+use reqwest::blocking::Response;
+use reqwest::header::{ACCEPT, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, LOCATION, RANGE};
 use reqwest::{Method, StatusCode, Url};
-use serde::Deserialize;
 
 use crate::digest::{Digest, VerifyingReader};
 use crate::error::OciError;
+use crate::hosts::Capabilities;
 use crate::reference::RegistryReference;
 use crate::source::{SourceOptions, MAX_MANIFEST_SIZE};
 use crate::types::Descriptor;
 
-use auth::{check_realm, parse_challenge, Challenge};
 pub use creds::AUTH_ENV;
-use creds::{load_credentials, CredEnv, Credentials};
+use endpoint::{host_failure, Endpoint};
 pub use image::{RegistrySink, RegistrySource};
-use transport::{build_client, http_error, reach, Reach};
 
-/// Retries after the first attempt, for connection errors and 5xx answers.
+/// Retries after the first attempt, for connection errors and 5xx answers,
+/// on the last host to try (earlier ones are left for the next at once).
 const MAX_RETRIES: u32 = 3;
 /// Default per-request timeout (headers, and each body read).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Environment variable overriding the request timeout, in seconds.
 pub const TIMEOUT_ENV: &str = "LAMINA_REGISTRY_TIMEOUT";
+/// Range answers remembered, so that a retry after a corrupt one can tell
+/// which host sent it.
+const SERVED_MEMORY: usize = 256;
 
 const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, \
     application/vnd.oci.image.index.v1+json, \
     application/vnd.docker.distribution.manifest.v2+json, \
     application/vnd.docker.distribution.manifest.list.v2+json";
-
-#[derive(Debug, Default)]
-struct AuthState {
-    /// Bearer tokens by scope.
-    tokens: HashMap<String, String>,
-    /// The registry asked for Basic auth.
-    basic: bool,
-}
 
 /// A manifest (or index) fetched from a registry.
 #[derive(Debug, Clone)]
@@ -65,20 +57,56 @@ pub struct FetchedManifest {
     pub digest: Digest,
 }
 
-/// A blocking registry client for one host. Cloning shares the connection
-/// pool and the token cache.
+/// A blocking registry client for one registry host, reached through the
+/// hosts its `hosts.toml` names (mirrors first, then the registry) or the
+/// registry alone. Cloning shares the connection pools, token caches and
+/// host health.
 #[derive(Debug, Clone)]
 pub struct RegistryClient {
     host: String,
-    base: Url,
-    client: Client,
-    /// Opens a new connection for every request: for retries.
-    fresh_client: Client,
     timeout: Duration,
-    /// Plain HTTP to a loopback address (may use an http token realm).
-    plain_loopback: bool,
-    credentials: Option<Credentials>,
-    auth: Arc<Mutex<AuthState>>,
+    /// In configuration order; the registry (`server`) last.
+    endpoints: Arc<[Endpoint]>,
+    /// Recent range answers and who sent them (only with several hosts).
+    served: Arc<Mutex<VecDeque<Served>>>,
+}
+
+/// A range answer: which endpoint sent bytes `start..end` of `digest`.
+#[derive(Debug)]
+struct Served {
+    digest: Digest,
+    start: u64,
+    end: u64,
+    endpoint: usize,
+}
+
+/// What a request does, deciding which hosts may serve it.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// Blobs and manifests by digest (verified by their digest).
+    Pull,
+    /// Manifests by tag (trusted).
+    Resolve,
+    /// Uploads.
+    Push,
+}
+
+impl Op {
+    fn allowed(self, caps: &Capabilities) -> bool {
+        match self {
+            Op::Pull => caps.pull,
+            Op::Resolve => caps.resolve,
+            Op::Push => caps.push,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Op::Pull => "pull",
+            Op::Resolve => "resolve",
+            Op::Push => "push",
+        }
+    }
 }
 
 /// The API endpoint of a registry host (`docker.io` lives elsewhere).
@@ -108,13 +136,15 @@ fn push_scope(repo: &str) -> String {
 }
 
 impl RegistryClient {
-    /// A client for `host` (`host[:port]`): plain HTTP for loopback hosts
-    /// (by resolved address) and `opts.insecure_hosts`, HTTPS otherwise
-    /// (and for `opts.tls_hosts`), trusting the system roots and
-    /// `opts.ca_file`. Credentials come from `LAMINA_REGISTRY_AUTH` when it
-    /// names this host, else the docker config file. The request timeout
-    /// is [`DEFAULT_TIMEOUT`] unless `LAMINA_REGISTRY_TIMEOUT` (seconds) says
-    /// otherwise.
+    /// A client for `host` (`host[:port]`): through the hosts that
+    /// `opts.hosts` names for it, else directly. The registry itself is
+    /// reached over plain HTTP when loopback (by resolved address) or in
+    /// `opts.insecure_hosts`, HTTPS otherwise (and for `opts.tls_hosts`),
+    /// trusting the system roots and `opts.ca_file`; a configured host says
+    /// its scheme. Credentials are each host's own: `LAMINA_REGISTRY_AUTH`
+    /// when it names the host, else the docker config file. The request
+    /// timeout is [`DEFAULT_TIMEOUT`] unless `LAMINA_REGISTRY_TIMEOUT`
+    /// (seconds) says otherwise.
     pub fn new(host: &str, opts: &SourceOptions) -> Result<RegistryClient, OciError> {
         let timeout = match std::env::var(TIMEOUT_ENV) {
             Ok(v) => v
@@ -141,26 +171,17 @@ impl RegistryClient {
         opts: &SourceOptions,
         timeout: Duration,
     ) -> Result<RegistryClient, OciError> {
-        let Reach { plain, loopback } = reach(host, opts);
-        let scheme = if plain { "http" } else { "https" };
-        let base_str = format!("{scheme}://{}/", api_host(host));
-        let base = Url::parse(&base_str).map_err(|e| OciError::Registry {
-            host: host.to_string(),
-            message: format!("invalid registry URL {base_str}: {e}"),
-        })?;
-        let pin = loopback.as_deref().unwrap_or_default();
-        let client = build_client(host, opts, timeout, pin, true)?;
-        let fresh_client = build_client(host, opts, timeout, pin, false)?;
-        let credentials = load_credentials(host, &CredEnv::from_process(opts))?;
+        let endpoints = opts
+            .hosts
+            .hosts(host)?
+            .iter()
+            .map(|entry| Endpoint::new(host, entry, opts, timeout))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(RegistryClient {
             host: host.to_string(),
-            base,
-            client,
-            fresh_client,
             timeout,
-            plain_loopback: plain && loopback.is_some(),
-            credentials,
-            auth: Arc::new(Mutex::new(AuthState::default())),
+            endpoints: endpoints.into(),
+            served: Arc::new(Mutex::new(VecDeque::new())),
         })
     }
 
@@ -169,293 +190,96 @@ impl RegistryClient {
         &self.host
     }
 
-    fn url(&self, path: &str) -> Result<Url, OciError> {
-        self.base.join(path).map_err(|e| OciError::Registry {
-            host: self.host.clone(),
-            message: format!("invalid URL path {path:?}: {e}"),
-        })
+    /// The hosts that may do `op`, in the order to try them: those that
+    /// have not failed lately first, each group in configuration order.
+    fn candidates(&self, op: Op) -> Result<Vec<usize>, OciError> {
+        let allowed = || (0..self.endpoints.len()).filter(|&i| op.allowed(&self.endpoints[i].caps));
+        let (mut order, sick): (Vec<usize>, Vec<usize>) =
+            allowed().partition(|&i| self.endpoints[i].healthy());
+        order.extend(sick);
+        if order.is_empty() {
+            return Err(OciError::Registry {
+                host: self.host.clone(),
+                message: format!(
+                    "no host in its registry host configuration (hosts.toml) may {}",
+                    op.name()
+                ),
+            });
+        }
+        // An upload goes to one host: spreading it over mirrors would
+        // leave half an image on each.
+        if let Op::Push = op {
+            order.sort_unstable();
+            order.truncate(1);
+        }
+        Ok(order)
     }
 
-    fn authorize(&self, req: RequestBuilder, scope: &str) -> RequestBuilder {
-        let state = match self.auth.lock() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some(token) = state.tokens.get(scope) {
-            return req.bearer_auth(token);
-        }
-        match (&self.credentials, state.basic) {
-            (Some(Credentials::Basic { username, password }), true) => {
-                req.basic_auth(username, Some(password))
-            }
-            _ => req,
-        }
-    }
-
-    /// Send a request, handling one auth challenge and retrying connection
-    /// errors and 5xx answers with backoff. `build` adds headers and body
-    /// (called once per attempt).
-    fn send(
+    /// Runs `attempt(endpoint, retries)` on the hosts for `op` until one
+    /// succeeds, and says which one did. Any failure moves on to the next
+    /// host at once (a host that is in trouble is marked so); the last
+    /// host gets the retries and its error is the answer.
+    fn on_hosts<T>(
         &self,
-        method: Method,
-        url: &Url,
-        scope: &str,
-        build: &dyn Fn(RequestBuilder) -> Result<RequestBuilder, OciError>,
-    ) -> Result<Response, OciError> {
-        self.send_on(false, method, url, scope, build)
-    }
-
-    /// [`send`](Self::send), on a fresh connection from the first attempt
-    /// when `fresh`, and from the first retry in any case: the connection a
-    /// failure came on is not trusted again.
-    fn send_on(
-        &self,
-        fresh: bool,
-        method: Method,
-        url: &Url,
-        scope: &str,
-        build: &dyn Fn(RequestBuilder) -> Result<RequestBuilder, OciError>,
-    ) -> Result<Response, OciError> {
-        let mut retries = 0;
-        let mut challenged = false;
-        loop {
-            let client = if fresh || retries > 0 {
-                &self.fresh_client
-            } else {
-                &self.client
-            };
-            let req = client.request(method.clone(), url.clone());
-            let req = build(self.authorize(req, scope))?;
-            match req
-                .send()
-                .map_err(|e| http_error(method.as_str(), url.as_str(), e))
-            {
-                Err(OciError::Http { source: e, .. })
-                    if (e.is_connect() || e.is_timeout()) && retries < MAX_RETRIES =>
-                {
-                    retries += 1;
-                    backoff(retries);
-                }
-                Err(e) => return Err(e),
-                Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !challenged => {
-                    challenged = true;
-                    self.handle_challenge(resp.headers(), scope)?;
-                }
-                Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED => {
-                    return Err(OciError::Auth {
-                        host: self.host.clone(),
-                        message: format!(
-                            "{method} {url}: still HTTP 401 after authenticating (credentials \
-                             rejected or no access to this repository)"
-                        ),
-                    });
-                }
-                Ok(resp) if resp.status().is_server_error() && retries < MAX_RETRIES => {
-                    retries += 1;
-                    backoff(retries);
-                }
-                Ok(resp) => return Ok(resp),
-            }
-        }
-    }
-
-    fn auth_error(&self, message: String) -> OciError {
-        OciError::Auth {
-            host: self.host.clone(),
-            message,
-        }
-    }
-
-    fn handle_challenge(&self, headers: &HeaderMap, scope: &str) -> Result<(), OciError> {
-        let header = headers
-            .get(WWW_AUTHENTICATE)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                self.auth_error("HTTP 401 without a WWW-Authenticate header".to_string())
-            })?;
-        let challenge = parse_challenge(header).ok_or_else(|| {
-            self.auth_error(format!("unparsable WWW-Authenticate header {header:?}"))
-        })?;
-        if challenge.scheme.eq_ignore_ascii_case("basic") {
-            return self.accept_basic(scope);
-        }
-        if !challenge.scheme.eq_ignore_ascii_case("bearer") {
-            return Err(self.auth_error(format!("unsupported auth scheme {:?}", challenge.scheme)));
-        }
-        let token = self.fetch_token(&challenge, scope)?;
-        let mut state = self.auth.lock().unwrap_or_else(|p| p.into_inner());
-        state.tokens.insert(scope.to_string(), token);
-        Ok(())
-    }
-
-    /// Answer a Basic challenge: from now on send this host's user and
-    /// password with every request.
-    fn accept_basic(&self, scope: &str) -> Result<(), OciError> {
-        match &self.credentials {
-            Some(Credentials::Basic { .. }) => {}
-            Some(Credentials::IdentityToken(_)) => {
-                return Err(self.auth_error(
-                    "registry wants Basic credentials; an identity token works only with \
-                     a bearer token service"
-                        .to_string(),
-                ))
-            }
-            None => {
-                return Err(self.auth_error(format!(
-                    "registry wants Basic credentials and none are configured for this \
-                     host (set {AUTH_ENV}={}=USER:PASSWORD or log in with docker login)",
-                    self.host
-                )))
-            }
-        }
-        let mut state = self.auth.lock().unwrap_or_else(|p| p.into_inner());
-        state.basic = true;
-        state.tokens.remove(scope);
-        Ok(())
-    }
-
-    /// Get a bearer token from the challenge's realm: anonymously, with
-    /// Basic credentials, or by the OAuth2 refresh-token grant for an
-    /// identity token.
-    fn fetch_token(&self, challenge: &Challenge, scope: &str) -> Result<String, OciError> {
-        let realm = challenge
-            .params
-            .get("realm")
-            .ok_or_else(|| self.auth_error("Bearer challenge without realm".to_string()))?;
-        let mut url = Url::parse(realm)
-            .map_err(|e| self.auth_error(format!("invalid token realm {realm:?}: {e}")))?;
-        check_realm(&url, &self.base, self.plain_loopback).map_err(|m| self.auth_error(m))?;
-        let service = challenge.params.get("service").map(String::as_str);
-        let scope = challenge.params.get("scope").map_or(scope, String::as_str);
-        let (method, req) = self.token_request(&mut url, service, scope);
-        let resp = req
-            .send()
-            .map_err(|e| http_error(method, url.as_str(), e))?;
-        let resp = expect_status(resp, method, &url, &[StatusCode::OK])?;
-        #[derive(Deserialize)]
-        struct TokenResponse {
-            token: Option<String>,
-            access_token: Option<String>,
-        }
-        let body = read_limited(resp, 1 << 20, &url)?;
-        let parsed: TokenResponse = serde_json::from_slice(&body)
-            .map_err(|e| OciError::json(format!("token response from {url}"), e))?;
-        parsed
-            .token
-            .filter(|t| !t.is_empty())
-            .or(parsed.access_token)
-            .ok_or_else(|| self.auth_error(format!("token response from {url} has no token")))
-    }
-
-    /// The token request to `url` (the realm): a POST of the refresh-token
-    /// grant for an identity token, else a GET with the service and scope in
-    /// the query and Basic credentials if there are any.
-    fn token_request(
-        &self,
-        url: &mut Url,
-        service: Option<&str>,
-        scope: &str,
-    ) -> (&'static str, RequestBuilder) {
-        match &self.credentials {
-            Some(Credentials::IdentityToken(token)) => {
-                let mut form = vec![
-                    ("grant_type", "refresh_token"),
-                    ("client_id", "lamina"),
-                    ("refresh_token", token.as_str()),
-                    ("scope", scope),
-                ];
-                form.extend(service.map(|s| ("service", s)));
-                ("POST", self.client.post(url.clone()).form(&form))
-            }
-            creds => {
-                {
-                    let mut q = url.query_pairs_mut();
-                    if let Some(service) = service {
-                        q.append_pair("service", service);
+        op: Op,
+        attempt: impl Fn(&Endpoint, u32) -> Result<T, OciError>,
+    ) -> Result<(T, usize), OciError> {
+        let order = self.candidates(op)?;
+        let last = order.len() - 1;
+        let mut tried = order.into_iter().enumerate().peekable();
+        while let Some((k, i)) = tried.next() {
+            let endpoint = &self.endpoints[i];
+            let retries = if k == last { MAX_RETRIES } else { 0 };
+            match attempt(endpoint, retries) {
+                Ok(v) => return Ok((v, i)),
+                Err(e) => {
+                    if host_failure(&e) && self.endpoints.len() > 1 {
+                        endpoint.mark_unhealthy();
                     }
-                    q.append_pair("scope", scope);
-                }
-                let req = self.client.get(url.clone());
-                match creds {
-                    Some(Credentials::Basic { username, password }) => {
-                        ("GET", req.basic_auth(username, Some(password)))
+                    if tried.peek().is_none() {
+                        return Err(e);
                     }
-                    _ => ("GET", req),
                 }
             }
         }
+        unreachable!("candidates() is never empty")
     }
 
-    /// Fetch a manifest or index by tag or digest. A digest reference is
-    /// verified against the content.
+    /// Fetch a manifest or index by tag (from hosts that may resolve) or
+    /// by digest (from hosts that may pull). A digest reference is verified
+    /// against the content.
     pub fn get_manifest(
         &self,
         repo: &str,
         reference: &RegistryReference,
     ) -> Result<FetchedManifest, OciError> {
         let repo = effective_repository(&self.host, repo);
-        let repo = repo.as_str();
-        let url = self.url(&format!("v2/{repo}/manifests/{reference}"))?;
-        let resp = self.send(Method::GET, &url, &pull_scope(repo), &|r| {
-            Ok(r.header(ACCEPT, MANIFEST_ACCEPT))
-        })?;
-        if resp.status() == StatusCode::NOT_FOUND {
-            return Err(OciError::NotFound {
-                location: format!("registry {}/{repo}", self.host),
-                wanted: format!("manifest {reference}"),
-                available: Vec::new(),
-            });
-        }
-        let resp = expect_status(resp, "GET", &url, &[StatusCode::OK])?;
-        let media_type = resp
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.split(';').next().unwrap_or(v).trim().to_string());
-        let header_digest = resp
-            .headers()
-            .get("docker-content-digest")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<Digest>().ok());
-        let bytes = read_limited(resp, MAX_MANIFEST_SIZE, &url)?;
-        let digest = Digest::of_bytes(&bytes);
-        if let RegistryReference::Digest(expected) = reference {
-            if *expected != digest {
-                return Err(OciError::DigestMismatch {
-                    expected: expected.clone(),
-                    actual: digest,
-                });
-            }
-        }
-        if let Some(h) = header_digest {
-            if h != digest {
-                return Err(OciError::Registry {
-                    host: self.host.clone(),
-                    message: format!(
-                        "manifest {repo}:{reference}: Docker-Content-Digest says {h} but the content hashes to {digest}"
-                    ),
-                });
-            }
-        }
-        Ok(FetchedManifest {
-            bytes,
-            media_type,
-            digest,
-        })
+        let op = match reference {
+            RegistryReference::Digest(_) => Op::Pull,
+            RegistryReference::Tag(_) => Op::Resolve,
+        };
+        self.on_hosts(op, |ep, retries| manifest_on(ep, retries, &repo, reference))
+            .map(|(m, _)| m)
     }
 
     fn blob_response(&self, repo: &str, digest: &Digest) -> Result<Response, OciError> {
         let repo = effective_repository(&self.host, repo);
-        let repo = repo.as_str();
-        let url = self.url(&format!("v2/{repo}/blobs/{digest}"))?;
-        let resp = self.send(Method::GET, &url, &pull_scope(repo), &|r| Ok(r))?;
-        if resp.status() == StatusCode::NOT_FOUND {
-            return Err(OciError::BlobNotFound {
-                location: format!("registry {}/{repo}", self.host),
-                digest: digest.clone(),
-            });
-        }
-        expect_status(resp, "GET", &url, &[StatusCode::OK])
+        let (resp, _) = self.on_hosts(Op::Pull, |ep, retries| {
+            let url = ep.url(&format!("{repo}/blobs/{digest}"))?;
+            let resp = ep.send(
+                false,
+                retries,
+                Method::GET,
+                &url,
+                &pull_scope(&repo),
+                &|r| Ok(r),
+            )?;
+            if resp.status() == StatusCode::NOT_FOUND {
+                return Err(blob_not_found(ep, &repo, digest));
+            }
+            expect_status(resp, "GET", &url, &[StatusCode::OK])
+        })?;
+        Ok(resp)
     }
 
     /// Stream a blob. The content is verified against `digest` when the
@@ -483,7 +307,9 @@ impl RegistryClient {
     }
 
     /// [`get_blob_range`](Self::get_blob_range) on a new connection: the
-    /// retry after a reset, truncated or corrupt answer.
+    /// retry after a reset, truncated or corrupt answer. When the answer
+    /// being retried came from a host of several, that host is tried last
+    /// for a while: a mirror that sent bad bytes is not asked again first.
     pub fn get_blob_range_fresh(
         &self,
         repo: &str,
@@ -491,6 +317,7 @@ impl RegistryClient {
         offset: u64,
         len: u64,
     ) -> Result<Vec<u8>, OciError> {
+        self.distrust_sender(digest, offset, len);
         self.blob_range(true, repo, digest, offset, len)
     }
 
@@ -503,89 +330,77 @@ impl RegistryClient {
         len: u64,
     ) -> Result<Vec<u8>, OciError> {
         let repo = effective_repository(&self.host, repo);
-        let repo = repo.as_str();
         if len == 0 {
             return Ok(Vec::new());
         }
-        let last = offset
-            .checked_add(len - 1)
-            .ok_or_else(|| OciError::Registry {
-                host: self.host.clone(),
-                message: format!("blob {digest}: range {offset}+{len} overflows"),
-            })?;
-        let url = self.url(&format!("v2/{repo}/blobs/{digest}"))?;
-        let range = format!("bytes={offset}-{last}");
-        let resp = self.send_on(fresh, Method::GET, &url, &pull_scope(repo), &|r| {
-            Ok(r.header(RANGE, range.as_str()))
+        let (bytes, endpoint) = self.on_hosts(Op::Pull, |ep, retries| {
+            let req = RangeRequest {
+                fresh,
+                retries,
+                repo: &repo,
+                digest,
+                offset,
+                len,
+            };
+            req.send_to(ep)
         })?;
-        if resp.status() == StatusCode::NOT_FOUND {
-            return Err(OciError::BlobNotFound {
-                location: format!("registry {}/{repo}", self.host),
-                digest: digest.clone(),
-            });
+        self.remember_sender(digest, offset, len, endpoint);
+        Ok(bytes)
+    }
+
+    /// Notes who sent a range answer, when there is a choice of hosts.
+    fn remember_sender(&self, digest: &Digest, start: u64, len: u64, endpoint: usize) {
+        if self.endpoints.len() < 2 {
+            return;
         }
-        let resp = expect_status(
-            resp,
-            "GET",
-            &url,
-            &[StatusCode::PARTIAL_CONTENT, StatusCode::OK],
-        )?;
-        let partial = resp.status() == StatusCode::PARTIAL_CONTENT;
-        let mut body: Box<dyn Read> = if partial {
-            let content_range = resp
-                .headers()
-                .get(CONTENT_RANGE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string();
-            let start_ok = content_range
-                .strip_prefix("bytes ")
-                .and_then(|r| r.split_once('-'))
-                .and_then(|(start, _)| start.trim().parse::<u64>().ok())
-                == Some(offset);
-            if !start_ok {
-                return Err(OciError::Registry {
-                    host: self.host.clone(),
-                    message: format!(
-                        "blob {digest}: asked for {range}, got Content-Range {content_range:?}"
-                    ),
-                });
-            }
-            Box::new(resp)
-        } else {
-            // Range ignored: skip to the offset ourselves.
-            let mut resp = resp;
-            let skipped = io::copy(&mut (&mut resp).take(offset), &mut io::sink())
-                .map_err(|e| OciError::io("read", url.as_str(), e))?;
-            if skipped < offset {
-                return Ok(Vec::new());
-            }
-            Box::new(resp)
-        };
-        let mut buf = Vec::with_capacity(usize::try_from(len.min(64 << 20)).unwrap_or(0));
-        (&mut body)
-            .take(len.saturating_add(1))
-            .read_to_end(&mut buf)
-            .map_err(|e| OciError::io("read", url.as_str(), e))?;
-        if buf.len() as u64 > len {
-            if partial {
-                return Err(OciError::Registry {
-                    host: self.host.clone(),
-                    message: format!("blob {digest}: asked for {range}, got more than {len} bytes"),
-                });
-            }
-            // A 200 answer carries the rest of the blob: cut it.
-            buf.truncate(usize::try_from(len).unwrap_or(usize::MAX));
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        if served.len() >= SERVED_MEMORY {
+            served.pop_front();
         }
-        Ok(buf)
+        served.push_back(Served {
+            digest: digest.clone(),
+            start,
+            end: start.saturating_add(len),
+            endpoint,
+        });
+    }
+
+    /// The range `offset..offset+len` of `digest` is asked for again: the
+    /// last answer that covered part of it was unusable, so its host is
+    /// marked unhealthy.
+    fn distrust_sender(&self, digest: &Digest, offset: u64, len: u64) {
+        if self.endpoints.len() < 2 {
+            return;
+        }
+        let end = offset.saturating_add(len);
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        let found = served
+            .iter()
+            .rposition(|s| s.digest == *digest && s.start < end && offset < s.end);
+        if let Some(s) = found.and_then(|i| served.remove(i)) {
+            self.endpoints[s.endpoint].mark_unhealthy();
+        }
+    }
+
+    /// The first host that may push.
+    fn push_endpoint(&self) -> Result<&Endpoint, OciError> {
+        let order = self.candidates(Op::Push)?;
+        Ok(&self.endpoints[order[0]])
     }
 
     /// The size of a blob if the registry has it (HEAD request).
     pub fn blob_exists(&self, repo: &str, digest: &Digest) -> Result<Option<u64>, OciError> {
         let repo = effective_repository(&self.host, repo);
-        let repo = repo.as_str();
-        let url = self.url(&format!("v2/{repo}/blobs/{digest}"))?;
-        let resp = self.send(Method::HEAD, &url, &push_scope(repo), &|r| Ok(r))?;
+        let ep = self.push_endpoint()?;
+        let url = ep.url(&format!("{repo}/blobs/{digest}"))?;
+        let resp = ep.send(
+            false,
+            MAX_RETRIES,
+            Method::HEAD,
+            &url,
+            &push_scope(&repo),
+            &|r| Ok(r),
+        )?;
         match resp.status() {
             StatusCode::OK => Ok(Some(
                 resp.headers()
@@ -612,9 +427,10 @@ impl RegistryClient {
         if self.blob_exists(repo, &desc.digest)?.is_some() {
             return Ok(());
         }
+        let ep = self.push_endpoint()?;
         let scope = push_scope(repo);
-        let start = self.url(&format!("v2/{repo}/blobs/uploads/"))?;
-        let resp = self.send(Method::POST, &start, &scope, &|r| {
+        let start = ep.url(&format!("{repo}/blobs/uploads/"))?;
+        let resp = ep.send(false, MAX_RETRIES, Method::POST, &start, &scope, &|r| {
             Ok(r.header(CONTENT_LENGTH, "0"))
         })?;
         let resp = expect_status(resp, "POST", &start, &[StatusCode::ACCEPTED])?;
@@ -623,20 +439,21 @@ impl RegistryClient {
             .get(LOCATION)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| OciError::Registry {
-                host: self.host.clone(),
+                host: ep.host.clone(),
                 message: format!("POST {start}: upload started without a Location header"),
             })?;
         let mut put_url = start.join(location).map_err(|e| OciError::Registry {
-            host: self.host.clone(),
+            host: ep.host.clone(),
             message: format!("POST {start}: invalid upload Location {location:?}: {e}"),
         })?;
         put_url
             .query_pairs_mut()
             .append_pair("digest", desc.digest.as_str());
+        ep.add_ns(&mut put_url);
         // Allow about 1 MiB/s on top of the normal timeout.
         let upload_timeout = self.timeout + Duration::from_secs(desc.size >> 20);
         let size = desc.size;
-        let resp = self.send(Method::PUT, &put_url, &scope, &|r| {
+        let resp = ep.send(false, MAX_RETRIES, Method::PUT, &put_url, &scope, &|r| {
             let r = r
                 .timeout(upload_timeout)
                 .header(CONTENT_TYPE, "application/octet-stream")
@@ -671,10 +488,16 @@ impl RegistryClient {
                 });
             }
         }
-        let url = self.url(&format!("v2/{repo}/manifests/{reference}"))?;
-        let resp = self.send(Method::PUT, &url, &push_scope(repo), &|r| {
-            Ok(r.header(CONTENT_TYPE, media_type).body(bytes.to_vec()))
-        })?;
+        let ep = self.push_endpoint()?;
+        let url = ep.url(&format!("{repo}/manifests/{reference}"))?;
+        let resp = ep.send(
+            false,
+            MAX_RETRIES,
+            Method::PUT,
+            &url,
+            &push_scope(repo),
+            &|r| Ok(r.header(CONTENT_TYPE, media_type).body(bytes.to_vec())),
+        )?;
         let resp = expect_status(
             resp,
             "PUT",
@@ -689,7 +512,7 @@ impl RegistryClient {
         {
             if h != digest {
                 return Err(OciError::Registry {
-                    host: self.host.clone(),
+                    host: ep.host.clone(),
                     message: format!(
                         "PUT {url}: registry stored the manifest as {h}, expected {digest}"
                     ),
@@ -697,6 +520,158 @@ impl RegistryClient {
             }
         }
         Ok(digest)
+    }
+}
+
+fn blob_not_found(ep: &Endpoint, repo: &str, digest: &Digest) -> OciError {
+    OciError::BlobNotFound {
+        location: format!("registry {}/{repo}", ep.host),
+        digest: digest.clone(),
+    }
+}
+
+/// A manifest from one host.
+fn manifest_on(
+    ep: &Endpoint,
+    retries: u32,
+    repo: &str,
+    reference: &RegistryReference,
+) -> Result<FetchedManifest, OciError> {
+    let url = ep.url(&format!("{repo}/manifests/{reference}"))?;
+    let resp = ep.send(false, retries, Method::GET, &url, &pull_scope(repo), &|r| {
+        Ok(r.header(ACCEPT, MANIFEST_ACCEPT))
+    })?;
+    if resp.status() == StatusCode::NOT_FOUND {
+        return Err(OciError::NotFound {
+            location: format!("registry {}/{repo}", ep.host),
+            wanted: format!("manifest {reference}"),
+            available: Vec::new(),
+        });
+    }
+    let resp = expect_status(resp, "GET", &url, &[StatusCode::OK])?;
+    let media_type = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or(v).trim().to_string());
+    let header_digest = resp
+        .headers()
+        .get("docker-content-digest")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<Digest>().ok());
+    let bytes = read_limited(resp, MAX_MANIFEST_SIZE, &url)?;
+    let digest = Digest::of_bytes(&bytes);
+    if let RegistryReference::Digest(expected) = reference {
+        if *expected != digest {
+            return Err(OciError::DigestMismatch {
+                expected: expected.clone(),
+                actual: digest,
+            });
+        }
+    }
+    if let Some(h) = header_digest {
+        if h != digest {
+            return Err(OciError::Registry {
+                host: ep.host.clone(),
+                message: format!(
+                    "manifest {repo}:{reference}: Docker-Content-Digest says {h} but the content hashes to {digest}"
+                ),
+            });
+        }
+    }
+    Ok(FetchedManifest {
+        bytes,
+        media_type,
+        digest,
+    })
+}
+
+/// One range read of a blob, as sent to one host.
+struct RangeRequest<'a> {
+    fresh: bool,
+    retries: u32,
+    repo: &'a str,
+    digest: &'a Digest,
+    offset: u64,
+    len: u64,
+}
+
+impl RangeRequest<'_> {
+    /// The bytes from `ep`: a 206 answer must start at the offset; a 200
+    /// answer (range ignored, as a pull-through cache does on a miss) is
+    /// the whole blob, skipped to the offset here.
+    fn send_to(&self, ep: &Endpoint) -> Result<Vec<u8>, OciError> {
+        let (digest, offset, len) = (self.digest, self.offset, self.len);
+        let protocol = |message: String| OciError::Registry {
+            host: ep.host.clone(),
+            message: format!("blob {digest}: {message}"),
+        };
+        let last = offset
+            .checked_add(len - 1)
+            .ok_or_else(|| protocol(format!("range {offset}+{len} overflows")))?;
+        let url = ep.url(&format!("{}/blobs/{digest}", self.repo))?;
+        let range = format!("bytes={offset}-{last}");
+        let resp = ep.send(
+            self.fresh,
+            self.retries,
+            Method::GET,
+            &url,
+            &pull_scope(self.repo),
+            &|r| Ok(r.header(RANGE, range.as_str())),
+        )?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Err(blob_not_found(ep, self.repo, digest));
+        }
+        let resp = expect_status(
+            resp,
+            "GET",
+            &url,
+            &[StatusCode::PARTIAL_CONTENT, StatusCode::OK],
+        )?;
+        let partial = resp.status() == StatusCode::PARTIAL_CONTENT;
+        let mut body: Box<dyn Read> = if partial {
+            let content_range = resp
+                .headers()
+                .get(CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let start_ok = content_range
+                .strip_prefix("bytes ")
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(start, _)| start.trim().parse::<u64>().ok())
+                == Some(offset);
+            if !start_ok {
+                return Err(protocol(format!(
+                    "asked for {range}, got Content-Range {content_range:?}"
+                )));
+            }
+            Box::new(resp)
+        } else {
+            // Range ignored: skip to the offset ourselves.
+            let mut resp = resp;
+            let skipped = io::copy(&mut (&mut resp).take(offset), &mut io::sink())
+                .map_err(|e| OciError::io("read", url.as_str(), e))?;
+            if skipped < offset {
+                return Ok(Vec::new());
+            }
+            Box::new(resp)
+        };
+        let mut buf = Vec::with_capacity(usize::try_from(len.min(64 << 20)).unwrap_or(0));
+        (&mut body)
+            .take(len.saturating_add(1))
+            .read_to_end(&mut buf)
+            .map_err(|e| OciError::io("read", url.as_str(), e))?;
+        if buf.len() as u64 > len {
+            if partial {
+                return Err(protocol(format!(
+                    "asked for {range}, got more than {len} bytes"
+                )));
+            }
+            // A 200 answer carries the rest of the blob: cut it.
+            buf.truncate(usize::try_from(len).unwrap_or(usize::MAX));
+        }
+        Ok(buf)
     }
 }
 
@@ -759,5 +734,154 @@ mod tests {
             "library/busybox"
         );
         assert_eq!(effective_repository("quay.io", "busybox"), "busybox");
+    }
+
+    /// A client for `ns` with `hosts_toml` as its configuration.
+    fn try_client_with(
+        ns: &str,
+        hosts_toml: &str,
+    ) -> (tempfile::TempDir, Result<RegistryClient, OciError>) {
+        let root = tempfile::tempdir().expect("tmp");
+        let dir = root
+            .path()
+            .join(crate::hosts::namespace_dirs(ns)[0].as_str());
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("hosts.toml"), hosts_toml).expect("write");
+        let opts = SourceOptions {
+            hosts: crate::hosts::HostsConfig::new(root.path()),
+            ..SourceOptions::default()
+        };
+        let client = RegistryClient::with_timeout(ns, &opts, Duration::from_secs(5));
+        (root, client)
+    }
+
+    fn client_with(ns: &str, hosts_toml: &str) -> (tempfile::TempDir, RegistryClient) {
+        let (root, client) = try_client_with(ns, hosts_toml);
+        (root, client.expect("client"))
+    }
+
+    #[test]
+    fn unusable_tls_files_of_a_host_are_errors_naming_them() {
+        let (_dir, r) = try_client_with(
+            "127.0.0.1:5000",
+            "[host.\"https://mirror.example\"]\nca = \"missing-ca.pem\"\n",
+        );
+        let err = r.expect_err("missing CA").to_string();
+        assert!(
+            err.contains("missing-ca.pem") && err.contains("read CA file"),
+            "{err}"
+        );
+        let (_dir, r) = try_client_with(
+            "127.0.0.1:5000",
+            "[host.\"https://mirror.example\"]\nclient = [[\"c.cert\", \"c.key\"]]\n",
+        );
+        let err = r.expect_err("missing client cert").to_string();
+        assert!(
+            err.contains("c.cert") && err.contains("client certificate"),
+            "{err}"
+        );
+        // Headers, skip_verify and a dial timeout build a client.
+        let (_dir, r) = try_client_with(
+            "127.0.0.1:5000",
+            "[host.\"https://mirror.example\"]\nskip_verify = true\ndial_timeout = \"1s\"\n\
+             [host.\"https://mirror.example\".header]\nx-token = [\"a\", \"b\"]\n",
+        );
+        let c = r.expect("client");
+        assert_eq!(c.endpoints.len(), 2);
+    }
+
+    fn hosts_of(c: &RegistryClient, order: &[usize]) -> Vec<String> {
+        order.iter().map(|&i| c.endpoints[i].host.clone()).collect()
+    }
+
+    const MIRRORS: &str = r#"
+[host."http://127.0.0.1:1"]
+  capabilities = ["pull"]
+[host."https://mirror.example/base"]
+  capabilities = ["pull", "resolve"]
+  override_path = true
+[host."http://127.0.0.1:3"]
+"#;
+
+    #[test]
+    fn hosts_by_capability_then_health() {
+        let (_dir, c) = client_with("127.0.0.1:5000", MIRRORS);
+        let pull = c.candidates(Op::Pull).expect("pull");
+        assert_eq!(
+            hosts_of(&c, &pull),
+            [
+                "127.0.0.1:1",
+                "mirror.example",
+                "127.0.0.1:3",
+                "127.0.0.1:5000"
+            ]
+        );
+        let resolve = c.candidates(Op::Resolve).expect("resolve");
+        assert_eq!(
+            hosts_of(&c, &resolve),
+            ["mirror.example", "127.0.0.1:3", "127.0.0.1:5000"]
+        );
+        // Uploads go to the first host that may push, and only there.
+        let push = c.candidates(Op::Push).expect("push");
+        assert_eq!(hosts_of(&c, &push), ["127.0.0.1:3"]);
+        // A host that failed goes last, the others keep their order.
+        c.endpoints[0].mark_unhealthy();
+        let pull = c.candidates(Op::Pull).expect("pull");
+        assert_eq!(
+            hosts_of(&c, &pull),
+            [
+                "mirror.example",
+                "127.0.0.1:3",
+                "127.0.0.1:5000",
+                "127.0.0.1:1"
+            ]
+        );
+    }
+
+    #[test]
+    fn mirror_urls_carry_ns_and_their_own_path() {
+        let (_dir, c) = client_with("127.0.0.1:5000", MIRRORS);
+        let url = |i: usize| {
+            c.endpoints[i]
+                .url("app/blobs/sha256:ab")
+                .expect("url")
+                .to_string()
+        };
+        assert_eq!(
+            url(0),
+            "http://127.0.0.1:1/v2/app/blobs/sha256:ab?ns=127.0.0.1%3A5000"
+        );
+        assert_eq!(
+            url(1),
+            "https://mirror.example/base/app/blobs/sha256:ab?ns=127.0.0.1%3A5000"
+        );
+        // The registry itself: no ns, plain HTTP because it is loopback.
+        assert_eq!(url(3), "http://127.0.0.1:5000/v2/app/blobs/sha256:ab");
+    }
+
+    #[test]
+    fn no_host_may_push_is_an_error_naming_it() {
+        let (_dir, c) = client_with(
+            "127.0.0.1:5000",
+            "server = \"http://127.0.0.1:5000\"\ncapabilities = [\"pull\", \"resolve\"]\n",
+        );
+        let err = c.candidates(Op::Push).expect_err("no push host");
+        assert!(err.to_string().contains("may push"), "{err}");
+        assert!(c.candidates(Op::Pull).is_ok());
+    }
+
+    #[test]
+    fn a_range_asked_for_again_demotes_the_host_that_sent_it() {
+        let (_dir, c) = client_with("127.0.0.1:5000", MIRRORS);
+        let d = Digest::of_bytes(b"blob");
+        c.remember_sender(&d, 100, 50, 1);
+        c.remember_sender(&d, 1000, 50, 0);
+        // A retry of part of the first range: host 1 sent it.
+        c.distrust_sender(&d, 120, 10);
+        assert!(!c.endpoints[1].healthy());
+        assert!(c.endpoints[0].healthy());
+        // Another blob's range says nothing about host 0.
+        c.distrust_sender(&Digest::of_bytes(b"other"), 1000, 50);
+        assert!(c.endpoints[0].healthy());
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use crate::compression::{Compression, LayerReader};
 use crate::digest::Digest;
 use crate::error::OciError;
+use crate::hosts::HostsConfig;
 use crate::reference::ImageRef;
 use crate::types::{media_types as mt, Descriptor, ImageIndex, Manifest};
 
@@ -183,6 +184,9 @@ pub struct SourceOptions {
     /// PEM file of CA certificates trusted for registry TLS, besides the
     /// system store.
     pub ca_file: Option<PathBuf>,
+    /// Mirrors, CAs, client certificates and headers per registry host
+    /// (containerd's `hosts.toml` directory); none by default.
+    pub hosts: HostsConfig,
     /// Scratch directory for sources or sinks that need one (none does yet).
     pub tmp_dir: Option<PathBuf>,
     /// `(os, architecture)` picked from image indexes, OCI names.
@@ -196,6 +200,7 @@ impl Default for SourceOptions {
             insecure_hosts: Vec::new(),
             tls_hosts: Vec::new(),
             ca_file: None,
+            hosts: HostsConfig::none(),
             tmp_dir: None,
             platform: (
                 "linux".to_string(),

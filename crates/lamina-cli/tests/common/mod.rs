@@ -16,6 +16,7 @@ use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -724,9 +725,25 @@ impl Registry {
         Registry::start_in(dir)
     }
 
+    /// Starts a pull-through cache of `remote` (distribution's proxy mode),
+    /// with its access log in `registry.log`.
+    #[track_caller]
+    pub fn start_pull_through(remote: &Registry) -> Registry {
+        let dir = TestDir::new("registry-mirror");
+        let mut c = Registry::script("start", dir.path());
+        c.env("PULL_THROUGH_OF", format!("http://{}", remote.host()));
+        Registry::start_with(dir, c)
+    }
+
     #[track_caller]
     fn start_in(dir: TestDir) -> Registry {
-        let out = run(&mut Registry::script("start", dir.path()), SHORT);
+        let c = Registry::script("start", dir.path());
+        Registry::start_with(dir, c)
+    }
+
+    #[track_caller]
+    fn start_with(dir: TestDir, mut c: Command) -> Registry {
+        let out = run(&mut c, SHORT);
         // Constructed before asserting so a half-started registry is stopped.
         let mut reg = Registry { dir, port: 0 };
         let out = out.ok();
@@ -1261,5 +1278,78 @@ impl Failures {
                 self.0.join("\n\n")
             );
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the fault proxy
+
+/// A port on 127.0.0.1 that nothing listened on a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `tests/tools/faultproxy.py`, killed on drop (and bounded by its own
+/// --lifetime and parent watchdog).
+#[derive(Debug)]
+pub struct FaultProxy {
+    /// The proxy process.
+    pub bg: Background,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    stats: PathBuf,
+}
+
+impl FaultProxy {
+    /// Starts it on `listen` (0: any port) in front of `upstream`.
+    #[track_caller]
+    pub fn start(
+        dir: &Path,
+        label: &str,
+        listen: u16,
+        upstream: u16,
+        mode: &str,
+        extra: &[&str],
+    ) -> FaultProxy {
+        let port_file = dir.join(format!("{label}.port"));
+        let stats = dir.join(format!("{label}.stats.json"));
+        let _ = fs::remove_file(&port_file);
+        let mut c = command(tool("python3"), [repo_file("tests/tools/faultproxy.py")]);
+        c.args([listen.to_string(), upstream.to_string(), mode.to_string()])
+            .arg("--port-file")
+            .arg(&port_file)
+            .arg("--stats")
+            .arg(&stats)
+            .args(["--lifetime", "600"])
+            .args(extra);
+        let mut bg = Background::spawn(label, &mut c, dir);
+        let start = Instant::now();
+        let port = loop {
+            if let Some(p) = fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|s| s.trim().parse::<u16>().ok())
+            {
+                break p;
+            }
+            assert!(bg.running(), "faultproxy exited:\n{}", bg.describe());
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "faultproxy did not start:\n{}",
+                bg.describe()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        FaultProxy { bg, port, stats }
+    }
+
+    /// Its counters (`requests`, `eligible`, `faults`), `null` before the first request.
+    pub fn stats(&self) -> Value {
+        fs::read(&self.stats)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null)
     }
 }

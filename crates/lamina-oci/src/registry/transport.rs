@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use reqwest::blocking::Client;
-use reqwest::Certificate;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Certificate, Identity};
 
 use crate::error::OciError;
 use crate::source::SourceOptions;
@@ -65,6 +66,13 @@ pub(crate) fn loopback_addrs(host: &str) -> Option<Vec<SocketAddr>> {
     all_loopback.then_some(addrs)
 }
 
+/// Whether `host` is loopback by its text alone (an IP literal or
+/// `localhost`), without a lookup: for hosts whose URL is configured.
+pub(crate) fn literal_loopback(host: &str) -> bool {
+    let name = bare_name(host);
+    ip_is_loopback(name).unwrap_or_else(|| name.eq_ignore_ascii_case("localhost"))
+}
+
 /// How a registry host is reached.
 pub(crate) struct Reach {
     /// Plain HTTP (loopback or `insecure_hosts`, unless in `tls_hosts`).
@@ -88,7 +96,47 @@ pub(crate) fn is_loopback(host: &str) -> bool {
     loopback_addrs(host).is_some()
 }
 
-/// The HTTP client for one registry host. `pin` fixes the addresses a
+/// What one host's HTTP client is built from.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientSpec<'a> {
+    /// `host[:port]`, for messages and pinning.
+    pub(crate) host: &'a str,
+    /// Per-request timeout (see [`build_client`]).
+    pub(crate) timeout: Duration,
+    /// Bound on establishing a connection (`dial_timeout`), else the default.
+    pub(crate) connect_timeout: Option<Duration>,
+    /// Addresses a loopback name resolved to (see [`loopback_addrs`]).
+    pub(crate) pin: &'a [SocketAddr],
+    /// A loopback host: never sent through an HTTP proxy.
+    pub(crate) loopback: bool,
+    /// Trusted CA files besides the system store (`--ca-file`, `ca`).
+    pub(crate) ca_files: Vec<&'a Path>,
+    /// The client certificate offered (PEM cert, PEM key if separate).
+    pub(crate) identity: Option<(&'a Path, Option<&'a Path>)>,
+    /// Accept any server certificate (`skip_verify`).
+    pub(crate) skip_verify: bool,
+    /// Headers sent with every request.
+    pub(crate) headers: &'a [(String, String)],
+}
+
+impl<'a> ClientSpec<'a> {
+    /// The plain spec for `host`: system roots plus `opts.ca_file`.
+    pub(crate) fn new(host: &'a str, opts: &'a SourceOptions, timeout: Duration) -> Self {
+        ClientSpec {
+            host,
+            timeout,
+            connect_timeout: None,
+            pin: &[],
+            loopback: false,
+            ca_files: opts.ca_file.as_deref().into_iter().collect(),
+            identity: None,
+            skip_verify: false,
+            headers: &[],
+        }
+    }
+}
+
+/// The HTTP client for one registry host. `spec.pin` fixes the addresses a
 /// loopback name resolved to, so a later lookup cannot move plain-HTTP
 /// traffic off the machine.
 ///
@@ -96,33 +144,94 @@ pub(crate) fn is_loopback(host: &str) -> bool {
 /// the body (progress), so a stalled connection is given up on. A client
 /// without `pooled` connections opens a fresh one for every request: what a
 /// retry after a reset, truncated or corrupt response uses.
-pub(crate) fn build_client(
-    host: &str,
-    opts: &SourceOptions,
-    timeout: Duration,
-    pin: &[SocketAddr],
-    pooled: bool,
-) -> Result<Client, OciError> {
+///
+/// `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY` are honoured
+/// (reqwest reads them), except for loopback hosts, which are always
+/// reached directly as Go's and so containerd's clients do: a proxy cannot
+/// reach the machine's own loopback registry.
+pub(crate) fn build_client(spec: &ClientSpec<'_>, pooled: bool) -> Result<Client, OciError> {
+    let connect = spec.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
     let mut builder = Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT.min(timeout))
-        .timeout(timeout)
+        .connect_timeout(connect.min(spec.timeout))
+        .timeout(spec.timeout)
         .user_agent(concat!("lamina/", env!("CARGO_PKG_VERSION")));
     if !pooled {
         builder = builder.pool_max_idle_per_host(0);
     }
-    if !pin.is_empty() {
-        builder = builder.resolve_to_addrs(bare_name(host), pin);
+    if !spec.pin.is_empty() {
+        builder = builder.resolve_to_addrs(bare_name(spec.host), spec.pin);
     }
-    if let Some(path) = &opts.ca_file {
+    if spec.loopback {
+        builder = builder.no_proxy();
+    }
+    for path in &spec.ca_files {
         for cert in ca_certificates(path)? {
             builder = builder.add_root_certificate(cert);
         }
     }
+    if let Some((cert, key)) = spec.identity {
+        builder = builder.identity(identity(cert, key)?);
+    }
+    if spec.skip_verify {
+        builder = builder.danger_accept_invalid_certs(true);
+    }
+    builder = builder.default_headers(header_map(spec.headers));
     builder.build().map_err(|source| OciError::Http {
         method: "INIT".to_string(),
-        url: format!("registry {host}"),
+        url: format!("registry {}", spec.host),
         source,
     })
+}
+
+/// The headers of a hosts file (validated when it was parsed), marked
+/// sensitive: they may carry tokens, which no debug output of a request
+/// should show.
+fn header_map(headers: &[(String, String)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        if let (Ok(n), Ok(mut v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            v.set_sensitive(true);
+            map.append(n, v);
+        }
+    }
+    map
+}
+
+/// A client identity: certificate and key in one PEM file, or in two.
+fn identity(cert: &Path, key: Option<&Path>) -> Result<Identity, OciError> {
+    let mut pem = read_pem(cert, "read client certificate")?;
+    if let Some(key) = key {
+        pem.push(b'\n');
+        pem.extend(read_pem(key, "read client key")?);
+    }
+    Identity::from_pem(&pem).map_err(|e| {
+        OciError::io(
+            "read client certificate",
+            cert,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("not a PEM certificate and private key: {e}"),
+            ),
+        )
+    })
+}
+
+fn read_pem(path: &Path, action: &'static str) -> Result<Vec<u8>, OciError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|f| f.take(MAX_CA_FILE + 1).read_to_end(&mut bytes))
+        .map_err(|e| OciError::io(action, path, e))?;
+    if bytes.len() as u64 > MAX_CA_FILE {
+        let e = io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CA_FILE} bytes"),
+        );
+        return Err(OciError::io(action, path, e));
+    }
+    Ok(bytes)
 }
 
 /// The certificates of a PEM bundle (one or more `CERTIFICATE` blocks).
@@ -134,13 +243,7 @@ fn ca_certificates(path: &Path) -> Result<Vec<Certificate>, OciError> {
             io::Error::new(io::ErrorKind::InvalidData, message),
         )
     };
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|f| f.take(MAX_CA_FILE + 1).read_to_end(&mut bytes))
-        .map_err(|e| OciError::io("read CA file", path, e))?;
-    if bytes.len() as u64 > MAX_CA_FILE {
-        return Err(bad(format!("larger than {MAX_CA_FILE} bytes")));
-    }
+    let bytes = read_pem(path, "read CA file")?;
     let certs = Certificate::from_pem_bundle(&bytes)
         .map_err(|e| bad(format!("not a PEM certificate bundle: {e}")))?;
     if certs.is_empty() {

@@ -1,0 +1,342 @@
+//! Registry host configuration (`--hosts-dir`, containerd's `hosts.toml`;
+//! issue 8, item 2) end to end: lazy mounts of the edge fixture through
+//! mirrors that refuse connections, a real pull-through cache (a second
+//! `docker-registry` in proxy mode) and a mirror that corrupts every range
+//! answer; plus HTTP proxies from the environment. Every mounted tree is
+//! compared with an unpack of the source, and every claim that a mirror was
+//! used is read from the mirror's own log or counters.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const TOOLS: &[&str] = &["docker-registry", "curl", "python3", "zstd"];
+
+/// Repository and tag of the converted image in every test registry.
+const IMAGE: &str = "lam:edge";
+
+/// A registry serving the converted edge fixture, and the test's directory.
+fn registry_with_edge(label: &str) -> (Registry, TestDir) {
+    let reg = Registry::start();
+    let t = TestDir::new(label);
+    lamina([
+        "convert",
+        &oci_ref(&edge_layout(), "edge"),
+        &reg.reference(IMAGE),
+    ])
+    .ok();
+    (reg, t)
+}
+
+/// Writes `text` as `DIR/NAMESPACE/hosts.toml`; returns DIR.
+fn hosts_dir(t: &TestDir, namespace: &str, text: &str) -> PathBuf {
+    let dir = t.join("certs.d");
+    let ns = dir.join(namespace);
+    fs::create_dir_all(&ns).expect("mkdir hosts dir");
+    fs::write(ns.join("hosts.toml"), text).expect("write hosts.toml");
+    dir
+}
+
+/// `127.0.0.1:PORT` written as containerd names its directory.
+fn ns_dir(port: u16) -> String {
+    format!("127.0.0.1_{port}_")
+}
+
+/// Mounts `image` lazily with `--hosts-dir DIR`, checks that the whole tree
+/// equals the source, unmounts, and returns the last status.
+#[track_caller]
+fn mount_and_compare(t: &TestDir, label: &str, image: &str, dir: &Path) -> Value {
+    let m = Mount::with_args(
+        image,
+        &t.join(&format!("mnt-{label}")),
+        &t.join(&format!("cache-{label}")),
+        &["--hosts-dir", dir.to_str().expect("utf-8 path")],
+    );
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    m.unmount()["last_status"].clone()
+}
+
+/// The blob digests of the converted image (data blobs).
+fn data_blobs(reg: &Registry) -> Vec<String> {
+    let inspect = lamina(["inspect", "--json", &reg.reference(IMAGE)])
+        .ok()
+        .json();
+    inspect["blobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("inspect lists no blobs: {inspect}"))
+        .iter()
+        .map(|b| b["digest"].as_str().expect("digest").to_string())
+        .collect()
+}
+
+/// (a) The first mirror refuses connections (a closed port): every request
+/// falls back to the next host. The registry named in the reference is
+/// closed too, so the mount works only through that second host. The
+/// `_default` directory serves a registry no directory names.
+#[test]
+fn refused_mirror_falls_back_to_the_next_host() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-refused");
+    let (closed, gone) = (free_port(), free_port());
+    let toml = format!(
+        "[host.\"http://127.0.0.1:{closed}\"]\n  capabilities = [\"pull\", \"resolve\"]\n\
+         [host.\"http://127.0.0.1:{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+        reg.port
+    );
+    let dir = hosts_dir(&t, &ns_dir(gone), &toml);
+    let image = format!("docker://127.0.0.1:{gone}/{IMAGE}");
+    let last = mount_and_compare(&t, "port-dir", &image, &dir);
+    assert_eq!(last["failed_misses"], 0, "umount report: {last}");
+
+    // Without the configuration the same reference cannot be reached.
+    let out = lamina([
+        "inspect",
+        &image,
+        "--hosts-dir",
+        t.join("none").to_str().unwrap(),
+    ]);
+    assert_eq!(out.code(), Some(5), "{}", out.describe());
+
+    // _default: for any registry without a directory of its own (inspect
+    // reads the manifest and the index blob through it).
+    let other = free_port();
+    let default_dir = t.join("certs.d-default");
+    fs::create_dir_all(default_dir.join("_default")).expect("mkdir");
+    fs::write(default_dir.join("_default/hosts.toml"), &toml).expect("write");
+    let image = format!("docker://127.0.0.1:{other}/{IMAGE}");
+    let dir_arg = default_dir.to_str().expect("utf-8 path");
+    let inspect = lamina(["inspect", "--json", &image, "--hosts-dir", dir_arg])
+        .ok()
+        .json();
+    assert_eq!(inspect["lamina"], true, "{inspect}");
+}
+
+/// Access log lines of `reg` for blob GETs of `digest` carrying `ns`, with
+/// the status they were answered with.
+fn blob_gets(reg: &Registry, digest: &str, ns: &str) -> Vec<u16> {
+    let log = fs::read_to_string(reg.dir().join("registry.log")).unwrap_or_default();
+    let wanted = format!("GET /v2/lam/blobs/{digest}?ns={ns} ");
+    log.lines()
+        .filter(|l| l.contains(&wanted))
+        .filter_map(|l| {
+            let after = l.split("\" ").nth(1)?;
+            after.split(' ').next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Whether a pull-through cache has stored `digest` (it stores a blob in
+/// the background after its first miss).
+fn mirror_stored(mirror: &Registry, digest: &str) -> bool {
+    let hex = digest.trim_start_matches("sha256:");
+    mirror
+        .dir()
+        .join("data/docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(hex)
+        .join("data")
+        .is_file()
+}
+
+/// (b) A second docker-registry as a pull-through cache of the first is the
+/// mirror. On a miss it answers range requests with the whole blob (200),
+/// once it holds the blob with 206; both serve a lazy mount byte for byte.
+/// Its access log shows that data blobs came from it, with `?ns=`.
+#[test]
+fn pull_through_cache_mirror_serves_lazy_mounts() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-pull-through");
+    let mirror = Registry::start_pull_through(&reg);
+    let toml = format!(
+        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  \
+         capabilities = [\"pull\", \"resolve\"]\n",
+        reg.port, mirror.port
+    );
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    let blobs = data_blobs(&reg);
+    let ns = format!("127.0.0.1%3A{}", reg.port);
+
+    let last = mount_and_compare(&t, "miss", &reg.reference(IMAGE), &dir);
+    assert_eq!(last["failed_misses"], 0, "umount report: {last}");
+    assert_eq!(last["bad_chunks"], 0, "umount report: {last}");
+    // Every blob's first request is a miss, answered 200. A request the
+    // loaded machine lets time out goes on to the registry instead, so one
+    // such answer is the claim, not one per blob.
+    let answers: Vec<(&String, Vec<u16>)> = blobs
+        .iter()
+        .map(|b| (b, blob_gets(&mirror, b, &ns)))
+        .collect();
+    assert!(
+        answers.iter().any(|(_, statuses)| statuses.contains(&200)),
+        "the mirror's log shows no GET of a data blob answered 200 (whole blob): {answers:?}"
+    );
+
+    // The cache stores a blob in the background after its first miss;
+    // once it holds the blobs it was asked for it answers ranges with 206.
+    let asked: Vec<&String> = answers
+        .iter()
+        .filter(|(_, statuses)| !statuses.is_empty())
+        .map(|(b, _)| *b)
+        .collect();
+    let start = Instant::now();
+    while !asked.iter().all(|b| mirror_stored(&mirror, b)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the pull-through cache never stored the data blobs {asked:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let last = mount_and_compare(&t, "hit", &reg.reference(IMAGE), &dir);
+    assert_eq!(last["failed_misses"], 0, "umount report: {last}");
+    let answers: Vec<(&String, Vec<u16>)> = blobs
+        .iter()
+        .map(|b| (b, blob_gets(&mirror, b, &ns)))
+        .collect();
+    assert!(
+        answers.iter().any(|(_, statuses)| statuses.contains(&206)),
+        "no range answer (206) from the mirror in its log: {answers:?}"
+    );
+}
+
+/// (c) A mirror that flips every byte of every range answer: verification
+/// catches each bad chunk, the host is tried last from then on, and the
+/// reads come from the registry; every file equals the source.
+#[test]
+fn corrupting_mirror_is_caught_and_skipped() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-corrupt");
+    let proxy = FaultProxy::start(t.path(), "mirror", 0, reg.port, "flipall", &[]);
+    let toml = format!(
+        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  \
+         capabilities = [\"pull\"]\n",
+        reg.port, proxy.port
+    );
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    let last = mount_and_compare(&t, "corrupt", &reg.reference(IMAGE), &dir);
+    let stats = proxy.stats();
+    assert!(
+        stats["faults"]["flipall"].as_u64().unwrap_or(0) > 0,
+        "the mirror was never asked for a range: {stats}"
+    );
+    assert!(
+        last["bad_chunks"].as_u64().unwrap_or(0) > 0,
+        "no bad chunk counted although the mirror corrupted answers: {last}"
+    );
+    assert_eq!(last["failed_misses"], 0, "umount report: {last}");
+}
+
+/// HTTP proxies from the environment: a loopback registry is reached
+/// directly even when every proxy variable names a dead port; a mirror
+/// with a name that is not loopback goes through `HTTP_PROXY`, as the
+/// proxy's counters show (the proxy forwards to the registry, so the name
+/// never needs resolving).
+#[test]
+fn proxy_environment_is_honoured_except_for_loopback() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-proxy-env");
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let proxy_vars = [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ];
+    let mut c = lamina_cmd(["inspect", "--json", &reg.reference(IMAGE)]);
+    c.args(["--hosts-dir", t.join("none").to_str().unwrap()]);
+    for v in proxy_vars {
+        c.env(v, &dead);
+    }
+    c.env_remove("NO_PROXY").env_remove("no_proxy");
+    run(&mut c, TIMEOUT).ok();
+
+    let forward = FaultProxy::start(t.path(), "forward", 0, reg.port, "none", &[]);
+    let toml = format!(
+        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://mirror.example:{}\"]\n  \
+         capabilities = [\"pull\", \"resolve\"]\n",
+        reg.port, reg.port
+    );
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    let mut c = lamina_cmd(["inspect", "--json", &reg.reference(IMAGE)]);
+    c.args(["--hosts-dir", dir.to_str().unwrap()]);
+    for v in proxy_vars {
+        c.env_remove(v);
+    }
+    c.env("HTTP_PROXY", format!("http://127.0.0.1:{}", forward.port));
+    c.env_remove("NO_PROXY").env_remove("no_proxy");
+    run(&mut c, TIMEOUT).ok();
+    let stats = forward.stats();
+    assert!(
+        stats["requests"].as_u64().unwrap_or(0) > 0,
+        "the mirror mirror.example was not reached through HTTP_PROXY: {stats}"
+    );
+}
+
+/// A malformed hosts.toml stops the command with a message naming the file
+/// and the key (exit 2); unknown keys are ignored; a missing directory is no
+/// configuration.
+#[test]
+fn bad_hosts_toml_names_file_and_key() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-bad");
+    let dir = hosts_dir(
+        &t,
+        &ns_dir(reg.port),
+        "[host.\"http://127.0.0.1:1\"]\n  capabilities = [\"pull\", \"teleport\"]\n",
+    );
+    let out = lamina([
+        "inspect",
+        &reg.reference(IMAGE),
+        "--hosts-dir",
+        dir.to_str().unwrap(),
+    ]);
+    let file = dir.join(ns_dir(reg.port)).join("hosts.toml");
+    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    assert!(
+        out.stderr.contains(&file.display().to_string())
+            && out
+                .stderr
+                .contains("host.\"http://127.0.0.1:1\".capabilities"),
+        "the message names neither the file nor the key:\n{}",
+        out.describe()
+    );
+
+    fs::write(
+        &file,
+        format!(
+            "future_key = 1\n[host.\"http://127.0.0.1:{}\"]\n  also_new = \"x\"\n",
+            reg.port
+        ),
+    )
+    .expect("write");
+    lamina([
+        "inspect",
+        &reg.reference(IMAGE),
+        "--hosts-dir",
+        dir.to_str().unwrap(),
+    ])
+    .ok();
+    lamina([
+        "inspect",
+        &reg.reference(IMAGE),
+        "--hosts-dir",
+        t.join("missing").to_str().unwrap(),
+    ])
+    .ok();
+}
