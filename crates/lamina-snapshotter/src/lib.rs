@@ -130,11 +130,15 @@ impl Images for RegistryImages {
 }
 
 /// Whether `path` is a mount point (in this process's mount namespace).
+/// mountinfo names mount points by their resolved paths: a root reached
+/// through a symlink must still find its mounts (else a restart would
+/// mount an image again on top of its live mount).
 fn is_mountpoint(path: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
-    let want = path.to_string_lossy();
+    let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let want = resolved.to_string_lossy();
     info.lines()
         .filter_map(|l| l.split(' ').nth(4))
         .any(|m| unescape_mountinfo(m) == want)
@@ -248,4 +252,21 @@ fn spawn_reaper<I: Send + 'static>(inner: Arc<Mutex<Snapshotter<I>>>) {
         {
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_found_through_symlinks_and_escapes() {
+        assert!(is_mountpoint(Path::new("/proc")));
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("proc-link");
+        std::os::unix::fs::symlink("/proc", &link).unwrap();
+        assert!(is_mountpoint(&link), "a symlink to /proc is a mount point");
+        assert!(!is_mountpoint(dir.path()));
+        assert_eq!(unescape_mountinfo(r"/a\040b\134c"), r"/a b\c");
+        assert_eq!(unescape_mountinfo(r"/tail\04"), r"/tail\04");
+    }
 }
