@@ -4,11 +4,16 @@
 #   - containerd 1.6 (full pull + unpack, then `ctr run`),
 #   - lamina (lazy mount + overlayfs + `runc run`), without a boot set,
 #   - lamina with a boot set recorded for the workload (`convert --prefetch`),
-# at several link rates, for python3 / nginx / redis-server. See
-# docs/coldstart.md for the method.
+#   - lamina snapshotter under the same containerd (`ctr-remote image rpull`,
+#     then `ctr run`), with and without the boot set,
+#   - `lamina run`, with and without the boot set,
+# at several link rates, for python3 / nginx / redis-server; and the idle
+# memory of the snapshotter with 20 images mounted. See docs/coldstart.md for
+# the method.
 #
 # Usage: scripts/coldstart.sh [--links 1gbit,100mbit,10mbit] [--runs N]
 #                             [--workloads python,nginx,redis] [--out FILE]
+#                             [--variants V,...] [--idle-images N] [--readall-runs N]
 #                             [--slow-runs M] [--plot FILE | --no-plot]
 #                             [--max-minutes T]
 #   --links L      tc rates of the shaped link (tbf on the namespace's lo)
@@ -16,7 +21,12 @@
 #   --slow-runs M  containerd runs on links slower than 100mbit (default 1: a
 #                  75 MB pull at 10mbit takes over a minute)
 #   --workloads W  python (python3 -c 'print("hello")'), nginx (first HTTP 200),
-#                  redis (first +PONG)
+#                  redis (first +PONG), readall (every file read, then "hello";
+#                  no boot set, links of 100mbit and more only)
+#   --readall-runs N  runs of readall per link and variant (default 1)
+#   --variants V   of containerd, lamina, lamina-boot, snapshotter,
+#                  snapshotter-boot, run, run-boot (default: all)
+#   --idle-images N  images mounted for the idle footprint (default 20; 0: skip)
 #   --out FILE     JSON results (default docs/coldstart-results.json)
 #   --plot FILE    chart (default: coldstart.png next to --out); --no-plot to skip
 #   --max-minutes  hard limit for the measurements (default 45); the script
@@ -30,7 +40,7 @@
 # containerd itself is a private instance on the host (its own
 # root/state/socket under the work dir). Everything (containers,
 # mounts, lamina daemons, containerd, registry, namespace, work dir under /tmp)
-# is removed on exit, also on failure or Ctrl-C. Takes ~15 minutes with
+# is removed on exit, also on failure or Ctrl-C. Takes ~35 minutes with
 # the defaults. Drops the page cache before every run.
 set -euo pipefail
 
@@ -38,15 +48,18 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LINKS=1gbit,100mbit,10mbit
 RUNS=3
 SLOW_RUNS=1
-WORKLOADS=python,nginx,redis
+WORKLOADS=python,nginx,redis,readall
+READALL_RUNS=1
 OUT="$ROOT/docs/coldstart-results.json"
 PLOT=
 NO_PLOT=0
-MAX_MINUTES=45
+MAX_MINUTES=60
+VARIANTS=containerd,lamina,lamina-boot,snapshotter,snapshotter-boot,run,run-boot
+IDLE_IMAGES=20
 
 log() { printf '[coldstart] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -55,6 +68,9 @@ while [ $# -gt 0 ]; do
     --slow-runs) SLOW_RUNS=${2:?}; shift 2 ;;
     --workloads) WORKLOADS=${2:?}; shift 2 ;;
     --out) OUT=${2:?}; shift 2 ;;
+    --variants) VARIANTS=${2:?}; shift 2 ;;
+    --readall-runs) READALL_RUNS=${2:?}; shift 2 ;;
+    --idle-images) IDLE_IMAGES=${2:?}; shift 2 ;;
     --plot) PLOT=${2:?}; shift 2 ;;
     --no-plot) NO_PLOT=1; shift ;;
     --max-minutes) MAX_MINUTES=${2:?}; shift 2 ;;
@@ -66,7 +82,12 @@ done
 [[ "$SLOW_RUNS" =~ ^[1-9][0-9]*$ ]] || die "--slow-runs wants a positive integer"
 [[ "$MAX_MINUTES" =~ ^[1-9][0-9]*$ ]] || die "--max-minutes wants a positive integer"
 [[ "$LINKS" =~ ^[0-9]+[kmg]bit(,[0-9]+[kmg]bit)*$ ]] || die "--links wants rates like 1gbit,100mbit,10mbit"
-[[ "$WORKLOADS" =~ ^(python|nginx|redis)(,(python|nginx|redis))*$ ]] || die "--workloads: python, nginx, redis"
+[[ "$IDLE_IMAGES" =~ ^[0-9]+$ ]] || die "--idle-images wants a number"
+[[ "$VARIANTS" =~ ^(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot)(,(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot))*$ ]] ||
+    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot"
+[[ "$WORKLOADS" =~ ^(python|nginx|redis|readall)(,(python|nginx|redis|readall))*$ ]] ||
+    die "--workloads: python, nginx, redis, readall"
+[[ "$READALL_RUNS" =~ ^[1-9][0-9]*$ ]] || die "--readall-runs wants a positive integer"
 mkdir -p "$(dirname "$OUT")"
 OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")
 [ -n "$PLOT" ] || PLOT="$(dirname "$OUT")/coldstart.png"
@@ -74,7 +95,7 @@ OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")
 [ "$(id -u)" = 0 ] || die "must run as root (namespaces, mounts, containers, drop_caches)"
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3) || die "missing python3"
-for tool in ip tc nsenter containerd ctr runc skopeo docker-registry jq curl findmnt; do
+for tool in ip tc nsenter containerd ctr ctr-remote runc skopeo docker-registry jq curl findmnt; do
     command -v "$tool" >/dev/null || die "missing tool: $tool (run scripts/setup.sh)"
 done
 command -v containerd-shim-runc-v2 >/dev/null || die "missing containerd-shim-runc-v2 (Debian package containerd)"
@@ -90,6 +111,7 @@ WORK=$(mktemp -d /tmp/lamina-coldstart.XXXXXX)
 REG="$WORK/registry"
 CTD="$WORK/containerd"
 CTD_SOCK="$CTD/containerd.sock"
+SNAP_SOCK="$WORK/snapshotter.sock" # lamina snapshotter: one per run, always on this socket
 CTD_PID=
 DRIVER_PID=
 
@@ -192,6 +214,7 @@ containerd config default |
         -e "s#^disabled_plugins = .*#disabled_plugins = [\"io.containerd.grpc.v1.cri\"]#" \
         -e "s#^\( *\)path = \"/opt/containerd\"#\1path = \"$CTD/opt\"#" \
         -e "/^\[grpc\]/,/^\[/ s#^  address = .*#  address = \"$CTD_SOCK\"#" >"$CTD/config.toml"
+printf '\n[proxy_plugins.lamina]\n  type = "snapshot"\n  address = "%s"\n' "$SNAP_SOCK" >>"$CTD/config.toml"
 grep -q "^root = \"$CTD/root\"" "$CTD/config.toml" && grep -q "address = \"$CTD_SOCK\"" "$CTD/config.toml" ||
     die "could not write the containerd config"
 setsid containerd --config "$CTD/config.toml" >"$CTD/containerd.log" 2>&1 </dev/null &
@@ -208,7 +231,8 @@ log "containerd $(containerd --version | awk '{print $3}') on $CTD_SOCK (pid $CT
 "$PY" "$ROOT/scripts/coldstart_run.py" \
     --lamina "$WORK/lamina" --image "$IMAGE_DIR:bookworm" --work "$WORK" --id "$ID" \
     --netns "$NSPATH" --registry "127.0.0.1:$PORT" --registry-pid "$REG_PID" \
-    --containerd-sock "$CTD_SOCK" --containerd-root "$CTD/root" \
+    --containerd-sock "$CTD_SOCK" --containerd-root "$CTD/root" --snapshotter-sock "$SNAP_SOCK" \
+    --variants "$VARIANTS" --idle-images "$IDLE_IMAGES" --readall-runs "$READALL_RUNS" \
     --links "$LINKS" --runs "$RUNS" --slow-runs "$SLOW_RUNS" --workloads "$WORKLOADS" \
     --max-seconds $((MAX_MINUTES * 60)) --out "$OUT" &
 DRIVER_PID=$!

@@ -17,11 +17,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"containerd": "#7570b3", "lamina": "#d95f02", "lamina-boot": "#1b9e77"}
+COLORS = {"containerd": "#7570b3", "lamina": "#d95f02", "lamina-boot": "#1b9e77", "snapshotter": "#e7298a",
+          "snapshotter-boot": "#66a61e", "run": "#e6ab02", "run-boot": "#a6761d"}
 LABELS = {"containerd": "containerd 1.6: pull + ctr run", "lamina": "lamina: lazy mount + runc",
-          "lamina-boot": "lamina + boot set"}
+          "lamina-boot": "lamina + boot set", "snapshotter": "containerd + lamina snapshotter",
+          "snapshotter-boot": "lamina snapshotter + boot set", "run": "lamina run",
+          "run-boot": "lamina run + boot set"}
 TITLES = {"python": "python3 -c 'print(\"hello\")'\n(first stdout line)",
-          "nginx": "nginx\n(first HTTP 200)", "redis": "redis-server\n(first +PONG)"}
+          "nginx": "nginx\n(first HTTP 200)", "redis": "redis-server\n(first +PONG)",
+          "readall": "every file read once\n(find -exec cat, then echo)"}
 
 
 def fmt(s):
@@ -40,8 +44,9 @@ def main():
     allv = [med[lk][w][v]["time_s"][k] for lk in links for w in workloads for v in variants
             if v in med[lk][w] for k in ("min", "max")]
     lo, hi = min(allv) * 0.5, max(allv) * 4
-    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5.6), squeeze=False)
-    w_bar = 0.26
+    fig, axes = plt.subplots(1, len(workloads), figsize=((6 if len(variants) <= 3 else 8) * len(workloads), 6),
+                             squeeze=False)
+    w_bar = 0.8 / len(variants)
     for ax, w in zip(axes[0], workloads):
         for j, v in enumerate(variants):
             xs, ys, lo_err, hi_err = [], [], [], []
@@ -50,7 +55,7 @@ def main():
                 if not s:
                     continue
                 t = s["time_s"]
-                xs.append(i + (j - 1) * w_bar)
+                xs.append(i + (j - (len(variants) - 1) / 2) * w_bar)
                 ys.append(t["median"])
                 lo_err.append(t["median"] - t["min"])
                 hi_err.append(t["max"] - t["median"])
@@ -58,14 +63,15 @@ def main():
                           yerr=[lo_err, hi_err], capsize=2, error_kw={"elinewidth": 0.8})
             for b, y, e in zip(bars, ys, hi_err):
                 ax.text(b.get_x() + b.get_width() / 2, (y + e) * 1.08, fmt(y), ha="center", va="bottom",
-                        fontsize=7)
+                        fontsize=6 if len(variants) > 3 else 7, rotation=90 if len(variants) > 3 else 0)
             if v != "containerd":
                 for i, lk in enumerate(links):
                     x = r["ratios"][lk][w].get(v)
                     s = med[lk][w].get(v)
                     if x and s:
-                        ax.text(i + (j - 1) * w_bar, lo * 1.15, f"{x:.1f}×" if x < 10 else f"{x:.0f}×", ha="center", va="bottom",
-                                fontsize=8, color="white", fontweight="bold")
+                        ax.text(i + (j - (len(variants) - 1) / 2) * w_bar, lo * 1.15, f"{x:.1f}×" if x < 10 else f"{x:.0f}×", ha="center", va="bottom",
+                                fontsize=8 if len(variants) <= 3 else 5, color="white", fontweight="bold",
+                                rotation=0 if len(variants) <= 3 else 90)
         ax.set_yscale("log")
         ax.set_ylim(lo, hi)
         ax.set_xticks(range(len(links)))

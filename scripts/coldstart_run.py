@@ -6,9 +6,10 @@ private containerd, then runs:
 
   coldstart_run.py --lamina BIN --image LAYOUT:TAG --work DIR --id PREFIX
                    --netns /run/netns/NAME --registry 127.0.0.1:PORT --registry-pid PID
-                   --containerd-sock SOCK --containerd-root DIR
+                   --containerd-sock SOCK --containerd-root DIR --snapshotter-sock SOCK
                    [--links 1gbit,100mbit,10mbit] [--runs N] [--slow-runs M]
-                   [--workloads python,nginx,redis] [--max-seconds S] --out FILE.json
+                   [--workloads python,nginx,redis] [--variants V,...] [--idle-images N]
+                   [--max-seconds S] --out FILE.json
 
 What it does, in this order:
 
@@ -20,7 +21,11 @@ What it does, in this order:
 2. Per link: `tc qdisc replace dev lo root tbf rate RATE burst 64kb latency
    50ms` in the namespace, a throughput check (a Range GET of RATE x 1 s of a
    layer blob with curl) and the latency of a 1-byte Range GET.
-3. Per link, run and workload, the three variants in a rotating order, each
+   Then (with a snapshotter variant) the idle footprint: N images (the source
+   plus a one-file layer each, converted) pulled through lamina snapshotter,
+   10 s of quiet, then the RSS of the snapshotter and the RSS and PSS of the
+   mount daemons.
+3. Per link, run and workload, the variants in a rotating order, each
    after `sync; echo 3 > /proc/sys/vm/drop_caches`:
    - containerd: `ctr image pull --plain-http` (in the namespace) into a fresh
      containerd namespace whose content store is checked to be empty, then
@@ -29,7 +34,16 @@ What it does, in this order:
    - lamina / lamina-boot: `lamina mount` (in the namespace) with a fresh cache
      directory, overlayfs (lowerdir = the mount), `runc run` of a bundle from
      `runc spec` without a network namespace.
-   Time = start (pull / mount) -> first useful output: "hello" on stdout
+   - snapshotter / snapshotter-boot: a fresh `lamina snapshotter` (in the
+     namespace, so its mounts fetch through the shaped link) behind
+     containerd's proxy plugin, `ctr-remote image rpull --plain-http
+     --snapshotter lamina` (in the namespace; containerd 1.6's client with
+     the remote-snapshot labels), then `ctr run --rm --net-host --snapshotter
+     lamina`;
+   - run / run-boot: `lamina run --rm --net host` with a fresh cache dir (in
+     the namespace, so the container is too: the servers' probe connects from
+     inside it, across the shaped lo).
+   Time = start (pull / mount / lamina run) -> first useful output: "hello" on stdout
    (python), the first HTTP 200 (nginx) or +PONG (redis) of a probe polling
    every 10 ms on the host's 127.0.0.1. Then the container is stopped, and a
    second container of the same image is started (no drop_caches; lamina: same
@@ -43,7 +57,10 @@ What it does, in this order:
 """
 
 import argparse
+import ctypes
+import gzip
 import hashlib
+import io
 import json
 import os
 import select
@@ -54,6 +71,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -64,8 +82,21 @@ TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
 # bytes fetched for a cold start, % of the image's compressed size (source layers)
 BYTES_TARGET_PCT = 3.0
 TBF = ["burst", "64kb", "latency", "50ms"]
-VARIANTS = ["containerd", "lamina", "lamina-boot"]
+VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot"]
+LAMINA_VARIANTS = [v for v in VARIANTS if v != "containerd"]
+# Through containerd with a boot set: its time at most this many times `lamina run`'s (issue 8)
+SNAPSHOTTER_OVER_RUN_MAX = 1.3
+# containerd / snapshotter-boot for python3 at 100mbit (issue 8)
+SNAPSHOTTER_TARGETS = {"python": {"100mbit": 20.0}}
+IDLE_IMAGES = 20
+IDLE_RSS_TARGET_MIB = 32
 READY_TIMEOUT = 300
+# workloads whose first useful output is "hello" on stdout
+STDOUT_WORKLOADS = ("python", "readall")
+# readall (every file of the image read once) has no boot set of its own and
+# runs only on links of 100mbit and more: at 10mbit each start is minutes
+READALL_MIN_BPS = 100 * 10**6
+CLONE_NEWNET = 0x40000000
 # containerd 1.6's default capability set for `ctr run` (the same as Docker's);
 # given to the runc bundles too, so both run the workload with the same privileges
 DEFAULT_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
@@ -133,12 +164,30 @@ def umount(path):
 
 
 def vm_hwm_kib(pid):
+    return proc_status_kib(pid, "VmHWM")
+
+
+def proc_status_kib(pid, field):
+    """A kB field of /proc/PID/status (VmRSS, VmHWM)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except (OSError, TypeError):
+        pass
+    return None
+
+
+def pss_kib(pid):
+    """Proportional set size: shared pages (the one lamina binary's text) split
+    between the processes mapping them, so a sum over processes is fair."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
         pass
     return None
 
@@ -170,10 +219,41 @@ def probe_redis(port):
         return False
 
 
-def wait_ready(workload, proc, port, timeout=READY_TIMEOUT):
-    """Blocks until the workload's first useful output; returns time.perf_counter() then."""
+def enter_netns(path):
+    """Moves the calling thread (only it) into the network namespace at path."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {path}")
+    finally:
+        os.close(fd)
+
+
+def probe_in_netns(netns, probe, port):
+    """probe(port), run on a short-lived thread inside netns (a server there is
+    not reachable from this namespace's 127.0.0.1)."""
+    out = []
+
+    def body():
+        try:
+            enter_netns(netns)
+            out.append(probe(port))
+        except OSError as e:
+            out.append(e)
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if isinstance(out[0], OSError):
+        raise out[0]
+    return out[0]
+
+
+def wait_ready(workload, proc, port, timeout=READY_TIMEOUT, netns=None):
+    """Blocks until the workload's first useful output; returns time.perf_counter() then.
+    With netns, the servers' probe connects from inside that network namespace."""
     deadline = time.monotonic() + timeout
-    if workload == "python":
+    if workload in STDOUT_WORKLOADS:
         buf = b""
         fd = proc.stdout.fileno()
         while time.monotonic() < deadline:
@@ -188,7 +268,7 @@ def wait_ready(workload, proc, port, timeout=READY_TIMEOUT):
         raise TimeoutError(f"no output within {timeout} s")
     probe = probe_http if workload == "nginx" else probe_redis
     while time.monotonic() < deadline:
-        if probe(port):
+        if (probe_in_netns(netns, probe, port) if netns else probe(port)):
             return time.perf_counter()
         if proc.poll() is not None:
             raise RuntimeError(f"container exited before it answered (rc {proc.returncode})")
@@ -199,10 +279,78 @@ def wait_ready(workload, proc, port, timeout=READY_TIMEOUT):
 def workload_args(workload, port):
     if workload == "python":
         return ["python3", "-c", 'print("hello")']
+    if workload == "readall":
+        return ["sh", "-c", "find / -xdev -type f -exec cat {} + >/dev/null; echo hello"]
     if workload == "nginx":
         return ["nginx", "-c", NGINX_CONF_IN]
     return ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--protected-mode", "no"]
+
+
+class MountWatch:
+    """Samples the one lazy mount of a cache dir every 50 ms from a thread: its
+    status.json (which `lamina status` reads) and its daemons' VmHWM. `lamina run`
+    unmounts when the container exits, python3 exits right after its output, so
+    the figures of such a start are the last ones seen before the unmount."""
+
+    def __init__(self, cache):
+        self.mounts = os.path.join(cache, "mounts")
+        self.samples = []  # (perf_counter, status with holder_pid)
+        self.hwm = {"holder": None, "worker": None}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def read(self):
+        try:
+            dirs = os.listdir(self.mounts)
+        except OSError:
+            return None
+        for n in dirs:
+            try:
+                with open(os.path.join(self.mounts, n, "status.json")) as f:
+                    st = json.load(f)
+                with open(os.path.join(self.mounts, n, "ready")) as f:
+                    st["holder_pid"] = json.load(f).get("pid")
+                return st
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def loop(self):
+        while not self.stop.is_set():
+            st = self.read()
+            if st:
+                self.samples.append((time.perf_counter(), st))
+                for k, pid in (("holder", st.get("holder_pid")), ("worker", st.get("pid"))):
+                    v = vm_hwm_kib(pid)
+                    if v and (self.hwm[k] or 0) < v:
+                        self.hwm[k] = v
+            self.stop.wait(0.05)
+
+    def at(self, t_ready):
+        """The status of the first sample taken at least 100 ms after t_ready (the
+        worker rewrites status.json every 200 ms or sooner), else the last one."""
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and not any(t >= t_ready + 0.1 for t, _ in self.samples):
+            if not self.thread.is_alive():
+                break
+            time.sleep(0.05)
+        later = [st for t, st in self.samples if t >= t_ready + 0.1]
+        if later:
+            return later[0]
+        return self.samples[-1][1] if self.samples else {}
+
+    def rss(self):
+        h, w = self.hwm["holder"], self.hwm["worker"]
+        return {"holder": h, "worker": w, "sum": h + w if h and w else None}
 
 
 class Bench:
@@ -344,7 +492,7 @@ class Bench:
     def runc_container(self, d, cid, workload, port, linger=0.0):
         """Starts the container, waits for its first useful output, stops it (after `linger`
         seconds more). Returns t_ready."""
-        out = subprocess.PIPE if workload == "python" else open(os.path.join(d, "stdout.log"), "wb")
+        out = subprocess.PIPE if workload in STDOUT_WORKLOADS else open(os.path.join(d, "stdout.log"), "wb")
         err = open(os.path.join(d, "stderr.log"), "wb")
         proc = subprocess.Popen(["runc", "run", "--bundle", d, cid], stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=err, start_new_session=True)
@@ -457,15 +605,17 @@ class Bench:
         d = os.path.join(self.a.containerd_root, "io.containerd.content.v1.content", "blobs", "sha256")
         return len(os.listdir(d)) if os.path.isdir(d) else 0
 
-    def ctr_container(self, ns, cid, ref, workload, port, d):
+    def ctr_container(self, ns, cid, ref, workload, port, d, snapshotter=None):
         cmd = self.ctr + ["-n", ns, "run", "--rm", "--net-host"]
+        if snapshotter:
+            cmd += ["--snapshotter", snapshotter]
         if workload == "nginx":
             conf = os.path.join(d, "nginx.conf")
             with open(conf, "w") as f:
                 f.write(NGINX_CONF.format(port=port))
             cmd += ["--mount", f"type=bind,src={conf},dst={NGINX_CONF_IN},options=rbind:ro"]
         cmd += [ref, cid] + workload_args(workload, port)
-        out = subprocess.PIPE if workload == "python" else open(os.path.join(d, f"{cid}.out"), "wb")
+        out = subprocess.PIPE if workload in STDOUT_WORKLOADS else open(os.path.join(d, f"{cid}.out"), "wb")
         err = open(os.path.join(d, f"{cid}.err"), "wb")
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
         try:
@@ -520,16 +670,320 @@ class Bench:
             rec["second"] = {"time_s": t2 - t1, "wire_bytes": self.tx_bytes() - tx1}
             return rec
         finally:
-            run(self.ctr + ["-n", ns, "images", "rm", "--sync", ref], check=False, timeout=300)
-            p = run(self.ctr + ["-n", ns, "content", "ls", "-q"], capture=True, check=False)
-            for dg in p.stdout.split():
-                run(self.ctr + ["-n", ns, "content", "rm", dg], check=False)
-            p = run(self.ctr + ["-n", ns, "snapshots", "ls"], capture=True, check=False)
-            for line in p.stdout.splitlines()[1:]:
-                if line.split():
-                    run(self.ctr + ["-n", ns, "snapshots", "rm", line.split()[0]], check=False)
-            run(self.ctr + ["namespaces", "rm", ns], check=False)
+            self.containerd_forget(ns, [ref])
             shutil.rmtree(d, ignore_errors=True)
+
+    def containerd_forget(self, ns, refs, snapshotter=None):
+        """Removes the images (their content and snapshots with them) and the namespace."""
+        snap = ["--snapshotter", snapshotter] if snapshotter else []
+        for ref in refs:
+            run(self.ctr + ["-n", ns, "images", "rm", "--sync", ref], check=False, timeout=300)
+        p = run(self.ctr + ["-n", ns, "content", "ls", "-q"], capture=True, check=False)
+        for dg in p.stdout.split():
+            run(self.ctr + ["-n", ns, "content", "rm", dg], check=False)
+        # children before parents: the newest first
+        p = run(self.ctr + ["-n", ns, "snapshots"] + snap + ["ls"], capture=True, check=False)
+        for line in reversed(p.stdout.splitlines()[1:]):
+            if line.split():
+                run(self.ctr + ["-n", ns, "snapshots"] + snap + ["rm", line.split()[0]], check=False)
+        run(self.ctr + ["namespaces", "rm", ns], check=False)
+
+    # -- lamina snapshotter under containerd -------------------------------------------------
+    def start_snapshotter(self, root):
+        """A fresh `lamina snapshotter` (in the namespace: its mounts' daemons fetch
+        through the shaped link) on the socket containerd's proxy plugin names."""
+        sock = self.a.snapshotter_sock
+        if os.path.exists(sock):
+            os.unlink(sock)
+        os.makedirs(root, exist_ok=True)
+        log_f = open(os.path.join(os.path.dirname(root), "snapshotter.log"), "ab")
+        proc = subprocess.Popen(self.ns + [self.lamina, "snapshotter", "--root", root, "--address", sock],
+                                stdin=subprocess.DEVNULL, stdout=log_f, stderr=log_f, start_new_session=True)
+        log_f.close()
+        end = time.monotonic() + 30
+        while True:
+            try:
+                with socket.socket(socket.AF_UNIX) as c:
+                    c.connect(sock)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"lamina snapshotter did not listen on {sock} (rc {proc.poll()})")
+                time.sleep(0.05)
+        # containerd's proxy client fails calls fast while it backs off from
+        # the previous snapshotter's socket (up to 3 s in 1.6): one call that
+        # reaches the snapshotter (`ls` is answered from containerd's own
+        # metadata), untimed, so the measured pull does not meet that backoff
+        snap = self.ctr + ["-n", "warmup", "snapshots", "--snapshotter", "lamina"]
+        key = f"warmup-{self.next_seq()}"
+        while run(snap + ["prepare", key], check=False, timeout=60).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"containerd did not reach lamina snapshotter on {sock}")
+            time.sleep(0.2)
+        run(snap + ["rm", key], timeout=60)
+        return proc
+
+    def stop_snapshotter(self, proc, root):
+        """Stops the snapshotter, then unmounts whatever lamina mounts it left."""
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        snaps = os.path.join(root, "snapshots")
+        for name in os.listdir(snaps) if os.path.isdir(snaps) else []:
+            for sub in ("merged", "lamina"):
+                mnt = os.path.join(snaps, name, sub)
+                if is_mountpoint(mnt):
+                    log(f"warning: {mnt} still mounted after the snapshots were removed")
+                    self.lamina_umount(os.path.join(root, "cache"), mnt) if sub == "lamina" else umount(mnt)
+
+    def snapshotter_status(self, root):
+        """lamina status of the snapshotter's mounts: the one mount's figures."""
+        p = run([self.lamina, "status", "--json", "--cache-dir", os.path.join(root, "cache")], capture=True,
+                check=False)
+        mounts = json.loads(p.stdout or "[]") if p.returncode == 0 else []
+        if len(mounts) != 1:
+            return {"mounts": len(mounts)}
+        m = mounts[0]
+        return dict(m.get("status") or {}, holder_pid=m.get("holder_pid"), mounts=1)
+
+    def rpull(self, ns, ref):
+        """`ctr-remote image rpull`: containerd 1.6's client with stargz's
+        remote-snapshot labels, which lamina snapshotter recognises."""
+        run(self.ns + ["ctr-remote", "-a", self.a.containerd_sock, "-n", ns, "image", "rpull", "--plain-http",
+                       "--snapshotter", "lamina", ref], timeout=600)
+
+    def snapshotter_run(self, tag, workload):
+        seq = self.next_seq()
+        ns = f"cs{seq}"
+        ref = f"{self.reg}/debian:{tag}"
+        cid = f"{self.a.id}-{seq}"
+        d = os.path.join(self.work, "runs", f"{seq:03d}-snapshotter-{tag}-{workload}")
+        root = os.path.join(d, "root")
+        port = free_port()
+        proc = self.start_snapshotter(root)
+        rec = {"tag": tag}
+        try:
+            drop_caches()
+            tx0 = self.tx_bytes()
+            t0 = time.perf_counter()
+            self.rpull(ns, ref)
+            t_pull = time.perf_counter()
+            tx_pull = self.tx_bytes()
+            t_ready = self.ctr_container(ns, cid, ref, workload, port, d, snapshotter="lamina")
+            tx_ready = self.tx_bytes()
+            time.sleep(0.25)  # the worker rewrites status.json every 200 ms
+            st = self.snapshotter_status(root)
+            if st.get("mounts") != 1:
+                raise RuntimeError(f"expected one lamina mount under the snapshotter, found {st.get('mounts')}")
+            rec.update(time_s=t_ready - t0, pull_s=t_pull - t0, container_s=t_ready - t_pull,
+                       wire_bytes_pull=tx_pull - tx0, wire_bytes_ready=tx_ready - tx0,
+                       fetched_bytes_ready=st.get("fetched_bytes"), requests_ready=st.get("requests"),
+                       misses_ready=st.get("misses"), content_blobs=self.content_blobs())
+            st = self.wait_prefetch(lambda: self.snapshotter_status(root), st)
+            rec.update(wire_bytes=self.tx_bytes() - tx0,
+                       **{k: st.get(k) for k in ("fetched_bytes", "requests", "misses", "failed_misses",
+                                                 "bad_chunks", "cached_bytes", "prefetch_done", "prefetch_total")})
+            f0, tx1 = st.get("fetched_bytes") or 0, self.tx_bytes()
+            t1 = time.perf_counter()
+            t2 = self.ctr_container(ns, f"{cid}b", ref, workload, free_port(), d, snapshotter="lamina")
+            time.sleep(0.25)
+            st2 = self.snapshotter_status(root)
+            rec["second"] = {"time_s": t2 - t1, "fetched_bytes": (st2.get("fetched_bytes") or 0) - f0,
+                             "wire_bytes": self.tx_bytes() - tx1,
+                             "misses": (st2.get("misses") or 0) - (st.get("misses") or 0)}
+            hw, ww, sw = vm_hwm_kib(st2.get("holder_pid")), vm_hwm_kib(st2.get("pid")), vm_hwm_kib(proc.pid)
+            rec["rss_kib"] = {"holder": hw, "worker": ww, "snapshotter": sw,
+                              "sum": (hw or 0) + (ww or 0) if hw and ww else None}
+            return rec
+        finally:
+            self.containerd_forget(ns, [ref], snapshotter="lamina")
+            self.stop_snapshotter(proc, root)
+            self.rmtree_unmounted(d)
+
+    def wait_prefetch(self, status, st):
+        """Waits (at most 180 s) for the boot set's background fetch; the last status."""
+        if st.get("prefetch_total"):
+            end = time.monotonic() + 180
+            while st.get("prefetch_done", 0) < st["prefetch_total"] and time.monotonic() < end:
+                time.sleep(0.1)
+                st = status()
+            time.sleep(0.25)
+            st = status()
+        return st
+
+    def rmtree_unmounted(self, d):
+        with open("/proc/self/mounts") as f:
+            busy = [line.split()[1] for line in f if line.split()[1].startswith(d + "/")]
+        if busy:
+            log(f"warning: left {d} in place, still mounted: {busy}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+
+    # -- lamina run --------------------------------------------------------------------------
+    def run_container(self, d, name, ref, workload, port, cache, state):
+        """`lamina run --rm` (in the namespace, for its mount's fetches) until the first
+        useful output; then the container is killed and lamina run cleans up. Returns
+        t_ready."""
+        cmd = self.ns + [self.lamina, "run", "--rm", "--name", name, "--cache-dir", cache, "--state-dir", state,
+                         "--net", "host"]
+        if workload == "nginx":
+            conf = os.path.join(d, f"{name}-nginx.conf")
+            with open(conf, "w") as f:
+                f.write(NGINX_CONF.format(port=port))
+            cmd += ["-v", f"{conf}:{NGINX_CONF_IN}:ro"]
+        cmd += [ref, "--"] + workload_args(workload, port)
+        out = subprocess.PIPE if workload in STDOUT_WORKLOADS else open(os.path.join(d, f"{name}.out"), "wb")
+        err = open(os.path.join(d, f"{name}.err"), "wb")
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        try:
+            # `--net host` is the namespace's network: the probe connects from there
+            return wait_ready(workload, proc, port, netns=self.a.netns)
+        except Exception:
+            with open(os.path.join(d, f"{name}.err"), "rb") as f:
+                log(f"lamina run {name} stderr: {f.read()[-1500:].decode(errors='replace')}")
+            raise
+        finally:
+            subprocess.run(["runc", "--root", os.path.join(state, "runc"), "kill", name, "KILL"],
+                           stderr=subprocess.DEVNULL)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+            if out is not subprocess.PIPE:
+                out.close()
+            err.close()
+
+    def lamina_run_cmd(self, tag, workload):
+        """Two `lamina run --rm` of one image on one cache dir: cold, then warm."""
+        seq = self.next_seq()
+        d = os.path.join(self.work, "runs", f"{seq:03d}-run-{tag}-{workload}")
+        cache, state = os.path.join(d, "cache"), os.path.join(d, "state")
+        os.makedirs(d)
+        ref = f"docker://{self.reg}/debian:{tag}"
+        name = f"{self.a.id}-{seq}"
+        rec = {"tag": tag}
+        try:
+            drop_caches()
+            tx0 = self.tx_bytes()
+            with MountWatch(cache) as watch:
+                t0 = time.perf_counter()
+                t_ready = self.run_container(d, name, ref, workload, free_port(), cache, state)
+                tx_ready = self.tx_bytes()
+                st = watch.at(t_ready)
+            rec.update(time_s=t_ready - t0, wire_bytes_ready=tx_ready - tx0, wire_bytes=tx_ready - tx0,
+                       fetched_bytes_ready=st.get("fetched_bytes"), requests_ready=st.get("requests"),
+                       misses_ready=st.get("misses"), rss_kib=watch.rss(),
+                       **{k: st.get(k) for k in ("fetched_bytes", "requests", "misses", "failed_misses",
+                                                 "bad_chunks", "cached_bytes", "prefetch_done", "prefetch_total")})
+            tx1 = self.tx_bytes()
+            with MountWatch(cache) as watch:
+                t1 = time.perf_counter()
+                t2 = self.run_container(d, f"{name}b", ref, workload, free_port(), cache, state)
+                st2 = watch.at(t2)
+            rec["second"] = {"time_s": t2 - t1, "fetched_bytes": st2.get("fetched_bytes"),
+                             "wire_bytes": self.tx_bytes() - tx1, "misses": st2.get("misses")}
+            return rec
+        finally:
+            self.rmtree_unmounted(d)
+
+    # -- idle footprint ----------------------------------------------------------------------
+    def idle_images(self, layout, tag, n):
+        """n distinct images: the source image plus a one-file layer naming each,
+        pushed and converted (tags idleI:lamina). Returns their references."""
+        src = os.path.join(self.work, "idle-oci")
+        blobs = os.path.join(src, "blobs", "sha256")
+        os.makedirs(blobs, exist_ok=True)
+        with open(os.path.join(src, "oci-layout"), "w") as f:
+            json.dump({"imageLayoutVersion": "1.0.0"}, f)
+        img = source_image(layout, tag)
+        with open(os.path.join(layout, "blobs", *img["manifest_digest"].split(":", 1))) as f:
+            manifest = json.load(f)
+        with open(os.path.join(layout, "blobs", *manifest["config"]["digest"].split(":", 1))) as f:
+            config = json.load(f)
+        for layer in manifest["layers"]:
+            link = os.path.join(blobs, layer["digest"].split(":", 1)[1])
+            if not os.path.exists(link):
+                os.symlink(os.path.join(layout, "blobs", *layer["digest"].split(":", 1)), link)
+
+        def put(data):
+            dg = hashlib.sha256(data).hexdigest()
+            with open(os.path.join(blobs, dg), "wb") as f:
+                f.write(data)
+            return f"sha256:{dg}", len(data)
+        index = {"schemaVersion": 2, "manifests": []}
+        for i in range(n):
+            tar_bytes = io.BytesIO()
+            with tarfile.open(fileobj=tar_bytes, mode="w") as t:
+                body = f"idle image {i}\n".encode()
+                info = tarfile.TarInfo("etc/lamina-idle-id")
+                info.size, info.mtime = len(body), 0
+                t.addfile(info, io.BytesIO(body))
+            raw = tar_bytes.getvalue()
+            layer_dg, layer_size = put(gzip.compress(raw, mtime=0))
+            cfg = json.loads(json.dumps(config))
+            cfg["rootfs"]["diff_ids"].append("sha256:" + hashlib.sha256(raw).hexdigest())
+            cfg.setdefault("history", []).append({"created_by": f"coldstart idle image {i}"})
+            cfg_dg, cfg_size = put(json.dumps(cfg).encode())
+            man = json.loads(json.dumps(manifest))
+            man["config"].update(digest=cfg_dg, size=cfg_size)
+            man["layers"].append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                                  "digest": layer_dg, "size": layer_size})
+            man_dg, man_size = put(json.dumps(man).encode())
+            index["manifests"].append({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                       "digest": man_dg, "size": man_size,
+                                       "annotations": {"org.opencontainers.image.ref.name": f"idle{i}"}})
+        with open(os.path.join(src, "index.json"), "w") as f:
+            json.dump(index, f)
+        refs = []
+        for i in range(n):
+            run(self.ns + ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{src}:idle{i}",
+                           f"docker://{self.reg}/idle{i}:src"])
+            self.lamina_json("convert", f"docker://{self.reg}/idle{i}:src", f"docker://{self.reg}/idle{i}:lamina")
+            refs.append(f"{self.reg}/idle{i}:lamina")
+        return refs
+
+    def idle_footprint(self, layout, tag, n, settle_s=10):
+        """Memory of the snapshotter and of the mount daemons with n images
+        pulled (each a lazy mount) and nothing reading."""
+        t = time.perf_counter()
+        refs = self.idle_images(layout, tag, n)
+        log(f"idle: {n} images pushed and converted in {time.perf_counter() - t:.0f} s")
+        d = os.path.join(self.work, "idle")
+        root = os.path.join(d, "root")
+        proc = self.start_snapshotter(root)
+        ns = "idle"
+        try:
+            for ref in refs:
+                self.rpull(ns, ref)
+            time.sleep(settle_s)
+            p = run([self.lamina, "status", "--json", "--cache-dir", os.path.join(root, "cache")], capture=True)
+            mounts = json.loads(p.stdout)
+            pids = [x for m in mounts for x in (m.get("holder_pid"), (m.get("status") or {}).get("pid")) if x]
+            out = {"images": n, "settle_s": settle_s, "mounts": len(mounts),
+                   "snapshotter_rss_kib": proc_status_kib(proc.pid, "VmRSS"),
+                   "snapshotter_hwm_kib": proc_status_kib(proc.pid, "VmHWM"),
+                   "snapshotter_pss_kib": pss_kib(proc.pid),
+                   "daemons": len(pids),
+                   "daemons_rss_kib": sum(proc_status_kib(x, "VmRSS") or 0 for x in pids),
+                   "daemons_pss_kib": sum(pss_kib(x) or 0 for x in pids),
+                   "content_blobs": self.content_blobs()}
+            log(f"idle: {out['mounts']} mounts; snapshotter RSS {out['snapshotter_rss_kib'] / 1024:.1f} MiB; "
+                f"{out['daemons']} daemons RSS {out['daemons_rss_kib'] / 1024:.1f} MiB, "
+                f"PSS {out['daemons_pss_kib'] / 1024:.1f} MiB")
+            if out["mounts"] != n:
+                raise RuntimeError(f"idle: {n} images pulled but {out['mounts']} lamina mounts")
+            return out
+        finally:
+            self.containerd_forget(ns, refs, snapshotter="lamina")
+            self.stop_snapshotter(proc, root)
+            self.rmtree_unmounted(d)
 
 
 def source_image(layout, tag):
@@ -589,6 +1043,13 @@ def trace_files(digests, owners):
     return sorted(per.values(), key=lambda e: -e["bytes"])
 
 
+def peer_snapshotters():
+    """Other lazy-pulling snapshotters found on PATH. None has a variant here
+    yet; the results say which were there to be compared."""
+    names = ("containerd-stargz-grpc", "containerd-nydus-grpc", "nydusd")
+    return {n: shutil.which(n) for n in names}
+
+
 def mount_default(lamina, flag):
     """The [default: N] of a `lamina mount` option, from its --help."""
     text = subprocess.run([lamina, "mount", "--help"], capture_output=True, text=True).stdout
@@ -597,6 +1058,67 @@ def mount_default(lamina, flag):
         return None
     part = text[at:].split("[default: ", 1)
     return part[1].split("]", 1)[0] if len(part) == 2 else None
+
+
+# per-variant figures summarised over runs, when the runs have them
+SUMMARY_KEYS = ("pull_s", "mount_s", "overlay_s", "container_s", "wire_bytes_pull", "wire_bytes_mount",
+                "wire_bytes_ready", "fetched_bytes", "requests", "misses", "prefetch_total", "fetched_bytes_ready",
+                "requests_ready", "misses_ready", "content_blobs")
+
+
+def summarise(rs, variant, img_bytes):
+    s = {"runs": len(rs), "time_s": summary([r["time_s"] for r in rs]),
+         "runs_s": [round(r["time_s"], 4) for r in rs],
+         "wire_bytes": summary([r["wire_bytes"] for r in rs]),
+         "second_time_s": summary([r["second"]["time_s"] for r in rs]),
+         "second_wire_bytes": summary([r["second"]["wire_bytes"] for r in rs])}
+    for k in SUMMARY_KEYS:
+        if any(r.get(k) is not None for r in rs):
+            s[k] = summary([r.get(k) for r in rs])
+    if variant != "containerd":
+        s["second_fetched_bytes"] = summary([r["second"].get("fetched_bytes") for r in rs])
+        for part in ("sum", "holder", "worker", "snapshotter"):
+            vals = summary([(r.get("rss_kib") or {}).get(part) for r in rs])
+            if vals:
+                s[f"rss_kib_{part}"] = vals
+        if s.get("fetched_bytes"):
+            s["fetched_pct"] = 100 * s["fetched_bytes"]["median"] / img_bytes
+    s["wire_pct"] = 100 * s["wire_bytes"]["median"] / img_bytes
+    return s
+
+
+def time_targets(ratios, agg):
+    """Start-time targets: issue 2's (containerd / lamina mount) and issue 8's
+    (through containerd: against the full pull and against `lamina run`)."""
+    targets = []
+    for w, per_link in TIME_TARGETS.items():
+        for link, want in per_link.items():
+            for v in ("lamina", "lamina-boot"):
+                got = ratios.get(link, {}).get(w, {}).get(v)
+                if got is not None:
+                    targets.append({"what": f"time containerd / {v}", "workload": w, "link": link, "value": got,
+                                    "target_min": want, "met": got >= want})
+    for w, per_link in SNAPSHOTTER_TARGETS.items():
+        for link, want in per_link.items():
+            got = ratios.get(link, {}).get(w, {}).get("snapshotter-boot")
+            if got is not None:
+                targets.append({"what": "time containerd / snapshotter-boot", "workload": w, "link": link,
+                                "value": got, "target_min": want, "met": got >= want})
+    for link, per_w in agg.items():
+        for w, per_v in per_w.items():
+            for snap, own in (("snapshotter-boot", "run-boot"), ("snapshotter", "run")):
+                if snap in per_v and own in per_v:
+                    got = per_v[snap]["time_s"]["median"] / per_v[own]["time_s"]["median"]
+                    targets.append({"what": f"time {snap} / {own}", "workload": w, "link": link, "value": got,
+                                    "target_max": SNAPSHOTTER_OVER_RUN_MAX, "unit": "x",
+                                    "met": got <= SNAPSHOTTER_OVER_RUN_MAX})
+            for v in LAMINA_VARIANTS:
+                got = ratios.get(link, {}).get(w, {}).get(v)
+                if got is not None:
+                    # "never slower than overlayfs' full pull"
+                    targets.append({"what": f"time containerd / {v} (never slower)", "workload": w, "link": link,
+                                    "value": got, "target_min": 1.0, "met": got >= 1.0})
+    return targets
 
 
 def aggregate(result):
@@ -608,44 +1130,17 @@ def aggregate(result):
         agg[link], ratios[link] = {}, {}
         for w in cfg["workloads"]:
             agg[link][w] = {}
-            for v in VARIANTS:
+            for v in cfg["variants"]:
                 rs = [r for r in result["runs"] if r["link"] == link and r["workload"] == w and r["variant"] == v]
-                if not rs:
-                    continue
-                s = {"runs": len(rs), "time_s": summary([r["time_s"] for r in rs]),
-                     "runs_s": [round(r["time_s"], 4) for r in rs],
-                     "wire_bytes": summary([r["wire_bytes"] for r in rs]),
-                     "second_time_s": summary([r["second"]["time_s"] for r in rs]),
-                     "second_wire_bytes": summary([r["second"]["wire_bytes"] for r in rs])}
-                if v == "containerd":
-                    s["pull_s"] = summary([r["pull_s"] for r in rs])
-                    s["container_s"] = summary([r["container_s"] for r in rs])
-                else:
-                    for k in ("mount_s", "overlay_s", "container_s", "wire_bytes_mount", "wire_bytes_ready",
-                              "fetched_bytes", "requests", "misses", "prefetch_total", "fetched_bytes_ready",
-                              "requests_ready", "misses_ready"):
-                        s[k] = summary([r.get(k) for r in rs])
-                    s["second_fetched_bytes"] = summary([r["second"]["fetched_bytes"] for r in rs])
-                    s["rss_kib_sum"] = summary([r["rss_kib"]["sum"] for r in rs])
-                    s["rss_kib_holder"] = summary([r["rss_kib"]["holder"] for r in rs])
-                    s["rss_kib_worker"] = summary([r["rss_kib"]["worker"] for r in rs])
-                    s["fetched_pct"] = 100 * s["fetched_bytes"]["median"] / img_bytes
-                s["wire_pct"] = 100 * s["wire_bytes"]["median"] / img_bytes
-                agg[link][w][v] = s
+                if rs:
+                    agg[link][w][v] = summarise(rs, v, img_bytes)
             cd = agg[link][w].get("containerd")
             ratios[link][w] = {}
-            for v in ("lamina", "lamina-boot"):
+            for v in LAMINA_VARIANTS:
                 la = agg[link][w].get(v)
                 if cd and la:
                     ratios[link][w][v] = cd["time_s"]["median"] / la["time_s"]["median"]
-    targets = []
-    for w, per_link in TIME_TARGETS.items():
-        for link, want in per_link.items():
-            for v in ("lamina", "lamina-boot"):
-                got = ratios.get(link, {}).get(w, {}).get(v)
-                if got is not None:
-                    targets.append({"what": f"time containerd / {v}", "workload": w, "link": link, "value": got,
-                                    "target_min": want, "met": got >= want})
+    targets = time_targets(ratios, agg)
     for w in cfg["workloads"]:
         for v in ("lamina", "lamina-boot"):
             # The target is the bytes *for that start*: counted to its first output.
@@ -661,46 +1156,50 @@ def aggregate(result):
                 targets.append({"what": f"bytes on the wire for {v} to first output (lo tx), % of compressed image",
                                 "workload": w, "link": "all", "value": pw, "target_max": BYTES_TARGET_PCT,
                                 "met": pw <= BYTES_TARGET_PCT})
+    idle = result.get("idle")
+    if idle and idle.get("snapshotter_rss_kib"):
+        mib = idle["snapshotter_rss_kib"] / 1024
+        targets.append({"what": f"snapshotter idle RSS (MiB) with {idle['images']} images mounted",
+                        "workload": "-", "link": "-", "value": mib, "target_max": IDLE_RSS_TARGET_MIB, "unit": "MiB",
+                        "met": mib <= IDLE_RSS_TARGET_MIB})
     result["medians"] = agg
     result["ratios"] = ratios
     result["targets"] = targets
 
 
+SHORT = {"containerd": "containerd", "lamina": "mount", "lamina-boot": "mount+b", "snapshotter": "snap",
+         "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b"}
+
+
 def print_table(r):
-    def mb(n):
-        return f"{n / 1e6:.2f}"
     m = r["machine"]
+    variants = r["config"]["variants"]
     print(f"\nlamina cold start  {m['date']}  kernel {m['kernel']}  nproc {m['nproc']}  "
-          f"image {r['image']['layer_bytes'] / 1e6:.1f} MB compressed; medians (s)")
-    print(f"{'link':<8}{'workload':<9}{'containerd':>11}{'lamina':>9}{'+boot':>9}{'cd/lam':>8}{'cd/boot':>8}"
-          f"{'lam MB':>8}{'%':>6}{'boot MB':>8}{'%':>6}{'2nd MB':>8}{'RSS MB':>8}")
+          f"image {r['image']['layer_bytes'] / 1e6:.1f} MB compressed; median seconds to first output "
+          f"(containerd / variant in brackets); MB fetched by lamina to first output")
+    print(f"{'link':<8}{'workload':<9}" + "".join(f"{SHORT[v]:>16}" for v in variants))
     for link, per_w in r["medians"].items():
         for w, per_v in per_w.items():
-            def t(v):
-                return f"{per_v[v]['time_s']['median']:.3f}" if v in per_v else "-"
-
-            def rt(v):
-                x = r["ratios"][link][w].get(v)
-                return f"{x:.1f}" if x else "-"
-
-            def by(v):
+            cells = []
+            for v in variants:
                 if v not in per_v:
-                    return "-", "-"
-                return mb(per_v[v]["fetched_bytes"]["median"]), f"{per_v[v]['fetched_pct']:.2f}"
-            lb, lp = by("lamina")
-            bb, bp = by("lamina-boot")
-            second = max((per_v[v]["second_fetched_bytes"]["max"] for v in ("lamina", "lamina-boot") if v in per_v),
-                         default=None)
-            rss = max((per_v[v]["rss_kib_sum"]["max"] for v in ("lamina", "lamina-boot")
-                       if v in per_v and per_v[v]["rss_kib_sum"]), default=None)
-            print(f"{link:<8}{w:<9}{t('containerd'):>11}{t('lamina'):>9}{t('lamina-boot'):>9}"
-                  f"{rt('lamina'):>8}{rt('lamina-boot'):>8}{lb:>8}{lp:>6}{bb:>8}{bp:>6}"
-                  f"{(mb(second) if second is not None else '-'):>8}"
-                  f"{(f'{rss / 1024:.1f}' if rss else '-'):>8}")
+                    cells.append("-")
+                    continue
+                x = r["ratios"][link][w].get(v)
+                cells.append(f"{per_v[v]['time_s']['median']:.3f}" + (f" ({x:.1f}x)" if x else ""))
+            print(f"{link:<8}{w:<9}" + "".join(f"{c:>16}" for c in cells))
+            mbs = [f"{per_v[v]['fetched_bytes_ready']['median'] / 1e6:.2f}"
+                   if v in per_v and per_v[v].get("fetched_bytes_ready") else "-" for v in variants]
+            print(f"{'':<8}{'  MB':<9}" + "".join(f"{c:>16}" for c in mbs))
+    idle = r.get("idle")
+    if idle:
+        print(f"\nidle, {idle['images']} images mounted through the snapshotter: snapshotter RSS "
+              f"{idle['snapshotter_rss_kib'] / 1024:.1f} MiB; mount daemons RSS {idle['daemons_rss_kib'] / 1024:.1f} "
+              f"MiB, PSS {idle['daemons_pss_kib'] / 1024:.1f} MiB ({idle['daemons']} processes)")
     print("\ntargets")
     for t in r["targets"]:
         bound = f">= {t['target_min']}" if "target_min" in t else f"<= {t['target_max']}"
-        print(f"  {t['what']:<58} {t['workload']:<7}{t['link']:<8}{t['value']:8.2f} {bound:>8}  "
+        print(f"  {t['what']:<62} {t['workload']:<7}{t['link']:<8}{t['value']:8.2f} {bound:>8}  "
               f"{'met' if t['met'] else 'MISSED'}")
 
 
@@ -718,7 +1217,11 @@ def main():
     ap.add_argument("--links", default="1gbit,100mbit,10mbit")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--slow-runs", type=int, default=1, help="containerd runs on links below 100mbit")
-    ap.add_argument("--workloads", default="python,nginx,redis")
+    ap.add_argument("--workloads", default="python,nginx,redis,readall")
+    ap.add_argument("--readall-runs", type=int, default=1, help="runs of the readall workload per link")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--snapshotter-sock", required=True, help="the address of containerd's lamina proxy plugin")
+    ap.add_argument("--idle-images", type=int, default=IDLE_IMAGES, help="0: no idle footprint phase")
     ap.add_argument("--max-seconds", type=int, default=2700)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -726,6 +1229,10 @@ def main():
     signal.signal(signal.SIGINT, on_term)
     links = a.links.split(",")
     workloads = a.workloads.split(",")
+    variants = [v for v in VARIANTS if v in a.variants.split(",")]
+    unknown = set(a.variants.split(",")) - set(VARIANTS)
+    if unknown or not variants:
+        ap.error(f"--variants: choose from {','.join(VARIANTS)}")
     layout, tag = a.image.rsplit(":", 1)
 
     t_start = time.perf_counter()
@@ -736,10 +1243,11 @@ def main():
     cd_runs = {link: (a.runs if rate_bps(link) >= 100 * 10**6 else min(a.slow_runs, a.runs)) for link in links}
     result = {
         "schema": 1,
-        "machine": machine_info(b.lamina, ("containerd", "runc", "docker-registry", "skopeo", "iproute2", "curl")),
+        "machine": machine_info(b.lamina, ("containerd", "runc", "docker-registry", "skopeo", "iproute2", "curl",
+                                           "stargz-snapshotter")),
         "image": img,
         "config": {"links": links, "runs": a.runs, "containerd_runs": cd_runs, "workloads": workloads,
-                   "variants": VARIANTS, "tbf": " ".join(["tbf", "rate", "RATE"] + TBF), "lo_mtu": 1500,
+                   "variants": variants, "peers": peer_snapshotters(), "tbf": " ".join(["tbf", "rate", "RATE"] + TBF), "lo_mtu": 1500,
                    "fill_window": mount_default(b.lamina, "--fill-window"),
                    "ready_probe_interval_s": 0.01},
         "setup": {}, "links": {}, "runs": [],
@@ -762,7 +1270,7 @@ def main():
         {"mediaType": x.get("mediaType"), "size": x.get("size")} for x in json.loads(p.stdout).get("layers", [])]
     result["setup"]["traces"] = {}
     owners = chunk_owners(img, int(insp.get("chunk_size") or 1 << 18))
-    for w in workloads:
+    for w in [w for w in workloads if w != "readall"]:
         trace = os.path.join(b.work, f"trace-{w}.txt")
         # Two recorded starts, appended to one trace: a start under runc can
         # read a few pages another start did not; the boot pages get both.
@@ -781,6 +1289,9 @@ def main():
             f"{rec['time_s']:.2f} s unshaped)")
         result["setup"]["convert"][f"lamina-boot-{w}"] = b.convert(f"lamina-boot-{w}", prefetch=trace)
 
+    if a.idle_images and any(v.startswith("snapshotter") for v in variants):
+        result["idle"] = b.idle_footprint(layout, tag, a.idle_images)
+
     # ---- 2./3. per link ---------------------------------------------------------------------------
     incomplete = None
     try:
@@ -790,22 +1301,30 @@ def main():
             result["links"][link] = b.calibrate(link, big["digest"], big["size"])
             for i in range(a.runs):
                 for wi, w in enumerate(workloads):
-                    k = (i + wi) % len(VARIANTS)
-                    for v in VARIANTS[k:] + VARIANTS[:k]:
+                    k = (i + wi) % len(variants)
+                    for v in variants[k:] + variants[:k]:
                         if v == "containerd" and i >= cd_runs[link]:
+                            continue
+                        if w == "readall" and (v.endswith("-boot") or i >= a.readall_runs
+                                               or rate_bps(link) < READALL_MIN_BPS):
                             continue
                         b.check_deadline()
                         with open("/proc/loadavg") as f:
                             load = float(f.read().split()[0])
+                        tag = f"lamina-boot-{w}" if v.endswith("-boot") else "lamina"
                         if v == "containerd":
                             rec = b.containerd_run(w)
+                        elif v.startswith("snapshotter"):
+                            rec = b.snapshotter_run(tag, w)
+                        elif v.startswith("run"):
+                            rec = b.lamina_run_cmd(tag, w)
                         else:
-                            rec = b.lamina_run("lamina" if v == "lamina" else f"lamina-boot-{w}", w)
+                            rec = b.lamina_run(tag, w)
                         rec.update(link=link, workload=w, variant=v, run=i + 1, loadavg_1min_before=load)
                         result["runs"].append(rec)
                         extra = "" if v == "containerd" else (
-                            f", mount {rec['mount_s']:.3f} s, fetched {rec['fetched_bytes']:,} B in "
-                            f"{rec['requests']} requests / {rec['misses']} misses")
+                            f", fetched {rec.get('fetched_bytes') or 0:,} B in "
+                            f"{rec.get('requests')} requests / {rec.get('misses')} misses")
                         log(f"{link} {w} {v} run {i + 1}: {rec['time_s']:.3f} s, wire {rec['wire_bytes']:,} B"
                             f"{extra}; 2nd container {rec['second']['time_s']:.3f} s")
     except Deadline as e:
