@@ -23,6 +23,7 @@ use lamina_oci::{Digest, HostsConfig, RegistryClient, SourceOptions};
 use lamina_sys::{FanotifyGroup, Response};
 
 use crate::config::{write_atomic, BootPagesSpec, DaemonConfig, SourceSpec};
+use crate::latency::{Histogram, Recorder};
 use crate::protocol::{self, Message};
 use rustix::event::{poll, PollFd, PollFlags};
 
@@ -62,6 +63,10 @@ pub struct Status {
     /// Of `requests`, those for misses.
     #[serde(default)]
     pub miss_requests: u64,
+    /// How long readers waited on misses: from the miss's arrival in the
+    /// worker to its answer (EIO included).
+    #[serde(default)]
+    pub miss_latency: Histogram,
     /// Per blob: (digest, chunks filled, chunks, complete).
     pub blobs: Vec<BlobStatus>,
 }
@@ -98,6 +103,7 @@ struct Shared {
     landed: Condvar,
     misses: AtomicU64,
     failed: AtomicU64,
+    miss_latency: Recorder,
     active_misses: AtomicU64,
     prefetch_done: AtomicU64,
     prefetch_total: AtomicU64,
@@ -194,6 +200,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         landed: Condvar::new(),
         misses: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        miss_latency: Recorder::default(),
         active_misses: AtomicU64::new(0),
         prefetch_done: AtomicU64::new(0),
         prefetch_total: AtomicU64::new(0),
@@ -243,6 +250,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                 count,
                 file,
                 response_fd,
+                received,
             }) = job
             else {
                 return;
@@ -256,6 +264,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                 }
             };
             shared.answer(id, response_fd, errno);
+            shared.miss_latency.observe(received.elapsed());
             shared.active_misses.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -337,6 +346,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     count,
                     file: File::from(fd),
                     response_fd,
+                    received: Instant::now(),
                 });
             }
             Some(_) => {}
@@ -353,6 +363,8 @@ struct Job {
     file: File,
     /// The event's fd number in the holder.
     response_fd: i32,
+    /// When the miss reached the worker: its wait is measured from here.
+    received: Instant,
 }
 
 fn add_stats(to: &FetchStats, from: &FetchStats) {
@@ -864,6 +876,7 @@ impl Shared {
             bad_chunks: self.stats.bad_chunks.load(Ordering::Relaxed),
             prefetch_done: self.prefetch_done.load(Ordering::Relaxed),
             prefetch_total: self.prefetch_total.load(Ordering::Relaxed),
+            miss_latency: self.miss_latency.snapshot(),
             ..Status::default()
         };
         for (store, digest) in self.stores.iter().zip(&self.digests) {
