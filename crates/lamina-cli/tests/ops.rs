@@ -274,3 +274,127 @@ fn a_bad_config_file_is_a_usage_error_naming_key_file_and_line() {
     .code_is(2);
     assert!(out.stderr.contains("missing.toml"), "{}", out.describe());
 }
+
+/// The first non-empty regular file below `root`, read whole.
+fn read_one_file(root: &Path) -> usize {
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                dirs.push(e.path());
+            } else if m.is_file() && m.len() > 0 {
+                return std::fs::read(e.path()).unwrap().len();
+            }
+        }
+    }
+    panic!("no non-empty file below {}", root.display());
+}
+
+/// The lines of a daemon's log, each parsed as JSON (asserting they are).
+fn json_lines(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| {
+                panic!("{}: not a JSON line ({e}): {l}\n{text}", path.display())
+            })
+        })
+        .collect()
+}
+
+/// A lazy mount given `--log-format json` and, from its config file,
+/// `log = "debug"`: both daemons log JSON lines with levels (the holder's
+/// lifecycle at info, the worker's per-miss detail at debug), and the
+/// reader's wait lands in the miss-latency histogram that `lamina status
+/// --prometheus` shows.
+#[test]
+fn lazy_mount_daemons_log_json_at_the_configured_level_and_time_misses() {
+    if !require(&["zstd"]) {
+        return;
+    }
+    let t = TestDir::new("ops-lazy-logs");
+    let image = oci_ref(&t.join("out"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let config = t.join("config.toml");
+    std::fs::write(&config, "log = \"debug\"\n").unwrap();
+    let cache = t.join("cache");
+    let args = [
+        "--lazy",
+        "--prefetch",
+        "none",
+        "--log-format",
+        "json",
+        "--config",
+    ];
+    let mut extra = args.to_vec();
+    extra.push(config.to_str().unwrap());
+    let m = Mount::with_args(&image, &t.join("mnt"), &cache, &extra);
+    assert!(read_one_file(&m.path) > 0);
+
+    let runs: Vec<_> = std::fs::read_dir(cache.join("mounts"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(runs.len(), 1, "one run dir");
+    let rd = runs[0].path();
+    let started = Instant::now();
+    let latency_count = |s: &Value| {
+        s["miss_latency"]["counts"]
+            .as_array()
+            .map(|c| c.iter().map(|n| n.as_u64().unwrap_or(0)).sum::<u64>())
+    };
+    loop {
+        let status: Value = std::fs::read(rd.join("status.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        let misses = status["misses"].as_u64().unwrap_or(0);
+        if misses > 0 && latency_count(&status) == Some(misses) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no miss timed in status.json: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let holder = json_lines(&rd.join("holder.log"));
+    let worker = json_lines(&rd.join("worker.log"));
+    let has = |lines: &[Value], level: &str, message: &str| {
+        lines
+            .iter()
+            .any(|v| v["level"] == level && v["fields"]["message"] == message)
+    };
+    assert!(has(&holder, "INFO", "mounted; serving"), "{holder:#?}");
+    assert!(
+        has(&holder, "DEBUG", "miss"),
+        "holder at debug: {holder:#?}"
+    );
+    assert!(has(&worker, "INFO", "serving misses"), "{worker:#?}");
+    let answered = worker
+        .iter()
+        .find(|v| v["level"] == "DEBUG" && v["fields"]["message"] == "miss answered")
+        .unwrap_or_else(|| panic!("no per-miss debug line: {worker:#?}"));
+    assert!(
+        answered["fields"]["waited_ms"].as_f64().is_some(),
+        "{answered}"
+    );
+
+    let out = lamina([
+        "status".as_ref(),
+        "--prometheus".as_ref(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ])
+    .ok();
+    let count = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("lamina_miss_latency_seconds_count{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(count.is_some_and(|c| c > 0), "{}", out.describe());
+    m.unmount();
+}
