@@ -607,6 +607,11 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let shipped = std::fs::read_to_string(root.join("contrib/config.toml")).unwrap();
         parse(&shipped).unwrap();
+        // Every key in docs/config.md.
+        let doc = std::fs::read_to_string(root.join("docs/config.md")).unwrap();
+        let start = doc.find("```toml\n").unwrap() + 8;
+        let end = start + doc[start..].find("```\n").unwrap();
+        parse(&doc[start..end]).unwrap_or_else(|e| panic!("docs/config.md: {e}"));
         // The format in this module's docs.
         let doc = include_str!("config.rs");
         let start = doc.find("//! ```toml\n").unwrap() + 12;
