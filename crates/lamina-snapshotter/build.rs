@@ -1,4 +1,4 @@
-//! Generates the gRPC server for containerd's snapshots service from a
+//! Generates the gRPC server (and a client) for containerd's snapshots service from a
 //! service description written here (tonic-build's manual mode): no .proto
 //! file and no protoc. The messages are in src/proto.rs.
 
@@ -65,7 +65,8 @@ fn main() {
         }
         service = service.method(method.build());
     }
+    // The client is for tests that call a running snapshotter.
     Builder::new()
-        .build_client(false)
+        .build_client(true)
         .compile(&[service.build()]);
 }

@@ -11,6 +11,9 @@ use lamina_image::build::BuildOptions;
 use lamina_image::convert::{convert, ConvertOptions, Progress};
 use lamina_mount::MountOptions;
 use lamina_oci::{open_source, HostsConfig, ImageRef, SourceOptions};
+use lamina_snapshotter::metrics::MetricsAddress;
+
+use crate::config::{ConfigError, LogFormat};
 
 /// Lazy-loading container images on EROFS.
 ///
@@ -20,20 +23,35 @@ use lamina_oci::{open_source, HostsConfig, ImageRef, SourceOptions};
 #[command(name = "lamina", version)]
 pub struct Args {
     #[command(subcommand)]
-    command: Command,
+    pub(crate) command: Command,
     /// Print a JSON document instead of human-readable text.
     #[arg(long, global = true)]
     json: bool,
+    /// Config file: the flags' settings in TOML (docs/config.md). Default:
+    /// /etc/lamina/config.toml if it exists. Flags and environment
+    /// variables take precedence over it.
+    #[arg(long, global = true, env = "LAMINA_CONFIG", value_name = "PATH")]
+    pub(crate) config: Option<PathBuf>,
+    /// Log format of the mount daemons and the snapshotter (levels and
+    /// targets: LAMINA_LOG, a tracing filter, default info).
+    #[arg(
+        long,
+        global = true,
+        env = "LAMINA_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub(crate) log_format: LogFormat,
     /// Registry host reached over plain HTTP (loopback hosts always are).
     #[arg(long = "insecure-registry", global = true, value_name = "HOST[:PORT]")]
-    insecure: Vec<String>,
+    pub(crate) insecure: Vec<String>,
     /// Loopback registry host reached over TLS (instead of plain HTTP).
     #[arg(long = "tls-registry", global = true, value_name = "HOST[:PORT]")]
-    tls: Vec<String>,
+    pub(crate) tls: Vec<String>,
     /// PEM file of CA certificates to trust for registry TLS, besides the
     /// system store.
     #[arg(long, global = true, value_name = "PATH")]
-    ca_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
     /// Registry host configuration as containerd reads it: mirrors, CAs,
     /// client certificates and headers in DIR/HOST[:PORT]/hosts.toml (or
     /// DIR/HOST_PORT_/, DIR/_default/). A missing directory configures
@@ -44,13 +62,13 @@ pub struct Args {
         value_name = "DIR",
         default_value = lamina_oci::hosts::DEFAULT_HOSTS_DIR
     )]
-    hosts_dir: PathBuf,
+    pub(crate) hosts_dir: PathBuf,
 }
 
 // One value per process, never moved in a loop: variant sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
-enum Command {
+pub(crate) enum Command {
     /// Convert an image into a lamina image (EROFS metadata + chunked zstd blobs).
     Convert {
         /// Source image.
@@ -177,12 +195,18 @@ enum Command {
         /// Cache directory.
         #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
         cache_dir: PathBuf,
+        /// Print the figures as Prometheus metrics per image (OpenMetrics
+        /// text, as `lamina snapshotter --metrics-address` serves them),
+        /// e.g. for node_exporter's textfile collector.
+        #[arg(long, conflicts_with = "json")]
+        prometheus: bool,
     },
     /// Evict cache files no live mount uses, oldest first, down to a size.
     Gc {
-        /// Largest cache size to keep, in bytes (suffixes K, M, G allowed).
+        /// Largest cache size to keep, in bytes (suffixes K, M, G allowed);
+        /// required here or as `max_size` in the config file's [gc].
         #[arg(long, value_parser = parse_size)]
-        max_size: u64,
+        max_size: Option<u64>,
         /// Cache directory.
         #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
         cache_dir: PathBuf,
@@ -205,6 +229,11 @@ enum Command {
         /// boot or all (as `lamina mount --prefetch`).
         #[arg(long, default_value = "boot", value_parser = ["none", "pages", "boot", "all"])]
         prefetch: String,
+        /// Serve Prometheus metrics at GET /metrics on IP:PORT (e.g.
+        /// 127.0.0.1:9464; port 0 picks one, logged at start) or on
+        /// unix:/PATH.
+        #[arg(long, value_name = "ADDR")]
+        metrics_address: Option<MetricsAddress>,
     },
     /// Internal: the fanotify holder of one lazy mount.
     #[command(hide = true)]
@@ -229,10 +258,10 @@ enum Command {
 
 /// How an image is mounted and served: shared by `mount` and `run`.
 #[derive(Debug, clap::Args)]
-struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Cache directory.
     #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
-    cache_dir: PathBuf,
+    pub(crate) cache_dir: PathBuf,
     /// Serve data on demand (default for docker:// images).
     #[arg(long, conflicts_with = "eager")]
     lazy: bool,
@@ -241,25 +270,25 @@ struct ServeArgs {
     eager: bool,
     /// Seconds a reader waits for missing data before getting EIO.
     #[arg(long, default_value = "60")]
-    timeout: u64,
+    pub(crate) timeout: u64,
     /// Also fetch the chunks within this many bytes around each miss
     /// (cache-file offsets); 0 fetches only the chunks the read needs.
-    #[arg(long, default_value = "0")]
-    fill_window: u64,
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub(crate) fill_window: u64,
     /// Same as `--prefetch all`.
     #[arg(long)]
-    prefetch_all: bool,
+    pub(crate) prefetch_all: bool,
     /// What to fetch with no reader waiting: `none`; `pages` (the
     /// image's boot pages); `boot` (boot pages, then the boot set's whole
     /// chunks once the start is over); `all` (then the rest of the image,
     /// yielding to every miss).
     #[arg(long, value_name = "MODE", default_value = "boot", value_parser = ["none", "pages", "boot", "all"])]
-    prefetch: String,
+    pub(crate) prefetch: String,
     /// read_ahead_kb of the mount until all data is local (default: 0
     /// when recording or when the image has boot pages, else the
     /// kernel's).
     #[arg(long, value_name = "KB")]
-    readahead: Option<u32>,
+    pub(crate) readahead: Option<u32>,
 }
 
 impl ServeArgs {
@@ -302,7 +331,7 @@ fn parse_prefetch(s: &str) -> lamina_mount::Prefetch {
     }
 }
 
-fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
+pub(crate) fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
     let n = parse_size(s)?;
     if !n.is_power_of_two() || !(4096..=16 << 20).contains(&n) {
         return Err("must be a power of two between 4096 and 16777216".into());
@@ -310,7 +339,7 @@ fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
     Ok(n)
 }
 
-fn parse_size(s: &str) -> std::result::Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -538,11 +567,18 @@ pub fn run(args: Args) -> Result<u8> {
                 println!("unmounted {}", mountpoint.display());
             }
         }
-        Command::Status { cache_dir } => status(&absolute(&cache_dir)?, args.json)?,
+        Command::Status {
+            cache_dir,
+            prometheus: true,
+        } => std::io::stdout().write_all(mount_metrics(&absolute(&cache_dir)?).as_bytes())?,
+        Command::Status { cache_dir, .. } => status(&absolute(&cache_dir)?, args.json)?,
         Command::Gc {
             max_size,
             cache_dir,
         } => {
+            let max_size = max_size.ok_or(ConfigError::Missing(
+                "gc needs --max-size SIZE (or max_size in the config file's [gc])",
+            ))?;
             let cache_dir = absolute(&cache_dir)?;
             let report = lamina_mount::gc(&cache_dir, max_size)
                 .with_context(|| format!("collecting {}", cache_dir.display()))?;
@@ -563,19 +599,18 @@ pub fn run(args: Args) -> Result<u8> {
             address,
             timeout,
             prefetch,
-        } => {
-            lamina_snapshotter::init_logging();
-            lamina_snapshotter::serve(lamina_snapshotter::Options {
-                root: absolute(&root)?,
-                address: absolute(&address)?,
-                source,
-                lazy: lamina_mount::LazyOptions {
-                    timeout: std::time::Duration::from_secs(timeout.max(1)),
-                    prefetch: parse_prefetch(&prefetch),
-                    ..lamina_mount::LazyOptions::default()
-                },
-            })?
-        }
+            metrics_address,
+        } => lamina_snapshotter::serve(lamina_snapshotter::Options {
+            root: absolute(&root)?,
+            address: absolute(&address)?,
+            source,
+            lazy: lamina_mount::LazyOptions {
+                timeout: std::time::Duration::from_secs(timeout.max(1)),
+                prefetch: parse_prefetch(&prefetch),
+                ..lamina_mount::LazyOptions::default()
+            },
+            metrics_address,
+        })?,
         Command::InternalHolder { config } => lamina_daemon::holder::run_holder(&config)?,
         Command::InternalWorker { config, fd } => {
             let sock = lamina_sys::adopt_inherited_fd(fd)?;
@@ -590,6 +625,15 @@ pub fn run(args: Args) -> Result<u8> {
 }
 
 impl Args {
+    /// Whether this is a mount daemon (which reads no config file: it runs
+    /// on what its mount was given).
+    pub fn is_daemon(&self) -> bool {
+        matches!(
+            self.command,
+            Command::InternalHolder { .. } | Command::InternalWorker { .. }
+        )
+    }
+
     /// Whether this is `lamina run` (whose failures exit with docker's
     /// codes instead of the table in the crate docs).
     pub fn is_run(&self) -> bool {
@@ -752,6 +796,19 @@ fn status(cache_dir: &std::path::Path, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The lazy mounts under `cache_dir` as metrics (no `# EOF`: a textfile
+/// collector may concatenate files).
+fn mount_metrics(cache_dir: &std::path::Path) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(lamina_mount::metrics::MountsCollector::new(
+        cache_dir.to_path_buf(),
+    )));
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode_registry(&mut text, &registry);
+    text
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<()> {

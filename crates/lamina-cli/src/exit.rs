@@ -89,6 +89,9 @@ fn inner<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'stati
 }
 
 fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
+    if cause.downcast_ref::<crate::config::ConfigError>().is_some() {
+        return Some(2);
+    }
     if let Some(oci) = cause.downcast_ref::<OciError>() {
         return Some(match oci {
             OciError::InvalidReference { .. } | OciError::Hosts(_) => 2,

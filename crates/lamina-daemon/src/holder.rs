@@ -130,7 +130,7 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
     // The OOM killer must never pick the process whose death lets readers
     // see holes as zeros.
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
-        eprintln!("holder: oom_score_adj: {e}");
+        tracing::warn!("oom_score_adj: {e}");
     }
     let config = DaemonConfig::load(config_path)?;
     match setup(&config, config_path) {
@@ -140,14 +140,20 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
             } else {
                 config.readahead_kb.and_then(|kb| {
                     Readahead::lower(&config.mountpoint, kb)
-                        .map_err(|e| eprintln!("holder: read_ahead_kb left as is: {e}"))
+                        .map_err(|e| tracing::warn!("read_ahead_kb left as is: {e}"))
                         .ok()
                 })
             };
             // Mounted: from here on the holder never leaves while the
             // filesystem lives, whatever fails.
+            tracing::info!(
+                image = %config.image,
+                mountpoint = %config.mountpoint.display(),
+                watched = watched.len(),
+                "mounted; serving"
+            );
             if let Err(e) = write_ready(&config, None) {
-                eprintln!("holder: writing the ready file: {e}; serving anyway");
+                tracing::warn!("writing the ready file: {e}; serving anyway");
             }
             serve(
                 &config,
@@ -185,8 +191,8 @@ impl Readahead {
         let path = Path::new("/sys/class/bdi").join(bdi).join("read_ahead_kb");
         let original = std::fs::read_to_string(&path)?.trim().to_string();
         std::fs::write(&path, kb.to_string())?;
-        eprintln!(
-            "holder: {} {original} -> {kb} until every blob is complete",
+        tracing::info!(
+            "{} {original} -> {kb} until every blob is complete",
             path.display()
         );
         Ok(Readahead { path, original })
@@ -194,7 +200,7 @@ impl Readahead {
 
     fn restore(self) {
         if let Err(e) = std::fs::write(&self.path, &self.original) {
-            eprintln!("holder: restoring {}: {e}", self.path.display());
+            tracing::warn!("restoring {}: {e}", self.path.display());
         }
     }
 }
@@ -315,7 +321,7 @@ fn serve(
             Err(e) => {
                 // Never leave: exiting would close the group and let readers
                 // see zeros. Log, breathe, and go on.
-                eprintln!("holder: poll: {e}");
+                tracing::warn!("poll: {e}");
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
@@ -326,13 +332,13 @@ fn serve(
         if group_ready {
             let worker_pid = worker.child.id() as i32;
             let events = group.read_events(&mut buf).unwrap_or_else(|e| {
-                eprintln!("holder: reading events: {e}");
+                tracing::warn!("reading events: {e}");
                 std::thread::sleep(Duration::from_millis(10));
                 Vec::new()
             });
             for ev in events {
                 let Some(file) = ev.file else {
-                    eprintln!("holder: fanotify queue overflow");
+                    tracing::error!("fanotify queue overflow");
                     continue;
                 };
                 // The worker's own prefetch writes are verified data: let them through.
@@ -343,7 +349,7 @@ fn serve(
                 let stat = match rustix::fs::fstat(&file) {
                     Ok(stat) => stat,
                     Err(e) => {
-                        eprintln!("holder: fstat of an event file: {e}; reader gets EIO");
+                        tracing::error!("fstat of an event file: {e}; reader gets EIO");
                         answer(&group, ev.response_fd, Response::DenyErrno(libc::EIO));
                         continue;
                     }
@@ -379,6 +385,7 @@ fn serve(
                     deadline: Instant::now() + timeout,
                     sent: false,
                 };
+                tracing::debug!(id, blob, offset, count, pid = ev.pid, "miss");
                 if worker.ready {
                     miss.sent = forward(&worker, id, &miss);
                 }
@@ -390,6 +397,7 @@ fn serve(
             match protocol::recv(worker.sock.as_fd()) {
                 Ok(Some((msg, _))) => match msg {
                     Message::Hello => {
+                        tracing::info!(pid = worker.child.id(), "worker ready");
                         worker.ready = true;
                         hand_over(&worker, &group, &superblock);
                         for (id, miss) in pending.iter_mut().filter(|(_, m)| !m.sent) {
@@ -411,7 +419,7 @@ fn serve(
                         if let Some(path) = paths.get(blob as usize) {
                             match group.unwatch(path) {
                                 Ok(()) => watched.retain(|_, b| *b != blob),
-                                Err(e) => eprintln!("holder: unwatch {}: {e}", path.display()),
+                                Err(e) => tracing::warn!("unwatch {}: {e}", path.display()),
                             }
                             if watched.is_empty() {
                                 if let Some(r) = readahead.take() {
@@ -429,7 +437,7 @@ fn serve(
                     // The worker is gone: keep the events, start another.
                     let _ = worker.child.kill();
                     let status = worker.child.wait();
-                    eprintln!("holder: worker exited ({status:?}); restarting");
+                    tracing::warn!("worker exited ({status:?}); restarting");
                     // Back off while workers keep dying young (0.5 s up to 8 s);
                     // pending readers still get EIO at their deadline.
                     if last_respawn.elapsed() < Duration::from_secs(10) {
@@ -447,7 +455,7 @@ fn serve(
                         match spawn_worker(&exe, config_path, &log) {
                             Ok(w) => break w,
                             Err(e) => {
-                                eprintln!("holder: starting a worker: {e}; retrying");
+                                tracing::warn!("starting a worker: {e}; retrying");
                                 for _ in 0..20 {
                                     expire(&group, &mut pending, &mut failed);
                                     std::thread::sleep(Duration::from_millis(50));
@@ -469,7 +477,7 @@ fn serve(
             for (_, miss) in pending.drain() {
                 let _ = group.respond(miss.response_fd, Response::DenyErrno(libc::EIO));
             }
-            eprintln!("holder: the filesystem is gone; exiting");
+            tracing::info!("the filesystem is gone; exiting");
             stop_worker(worker);
             // The run dir describes a live mount; there is none now.
             let _ = std::fs::remove_dir_all(&config.run_dir);
@@ -492,7 +500,7 @@ fn hand_over(worker: &Worker, group: &FanotifyGroup, superblock: &OwnedFd) {
             )
         });
     if let Err(e) = sent {
-        eprintln!("holder: handing the group to the worker: {e}");
+        tracing::warn!("handing the group to the worker: {e}");
     }
 }
 
@@ -504,7 +512,7 @@ fn stop_worker(worker: Worker) {
         mut child, sock, ..
     } = worker;
     if let Err(e) = protocol::send_owned(&sock, Message::Shutdown, None) {
-        eprintln!("holder: telling the worker to stop: {e}");
+        tracing::warn!("telling the worker to stop: {e}");
     }
     drop(sock);
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -564,9 +572,14 @@ fn expire(
         .collect();
     for id in expired {
         if let Some(miss) = pending.remove(&id) {
-            eprintln!(
-                "holder: blob {} bytes {}+{}: timed out, reader gets EIO",
-                miss.blob, miss.offset, miss.count
+            tracing::error!(
+                blob = miss.blob,
+                offset = miss.offset,
+                count = miss.count,
+                "blob {} bytes {}+{}: timed out, reader gets EIO",
+                miss.blob,
+                miss.offset,
+                miss.count
             );
             failed.push(FailedRange::after(&miss));
             answer(group, miss.response_fd, Response::DenyErrno(libc::EIO));
@@ -578,7 +591,7 @@ fn expire(
 /// must outlive every error while the mount exists).
 fn answer(group: &FanotifyGroup, fd: i32, response: Response) {
     if let Err(e) = group.respond(fd, response) {
-        eprintln!("holder: answering event fd {fd}: {e}");
+        tracing::error!("answering event fd {fd}: {e}");
     }
 }
 

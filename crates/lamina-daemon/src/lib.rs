@@ -9,5 +9,6 @@
 
 pub mod config;
 pub mod holder;
+pub mod latency;
 pub mod protocol;
 pub mod worker;

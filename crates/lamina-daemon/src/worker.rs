@@ -23,6 +23,7 @@ use lamina_oci::{Digest, HostsConfig, RegistryClient, SourceOptions};
 use lamina_sys::{FanotifyGroup, Response};
 
 use crate::config::{write_atomic, BootPagesSpec, DaemonConfig, SourceSpec};
+use crate::latency::{Histogram, Recorder};
 use crate::protocol::{self, Message};
 use rustix::event::{poll, PollFd, PollFlags};
 
@@ -62,6 +63,10 @@ pub struct Status {
     /// Of `requests`, those for misses.
     #[serde(default)]
     pub miss_requests: u64,
+    /// How long readers waited on misses: from the miss's arrival in the
+    /// worker to its answer (EIO included).
+    #[serde(default)]
+    pub miss_latency: Histogram,
     /// Per blob: (digest, chunks filled, chunks, complete).
     pub blobs: Vec<BlobStatus>,
 }
@@ -98,6 +103,7 @@ struct Shared {
     landed: Condvar,
     misses: AtomicU64,
     failed: AtomicU64,
+    miss_latency: Recorder,
     active_misses: AtomicU64,
     prefetch_done: AtomicU64,
     prefetch_total: AtomicU64,
@@ -129,7 +135,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             // that share this cache file: write them through a quiet fd.
             match lamina_sys::open_quiet(&store.cache_path).and_then(|f| store.set_writer(f)) {
                 Ok(()) => {}
-                Err(e) => eprintln!("worker: quiet fd for {}: {e}", store.cache_path.display()),
+                Err(e) => tracing::warn!("quiet fd for {}: {e}", store.cache_path.display()),
             }
         }
         stores.push(Mutex::new(store));
@@ -194,6 +200,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         landed: Condvar::new(),
         misses: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        miss_latency: Recorder::default(),
         active_misses: AtomicU64::new(0),
         prefetch_done: AtomicU64::new(0),
         prefetch_total: AtomicU64::new(0),
@@ -215,7 +222,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     if let Some(spec) = &shared.config.boot_pages {
         if shared.config.prefetch {
             if let Err(e) = shared.apply_boot_pages(spec) {
-                eprintln!("worker: boot pages {}: {e}", spec.path.display());
+                tracing::warn!("boot pages {}: {e}", spec.path.display());
             }
         }
     }
@@ -225,6 +232,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         Ordering::Relaxed,
     );
     protocol::send_owned(&shared.sock, Message::Hello, None)?;
+    tracing::info!(image = %shared.config.image, blobs = n, "serving misses");
 
     let (tx, rx) = mpsc::channel::<Job>();
     let rx = Arc::new(Mutex::new(rx));
@@ -243,6 +251,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                 count,
                 file,
                 response_fd,
+                received,
             }) = job
             else {
                 return;
@@ -250,12 +259,27 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             let errno = match shared.serve_miss(blob, offset, count, &file) {
                 Ok(()) => 0,
                 Err(e) => {
-                    eprintln!("worker: blob {blob} bytes {offset}+{count}: {e}");
+                    tracing::error!(
+                        blob,
+                        offset,
+                        count,
+                        "blob {blob} bytes {offset}+{count}: {e}; reader gets EIO"
+                    );
                     shared.failed.fetch_add(1, Ordering::Relaxed);
                     libc::EIO
                 }
             };
             shared.answer(id, response_fd, errno);
+            let waited = received.elapsed();
+            shared.miss_latency.observe(waited);
+            tracing::debug!(
+                blob,
+                offset,
+                count,
+                errno,
+                waited_ms = waited.as_secs_f64() * 1e3,
+                "miss answered"
+            );
             shared.active_misses.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -337,6 +361,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     count,
                     file: File::from(fd),
                     response_fd,
+                    received: Instant::now(),
                 });
             }
             Some(_) => {}
@@ -353,6 +378,8 @@ struct Job {
     file: File,
     /// The event's fd number in the holder.
     response_fd: i32,
+    /// When the miss reached the worker: its wait is measured from here.
+    received: Instant,
 }
 
 fn add_stats(to: &FetchStats, from: &FetchStats) {
@@ -388,7 +415,7 @@ impl Shared {
                 e => Response::DenyErrno(e),
             };
             if let Err(e) = group.respond(response_fd, response) {
-                eprintln!("worker: answering event {response_fd} for the dead holder: {e}");
+                tracing::error!("answering event {response_fd} for the dead holder: {e}");
             }
         }
     }
@@ -400,10 +427,10 @@ impl Shared {
     /// event, and only EIO is safe then) until the superblock is gone.
     fn guard_after_holder(&self) -> io::Result<()> {
         let (Some(group), Some(superblock)) = (self.group.get(), self.superblock.get()) else {
-            eprintln!("worker: the holder died before handing over its group");
+            tracing::error!("the holder died before handing over its group");
             return Ok(());
         };
-        eprintln!("worker: the holder died; finishing the misses in hand, then failing reads of unfilled ranges with EIO until unmounted");
+        tracing::error!("the holder died; finishing the misses in hand, then failing reads of unfilled ranges with EIO until unmounted");
         while self.active_misses.load(Ordering::SeqCst) > 0 {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -420,7 +447,7 @@ impl Shared {
                 Err(e) => return Err(e.into()),
             }
             if !fds[1].revents().is_empty() && crate::holder::superblock_gone(superblock) {
-                eprintln!("worker: the filesystem is gone; exiting");
+                tracing::info!("the filesystem is gone; exiting");
                 return Ok(());
             }
             if fds[0].revents().contains(PollFlags::IN) {
@@ -446,7 +473,7 @@ impl Shared {
                 lock()?.finish_save(pending)
             })();
             if let Err(e) = saved {
-                eprintln!("worker: saving the fill record of blob {b}: {e}");
+                tracing::warn!("saving the fill record of blob {b}: {e}");
             }
         }
     }
@@ -460,7 +487,7 @@ impl Shared {
         if let Some(trace) = &self.trace {
             // A trace that cannot be written must not fail the reader.
             if let Err(e) = self.record(trace, blob, offset, count) {
-                eprintln!("worker: trace: {e}");
+                tracing::warn!("trace: {e}");
             }
         }
         let (needed, window) = {
@@ -568,7 +595,7 @@ impl Shared {
                     match read {
                         Ok(bytes) => break bytes,
                         Err(e) if attempt < 3 => {
-                            eprintln!("worker: boot pages: {e}; retrying");
+                            tracing::warn!("boot pages: {e}; retrying");
                             std::thread::sleep(Duration::from_millis(100 << attempt));
                             attempt += 1;
                         }
@@ -610,8 +637,8 @@ impl Shared {
                 .lock_store(extent.blob.get())?
                 .fill_pages(extent.cache_offset.get(), bytes)?;
         }
-        eprintln!(
-            "worker: boot pages: {} runs, {written} bytes written in {:.0} ms",
+        tracing::info!(
+            "boot pages: {} runs, {written} bytes written in {:.0} ms",
             boot.extents.len(),
             started.elapsed().as_secs_f64() * 1e3
         );
@@ -662,7 +689,7 @@ impl Shared {
         if let Ok(store) = self.lock_store(blob) {
             for &i in chunks {
                 if let Err(e) = store.unlock_chunk(i) {
-                    eprintln!("worker: unlocking chunk {i} of blob {blob}: {e}");
+                    tracing::warn!("unlocking chunk {i} of blob {blob}: {e}");
                 }
             }
         }
@@ -837,7 +864,7 @@ impl Shared {
     fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
         if let Ok(mine) = self.claim(blob, chunks.into_iter(), None) {
             if let Err(e) = self.fetch_with(blob, &mine, None, opts, false) {
-                eprintln!("worker: prefetch: {e}");
+                tracing::warn!("prefetch: {e}");
             }
             self.release(blob, &mine);
         }
@@ -864,6 +891,7 @@ impl Shared {
             bad_chunks: self.stats.bad_chunks.load(Ordering::Relaxed),
             prefetch_done: self.prefetch_done.load(Ordering::Relaxed),
             prefetch_total: self.prefetch_total.load(Ordering::Relaxed),
+            miss_latency: self.miss_latency.snapshot(),
             ..Status::default()
         };
         for (store, digest) in self.stores.iter().zip(&self.digests) {

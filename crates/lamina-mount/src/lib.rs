@@ -19,6 +19,7 @@ mod cache;
 mod gc;
 mod kernel;
 mod lazy;
+pub mod metrics;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
 pub use gc::{gc, EagerRecord, GcReport};

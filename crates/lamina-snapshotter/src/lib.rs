@@ -5,6 +5,7 @@
 //! tells how to plug it in.
 
 pub mod filter;
+pub mod metrics;
 pub mod proto;
 mod service;
 pub mod snapshots;
@@ -33,6 +34,8 @@ pub struct Options {
     pub source: SourceOptions,
     /// How lamina images are served.
     pub lazy: LazyOptions,
+    /// Where Prometheus metrics are served, if anywhere.
+    pub metrics_address: Option<metrics::MetricsAddress>,
 }
 
 /// The real lamina side: manifests from registries, lazy kernel mounts
@@ -165,17 +168,6 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Logs to stderr at `info` unless `LAMINA_LOG` says otherwise (e.g.
-/// `LAMINA_LOG=debug`, `LAMINA_LOG=lamina_snapshotter=trace`).
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LAMINA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 /// Runs the snapshotter until SIGTERM or SIGINT. Lamina mounts and their
 /// daemons outlive it: a restart finds them in its state and serves on.
 pub fn serve(opts: Options) -> anyhow::Result<()> {
@@ -188,6 +180,8 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
     for line in sn.reconcile() {
         tracing::warn!("{line}");
     }
+    let metrics = Arc::new(metrics::Metrics::new(opts.root.join("cache")));
+    metrics.set_snapshots(sn.census());
     let inner = Arc::new(Mutex::new(sn));
     spawn_reaper(inner.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -195,7 +189,14 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(listen(opts.address, service::Service::new(inner)))
+    runtime.block_on(async {
+        if let Some(address) = &opts.metrics_address {
+            let (listener, bound) = metrics::bind(address).await?;
+            tracing::info!(address = %bound, "metrics serving at /metrics");
+            tokio::spawn(metrics::serve(listener, metrics.clone()));
+        }
+        listen(opts.address, service::Service::new(inner, metrics)).await
+    })
 }
 
 async fn listen<I: Images + 'static>(

@@ -10,6 +10,7 @@ use std::time::SystemTime;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::metrics::Metrics;
 use crate::proto::{self, snapshots_server::Snapshots};
 use crate::snapshots::{Error, Images, Info, Snapshotter};
 use crate::state::Kind;
@@ -18,25 +19,36 @@ use crate::state::Kind;
 #[derive(Debug)]
 pub struct Service<I> {
     inner: Arc<Mutex<Snapshotter<I>>>,
+    metrics: Arc<Metrics>,
 }
 
 impl<I> Service<I> {
-    /// Serves `snapshotter`.
-    pub fn new(inner: Arc<Mutex<Snapshotter<I>>>) -> Self {
-        Service { inner }
+    /// Serves `snapshotter`, counting calls in `metrics`.
+    pub fn new(inner: Arc<Mutex<Snapshotter<I>>>, metrics: Arc<Metrics>) -> Self {
+        Service { inner, metrics }
+    }
+
+    /// Counts a call refused before it reached the snapshotter.
+    fn refuse(&self, op: &'static str, status: Status) -> Status {
+        self.metrics.record_call(op, Some(status.code()));
+        status
     }
 }
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        let msg = e.to_string();
-        match e {
-            Error::NotFound(_) => Status::not_found(msg),
-            Error::AlreadyExists(_) => Status::already_exists(msg),
-            Error::FailedPrecondition(_) => Status::failed_precondition(msg),
-            Error::InvalidArgument(_) => Status::invalid_argument(msg),
-            Error::Internal(_) => Status::internal(msg),
-        }
+        Status::new(grpc_code(&e), e.to_string())
+    }
+}
+
+/// The gRPC code containerd expects for each error.
+fn grpc_code(e: &Error) -> tonic::Code {
+    match e {
+        Error::NotFound(_) => tonic::Code::NotFound,
+        Error::AlreadyExists(_) => tonic::Code::AlreadyExists,
+        Error::FailedPrecondition(_) => tonic::Code::FailedPrecondition,
+        Error::InvalidArgument(_) => tonic::Code::InvalidArgument,
+        Error::Internal(_) => tonic::Code::Internal,
     }
 }
 
@@ -65,19 +77,25 @@ fn to_proto(i: Info) -> proto::Info {
 }
 
 impl<I: Images + 'static> Service<I> {
-    /// Runs `f` on the snapshotter, off the async threads.
+    /// Runs `f` on the snapshotter, off the async threads, and counts it.
     async fn with<T, F>(&self, op: &'static str, f: F) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce(&mut Snapshotter<I>) -> Result<T, Error> + Send + 'static,
     {
         let inner = self.inner.clone();
+        let metrics = self.metrics.clone();
         let res = tokio::task::spawn_blocking(move || {
             let mut sn = inner.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut sn)
+            let res = f(&mut sn);
+            // Under the lock anyway: scrapes then never need it.
+            metrics.set_snapshots(sn.census());
+            res
         })
         .await
-        .map_err(|e| Status::internal(format!("{op}: {e}")))?;
+        .map_err(|e| self.refuse(op, Status::internal(format!("{op}: {e}"))))?;
+        self.metrics
+            .record_call(op, res.as_ref().err().map(grpc_code));
         match &res {
             Err(Error::Internal(msg)) => tracing::error!(op, "{msg}"),
             Err(e @ (Error::FailedPrecondition(_) | Error::InvalidArgument(_))) => {
@@ -130,8 +148,9 @@ impl<I: Images + 'static> Snapshots for Service<I> {
     ) -> Result<Response<proto::Empty>, Status> {
         let r = req.into_inner();
         if !r.parent.is_empty() {
-            return Err(Status::unimplemented(
-                "commit onto another parent (rebase) is not supported",
+            return Err(self.refuse(
+                "commit",
+                Status::unimplemented("commit onto another parent (rebase) is not supported"),
             ));
         }
         self.with("commit", move |s| {
@@ -166,9 +185,9 @@ impl<I: Images + 'static> Snapshots for Service<I> {
         req: Request<proto::UpdateSnapshotRequest>,
     ) -> Result<Response<proto::UpdateSnapshotResponse>, Status> {
         let r = req.into_inner();
-        let info = r
-            .info
-            .ok_or_else(|| Status::invalid_argument("update without info"))?;
+        let info = r.info.ok_or_else(|| {
+            self.refuse("update", Status::invalid_argument("update without info"))
+        })?;
         let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
         let info = self
             .with("update", move |s| {

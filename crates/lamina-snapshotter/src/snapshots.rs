@@ -145,6 +145,11 @@ impl<I: Images> Snapshotter<I> {
         })
     }
 
+    /// Every snapshot's kind and backing, for metrics.
+    pub fn census(&self) -> impl Iterator<Item = (Kind, &Backing)> {
+        self.state.snapshots.values().map(|s| (s.kind, &s.backing))
+    }
+
     /// The lamina side.
     pub fn images(&mut self) -> &mut I {
         &mut self.images
