@@ -282,6 +282,43 @@ impl Node {
         run(&mut self.ctr(args), TIMEOUT)
     }
 
+    /// Runs `cmd` from `repo_tag` (`ctr run --rm --net-host`, plus
+    /// `ctr_args`) until a client on 127.0.0.1:`port` sending `request`
+    /// reads an answer starting with `answer`; then kills it.
+    fn serve(
+        &self,
+        repo_tag: &str,
+        id: &str,
+        ctr_args: &[&str],
+        cmd: &[&str],
+        (port, request, answer): (u16, &[u8], &[u8]),
+    ) -> Result<(), String> {
+        let image = self.image(repo_tag);
+        let mut args = vec!["run", "--rm", "--net-host", "--snapshotter", "lamina"];
+        args.extend(ctr_args);
+        args.extend([image.as_str(), id]);
+        args.extend(cmd);
+        let mut server = Background::spawn(id, &mut self.ctr(args), self.t.path());
+        let started = Instant::now();
+        let result = loop {
+            if ask(port, request).is_some_and(|a| a.starts_with(answer)) {
+                break Ok(());
+            }
+            if !server.running() {
+                break Err(format!("{id} exited first:\n{}", server.describe()));
+            }
+            if started.elapsed() > TIMEOUT {
+                break Err(format!("{id} did not answer:\n{}", server.describe()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        run(&mut self.ctr(["tasks", "kill", "-s", "SIGKILL", id]), SHORT);
+        if server.wait_timeout(TIMEOUT).is_none() {
+            return Err(format!("{id}: ctr run did not end after SIGKILL"));
+        }
+        result
+    }
+
     /// Digests in containerd's content store.
     fn content(&self) -> Vec<String> {
         let out = run(&mut self.ctr(["content", "ls", "-q"]), SHORT).ok();
@@ -375,6 +412,11 @@ impl Drop for Node {
 }
 
 fn start_snapshotter(t: &TestDir) -> Background {
+    start_snapshotter_with(t, &[])
+}
+
+/// `lamina snapshotter` under `t` with `extra` arguments.
+fn start_snapshotter_with(t: &TestDir, extra: &[&OsStr]) -> Background {
     let root = t.join("snapshotter");
     let sock = t.join("snapshotter.sock");
     let mut c = lamina_cmd([
@@ -384,6 +426,7 @@ fn start_snapshotter(t: &TestDir) -> Background {
         OsStr::new("--address"),
         sock.as_os_str(),
     ]);
+    c.args(extra);
     let mut bg = Background::spawn("snapshotter", &mut c, t.path());
     let started = Instant::now();
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {
@@ -519,17 +562,63 @@ fn lamina_and_plain_images_run(version: Version) {
         out.status.success() && out.stdout.contains("hello from lamina"),
         || format!("python3 in the lamina container:\n{}", out.describe()),
     );
-    let fetched = node.fetched_bytes();
-    eprintln!(
-        "{version:?}: python3 start fetched {fetched} of {} compressed bytes",
-        imgs.blob_bytes
+    // Bytes per start: what each one added to the shared cache (the later
+    // ones find the libraries the earlier ones read already local).
+    let mut starts = vec![("python3", node.fetched_bytes())];
+    // Two servers of the same image, each run until it answers.
+    let conf = node.t.join("nginx.conf");
+    let port = free_port();
+    fs::write(&conf, nginx_conf(port)).expect("write nginx.conf");
+    let bind = format!(
+        "type=bind,src={},dst=/etc/nginx/lamina-test.conf,options=rbind:ro",
+        conf.display()
     );
-    f.check(fetched > 0 && fetched * 10 < imgs.blob_bytes, || {
-        format!(
-            "the python3 start fetched {fetched} bytes, not under 10% of the image's {}",
+    let served = node.serve(
+        LAMINA_IMAGE,
+        "nginx",
+        &["--mount", &bind],
+        &["nginx", "-c", "/etc/nginx/lamina-test.conf"],
+        (port, b"GET / HTTP/1.0\r\n\r\n", b"HTTP/1.1 200"),
+    );
+    f.check(served.is_ok(), || format!("nginx: {served:?}"));
+    starts.push(("nginx", node.fetched_bytes()));
+    let port = free_port();
+    let port_arg = port.to_string();
+    let served = node.serve(
+        LAMINA_IMAGE,
+        "redis",
+        &[],
+        &[
+            "redis-server",
+            "--port",
+            &port_arg,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        (port, b"PING\r\n", b"+PONG"),
+    );
+    f.check(served.is_ok(), || format!("redis-server: {served:?}"));
+    starts.push(("redis-server", node.fetched_bytes()));
+
+    let mut before = 0;
+    for (name, after) in starts {
+        let added = after.saturating_sub(before);
+        eprintln!(
+            "{version:?}: the {name} start fetched {added} of {} compressed bytes",
             imgs.blob_bytes
-        )
-    });
+        );
+        f.check(added > 0 && added * 10 < imgs.blob_bytes, || {
+            format!(
+                "the {name} start fetched {added} bytes, not under 10% of the image's {}",
+                imgs.blob_bytes
+            )
+        });
+        before = after;
+    }
 
     // The container's writes go to its own upper dir and vanish with it.
     let before = node.snapshots();
@@ -600,6 +689,34 @@ fn lamina_and_plain_images_run(version: Version) {
 }
 
 /// `/etc/debian_version` of the source image, by umoci.
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Sends `request` to 127.0.0.1:`port`; the first bytes of the answer.
+fn ask(port: u16, request: &[u8]) -> Option<Vec<u8>> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(request).ok()?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).ok()?;
+    Some(buf[..n].to_vec())
+}
+
+/// nginx in the foreground on 127.0.0.1:`port`, serving the image's page.
+fn nginx_conf(port: u16) -> String {
+    format!(
+        "daemon off;\nworker_processes 1;\npid /run/nginx-lamina-test.pid;\nerror_log stderr warn;\n\
+         events {{ worker_connections 16; }}\n\
+         http {{ access_log off; server {{ listen 127.0.0.1:{port}; root /var/www/html; \
+         index index.nginx-debian.html; }} }}\n"
+    )
+}
+
 fn debian_version(source: &Path) -> String {
     static V: OnceLock<String> = OnceLock::new();
     V.get_or_init(|| {
@@ -723,6 +840,76 @@ fn snapshotter_killed_and_restarted_while_a_container_reads() {
         f.0.push(node.logs());
     }
     f.finish("snapshotter kill -9 and restart");
+}
+
+/// Registry configuration through containerd: the snapshotter's hosts.toml
+/// names a mirror that refuses connections, then a pull-through cache of the
+/// registry (a second docker-registry), then the registry as `server`. The
+/// container reads /usr exactly as the image has it, the mount reports no
+/// failed read, and the cache's access log shows it served the lamina
+/// image's blobs (with containerd's `?ns=`) to the snapshotter's mount.
+#[test]
+fn snapshotter_fetches_through_hosts_toml_mirrors() {
+    let Some(mut node) = Node::start(Version::V2) else {
+        return;
+    };
+    let imgs = images();
+    let mirror = Registry::start_pull_through(&node.reg);
+    let hosts = node.t.mkdir("certs.d");
+    // containerd's directory name for 127.0.0.1:PORT
+    let ns_dir = hosts.join(format!("127.0.0.1_{}_", node.reg.port));
+    fs::create_dir_all(&ns_dir).expect("mkdir hosts dir");
+    let toml = format!(
+        "server = \"http://{}\"\n\n\
+         [host.\"http://127.0.0.1:{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n\n\
+         [host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+        node.reg.host(),
+        free_port(),
+        mirror.host()
+    );
+    fs::write(ns_dir.join("hosts.toml"), &toml).expect("write hosts.toml");
+    node.snapshotter.stop();
+    node.snapshotter =
+        start_snapshotter_with(&node.t, &[OsStr::new("--hosts-dir"), hosts.as_os_str()]);
+
+    let pulled = node.pull(LAMINA_IMAGE);
+    assert!(pulled.status.success(), "pull:\n{}", pulled.describe());
+    let out = node.run_rm(LAMINA_IMAGE, "reader", &["bash", "-c", HASH_USR]);
+    let reference = reference_usr_hash(&imgs.source);
+    let mut f = Failures::default();
+    f.check(
+        out.status.success() && out.stdout.trim() == reference.trim(),
+        || {
+            format!(
+                "the container read other bytes than the image's:\n{}\nreference: {reference}",
+                out.describe()
+            )
+        },
+    );
+    let failed: u64 = node
+        .status()
+        .iter()
+        .map(|m| m["status"]["failed_misses"].as_u64().unwrap_or(0))
+        .sum();
+    f.check(failed == 0, || format!("{failed} failed reads"));
+    let log = fs::read_to_string(mirror.dir().join("registry.log")).unwrap_or_default();
+    let ns = format!("?ns={}", node.reg.host().replace(':', "%3A"));
+    let served: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("GET /v2/deb/blobs/sha256:") && l.contains(&ns))
+        .filter(|l| l.contains("\" 200 ") || l.contains("\" 206 "))
+        .collect();
+    f.check(!served.is_empty(), || {
+        format!("the pull-through mirror's log shows no blob it served with {ns}:\n{log}")
+    });
+    eprintln!(
+        "the mirror served {} blob requests of the lamina mount",
+        served.len()
+    );
+    if !f.0.is_empty() {
+        f.0.push(node.logs());
+    }
+    f.finish("hosts.toml mirrors through containerd");
 }
 
 /// [`HASH_USR`] over the umoci unpack of the source image.
