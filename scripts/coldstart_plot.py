@@ -44,10 +44,14 @@ def main():
     allv = [med[lk][w][v]["time_s"][k] for lk in links for w in workloads for v in variants
             if v in med[lk][w] for k in ("min", "max")]
     lo, hi = min(allv) * 0.5, max(allv) * 4
-    fig, axes = plt.subplots(1, len(workloads), figsize=((6 if len(variants) <= 3 else 8) * len(workloads), 6),
+    cols = 2 if len(workloads) == 4 else len(workloads)
+    rows = -(-len(workloads) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=((6 if len(variants) <= 3 else 8) * cols, 6 * rows),
                              squeeze=False)
+    for ax in axes.flat[len(workloads):]:
+        ax.set_visible(False)
     w_bar = 0.8 / len(variants)
-    for ax, w in zip(axes[0], workloads):
+    for ax, w in zip(axes.flat, workloads):
         for j, v in enumerate(variants):
             xs, ys, lo_err, hi_err = [], [], [], []
             for i, lk in enumerate(links):
@@ -89,7 +93,7 @@ def main():
                  f"registry - {m['date'][:10]}, kernel {m['kernel']}, {m['nproc']} CPUs; medians of {runs} runs"
                  f"{f' ({slow[0]} for containerd at ' + ', '.join(k for k, n in cdr.items() if n != runs) + ')' if slow else ''}"
                  f"; white: containerd / lamina", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.tight_layout(rect=(0, 0, 1, 0.97 if rows > 1 else 0.95))
     fig.savefig(sys.argv[2], dpi=110)
 
 

@@ -1141,7 +1141,8 @@ def aggregate(result):
                 if cd and la:
                     ratios[link][w][v] = cd["time_s"]["median"] / la["time_s"]["median"]
     targets = time_targets(ratios, agg)
-    for w in cfg["workloads"]:
+    # issue 2's bytes target is for starts; reading the whole image needs every byte
+    for w in [w for w in cfg["workloads"] if w != "readall"]:
         for v in ("lamina", "lamina-boot"):
             # The target is the bytes *for that start*: counted to its first output.
             fetched = [r["fetched_bytes_ready"] for r in result["runs"]
