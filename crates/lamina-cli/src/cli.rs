@@ -275,6 +275,10 @@ pub(crate) struct ServeArgs {
     /// (cache-file offsets); 0 fetches only the chunks the read needs.
     #[arg(long, default_value = "0", value_parser = parse_size)]
     pub(crate) fill_window: u64,
+    /// Largest window fetched ahead of a reader that reads the image in
+    /// order (windows start at 512K and double); 0 turns it off.
+    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    pub(crate) fill_ahead: u64,
     /// Same as `--prefetch all`.
     #[arg(long)]
     pub(crate) prefetch_all: bool,
@@ -305,6 +309,7 @@ impl ServeArgs {
         lazy.then(|| lamina_mount::LazyOptions {
             timeout: std::time::Duration::from_secs(self.timeout.max(1)),
             fill_window: self.fill_window,
+            fill_ahead: self.fill_ahead,
             prefetch: match self.prefetch.as_str() {
                 _ if self.prefetch_all => lamina_mount::Prefetch::All,
                 p => parse_prefetch(p),

@@ -22,6 +22,7 @@
 //! [mount]                 # lamina mount
 //! timeout = 60            # seconds
 //! fill_window = "1M"      # bytes, or with K, M, G
+//! fill_ahead = "8M"       # largest window fetched ahead of an in-order reader; 0: off
 //! prefetch = "boot"       # none | pages | boot | all
 //! readahead = 0           # KiB
 //!
@@ -163,6 +164,7 @@ pub struct ConfigFile {
 struct ServeSection {
     timeout: Option<u64>,
     fill_window: Option<Size>,
+    fill_ahead: Option<Size>,
     prefetch: Option<PrefetchMode>,
     readahead: Option<u32>,
 }
@@ -174,6 +176,7 @@ struct ServeSection {
 struct RunSection {
     timeout: Option<u64>,
     fill_window: Option<Size>,
+    fill_ahead: Option<Size>,
     prefetch: Option<PrefetchMode>,
     readahead: Option<u32>,
     runtime: Option<PathBuf>,
@@ -186,6 +189,7 @@ impl RunSection {
         ServeSection {
             timeout: self.timeout,
             fill_window: self.fill_window,
+            fill_ahead: self.fill_ahead,
             prefetch: self.prefetch,
             readahead: self.readahead,
         }
@@ -405,6 +409,11 @@ fn fill_serve(m: &Sources, serve: &mut ServeArgs, cache_dir: Option<PathBuf>, s:
         "fill_window",
         s.fill_window.map(|w| w.0),
     );
+    m.fill(
+        &mut serve.fill_ahead,
+        "fill_ahead",
+        s.fill_ahead.map(|w| w.0),
+    );
     m.fill(&mut serve.readahead, "readahead", s.readahead.map(Some));
     // --prefetch-all on the line is a --prefetch given.
     if !m.given("prefetch_all") {
@@ -437,6 +446,7 @@ mod tests {
         [mount]
         timeout = 7
         fill_window = "1M"
+        fill_ahead = "16M"
         prefetch = "all"
         [snapshotter]
         root = "/file/root"
@@ -459,6 +469,7 @@ mod tests {
         };
         assert_eq!(serve.cache_dir, Path::new("/file/cache"));
         assert_eq!((serve.timeout, serve.fill_window), (7, 1 << 20));
+        assert_eq!(serve.fill_ahead, 16 << 20);
         assert_eq!(serve.prefetch, "all");
 
         let args = parse_with(&["lamina", "snapshotter"], FILE);

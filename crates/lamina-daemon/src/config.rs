@@ -68,6 +68,10 @@ pub struct DaemonConfig {
     pub timeout_secs: u64,
     /// A miss fetches the chunks of this many bytes around it (cache offsets).
     pub fill_window: u64,
+    /// Largest window fetched ahead of a reader that reads a blob in
+    /// order; 0: never.
+    #[serde(default = "default_fill_ahead")]
+    pub fill_ahead: u64,
     /// Threads serving misses.
     pub workers: usize,
     /// Fetch the image's boot set in the background.
@@ -109,6 +113,15 @@ pub struct BootPagesSpec {
 }
 fn yes() -> bool {
     true
+}
+
+/// The default largest fill-ahead window: at 100 Mbit/s about half a
+/// second of transfer (compressed), so one request's round trip is small
+/// against it, and at 10 Mbit/s still well within a reader's timeout.
+pub const DEFAULT_FILL_AHEAD: u64 = 8 << 20;
+
+fn default_fill_ahead() -> u64 {
+    DEFAULT_FILL_AHEAD
 }
 
 impl DaemonConfig {

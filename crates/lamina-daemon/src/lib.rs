@@ -11,4 +11,5 @@ pub mod config;
 pub mod holder;
 pub mod latency;
 pub mod protocol;
+pub mod readahead;
 pub mod worker;

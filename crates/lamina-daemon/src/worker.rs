@@ -25,6 +25,7 @@ use lamina_sys::{FanotifyGroup, Response};
 use crate::config::{write_atomic, BootPagesSpec, DaemonConfig, SourceSpec};
 use crate::latency::{Histogram, Recorder};
 use crate::protocol::{self, Message};
+use crate::readahead::Stream;
 use rustix::event::{poll, PollFd, PollFlags};
 
 /// Live figures, written to `<run_dir>/status.json`.
@@ -63,6 +64,13 @@ pub struct Status {
     /// Of `requests`, those for misses.
     #[serde(default)]
     pub miss_requests: u64,
+    /// Of `fetched_bytes`, what was fetched ahead of a reader reading in
+    /// blob order (`fill_ahead`).
+    #[serde(default)]
+    pub ahead_fetched_bytes: u64,
+    /// Of `requests`, those fetched ahead.
+    #[serde(default)]
+    pub ahead_requests: u64,
     /// How long readers waited on misses: from the miss's arrival in the
     /// worker to its answer (EIO included).
     #[serde(default)]
@@ -96,6 +104,12 @@ struct Shared {
     stats: FetchStats,
     /// Fetched because a reader was waiting.
     miss_stats: FetchStats,
+    /// Fetched ahead of a reader reading in blob order.
+    ahead_stats: FetchStats,
+    /// Per blob: how it is being read, to fetch ahead of a stream.
+    streams: Vec<Mutex<Stream>>,
+    /// Windows to fetch ahead, for the fill-ahead threads (None: off).
+    ahead: Option<mpsc::SyncSender<(u32, std::ops::Range<usize>)>>,
     /// When the last miss arrived (ms since the worker started).
     last_miss_ms: AtomicU64,
     started: Instant,
@@ -178,7 +192,12 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         None => None,
     };
     let n = stores.len();
+    // A few windows queued are plenty: each is up to `fill_ahead` bytes.
+    let (ahead_tx, ahead_rx) = mpsc::sync_channel(8);
     let shared = Arc::new(Shared {
+        ahead: (config.fill_ahead > 0).then_some(ahead_tx),
+        streams: (0..n).map(|_| Mutex::new(Stream::default())).collect(),
+        ahead_stats: FetchStats::default(),
         fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
             ..FetchOptions::default()
@@ -304,6 +323,19 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     if shared.config.prefetch || shared.config.prefetch_all {
         let shared = shared.clone();
         std::thread::spawn(move || shared.prefetch());
+    }
+    // Two threads: the next window is requested while one is in flight.
+    let ahead_rx = Arc::new(Mutex::new(ahead_rx));
+    for _ in 0..2 {
+        let (shared, rx) = (shared.clone(), ahead_rx.clone());
+        std::thread::spawn(move || loop {
+            let job = match rx.lock() {
+                Ok(r) => r.recv(),
+                Err(_) => return,
+            };
+            let Ok((blob, chunks)) = job else { return };
+            shared.fetch_ahead(blob, chunks);
+        });
     }
 
     loop {
@@ -492,10 +524,13 @@ impl Shared {
         }
         let (needed, window) = {
             let store = self.lock_store(blob)?;
+            let needed = store.chunks_covering(offset, count.max(1));
+            // Landed reads count too: a stream reads mostly what was
+            // fetched ahead of it, and must see its reader come near the end.
+            self.read_ahead_of(blob, &store, needed.clone());
             if store.range_ready(offset, count) {
                 return Ok(());
             }
-            let needed = store.chunks_covering(offset, count.max(1));
             let w = self.config.fill_window.max(1);
             let start = offset / w * w;
             let win = store.chunks_covering(start, w.max(offset + count - start));
@@ -526,6 +561,38 @@ impl Shared {
             }
             wanted = needed.clone().collect();
         }
+    }
+
+    /// Notes a read of `chunks` and queues the window to fetch ahead of it,
+    /// if the blob is being read in order.
+    fn read_ahead_of(&self, blob: u32, store: &BlobStore, chunks: std::ops::Range<usize>) {
+        let Some(ahead) = &self.ahead else { return };
+        let Ok(mut stream) = self.streams[blob as usize].lock() else {
+            return;
+        };
+        let entries = &store.blob.chunks;
+        let size = |i: usize| u64::from(entries[i].size.get());
+        if let Some(window) = stream.observe(chunks, entries.len(), self.config.fill_ahead, size) {
+            tracing::debug!(blob, ?window, "fetching ahead of a stream");
+            if ahead.try_send((blob, window)).is_err() {
+                tracing::debug!(blob, "fill-ahead queue full; the reader's misses fetch it");
+            }
+        }
+    }
+
+    /// Fetches a window ahead of a stream: what no one else holds.
+    fn fetch_ahead(&self, blob: u32, chunks: std::ops::Range<usize>) {
+        let Ok(mine) = self.claim(blob, chunks, None) else {
+            return;
+        };
+        if mine.is_empty() {
+            return;
+        }
+        if let Err(e) = self.fetch_with(blob, &mine, None, &self.fetch, Some(&self.ahead_stats)) {
+            // Not fatal: the reader's own misses fetch (and retry) these.
+            tracing::warn!("fetching ahead: {e}");
+        }
+        self.release(blob, &mine);
     }
 
     fn all_filled(&self, blob: u32, chunks: std::ops::Range<usize>) -> io::Result<bool> {
@@ -703,7 +770,7 @@ impl Shared {
 
     /// Fetches chunks a reader is waiting for.
     fn fetch_into(&self, blob: u32, chunks: &[usize], via: Option<&File>) -> io::Result<()> {
-        self.fetch_with(blob, chunks, via, &self.fetch, true)
+        self.fetch_with(blob, chunks, via, &self.fetch, Some(&self.miss_stats))
     }
 
     fn fetch_with(
@@ -712,7 +779,7 @@ impl Shared {
         chunks: &[usize],
         via: Option<&File>,
         opts: &FetchOptions,
-        for_miss: bool,
+        also_count: Option<&FetchStats>,
     ) -> io::Result<()> {
         let entries = self.lock_store(blob)?.blob.chunks.clone();
         let counted = FetchStats::default();
@@ -729,8 +796,8 @@ impl Shared {
             },
         );
         add_stats(&self.stats, &counted);
-        if for_miss {
-            add_stats(&self.miss_stats, &counted);
+        if let Some(stats) = also_count {
+            add_stats(stats, &counted);
         }
         self.landed.notify_all();
         self.check_complete(blob);
@@ -863,7 +930,7 @@ impl Shared {
 
     fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
         if let Ok(mine) = self.claim(blob, chunks.into_iter(), None) {
-            if let Err(e) = self.fetch_with(blob, &mine, None, opts, false) {
+            if let Err(e) = self.fetch_with(blob, &mine, None, opts, None) {
                 tracing::warn!("prefetch: {e}");
             }
             self.release(blob, &mine);
@@ -886,6 +953,8 @@ impl Shared {
             requests: self.stats.requests.load(Ordering::Relaxed),
             miss_fetched_bytes: self.miss_stats.bytes.load(Ordering::Relaxed),
             miss_requests: self.miss_stats.requests.load(Ordering::Relaxed),
+            ahead_fetched_bytes: self.ahead_stats.bytes.load(Ordering::Relaxed),
+            ahead_requests: self.ahead_stats.requests.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             failed_misses: self.failed.load(Ordering::Relaxed),
             bad_chunks: self.stats.bad_chunks.load(Ordering::Relaxed),

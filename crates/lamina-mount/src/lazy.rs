@@ -38,6 +38,9 @@ pub struct LazyOptions {
     pub timeout: Duration,
     /// A miss fetches the chunks in this many bytes around it.
     pub fill_window: u64,
+    /// Largest window fetched ahead of a reader reading a blob in order
+    /// (0: never).
+    pub fill_ahead: u64,
     /// Threads serving misses.
     pub workers: usize,
     /// What to fetch without a reader waiting.
@@ -55,6 +58,7 @@ impl Default for LazyOptions {
         LazyOptions {
             timeout: Duration::from_secs(60),
             fill_window: 0,
+            fill_ahead: lamina_daemon::config::DEFAULT_FILL_AHEAD,
             workers: 8,
             prefetch: Prefetch::Boot,
             record_trace: None,
@@ -175,6 +179,7 @@ pub fn mount_lazy(
         run_dir: run.clone(),
         timeout_secs: lazy.timeout.as_secs().max(1),
         fill_window: lazy.fill_window,
+        fill_ahead: lazy.fill_ahead,
         workers: lazy.workers,
         prefetch: lazy.record_trace.is_none() && lazy.prefetch != Prefetch::None,
         prefetch_all: lazy.prefetch == Prefetch::All && lazy.record_trace.is_none(),
