@@ -220,8 +220,19 @@ impl Node {
     /// `ctr -a SOCK ARGS...`
     fn ctr<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(&self, args: I) -> Command {
         let mut c = command(self.ctr_bin(), ["-a".as_ref(), self.sock().as_os_str()]);
-        c.args(args);
+        c.env("CONTAINERD_NAMESPACE", self.namespace()).args(args);
         c
+    }
+
+    /// A namespace of this node's own (`-n` on a command line wins): runc
+    /// keeps container state under /run/containerd/runc/NAMESPACE whatever
+    /// containerd's state dir, so two nodes running a container of the same
+    /// name in one namespace collide ("container with given ID already
+    /// exists").
+    fn namespace(&self) -> String {
+        let dir = self.t.path().file_name().unwrap_or_default();
+        dir.to_string_lossy()
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "-")
     }
 
     fn wait_containerd(&self) {
@@ -252,6 +263,7 @@ impl Node {
         let mut c = match self.version {
             Version::V16 => {
                 let mut c = command(tool("ctr-remote"), ["-a".as_ref(), self.sock().as_os_str()]);
+                c.env("CONTAINERD_NAMESPACE", self.namespace());
                 c.args([
                     "image",
                     "rpull",
