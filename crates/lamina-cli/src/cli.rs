@@ -229,6 +229,10 @@ pub(crate) enum Command {
         /// boot or all (as `lamina mount --prefetch`).
         #[arg(long, default_value = "boot", value_parser = ["none", "pages", "boot", "all"])]
         prefetch: String,
+        /// Largest window fetched ahead of a container that reads the
+        /// image in order (as `lamina mount --fill-ahead`); 0 turns it off.
+        #[arg(long, default_value = "8M", value_parser = parse_size)]
+        fill_ahead: u64,
         /// Serve Prometheus metrics at GET /metrics on IP:PORT (e.g.
         /// 127.0.0.1:9464; port 0 picks one, logged at start) or on
         /// unix:/PATH.
@@ -604,6 +608,7 @@ pub fn run(args: Args) -> Result<u8> {
             address,
             timeout,
             prefetch,
+            fill_ahead,
             metrics_address,
         } => lamina_snapshotter::serve(lamina_snapshotter::Options {
             root: absolute(&root)?,
@@ -612,6 +617,7 @@ pub fn run(args: Args) -> Result<u8> {
             lazy: lamina_mount::LazyOptions {
                 timeout: std::time::Duration::from_secs(timeout.max(1)),
                 prefetch: parse_prefetch(&prefetch),
+                fill_ahead,
                 ..lamina_mount::LazyOptions::default()
             },
             metrics_address,

@@ -36,6 +36,7 @@
 //! address = "/run/lamina/snapshotter.sock"
 //! timeout = 60
 //! prefetch = "boot"
+//! fill_ahead = "8M"
 //! metrics_address = "127.0.0.1:9464"   # or "unix:/run/lamina/metrics.sock"
 //!
 //! [convert]
@@ -204,6 +205,7 @@ struct SnapshotterSection {
     address: Option<PathBuf>,
     timeout: Option<u64>,
     prefetch: Option<PrefetchMode>,
+    fill_ahead: Option<Size>,
     #[serde(default, deserialize_with = "parsed")]
     metrics_address: Option<MetricsAddress>,
 }
@@ -385,6 +387,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             address,
             timeout,
             prefetch,
+            fill_ahead,
             metrics_address,
         } => {
             let s = &file.snapshotter;
@@ -392,6 +395,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             m.fill(address, "address", s.address.clone());
             m.fill(timeout, "timeout", s.timeout);
             m.fill(prefetch, "prefetch", s.prefetch.map(|p| p.as_str().into()));
+            m.fill(fill_ahead, "fill_ahead", s.fill_ahead.map(|w| w.0));
             let metrics = s.metrics_address.clone().map(Some);
             m.fill(metrics_address, "metrics_address", metrics);
         }
@@ -451,6 +455,7 @@ mod tests {
         [snapshotter]
         root = "/file/root"
         address = "/file/sock"
+        fill_ahead = "2M"
         metrics_address = "unix:/file/metrics.sock"
         [convert]
         chunk_size = "1M"
@@ -477,6 +482,7 @@ mod tests {
             root,
             address,
             metrics_address,
+            fill_ahead,
             ..
         } = &args.command
         else {
@@ -490,6 +496,7 @@ mod tests {
             metrics_address,
             &Some(MetricsAddress::Unix("/file/metrics.sock".into()))
         );
+        assert_eq!(*fill_ahead, 2 << 20);
 
         let args = parse_with(&["lamina", "gc"], FILE);
         let Command::Gc { max_size, .. } = args.command else {
