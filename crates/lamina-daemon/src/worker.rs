@@ -100,6 +100,9 @@ struct Shared {
     fetch: FetchOptions,
     /// Boot-set requests: gaps up to 128 KiB are fetched rather than split.
     boot_fetch: FetchOptions,
+    /// Fill-ahead requests: no gaps (chunks a reader's misses filled in a
+    /// window are not fetched again, so a whole read moves each byte once).
+    ahead_fetch: FetchOptions,
     /// Everything fetched (misses, boot pages, background).
     stats: FetchStats,
     /// Fetched because a reader was waiting.
@@ -205,6 +208,11 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         boot_fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
             merge_gap: 128 << 10,
+            ..FetchOptions::default()
+        },
+        ahead_fetch: FetchOptions {
+            deadline: Duration::from_secs(config.timeout_secs),
+            merge_gap: 0,
             ..FetchOptions::default()
         },
         config,
@@ -588,7 +596,13 @@ impl Shared {
         if mine.is_empty() {
             return;
         }
-        if let Err(e) = self.fetch_with(blob, &mine, None, &self.fetch, Some(&self.ahead_stats)) {
+        if let Err(e) = self.fetch_with(
+            blob,
+            &mine,
+            None,
+            &self.ahead_fetch,
+            Some(&self.ahead_stats),
+        ) {
             // Not fatal: the reader's own misses fetch (and retry) these.
             tracing::warn!("fetching ahead: {e}");
         }
