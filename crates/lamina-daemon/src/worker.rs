@@ -101,7 +101,10 @@ struct Shared {
     /// Boot-set requests: gaps up to 128 KiB are fetched rather than split.
     boot_fetch: FetchOptions,
     /// Fill-ahead requests: no gaps (chunks a reader's misses filled in a
-    /// window are not fetched again, so a whole read moves each byte once).
+    /// window are not fetched again, so a whole read moves each byte once),
+    /// and given up early: a reader that meets a window in flight waits
+    /// for it, and must have most of its timeout left to fetch the chunks
+    /// itself if the window fails.
     ahead_fetch: FetchOptions,
     /// Everything fetched (misses, boot pages, background).
     stats: FetchStats,
@@ -211,7 +214,8 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             ..FetchOptions::default()
         },
         ahead_fetch: FetchOptions {
-            deadline: Duration::from_secs(config.timeout_secs),
+            deadline: Duration::from_secs(config.timeout_secs) / 4,
+            attempts: 2,
             merge_gap: 0,
             ..FetchOptions::default()
         },
