@@ -19,6 +19,8 @@
 #   9. containerd: a private containerd 2.x (built by setup.sh) with `lamina snapshotter`
 #      as its proxy snapshotter pulls the boot image (`ctr image pull --snapshotter
 #      lamina`: no data layer is downloaded) and runs the same container (`ctr run`)
+#  10. every file of the image read in path order from a fresh lazy mount: the worker
+#      sees the stream and fetches ahead of it in a few large requests (fill-ahead)
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -228,7 +230,7 @@ RUNC_STARTED=0
 # ---- 7. boot pages: record the start, bake the pages it read into the image, start again ------
 teardown() { # the overlay and the lamina mount of the round before
     mountpoint -q "$BUNDLE/rootfs" && umount "$BUNDLE/rootfs"
-    "$LAMINA" umount "$MNT" >/dev/null
+    if mountpoint -q "$MNT"; then "$LAMINA" umount "$MNT" >/dev/null; fi
     rm -rf "$OVL"
     mkdir -p "$OVL/upper" "$OVL/work"
 }
@@ -346,6 +348,22 @@ EOF
     jq -r '"  lamina fetched \(.fetched_bytes) bytes for the pull and start, in \(.requests) requests"' "$TMP/status-ctd.json" >&2
 fi
 
+# ---- 10. the whole image read in path order: fetched ahead in a few large requests --------------
+READALL=0
+if [ "$LAZY" = 1 ]; then
+    READALL=1
+    teardown
+    CACHE="$TMP/cache-readall"
+    log "lamina mount docker://$R/debian:bookworm-lamina $MNT (fresh cache), then every file read (find -exec cat)"
+    "$LAMINA" mount --prefetch none "docker://$R/debian:bookworm-lamina" "$MNT" --cache-dir "$CACHE" >/dev/null
+    t=$(now)
+    find "$MNT" -xdev -type f -exec cat {} + >/dev/null
+    step "read every file (lazy, fill-ahead)" "$t" "$(now)"
+    settled_status >"$TMP/status-readall.json"
+    jq -r '"  \(.fetched_bytes) bytes in \(.requests) requests (\(.ahead_requests) fetched ahead of the reader), \(.failed_misses) failed reads"' \
+        "$TMP/status-readall.json" >&2
+fi
+
 # ---- summary ----------------------------------------------------------------------------------
 echo
 echo "lamina demo: $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
@@ -375,6 +393,10 @@ fi
 if [ "$CTD" = 1 ]; then
     printf '  %-36s %8s  (data blobs in containerd: %s)\n' "fetched for the containerd start" \
         "$(human "$(jq -r .fetched_bytes "$TMP/status-ctd.json")")" "$CTD_DATA"
+fi
+if [ "$READALL" = 1 ]; then
+    printf '  %-36s %8s  (in %s range requests)\n' "fetched reading every file" \
+        "$(human "$(jq -r .fetched_bytes "$TMP/status-readall.json")")" "$(jq -r .requests "$TMP/status-readall.json")"
 fi
 printf '  %-36s %8s\n' "files written by the container" "$(find "$OVL/upper" -mindepth 1 | wc -l)"
 echo "  container said: $(cat "$TMP/container.out")"
