@@ -7,6 +7,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use reqwest::blocking::Client;
@@ -154,7 +155,13 @@ pub(crate) fn build_client(spec: &ClientSpec<'_>, pooled: bool) -> Result<Client
     let mut builder = Client::builder()
         .connect_timeout(connect.min(spec.timeout))
         .timeout(spec.timeout)
-        .user_agent(concat!("lamina/", env!("CARGO_PKG_VERSION")));
+        .user_agent(concat!("lamina/", env!("CARGO_PKG_VERSION")))
+        // The system store, read once per process (reqwest would read and
+        // parse it again for every client: ~5 ms each, several per mount).
+        .tls_built_in_native_certs(false);
+    for cert in system_roots() {
+        builder = builder.add_root_certificate(cert.clone());
+    }
     if !pooled {
         builder = builder.pool_max_idle_per_host(0);
     }
@@ -180,6 +187,20 @@ pub(crate) fn build_client(spec: &ClientSpec<'_>, pooled: bool) -> Result<Client
         method: "INIT".to_string(),
         url: format!("registry {}", spec.host),
         source,
+    })
+}
+
+/// The system's trusted roots (`SSL_CERT_FILE`, `SSL_CERT_DIR` or the
+/// platform's store), loaded on first use. Unreadable or unparsable entries
+/// are skipped, as reqwest does.
+fn system_roots() -> &'static [Certificate] {
+    static ROOTS: OnceLock<Vec<Certificate>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        rustls_native_certs::load_native_certs()
+            .certs
+            .iter()
+            .filter_map(|der| Certificate::from_der(der).ok())
+            .collect()
     })
 }
 
