@@ -237,7 +237,8 @@ pub fn mount_lazy(
                 log_path.display()
             )));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        // Short: every start of a container waits here.
+        std::thread::sleep(Duration::from_millis(2));
     }
     Ok(MountInfo {
         mountpoint,
