@@ -1,11 +1,18 @@
 # Shared by scripts/bench.sh and scripts/coldstart.sh (sourced, not run).
 # Expects ROOT, PY, NO_PLOT and the log/die functions; sets LAMINA and
-# IMAGE_DIR: the release binary (built if missing), matplotlib for the plot
-# (installed if missing and wanted) and the reference Debian image (built
-# once per machine).
+# IMAGE_DIR: the release binary (built by cargo, or LAMINA_BIN=PATH to
+# measure a given build), matplotlib for the plot (installed if missing and
+# wanted) and the reference Debian image (built once per machine).
 bench_prereqs() {
-    LAMINA="$ROOT/target/release/lamina"
-    if [ ! -x "$LAMINA" ]; then
+    if [ -n "${LAMINA_BIN:-}" ]; then
+        # A given binary (to compare two builds side by side).
+        LAMINA=$(realpath "$LAMINA_BIN")
+        [ -x "$LAMINA" ] || die "LAMINA_BIN=$LAMINA_BIN is not an executable"
+        log "measuring $LAMINA (LAMINA_BIN)"
+    else
+        LAMINA="$ROOT/target/release/lamina"
+        # Always through cargo: a binary older than the sources would
+        # measure code that is gone (a no-op when it is up to date).
         log "building lamina (release)"
         # shellcheck disable=SC1091
         [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
