@@ -14,6 +14,7 @@ pub mod state;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -48,6 +49,8 @@ pub struct RegistryImages {
     /// Per image reference: the manifest's digest and layer digests, or
     /// `None` for an image that is not a lamina image.
     known: HashMap<String, Option<(String, Vec<String>)>>,
+    /// Mounts being made in the background, by mount point.
+    pending: HashMap<PathBuf, JoinHandle<Result<(), String>>>,
 }
 
 impl RegistryImages {
@@ -58,6 +61,7 @@ impl RegistryImages {
             cache_dir,
             lazy,
             known: HashMap::new(),
+            pending: HashMap::new(),
         }
     }
 
@@ -77,6 +81,30 @@ impl RegistryImages {
             .collect();
         Ok(Some((img.manifest_digest.to_string(), layers)))
     }
+}
+
+impl RegistryImages {
+    fn mount_options(&self) -> MountOptions {
+        MountOptions {
+            cache_dir: self.cache_dir.clone(),
+            source: self.source.clone(),
+        }
+    }
+}
+
+/// Mounts `image` (`HOST/REPO@DIGEST`) lazily at `mountpoint`.
+fn mount_image(
+    opts: &MountOptions,
+    lazy: &LazyOptions,
+    image: &str,
+    mountpoint: &Path,
+) -> Result<(), String> {
+    let rr = RegistryRef::parse(image).map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    lamina_mount::mount_lazy(&ImageRef::Registry(rr), mountpoint, opts, lazy)
+        .map_err(|e| e.to_string())?;
+    tracing::debug!(image, ms = started.elapsed().as_secs_f64() * 1e3, "mounted");
+    Ok(())
 }
 
 impl Images for RegistryImages {
@@ -111,14 +139,31 @@ impl Images for RegistryImages {
     }
 
     fn mount(&mut self, image: &str, mountpoint: &Path) -> Result<(), String> {
-        let rr = RegistryRef::parse(image).map_err(|e| e.to_string())?;
-        let opts = MountOptions {
-            cache_dir: self.cache_dir.clone(),
-            source: self.source.clone(),
-        };
-        lamina_mount::mount_lazy(&ImageRef::Registry(rr), mountpoint, &opts, &self.lazy)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        mount_image(&self.mount_options(), &self.lazy, image, mountpoint)
+    }
+
+    fn start_mount(&mut self, image: &str, mountpoint: &Path) {
+        let (opts, lazy) = (self.mount_options(), self.lazy.clone());
+        let (image, mnt) = (image.to_string(), mountpoint.to_path_buf());
+        let started = std::thread::Builder::new()
+            .name("lazy-mount".into())
+            .spawn(move || mount_image(&opts, &lazy, &image, &mnt));
+        match started {
+            Ok(handle) => {
+                self.pending.insert(mountpoint.to_path_buf(), handle);
+            }
+            // Nothing pending: the first use mounts it (`ensure_mounted`).
+            Err(e) => tracing::warn!("no thread for a background mount: {e}"),
+        }
+    }
+
+    fn wait_mount(&mut self, mountpoint: &Path) -> Option<Result<(), String>> {
+        let handle = self.pending.remove(mountpoint)?;
+        Some(
+            handle
+                .join()
+                .unwrap_or_else(|_| Err("the mounting thread panicked".into())),
+        )
     }
 
     fn unmount(&mut self, mountpoint: &Path) -> Result<(), String> {

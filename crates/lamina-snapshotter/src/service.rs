@@ -85,6 +85,7 @@ impl<I: Images + 'static> Service<I> {
     {
         let inner = self.inner.clone();
         let metrics = self.metrics.clone();
+        let started = std::time::Instant::now();
         let res = tokio::task::spawn_blocking(move || {
             let mut sn = inner.lock().unwrap_or_else(|p| p.into_inner());
             let res = f(&mut sn);
@@ -96,6 +97,7 @@ impl<I: Images + 'static> Service<I> {
         .map_err(|e| self.refuse(op, Status::internal(format!("{op}: {e}"))))?;
         self.metrics
             .record_call(op, res.as_ref().err().map(grpc_code));
+        tracing::debug!(op, ms = started.elapsed().as_secs_f64() * 1e3, "call done");
         match &res {
             Err(Error::Internal(msg)) => tracing::error!(op, "{msg}"),
             Err(e @ (Error::FailedPrecondition(_) | Error::InvalidArgument(_))) => {

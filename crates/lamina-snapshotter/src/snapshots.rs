@@ -80,6 +80,13 @@ pub trait Images: Send {
     ) -> std::result::Result<Option<LayerRole>, String>;
     /// Mounts `image` lazily at `mountpoint`.
     fn mount(&mut self, image: &str, mountpoint: &Path) -> std::result::Result<(), String>;
+    /// Starts mounting `image` at `mountpoint` in the background, so that
+    /// containerd goes on with the pull (and the container's creation)
+    /// meanwhile; `wait_mount` gives the outcome.
+    fn start_mount(&mut self, image: &str, mountpoint: &Path);
+    /// Waits for the mount `start_mount` began at `mountpoint`: `None`
+    /// when none is pending.
+    fn wait_mount(&mut self, mountpoint: &Path) -> Option<std::result::Result<(), String>>;
     /// Unmounts what `mount` mounted; an error when busy.
     fn unmount(&mut self, mountpoint: &Path) -> std::result::Result<(), String>;
     /// Whether `mountpoint` has a mount on it.
@@ -258,6 +265,8 @@ impl<I: Images> Snapshotter<I> {
         labels: BTreeMap<String, String>,
     ) -> Result<Vec<Mount>> {
         self.check_new(key, parent)?;
+        // Before anything is recorded: a failed mount fails this call only.
+        self.ensure_mounted(parent)?;
         let id = self.make_dirs(kind)?;
         let now = SystemTime::now();
         let snap = Snapshot {
@@ -271,7 +280,7 @@ impl<I: Images> Snapshotter<I> {
             usage: None,
         };
         self.insert(key, snap)?;
-        self.mounts(key)
+        self.mount_specs(key)
     }
 
     /// The remote-snapshot path: `Some(AlreadyExists)` when the layer is a
@@ -317,14 +326,14 @@ impl<I: Images> Snapshotter<I> {
             },
             LayerRole::Top { image } => {
                 let mnt = dir.join("lamina");
-                let mounted = fs::create_dir(&mnt)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| self.images.mount(&image, &mnt));
-                if let Err(e) = mounted {
+                if let Err(e) = fs::create_dir(&mnt) {
                     let _ = fs::remove_dir_all(&dir);
-                    return Err(Error::Internal(format!("lazy mount of {image}: {e}")));
+                    return Err(Error::Internal(format!("{}: {e}", mnt.display())));
                 }
-                tracing::info!(image, snapshot = target, "lamina image mounted lazily");
+                // Whatever needs the image's files (a child's Prepare, a
+                // View, Mounts) waits for this mount: see `ensure_mounted`.
+                self.images.start_mount(&image, &mnt);
+                tracing::info!(image, snapshot = target, "mounting lamina image lazily");
                 Backing::LaminaImage { image }
             }
         };
@@ -363,8 +372,46 @@ impl<I: Images> Snapshotter<I> {
         Ok(out)
     }
 
+    /// The lamina image `parent` stands on, if any, and its mount point.
+    fn image_under<'a>(&'a self, mut parent: &'a str) -> Result<Option<(String, PathBuf)>> {
+        while !parent.is_empty() {
+            let snap = self.get(parent)?;
+            if let Backing::LaminaImage { image } = &snap.backing {
+                return Ok(Some((image.clone(), self.dir(snap).join("lamina"))));
+            }
+            parent = &snap.parent;
+        }
+        Ok(None)
+    }
+
+    /// Makes sure the lamina image under `parent` (if any) is mounted: waits
+    /// for its background mount, and mounts it again if that failed or the
+    /// mount is gone. An error only when mounting fails now.
+    fn ensure_mounted(&mut self, parent: &str) -> Result<()> {
+        let Some((image, mnt)) = self.image_under(parent)? else {
+            return Ok(());
+        };
+        match self.images.wait_mount(&mnt) {
+            Some(Ok(())) => return Ok(()),
+            None if self.images.is_mounted(&mnt) => return Ok(()),
+            Some(Err(e)) => tracing::warn!(image, "lazy mount failed: {e}; trying once more"),
+            None => tracing::warn!(image, "{} is not mounted; mounting it", mnt.display()),
+        }
+        self.images
+            .mount(&image, &mnt)
+            .map_err(|e| Error::Internal(format!("lazy mount of {image}: {e}")))?;
+        tracing::info!(image, "lamina image mounted lazily");
+        Ok(())
+    }
+
     /// The mounts that give snapshot `key`'s filesystem.
-    pub fn mounts(&self, key: &str) -> Result<Vec<Mount>> {
+    pub fn mounts(&mut self, key: &str) -> Result<Vec<Mount>> {
+        let parent = self.get(key)?.parent.clone();
+        self.ensure_mounted(&parent)?;
+        self.mount_specs(key)
+    }
+
+    fn mount_specs(&self, key: &str) -> Result<Vec<Mount>> {
         let snap = self.get(key)?;
         let dir = self.dir(snap);
         let lowers = self.lowers(&snap.parent)?;
@@ -458,6 +505,10 @@ impl<I: Images> Snapshotter<I> {
         let dir = self.dir(&snap);
         if let Backing::LaminaImage { image } = &snap.backing {
             let mnt = dir.join("lamina");
+            // A mount still being made would land after the removal.
+            if let Some(Err(e)) = self.images.wait_mount(&mnt) {
+                tracing::info!(image, "removing a snapshot whose lazy mount failed: {e}");
+            }
             if self.images.is_mounted(&mnt) {
                 self.images.unmount(&mnt).map_err(|e| {
                     Error::FailedPrecondition(format!(
@@ -660,11 +711,14 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// A lamina side that knows one image of three layers and records
-    /// mounts in memory.
+    /// mounts in memory. A background mount is left pending until waited
+    /// for, and then fails `failing_mounts` times before it succeeds.
     #[derive(Debug, Default)]
     struct FakeImages {
         mounted: BTreeSet<PathBuf>,
         mounts: usize,
+        pending: BTreeSet<PathBuf>,
+        failing_mounts: usize,
         busy: bool,
         registry_down: bool,
     }
@@ -688,8 +742,20 @@ mod tests {
         }
         fn mount(&mut self, _image: &str, mountpoint: &Path) -> std::result::Result<(), String> {
             self.mounts += 1;
+            if self.failing_mounts > 0 {
+                self.failing_mounts -= 1;
+                return Err("registry unreachable".into());
+            }
             self.mounted.insert(mountpoint.to_path_buf());
             Ok(())
+        }
+        fn start_mount(&mut self, _image: &str, mountpoint: &Path) {
+            self.pending.insert(mountpoint.to_path_buf());
+        }
+        fn wait_mount(&mut self, mountpoint: &Path) -> Option<std::result::Result<(), String>> {
+            self.pending
+                .remove(mountpoint)
+                .then(|| self.mount("", mountpoint))
         }
         fn unmount(&mut self, mountpoint: &Path) -> std::result::Result<(), String> {
             if self.busy {
@@ -746,7 +812,8 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let mut sn = Snapshotter::open(root.path(), FakeImages::default()).unwrap();
         let top = pull(&mut sn);
-        assert_eq!(sn.images.mounts, 1, "only the top layer mounts");
+        assert_eq!(sn.images.pending.len(), 1, "only the top layer mounts");
+        assert_eq!(sn.images.mounts, 0, "in the background: the pull goes on");
         let info = sn.stat(&top).unwrap();
         assert_eq!(
             (info.kind, info.parent.as_str()),
@@ -765,9 +832,11 @@ mod tests {
             ),
             Err(Error::AlreadyExists(_))
         ));
-        assert_eq!(sn.images.mounts, 1);
+        assert_eq!(sn.images.pending.len(), 1);
 
+        // The container's snapshot needs the image's files: it waits.
         let mounts = sn.prepare("container", &top, BTreeMap::new()).unwrap();
+        assert_eq!((sn.images.mounts, sn.images.pending.len()), (1, 0));
         let top_dir = sn.dir(sn.get(&top).unwrap());
         let opts = &mounts[0].options;
         assert_eq!(mounts[0].r#type, "overlay");
@@ -779,6 +848,34 @@ mod tests {
         let view = sn.view("view", &top, BTreeMap::new()).unwrap();
         assert_eq!(view[0].source, top_dir.join("lamina").display().to_string());
         assert!(view[0].options.contains(&"ro".to_string()));
+        assert_eq!(sn.images.mounts, 1, "mounted once");
+    }
+
+    #[test]
+    fn a_failed_background_mount_fails_only_the_call_that_needs_it() {
+        let root = tempfile::tempdir().unwrap();
+        let mut sn = Snapshotter::open(root.path(), FakeImages::default()).unwrap();
+        let top = pull(&mut sn);
+        // The background mount and the one retry fail: so does the Prepare,
+        // and nothing of it is recorded.
+        sn.images.failing_mounts = 2;
+        let err = sn.prepare("container", &top, BTreeMap::new()).unwrap_err();
+        assert!(
+            matches!(&err, Error::Internal(m) if m.contains("lazy mount of reg/img@sha256:m")),
+            "{err}"
+        );
+        assert!(matches!(sn.stat("container"), Err(Error::NotFound(_))));
+        // containerd tries again: the image is mounted now.
+        sn.prepare("container", &top, BTreeMap::new()).unwrap();
+        assert_eq!(sn.images.mounts, 3);
+        // A background mount that fails once is retried in the call.
+        sn.remove("container").unwrap();
+        sn.remove(&top).unwrap();
+        let top = pull(&mut sn);
+        sn.images.failing_mounts = 1;
+        sn.view("view", &top, BTreeMap::new()).unwrap();
+        assert_eq!(sn.images.mounts, 5);
+        assert!(sn.images.failing_mounts == 0 && sn.images.pending.is_empty());
     }
 
     #[test]
@@ -806,8 +903,11 @@ mod tests {
         assert!(
             matches!(sn.remove("chain-1"), Err(Error::FailedPrecondition(m)) if m.contains("remove"))
         );
+        // Removing waits for the mount still being made, then unmounts it.
+        assert_eq!(sn.images.pending.len(), 1);
         sn.images.busy = true;
         assert!(matches!(sn.remove(&top), Err(Error::FailedPrecondition(_))));
+        assert_eq!((sn.images.mounts, sn.images.pending.len()), (1, 0));
         assert!(sn.stat(&top).is_ok(), "a failed remove keeps the snapshot");
         sn.images.busy = false;
         sn.remove(&top).unwrap();
