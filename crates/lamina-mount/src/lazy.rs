@@ -12,7 +12,7 @@ use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
 use lamina_fetch::store::BlobStore;
 use lamina_image::artifact::{self, LaminaLayers};
-use lamina_oci::{open_source, ImageRef, RegistryRef};
+use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
 use crate::kernel::{cached_layer, io_err, MountError, MountInfo, MountOptions};
 
@@ -81,13 +81,33 @@ pub fn mount_lazy(
     opts: &MountOptions,
     lazy: &LazyOptions,
 ) -> Result<MountInfo, MountError> {
-    let mountpoint = fs::canonicalize(mountpoint)
-        .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
-    if !mountpoint.is_dir() {
-        return Err(MountError::Mountpoint(mountpoint, "not a directory".into()));
-    }
-    private::private_dir(&opts.cache_dir).map_err(io_err(&opts.cache_dir))?;
+    // A bad mount point fails before anything is fetched.
+    mountpoint_dir(mountpoint)?;
     let source = open_source(image, &opts.source)?;
+    mount_lazy_from(source, image, mountpoint, opts, lazy)
+}
+
+/// `mountpoint`, resolved, when it is a directory.
+fn mountpoint_dir(mountpoint: &Path) -> Result<PathBuf, MountError> {
+    let dir = fs::canonicalize(mountpoint)
+        .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
+    if !dir.is_dir() {
+        return Err(MountError::Mountpoint(dir, "not a directory".into()));
+    }
+    Ok(dir)
+}
+
+/// Like [`mount_lazy`], with `image` already opened as `source` (a caller
+/// that has just resolved it saves the manifest and config round trips).
+pub fn mount_lazy_from(
+    source: Box<dyn ImageSource>,
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    lazy: &LazyOptions,
+) -> Result<MountInfo, MountError> {
+    let mountpoint = mountpoint_dir(mountpoint)?;
+    private::private_dir(&opts.cache_dir).map_err(io_err(&opts.cache_dir))?;
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
     // Index and metadata are independent: fetch them at once. Boot pages

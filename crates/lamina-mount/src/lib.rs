@@ -24,4 +24,6 @@ pub mod metrics;
 pub use cache::{materialize_blob, store_metadata, CacheError};
 pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
-pub use lazy::{finish_unmount, mount_lazy, run_dir, LazyOptions, Prefetch, Unmounted};
+pub use lazy::{
+    finish_unmount, mount_lazy, mount_lazy_from, run_dir, LazyOptions, Prefetch, Unmounted,
+};

@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use lamina_image::artifact::LaminaLayers;
 use lamina_mount::{LazyOptions, MountOptions};
-use lamina_oci::{open_source, ImageRef, RegistryRef, SourceOptions};
+use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef, SourceOptions};
 
 pub use snapshots::{Images, LayerRole, Snapshotter};
 
@@ -51,6 +51,9 @@ pub struct RegistryImages {
     known: HashMap<String, Option<(String, Vec<String>)>>,
     /// Mounts being made in the background, by mount point.
     pending: HashMap<PathBuf, JoinHandle<Result<(), String>>>,
+    /// The lamina image resolved last, by manifest digest: its top layer's
+    /// mount comes a few calls later and needs no second manifest fetch.
+    resolved: Option<(String, Box<dyn ImageSource>)>,
 }
 
 impl RegistryImages {
@@ -62,10 +65,11 @@ impl RegistryImages {
             lazy,
             known: HashMap::new(),
             pending: HashMap::new(),
+            resolved: None,
         }
     }
 
-    fn resolve(&self, reference: &str) -> Result<Option<(String, Vec<String>)>, String> {
+    fn resolve(&mut self, reference: &str) -> Result<Option<(String, Vec<String>)>, String> {
         let rr = RegistryRef::parse(reference).map_err(|e| e.to_string())?;
         let source =
             open_source(&ImageRef::Registry(rr), &self.source).map_err(|e| e.to_string())?;
@@ -79,11 +83,26 @@ impl RegistryImages {
             .iter()
             .map(|l| l.digest.to_string())
             .collect();
-        Ok(Some((img.manifest_digest.to_string(), layers)))
+        let digest = img.manifest_digest.to_string();
+        self.resolved = Some((digest.clone(), source));
+        Ok(Some((digest, layers)))
     }
 }
 
 impl RegistryImages {
+    /// The opened source of `image` (`HOST/REPO@DIGEST`) if it was the
+    /// image resolved last.
+    fn take_resolved(&mut self, image: &str) -> Option<Box<dyn ImageSource>> {
+        let digest = image.rsplit_once('@')?.1;
+        match self.resolved.take() {
+            Some((d, source)) if d == digest => Some(source),
+            other => {
+                self.resolved = other;
+                None
+            }
+        }
+    }
+
     fn mount_options(&self) -> MountOptions {
         MountOptions {
             cache_dir: self.cache_dir.clone(),
@@ -92,17 +111,22 @@ impl RegistryImages {
     }
 }
 
-/// Mounts `image` (`HOST/REPO@DIGEST`) lazily at `mountpoint`.
+/// Mounts `image` (`HOST/REPO@DIGEST`) lazily at `mountpoint`, through
+/// `source` when it is already open.
 fn mount_image(
     opts: &MountOptions,
     lazy: &LazyOptions,
     image: &str,
+    source: Option<Box<dyn ImageSource>>,
     mountpoint: &Path,
 ) -> Result<(), String> {
-    let rr = RegistryRef::parse(image).map_err(|e| e.to_string())?;
+    let image_ref = ImageRef::Registry(RegistryRef::parse(image).map_err(|e| e.to_string())?);
     let started = std::time::Instant::now();
-    lamina_mount::mount_lazy(&ImageRef::Registry(rr), mountpoint, opts, lazy)
-        .map_err(|e| e.to_string())?;
+    match source {
+        Some(source) => lamina_mount::mount_lazy_from(source, &image_ref, mountpoint, opts, lazy),
+        None => lamina_mount::mount_lazy(&image_ref, mountpoint, opts, lazy),
+    }
+    .map_err(|e| e.to_string())?;
     tracing::debug!(image, ms = started.elapsed().as_secs_f64() * 1e3, "mounted");
     Ok(())
 }
@@ -139,15 +163,17 @@ impl Images for RegistryImages {
     }
 
     fn mount(&mut self, image: &str, mountpoint: &Path) -> Result<(), String> {
-        mount_image(&self.mount_options(), &self.lazy, image, mountpoint)
+        let source = self.take_resolved(image);
+        mount_image(&self.mount_options(), &self.lazy, image, source, mountpoint)
     }
 
     fn start_mount(&mut self, image: &str, mountpoint: &Path) {
         let (opts, lazy) = (self.mount_options(), self.lazy.clone());
+        let source = self.take_resolved(image);
         let (image, mnt) = (image.to_string(), mountpoint.to_path_buf());
         let started = std::thread::Builder::new()
             .name("lazy-mount".into())
-            .spawn(move || mount_image(&opts, &lazy, &image, &mnt));
+            .spawn(move || mount_image(&opts, &lazy, &image, source, &mnt));
         match started {
             Ok(handle) => {
                 self.pending.insert(mountpoint.to_path_buf(), handle);
