@@ -127,7 +127,7 @@ fn mount_image(
         None => lamina_mount::mount_lazy(&image_ref, mountpoint, opts, lazy),
     }
     .map_err(|e| e.to_string())?;
-    tracing::debug!(image, ms = started.elapsed().as_secs_f64() * 1e3, "mounted");
+    tracing::debug!(image, us = started.elapsed().as_micros() as u64, "mounted");
     Ok(())
 }
 

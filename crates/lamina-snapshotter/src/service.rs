@@ -97,7 +97,7 @@ impl<I: Images + 'static> Service<I> {
         .map_err(|e| self.refuse(op, Status::internal(format!("{op}: {e}"))))?;
         self.metrics
             .record_call(op, res.as_ref().err().map(grpc_code));
-        tracing::debug!(op, ms = started.elapsed().as_secs_f64() * 1e3, "call done");
+        tracing::debug!(op, us = started.elapsed().as_micros() as u64, "call done");
         match &res {
             Err(Error::Internal(msg)) => tracing::error!(op, "{msg}"),
             Err(e @ (Error::FailedPrecondition(_) | Error::InvalidArgument(_))) => {
