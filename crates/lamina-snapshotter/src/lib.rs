@@ -242,6 +242,8 @@ fn unescape_mountinfo(s: &str) -> String {
 /// Runs the snapshotter until SIGTERM or SIGINT. Lamina mounts and their
 /// daemons outlive it: a restart finds them in its state and serves on.
 pub fn serve(opts: Options) -> anyhow::Result<()> {
+    // Before containerd's first pull, not during it.
+    lamina_oci::load_trust_store();
     let images = RegistryImages::new(
         opts.source.clone(),
         opts.root.join("cache"),

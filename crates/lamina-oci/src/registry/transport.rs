@@ -193,7 +193,7 @@ pub(crate) fn build_client(spec: &ClientSpec<'_>, pooled: bool) -> Result<Client
 /// The system's trusted roots (`SSL_CERT_FILE`, `SSL_CERT_DIR` or the
 /// platform's store), loaded on first use. Unreadable or unparsable entries
 /// are skipped, as reqwest does.
-fn system_roots() -> &'static [Certificate] {
+pub(crate) fn system_roots() -> &'static [Certificate] {
     static ROOTS: OnceLock<Vec<Certificate>> = OnceLock::new();
     ROOTS.get_or_init(|| {
         rustls_native_certs::load_native_certs()
