@@ -14,8 +14,8 @@
 # (scripts/bench_report.py; prints Markdown tables for any result file).
 #
 # Must run as root (mounts, drop_caches). Takes a few minutes. Builds/reuses the
-# Debian image via scripts/debian-image.sh, builds lamina if the release binary
-# is missing, installs python3-matplotlib if needed for the plot.
+# Debian image via scripts/debian-image.sh, builds lamina through cargo (or
+# measures LAMINA_BIN=PATH), installs python3-matplotlib if needed for the plot.
 # Everything is done in a temporary directory under /tmp, removed on exit
 # (mounts included).
 set -euo pipefail
