@@ -1,7 +1,7 @@
 //! The gRPC face of the snapshotter: containerd's snapshots service over a
 //! unix socket. Each call runs on the blocking pool, one at a time (the
-//! snapshotter is behind one mutex; a lazy mount holds it while it fetches
-//! the image's metadata).
+//! snapshotter is behind one mutex; a call that needs a lamina image still
+//! being mounted in the background holds it while it waits).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
