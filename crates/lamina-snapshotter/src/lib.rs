@@ -87,9 +87,7 @@ impl RegistryImages {
         self.resolved = Some((digest.clone(), source));
         Ok(Some((digest, layers)))
     }
-}
 
-impl RegistryImages {
     /// The opened source of `image` (`HOST/REPO@DIGEST`) if it was the
     /// image resolved last.
     fn take_resolved(&mut self, image: &str) -> Option<Box<dyn ImageSource>> {
