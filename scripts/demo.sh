@@ -226,6 +226,8 @@ fi
 grep -qx "hello from a lamina container" "$TMP/container.out" || die "unexpected container output"
 runc delete --force "$CID" >/dev/null 2>&1 || true
 RUNC_STARTED=0
+# Counted now: the rounds below start each container on a fresh upper dir.
+WRITTEN=$(find "$OVL/upper" -mindepth 1 | wc -l)
 
 # ---- 7. boot pages: record the start, bake the pages it read into the image, start again ------
 teardown() { # the overlay and the lamina mount of the round before
@@ -398,5 +400,5 @@ if [ "$READALL" = 1 ]; then
     printf '  %-36s %8s  (in %s range requests)\n' "fetched reading every file" \
         "$(human "$(jq -r .fetched_bytes "$TMP/status-readall.json")")" "$(jq -r .requests "$TMP/status-readall.json")"
 fi
-printf '  %-36s %8s\n' "files written by the container" "$(find "$OVL/upper" -mindepth 1 | wc -l)"
+printf '  %-36s %8s\n' "files written by the container" "$WRITTEN"
 echo "  container said: $(cat "$TMP/container.out")"
