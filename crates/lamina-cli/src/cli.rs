@@ -697,6 +697,23 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         .and_then(|v| v.parse::<u64>().ok());
     let file_bytes = num(artifact::ANNOTATION_STATS_FILE_BYTES);
     let referenced = num(artifact::ANNOTATION_STATS_REFERENCED_BYTES);
+    // Boot pages: the segments' sizes summed (None when one lacks its size).
+    let boot_bytes = (!layers.boot.is_empty())
+        .then(|| {
+            layers
+                .boot
+                .iter()
+                .map(|b| {
+                    b.annotations
+                        .get(artifact::ANNOTATION_UNCOMPRESSED_SIZE)?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum::<Option<u64>>()
+        })
+        .flatten();
+    let boot_compressed =
+        (!layers.boot.is_empty()).then(|| layers.boot.iter().map(|b| b.size).sum::<u64>());
     let doc = serde_json::json!({
         "image": image.to_string(),
         "lamina": true,
@@ -710,8 +727,9 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         "metadata_compressed_bytes": layers.metadata.size,
         "index_compressed_bytes": layers.index.size,
         "boot_set_chunks": index.prefetch.len(),
-        "boot_pages_bytes": layers.boot.as_ref().and_then(|b| b.annotations.get(artifact::ANNOTATION_UNCOMPRESSED_SIZE)).and_then(|v| v.parse::<u64>().ok()),
-        "boot_pages_compressed_bytes": layers.boot.as_ref().map(|b| b.size),
+        "boot_pages_bytes": boot_bytes,
+        "boot_pages_compressed_bytes": boot_compressed,
+        "boot_pages_segments": layers.boot.len(),
         "chunks": chunks,
         "stored_bytes": stored,
         "compressed_bytes": compressed,
@@ -739,12 +757,12 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         doc["chunk_size"]
     );
     println!("  dedup     {}", doc["dedup_ratio"]);
-    if let Some(boot) = &layers.boot {
+    if let Some(compressed) = boot_compressed {
         println!(
-            "  boot      {} chunks; boot pages {} bytes ({} compressed)",
+            "  boot      {} chunks; boot pages {} bytes ({compressed} compressed, {} segments)",
             index.prefetch.len(),
             doc["boot_pages_bytes"],
-            boot.size
+            layers.boot.len()
         );
     }
     for (b, d) in index.blobs.iter().zip(&layers.blobs) {

@@ -1848,6 +1848,12 @@ fn boot_set_prefetch_serves_python_without_fetching() {
         boot_bytes > 0 && boot_compressed > 0,
         "convert wrote no boot pages: {report}"
     );
+    // python3 reads ~1,000 pages: more than the first segment holds.
+    let segments = report["boot_pages"]["segments"].as_u64().unwrap_or(0);
+    assert!(
+        segments >= 2,
+        "python3's boot pages should come in segments: {report}"
+    );
 
     // Recording runs with readahead off, so the trace is the pages python3
     // read, not whole readahead windows; boot pages carry exactly those.
@@ -1864,7 +1870,7 @@ fn boot_set_prefetch_serves_python_without_fetching() {
     let m = Mount::new(&boot_ref, &t.join("mnt"), &t.join("cache"));
     let rd = run_dir(&m);
     let config: Value = serde_json::from_slice(&fs::read(rd.join("config.json")).unwrap()).unwrap();
-    // The worker fetches boot pages and writes them before serving anything.
+    // The worker writes each boot-pages segment as soon as it is verified.
     wait_status(&m, "boot pages applied", Duration::from_secs(60), |s| {
         num(s, "boot_page_bytes") > 0
     });
@@ -1874,6 +1880,10 @@ fn boot_set_prefetch_serves_python_without_fetching() {
     f.check(config["readahead_kb"] == 0, || {
         format!("mount with boot pages kept readahead: {config}")
     });
+    f.check(
+        config["boot_pages"].as_array().map(Vec::len) == Some(segments as usize),
+        || format!("the mount should load {segments} boot segments: {config}"),
+    );
     f.check(num(&s, "boot_page_bytes") > 0, || {
         format!("no boot pages were applied: {s}")
     });
@@ -1932,7 +1942,59 @@ fn boot_set_prefetch_serves_python_without_fetching() {
             format!("{pages} pages in the cache, more than the boot pages applied: {s}")
         });
     }
+    boot_segments_do_not_hold_other_reads(&t, &reg, segments, &mut f);
     f.finish("boot set");
+}
+
+/// Boot segments after the first are held back 30 s by a proxy: a read
+/// of a chunk outside the boot set (the middle of nginx, which python3
+/// does not read) is served meanwhile, not after them.
+fn boot_segments_do_not_hold_other_reads(
+    t: &TestDir,
+    reg: &Registry,
+    segments: u64,
+    f: &mut Failures,
+) {
+    // Eligible requests: segment 0 alone, then the other segments at once
+    // (held), then the read's chunk.
+    let mut schedule = vec!["ok"];
+    schedule.extend(std::iter::repeat_n("stall", segments as usize - 1));
+    schedule.extend(std::iter::repeat_n("ok", 64));
+    let proxy = FaultProxy::start(
+        t.path(),
+        "boot-stall",
+        0,
+        reg.port,
+        &schedule.join(","),
+        &["--stall", "30"],
+    );
+    let m = Mount::with_args(
+        &format!("docker://127.0.0.1:{}/deb:bookworm-boot", proxy.port),
+        &t.join("mnt-segments"),
+        &t.join("cache-segments"),
+        &["--prefetch", "pages", "--timeout", "60"],
+    );
+    wait_status(
+        &m,
+        "first boot segment applied",
+        Duration::from_secs(60),
+        |s| num(s, "boot_page_bytes") > 0,
+    );
+    let nginx = fs::File::open(m.path.join("usr/sbin/nginx")).unwrap();
+    let middle = nginx.metadata().unwrap().len() / 2 / 4096 * 4096;
+    let mut page = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&nginx, &mut page, middle).unwrap();
+    let s = settled_status(&m);
+    // The first segment holds exactly 64 pages; more would be a later one.
+    f.check(num(&s, "boot_page_bytes") <= 64 * 4096, || {
+        format!("nginx's read waited for the held boot segments: {s}")
+    });
+    f.check(num(&s, "miss_fetched_bytes") > 0, || {
+        format!("nginx's page was not fetched as a chunk: {s}")
+    });
+    drop(nginx);
+    m.unmount();
+    boot_pages_match_reference(&t.join("cache-segments"), &t.join("cache-eager"), f);
 }
 
 /// Every non-zero page of the lazy cache files in `cache` (boot pages and
@@ -1993,8 +2055,8 @@ fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
     let mut out = BTreeSet::new();
     out.insert(PathBuf::from(c["metadata_path"].as_str().unwrap()));
     out.insert(PathBuf::from(c["index_path"].as_str().unwrap()));
-    if let Some(boot) = c["boot_pages"]["path"].as_str() {
-        out.insert(PathBuf::from(boot));
+    for boot in c["boot_pages"].as_array().unwrap() {
+        out.insert(PathBuf::from(boot["path"].as_str().unwrap()));
     }
     for b in c["blobs"].as_array().unwrap() {
         let p = PathBuf::from(b["cache_path"].as_str().unwrap());

@@ -85,9 +85,11 @@ pub struct DaemonConfig {
     /// Append every miss, as `CHUNK_DIGEST OFFSET LEN` lines in the order
     /// they came, to this file (see `lamina_image::boot`).
     pub record_trace: Option<PathBuf>,
-    /// Boot pages to write into the cache before serving any miss.
-    #[serde(default)]
-    pub boot_pages: Option<BootPagesSpec>,
+    /// Boot pages, one per segment in read order, written into the cache
+    /// as each is verified; a miss on a boot-set chunk waits for them.
+    /// (A config written before segments has one object or null here.)
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub boot_pages: Vec<BootPagesSpec>,
     /// The mount's `read_ahead_kb` while any blob is incomplete (`None`:
     /// the kernel's default). Readahead turns one touched page into a
     /// window of misses that must all be fetched.
@@ -95,8 +97,8 @@ pub struct DaemonConfig {
     pub readahead_kb: Option<u32>,
 }
 
-/// The image's boot pages: fetched (or found in the cache) and checked by
-/// the worker before it serves the first miss.
+/// One segment of the image's boot pages: fetched (or found in the cache)
+/// and checked by the worker.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BootPagesSpec {
     /// The compressed layer's digest (`sha256:<hex>`).
@@ -113,6 +115,22 @@ pub struct BootPagesSpec {
 }
 fn yes() -> bool {
     true
+}
+
+/// `null`, one object, or a list of them.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BootPagesSpec>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(BootPagesSpec),
+        Many(Vec<BootPagesSpec>),
+    }
+    let value: Option<OneOrMany> = serde::Deserialize::deserialize(d)?;
+    Ok(match value {
+        None => Vec::new(),
+        Some(OneOrMany::One(spec)) => vec![spec],
+        Some(OneOrMany::Many(specs)) => specs,
+    })
 }
 
 /// The default largest fill-ahead window: at 100 Mbit/s about half a
@@ -145,4 +163,38 @@ impl DaemonConfig {
 /// readers never see half of it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     lamina_fetch::private::write_atomic(path, bytes, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config written before boot segments (`boot_pages`: one object or
+    /// null) still loads, so a worker restarted after an upgrade serves on.
+    #[test]
+    fn boot_pages_read_as_one_many_or_none() {
+        let spec = serde_json::json!({
+            "layer_digest": "sha256:00", "layer_size": 1, "digest": "sha256:11",
+            "size": 2, "path": "/c/meta/x.boot"
+        });
+        #[derive(serde::Deserialize)]
+        struct Only {
+            #[serde(default, deserialize_with = "one_or_many")]
+            boot_pages: Vec<BootPagesSpec>,
+        }
+        let read = |v: serde_json::Value| -> Vec<u64> {
+            let only: Only = serde_json::from_value(v).unwrap();
+            only.boot_pages.iter().map(|b| b.size).collect()
+        };
+        assert_eq!(read(serde_json::json!({})), Vec::<u64>::new());
+        assert_eq!(
+            read(serde_json::json!({ "boot_pages": null })),
+            Vec::<u64>::new()
+        );
+        assert_eq!(read(serde_json::json!({ "boot_pages": spec })), vec![2]);
+        assert_eq!(
+            read(serde_json::json!({ "boot_pages": [spec, spec] })),
+            vec![2, 2]
+        );
+    }
 }

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -129,6 +129,11 @@ struct Shared {
     prefetch_total: AtomicU64,
     complete_sent: Vec<AtomicBool>,
     boot_set: Vec<(u32, u32)>,
+    /// The boot set, to look up: a miss on one of these chunks waits for
+    /// the boot pages still on their way instead of fetching it.
+    boot_chunks: HashSet<(u32, u32)>,
+    /// Boot-pages segments not yet applied (or given up on).
+    boot_pending: AtomicUsize,
     sock: OwnedFd,
     trace: Option<Mutex<File>>,
     /// A copy of the holder's group: it stays open if the holder dies.
@@ -236,7 +241,9 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         prefetch_done: AtomicU64::new(0),
         prefetch_total: AtomicU64::new(0),
         complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        boot_chunks: boot_set.iter().copied().collect(),
         boot_set,
+        boot_pending: AtomicUsize::new(0),
         sock,
         trace,
         group: OnceLock::new(),
@@ -247,15 +254,16 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     for b in 0..n {
         shared.check_complete(b as u32);
     }
-    // Boot pages go in before the first miss is served: the start they were
-    // recorded from is about to read exactly these pages. Misses wait in
-    // the holder meanwhile. Without them, misses fetch whole chunks.
-    if let Some(spec) = &shared.config.boot_pages {
-        if shared.config.prefetch {
-            if let Err(e) = shared.apply_boot_pages(spec) {
-                tracing::warn!("boot pages {}: {e}", spec.path.display());
-            }
-        }
+    // Boot pages go in while misses are served: the start they were
+    // recorded from is about to read exactly these pages, in the order of
+    // the segments. A miss on a boot-set chunk waits for them (it would
+    // fetch the whole chunk otherwise); any other miss is served at once.
+    if shared.config.prefetch && !shared.config.boot_pages.is_empty() {
+        shared
+            .boot_pending
+            .store(shared.config.boot_pages.len(), Ordering::SeqCst);
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.load_boot_pages());
     }
     // Quiet periods count from now: misses queued in the holder arrive next.
     shared.last_miss_ms.store(
@@ -543,6 +551,11 @@ impl Shared {
             if store.range_ready(offset, count) {
                 return Ok(());
             }
+            drop(store);
+            if self.wait_boot_pages(blob, offset, count, needed.clone())? {
+                return Ok(());
+            }
+            let store = self.lock_store(blob)?;
             let w = self.config.fill_window.max(1);
             let start = offset / w * w;
             let win = store.chunks_covering(start, w.max(offset + count - start));
@@ -573,6 +586,33 @@ impl Shared {
             }
             wanted = needed.clone().collect();
         }
+    }
+
+    /// While boot pages are still coming and the range lies in boot-set
+    /// chunks, waits for them. Returns whether the range is ready (false:
+    /// fetch its chunks). Bounded by the miss timeout; a segment that
+    /// failed counts as done, so its chunks are fetched instead.
+    fn wait_boot_pages(
+        &self,
+        blob: u32,
+        offset: u64,
+        count: u64,
+        needed: std::ops::Range<usize>,
+    ) -> io::Result<bool> {
+        let booted = needed
+            .into_iter()
+            .any(|i| self.boot_chunks.contains(&(blob, i as u32)));
+        if !booted {
+            return Ok(false);
+        }
+        let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
+        while self.boot_pending.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            self.wait_landed(Duration::from_millis(10))?;
+            if self.lock_store(blob)?.range_ready(offset, count) {
+                return Ok(true);
+            }
+        }
+        Ok(self.lock_store(blob)?.range_ready(offset, count))
     }
 
     /// Notes a read of `chunks` and queues the window to fetch ahead of it,
@@ -657,11 +697,30 @@ impl Shared {
         t.write_all(lines.as_bytes())
     }
 
-    /// Loads the boot pages (a cached copy that still hashes right, else
+    /// Fetches and applies the boot-pages segments: the first alone (the
+    /// start's first pages, as soon as possible), then the rest at once.
+    fn load_boot_pages(&self) {
+        let apply = |k: usize, spec: &BootPagesSpec| {
+            if let Err(e) = self.apply_boot_pages(k, spec) {
+                tracing::warn!("boot pages {}: {e}", spec.path.display());
+            }
+            self.boot_pending.fetch_sub(1, Ordering::SeqCst);
+            self.landed.notify_all();
+        };
+        let specs = &self.config.boot_pages;
+        let Some(first) = specs.first() else { return };
+        apply(0, first);
+        std::thread::scope(|scope| {
+            for (k, spec) in specs.iter().enumerate().skip(1) {
+                scope.spawn(move || apply(k, spec));
+            }
+        });
+    }
+
+    /// Loads one segment of boot pages (a cached copy that still hashes right, else
     /// one request for the whole layer, checked against its digest) and
     /// writes them into the cache files.
-    fn apply_boot_pages(&self, spec: &BootPagesSpec) -> io::Result<()> {
-        let started = Instant::now();
+    fn apply_boot_pages(&self, segment: usize, spec: &BootPagesSpec) -> io::Result<()> {
         let cached = std::fs::read(&spec.path)
             .ok()
             .filter(|raw| Digest::of_bytes(raw).to_string() == spec.digest);
@@ -723,9 +782,9 @@ impl Shared {
                 .fill_pages(extent.cache_offset.get(), bytes)?;
         }
         tracing::info!(
-            "boot pages: {} runs, {written} bytes written in {:.0} ms",
+            "boot pages segment {segment}: {} runs, {written} bytes written {:.0} ms after the worker started",
             boot.extents.len(),
-            started.elapsed().as_secs_f64() * 1e3
+            self.started.elapsed().as_secs_f64() * 1e3
         );
         if fresh {
             // Kept for later workers (after the cache is served, not before),
@@ -839,11 +898,15 @@ impl Shared {
     /// misses on them wait for the chunks in flight. The rest of the image
     /// (`--prefetch-all`) then yields to every miss.
     fn prefetch(&self) {
+        // Boot pages first: they are what the start reads next.
+        while self.boot_pending.load(Ordering::SeqCst) > 0 {
+            let _ = self.wait_landed(Duration::from_millis(10));
+        }
         let mut planned = HashSet::new();
         let mut boot: Vec<(u32, usize)> = Vec::new();
         // With boot pages the boot set is already in; its chunks only lead
         // the order of --prefetch-all.
-        let chunk_boot_set = self.config.prefetch && self.config.boot_pages.is_none();
+        let chunk_boot_set = self.config.prefetch && self.config.boot_pages.is_empty();
         if chunk_boot_set {
             for &(b, i) in &self.boot_set {
                 if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
@@ -856,7 +919,7 @@ impl Shared {
         // is over (no miss for a while), so that the pages around those it
         // read are local too: starts differ by a page or two.
         let boot_chunks_later =
-            self.config.prefetch && self.config.boot_chunks && self.config.boot_pages.is_some();
+            self.config.prefetch && self.config.boot_chunks && !self.config.boot_pages.is_empty();
         if self.config.prefetch_all || boot_chunks_later {
             for &(b, i) in &self.boot_set {
                 if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {

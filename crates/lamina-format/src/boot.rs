@@ -15,6 +15,12 @@
 //! page data   (4096 x the sum of extent pages, in extent order)
 //! ```
 //! All integers little-endian. The blob in the registry is this, zstd-compressed.
+//!
+//! An image may carry its boot pages as several such blobs, *segments*, each
+//! a complete boot-pages blob of its own (its own extents and digest), in
+//! read order: see [`BootPages::segments`]. A worker applies each segment as
+//! soon as it is verified, so a start can read its first pages while the
+//! later ones are still on the wire.
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -23,6 +29,11 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub const BOOT_MAGIC: [u8; 8] = *b"LAMBOOT\x01";
 /// The page size boot extents are counted in.
 pub const BOOT_PAGE: u64 = 4096;
+/// Pages in the first boot segment (256 KiB: python3's start reads ~1,000
+/// pages, so its first segment is a few milliseconds on a 100 Mbit/s link).
+pub const FIRST_SEGMENT_PAGES: u64 = 64;
+/// Pages in the largest boot segment (256 MiB).
+pub const MAX_SEGMENT_PAGES: u64 = 65536;
 
 /// Start of a boot-pages blob.
 #[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -154,6 +165,44 @@ impl BootPages {
         })
     }
 
+    /// Splits into segments in read order: the first holds up to
+    /// [`FIRST_SEGMENT_PAGES`] pages, each next one four times as many, up
+    /// to [`MAX_SEGMENT_PAGES`]. The first pages a start reads thus arrive
+    /// in a small blob of their own, while the count stays small (1 GiB of
+    /// pages makes 9). An extent that does not fit is cut at a page.
+    pub fn segments(&self) -> Vec<BootPages> {
+        let page = BOOT_PAGE as usize;
+        let mut out = Vec::new();
+        let mut cap = FIRST_SEGMENT_PAGES;
+        let mut current = BootPages::default();
+        let mut room = cap;
+        for (extent, mut bytes) in self.iter() {
+            let mut offset = extent.cache_offset.get();
+            while !bytes.is_empty() {
+                let pages = (bytes.len() / page).min(room as usize);
+                let (head, tail) = bytes.split_at(pages * page);
+                current.extents.push(BootExtent {
+                    cache_offset: offset.into(),
+                    blob: extent.blob,
+                    pages: (pages as u32).into(),
+                });
+                current.data.extend_from_slice(head);
+                offset += head.len() as u64;
+                bytes = tail;
+                room -= pages as u64;
+                if room == 0 {
+                    out.push(std::mem::take(&mut current));
+                    cap = (cap * 4).min(MAX_SEGMENT_PAGES);
+                    room = cap;
+                }
+            }
+        }
+        if !current.extents.is_empty() {
+            out.push(current);
+        }
+        out
+    }
+
     /// Each extent with its bytes.
     pub fn iter(&self) -> impl Iterator<Item = (&BootExtent, &[u8])> {
         let mut at = 0usize;
@@ -194,6 +243,54 @@ mod tests {
             .map(|(e, b)| (e.blob.get(), b[0], b.len()))
             .collect();
         assert_eq!(parts, vec![(1, 0, 8192), (0, 2, 4096)]);
+    }
+
+    #[test]
+    fn segments_keep_every_page_in_read_order_and_grow() {
+        // 400 pages in three extents, read out of blob order.
+        let extents = vec![extent(1, 400, 50), extent(0, 0, 30), extent(1, 0, 320)];
+        let data: Vec<u8> = (0..400 * BOOT_PAGE as usize)
+            .map(|i| (i / 4096 % 251) as u8)
+            .collect();
+        let boot = BootPages { extents, data };
+        let segments = boot.segments();
+        let pages: Vec<u64> = segments
+            .iter()
+            .map(|s| s.data.len() as u64 / BOOT_PAGE)
+            .collect();
+        assert_eq!(pages, vec![64, 256, 80]);
+        // Concatenated, the segments are the same pages at the same places.
+        let flat: Vec<(u32, u64, u8)> = segments
+            .iter()
+            .flat_map(|s| s.iter().map(|(e, b)| (e, b.to_vec())).collect::<Vec<_>>())
+            .flat_map(|(e, b)| {
+                (0..e.pages.get() as u64).map(move |k| {
+                    (
+                        e.blob.get(),
+                        e.cache_offset.get() + k * BOOT_PAGE,
+                        b[(k * BOOT_PAGE) as usize],
+                    )
+                })
+            })
+            .collect();
+        let want: Vec<(u32, u64, u8)> = boot
+            .iter()
+            .flat_map(|(e, b)| {
+                (0..e.pages.get() as u64).map(move |k| {
+                    (
+                        e.blob.get(),
+                        e.cache_offset.get() + k * BOOT_PAGE,
+                        b[(k * BOOT_PAGE) as usize],
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(flat, want);
+        // Each segment is valid boot pages on its own.
+        for s in &segments {
+            BootPages::from_bytes(&s.to_bytes(), &[30 * 4096, 450 * 4096]).unwrap();
+        }
+        assert!(BootPages::default().segments().is_empty());
     }
 
     #[test]

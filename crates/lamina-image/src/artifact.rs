@@ -46,9 +46,13 @@ pub const FORMAT_VERSION: &str = "1";
 
 /// Largest EROFS metadata image lamina writes or reads, uncompressed.
 pub const MAX_METADATA_SIZE: u64 = 256 << 20;
-/// Largest boot pages lamina writes or reads, uncompressed. They are fetched
-/// and held whole by the mount's worker.
+/// Largest boot pages lamina writes or reads, uncompressed, all segments
+/// together. Each segment is fetched and held whole by the mount's worker.
 pub const MAX_BOOT_PAGES_SIZE: u64 = 1 << 30;
+/// Most boot-pages layers (segments) an image may have: a mount fetches
+/// them at once. [`lamina_format::boot::BootPages::segments`] makes 9 of
+/// [`MAX_BOOT_PAGES_SIZE`].
+pub const MAX_BOOT_SEGMENTS: usize = 16;
 
 /// Why an image is not a usable lamina image.
 #[derive(Debug, thiserror::Error)]
@@ -92,8 +96,9 @@ pub struct LaminaLayers {
     pub index: Descriptor,
     /// Data blobs in device order.
     pub blobs: Vec<Descriptor>,
-    /// Boot pages, when the image was converted with a trace.
-    pub boot: Option<Descriptor>,
+    /// Boot pages, when the image was converted with a trace: one layer per
+    /// segment, in read order (one in images converted before segments).
+    pub boot: Vec<Descriptor>,
 }
 
 impl LaminaLayers {
@@ -115,13 +120,18 @@ impl LaminaLayers {
         let mut metadata = None;
         let mut index = None;
         let mut blobs = Vec::new();
-        let mut boot = None;
+        let mut boot = Vec::new();
         for layer in &manifest.layers {
             match layer.media_type.as_str() {
                 MEDIA_TYPE_BLOB => blobs.push(layer.clone()),
                 MEDIA_TYPE_METADATA if metadata.is_none() => metadata = Some(layer.clone()),
                 MEDIA_TYPE_INDEX if index.is_none() => index = Some(layer.clone()),
-                MEDIA_TYPE_BOOT if boot.is_none() => boot = Some(layer.clone()),
+                MEDIA_TYPE_BOOT if boot.len() < MAX_BOOT_SEGMENTS => boot.push(layer.clone()),
+                MEDIA_TYPE_BOOT => {
+                    return Err(ArtifactError::NotLamina(format!(
+                        "more than {MAX_BOOT_SEGMENTS} boot-pages layers"
+                    )))
+                }
                 other => {
                     return Err(ArtifactError::NotLamina(format!(
                         "unexpected layer type {other}"
@@ -235,6 +245,39 @@ pub struct BootLayer {
     pub digest: Digest,
 }
 
+/// Checks an image's boot-pages layers (its segments) before anything is
+/// fetched: each as [`boot_layer`], and all together within the same bound
+/// as one (a header each).
+pub fn boot_layers(
+    descs: &[Descriptor],
+    index: &ChunkIndex,
+) -> Result<Vec<BootLayer>, ArtifactError> {
+    let layers = descs
+        .iter()
+        .map(|d| boot_layer(d, index))
+        .collect::<Result<Vec<_>, _>>()?;
+    let total = layers.iter().map(|l| l.size).fold(0, u64::saturating_add);
+    let headers = (size_of::<BootHeader>() * layers.len()) as u64;
+    too_large(
+        "boot pages (uncompressed, all segments)",
+        total,
+        boot_pages_bound(index).saturating_add(headers),
+    )?;
+    Ok(layers)
+}
+
+/// The most boot-pages bytes, uncompressed, without the header, the image's
+/// cache files allow: one extent per page at most, each page once.
+fn boot_pages_bound(index: &ChunkIndex) -> u64 {
+    let pages: u64 = index
+        .blobs
+        .iter()
+        .map(|b| b.cache_size / BOOT_PAGE)
+        .fold(0, u64::saturating_add);
+    let per_page = BOOT_PAGE + size_of::<BootExtent>() as u64;
+    pages.saturating_mul(per_page).min(MAX_BOOT_PAGES_SIZE)
+}
+
 /// Checks a boot-pages layer's descriptor before anything is fetched: the
 /// uncompressed size must fit what boot pages over the index's cache files
 /// can be (header, one extent per page at most, each page once) and
@@ -254,14 +297,7 @@ pub fn boot_layer(desc: &Descriptor, index: &ChunkIndex) -> Result<BootLayer, Ar
         what: WHAT,
         reason: format!("bad {ANNOTATION_UNCOMPRESSED_DIGEST} annotation: {e}"),
     })?;
-    let pages: u64 = index
-        .blobs
-        .iter()
-        .map(|b| b.cache_size / BOOT_PAGE)
-        .fold(0, u64::saturating_add);
-    let per_page = BOOT_PAGE + size_of::<BootExtent>() as u64;
-    let most = pages
-        .saturating_mul(per_page)
+    let most = boot_pages_bound(index)
         .saturating_add(size_of::<BootHeader>() as u64)
         .min(MAX_BOOT_PAGES_SIZE);
     too_large("boot pages (uncompressed)", size, most)?;
@@ -496,5 +532,48 @@ mod tests {
         bad.annotations
             .insert(ANNOTATION_UNCOMPRESSED_DIGEST.into(), "sha256:zz".into());
         corrupt(&bad);
+    }
+
+    /// Boot segments: each bounded as one, and all together as one; a
+    /// manifest with more than [`MAX_BOOT_SEGMENTS`] of them is refused.
+    #[test]
+    fn boot_segments_are_bounded_together() {
+        let raw = vec![7u8; 64];
+        let z = zstd::bulk::compress(&raw, 3).unwrap();
+        let index = index_with_cache(8 << 20);
+        // The cache files' 2048 pages with an extent each, in two halves.
+        let half = 1024 * (4096 + 16) + 16;
+        let seg = layer(MEDIA_TYPE_BOOT, &raw, &z, Some(half));
+        assert_eq!(
+            boot_layers(&[seg.clone(), seg.clone()], &index)
+                .unwrap()
+                .len(),
+            2
+        );
+        let over = layer(MEDIA_TYPE_BOOT, &raw, &z, Some(half + 1));
+        let err = boot_layers(&[seg.clone(), over], &index).unwrap_err();
+        assert!(matches!(err, ArtifactError::TooLarge { .. }), "{err}");
+        // Three such halves: each fits alone, not together.
+        let err = boot_layers(&[seg.clone(), seg.clone(), seg.clone()], &index).unwrap_err();
+        assert!(matches!(err, ArtifactError::TooLarge { .. }), "{err}");
+
+        let mut manifest = OneBlob::new(Vec::new()).image.manifest;
+        manifest
+            .annotations
+            .insert(ANNOTATION_FORMAT.into(), FORMAT_VERSION.into());
+        manifest.layers = vec![
+            layer(MEDIA_TYPE_INDEX, &raw, &z, None),
+            layer(MEDIA_TYPE_METADATA, &raw, &z, None),
+        ];
+        manifest
+            .layers
+            .extend(std::iter::repeat_n(seg.clone(), MAX_BOOT_SEGMENTS));
+        assert_eq!(
+            LaminaLayers::from_manifest(&manifest).unwrap().boot.len(),
+            MAX_BOOT_SEGMENTS
+        );
+        manifest.layers.push(seg);
+        let err = LaminaLayers::from_manifest(&manifest).unwrap_err();
+        assert!(err.to_string().contains("boot-pages layers"), "{err}");
     }
 }

@@ -98,6 +98,8 @@ pub struct BootReport {
     pub bytes: u64,
     /// Size in the registry.
     pub compressed_bytes: u64,
+    /// Layers they are split into (see `lamina_format::boot`).
+    pub segments: u64,
 }
 
 /// One data blob in the report.
@@ -193,23 +195,31 @@ pub fn convert(
     ];
     let mut boot_report = None;
     if !boot.extents.is_empty() {
-        let raw = boot.to_bytes();
-        if raw.len() as u64 > MAX_BOOT_PAGES_SIZE {
+        let whole = boot.to_bytes().len() as u64;
+        if whole > MAX_BOOT_PAGES_SIZE {
             return Err(ConvertError::Config(format!(
-                "the trace's boot pages are {} bytes, more than {MAX_BOOT_PAGES_SIZE}",
-                raw.len()
+                "the trace's boot pages are {whole} bytes, more than {MAX_BOOT_PAGES_SIZE}"
             )));
         }
-        // Fetched whole at every cold mount and written once: worth zstd's
-        // strongest level (4.1 MB of python3 pages: 1.61 MB at level 3,
-        // 1.35 MB at 19).
-        let compressed = zstd::bulk::compress(&raw, 19)?;
-        boot_report = Some(BootReport {
-            extents: boot.extents.len() as u64,
-            bytes: raw.len() as u64,
-            compressed_bytes: compressed.len() as u64,
-        });
-        small_layers.push((raw, compressed, MEDIA_TYPE_BOOT));
+        let mut report = BootReport {
+            extents: 0,
+            bytes: 0,
+            compressed_bytes: 0,
+            segments: 0,
+        };
+        for segment in boot.segments() {
+            let raw = segment.to_bytes();
+            // Fetched whole at every cold mount and written once: worth
+            // zstd's strongest level (4.1 MB of python3 pages: 1.61 MB at
+            // level 3, 1.35 MB at 19).
+            let compressed = zstd::bulk::compress(&raw, 19)?;
+            report.extents += segment.extents.len() as u64;
+            report.bytes += raw.len() as u64;
+            report.compressed_bytes += compressed.len() as u64;
+            report.segments += 1;
+            small_layers.push((raw, compressed, MEDIA_TYPE_BOOT));
+        }
+        boot_report = Some(report);
     }
     for (raw, compressed, media_type) in &small_layers {
         let desc = Descriptor {

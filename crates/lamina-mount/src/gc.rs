@@ -55,9 +55,7 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
         if let Ok(config) = lamina_daemon::config::DaemonConfig::load(&run.join("config.json")) {
             used.insert(config.metadata_path);
             used.insert(config.index_path);
-            if let Some(boot) = config.boot_pages {
-                used.insert(boot.path);
-            }
+            used.extend(config.boot_pages.into_iter().map(|b| b.path));
             for b in config.blobs {
                 used.insert(b.cache_path.with_extension("fill"));
                 used.insert(b.cache_path);

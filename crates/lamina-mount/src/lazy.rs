@@ -127,20 +127,18 @@ pub fn mount_lazy_from(
     });
     let index = artifact::parse_index(&index_bytes?, &layers)?;
     metadata?;
-    let boot_pages = match &layers.boot {
-        Some(desc) => {
-            // Sizes bounded here, before the worker allocates for them.
-            let boot = artifact::boot_layer(desc, &index)?;
-            Some(BootPagesSpec {
-                layer_digest: desc.digest.to_string(),
-                layer_size: boot.compressed_size,
-                digest: boot.digest.to_string(),
-                size: boot.size,
-                path: meta_dir.join(format!("{}.boot", desc.digest.hex())),
-            })
-        }
-        None => None,
-    };
+    // Sizes bounded here, before the worker allocates for them.
+    let boot_pages = artifact::boot_layers(&layers.boot, &index)?
+        .into_iter()
+        .zip(&layers.boot)
+        .map(|(boot, desc)| BootPagesSpec {
+            layer_digest: desc.digest.to_string(),
+            layer_size: boot.compressed_size,
+            digest: boot.digest.to_string(),
+            size: boot.size,
+            path: meta_dir.join(format!("{}.boot", desc.digest.hex())),
+        })
+        .collect::<Vec<_>>();
 
     let blob_dir = opts.cache_dir.join("blobs");
     let mut blobs = Vec::new();
@@ -209,7 +207,7 @@ pub fn mount_lazy_from(
         // be fetched whole: off while recording (the trace is then exactly
         // the pages read) and while boot pages serve a start.
         readahead_kb: lazy.readahead_kb.or((lazy.record_trace.is_some()
-            || (boot_pages.is_some() && lazy.prefetch != Prefetch::None))
+            || (!boot_pages.is_empty() && lazy.prefetch != Prefetch::None))
             .then_some(0)),
         boot_pages,
     };
