@@ -5,7 +5,7 @@
 #   - lamina (lazy mount + overlayfs + `runc run`), without a boot set,
 #   - lamina with a boot set recorded for the workload (`convert --prefetch`),
 #   - lamina snapshotter under the same containerd (`ctr-remote image rpull`,
-#     then `ctr run`), with and without the boot set,
+#     then `ctr-remote run`), with and without the boot set,
 #   - `lamina run`, with and without the boot set,
 # at several link rates, for python3 / nginx / redis-server; and the idle
 # memory of the snapshotter with 20 images mounted. See docs/coldstart.md for

@@ -243,7 +243,7 @@ def through(w, r):
     w("### Through containerd, and with `lamina run`")
     w("")
     w("Median (min–max) seconds to first useful output. containerd: full pull into its overlayfs snapshotter + "
-      "`ctr run`; snapshotter: `ctr-remote image rpull --snapshotter lamina` + `ctr run --snapshotter lamina` "
+      "`ctr run`; snapshotter: `ctr-remote image rpull --snapshotter lamina` + `ctr-remote run --snapshotter lamina` "
       "(the same containerd 1.6, lamina snapshotter as its proxy plugin); `lamina run`: one command, mount + "
       "overlay + runc. ×: containerd / that variant. Last columns: snapshotter time / `lamina run` time, "
       "without and with the boot set.")

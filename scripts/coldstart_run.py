@@ -38,8 +38,9 @@ What it does, in this order:
      namespace, so its mounts fetch through the shaped link) behind
      containerd's proxy plugin, `ctr-remote image rpull --plain-http
      --snapshotter lamina` (in the namespace; containerd 1.6's client with
-     the remote-snapshot labels), then `ctr run --rm --net-host --snapshotter
-     lamina`;
+     the remote-snapshot labels), then `ctr-remote run --rm --net-host
+     --snapshotter lamina` (ctr's `run`; the client that pulled runs, as
+     with containerd's `ctr pull` + `ctr run`);
    - run / run-boot: `lamina run --rm --net host` with a fresh cache dir (in
      the namespace, so the container is too: the servers' probe connects from
      inside it, across the shaped lo).
@@ -606,7 +607,11 @@ class Bench:
         return len(os.listdir(d)) if os.path.isdir(d) else 0
 
     def ctr_container(self, ns, cid, ref, workload, port, d, snapshotter=None):
-        cmd = self.ctr + ["-n", ns, "run", "--rm", "--net-host"]
+        # The client that pulled runs the container too (as with containerd's
+        # `ctr pull` + `ctr run`): ctr-remote is ctr with `rpull` added, and
+        # a second, cold binary would cost the snapshotter variants alone.
+        client = ["ctr-remote", "--address", self.a.containerd_sock] if snapshotter else self.ctr
+        cmd = client + ["-n", ns, "run", "--rm", "--net-host"]
         if snapshotter:
             cmd += ["--snapshotter", snapshotter]
         if workload == "nginx":
