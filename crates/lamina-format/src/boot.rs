@@ -245,6 +245,24 @@ mod tests {
         assert_eq!(parts, vec![(1, 0, 8192), (0, 2, 4096)]);
     }
 
+    /// Every page with its place: (blob, cache offset, bytes), in order.
+    fn pages_of(boot: &BootPages) -> Vec<(u32, u64, &[u8])> {
+        boot.iter()
+            .flat_map(|(e, bytes)| {
+                bytes
+                    .chunks_exact(BOOT_PAGE as usize)
+                    .enumerate()
+                    .map(move |(k, page)| {
+                        (
+                            e.blob.get(),
+                            e.cache_offset.get() + k as u64 * BOOT_PAGE,
+                            page,
+                        )
+                    })
+            })
+            .collect()
+    }
+
     #[test]
     fn segments_keep_every_page_in_read_order_and_grow() {
         // 400 pages in three extents, read out of blob order.
@@ -260,32 +278,8 @@ mod tests {
             .collect();
         assert_eq!(pages, vec![64, 256, 80]);
         // Concatenated, the segments are the same pages at the same places.
-        let flat: Vec<(u32, u64, u8)> = segments
-            .iter()
-            .flat_map(|s| s.iter().map(|(e, b)| (e, b.to_vec())).collect::<Vec<_>>())
-            .flat_map(|(e, b)| {
-                (0..e.pages.get() as u64).map(move |k| {
-                    (
-                        e.blob.get(),
-                        e.cache_offset.get() + k * BOOT_PAGE,
-                        b[(k * BOOT_PAGE) as usize],
-                    )
-                })
-            })
-            .collect();
-        let want: Vec<(u32, u64, u8)> = boot
-            .iter()
-            .flat_map(|(e, b)| {
-                (0..e.pages.get() as u64).map(move |k| {
-                    (
-                        e.blob.get(),
-                        e.cache_offset.get() + k * BOOT_PAGE,
-                        b[(k * BOOT_PAGE) as usize],
-                    )
-                })
-            })
-            .collect();
-        assert_eq!(flat, want);
+        let flat: Vec<(u32, u64, &[u8])> = segments.iter().flat_map(pages_of).collect();
+        assert_eq!(flat, pages_of(&boot));
         // Each segment is valid boot pages on its own.
         for s in &segments {
             BootPages::from_bytes(&s.to_bytes(), &[30 * 4096, 450 * 4096]).unwrap();
