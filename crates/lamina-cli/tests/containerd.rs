@@ -158,6 +158,8 @@ struct Node {
     t: TestDir,
     reg: Registry,
     snapshotter: Background,
+    /// Where the snapshotter serves its Prometheus metrics.
+    metrics: String,
     containerd: Background,
 }
 
@@ -188,7 +190,9 @@ impl Node {
         let imgs = images();
         let reg = Registry::start_with_data(&imgs.registry_data);
         let t = TestDir::new("containerd");
-        let snapshotter = start_snapshotter(&t);
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let snapshotter =
+            start_snapshotter_with(&t, &[OsStr::new("--metrics-address"), OsStr::new(&metrics)]);
         let registry = cri.then(|| reg.host());
         let containerd = start_containerd(version, &t, registry.as_deref());
         let node = Node {
@@ -196,6 +200,7 @@ impl Node {
             t,
             reg,
             snapshotter,
+            metrics,
             containerd,
         };
         node.wait_containerd();
@@ -671,6 +676,7 @@ fn lamina_and_plain_images_run(version: Version) {
     f.check(mounts == 1, || {
         format!("{mounts} lamina mounts for two containers of one image, want 1")
     });
+    check_metrics(&node, &mut f);
 
     let pulled = node.pull(PLAIN_IMAGE);
     f.check(pulled.status.success(), || {
@@ -700,7 +706,34 @@ fn lamina_and_plain_images_run(version: Version) {
     f.finish(&format!("containerd {version:?}"));
 }
 
-/// `/etc/debian_version` of the source image, by umoci.
+/// The snapshotter's metrics while it serves containerd: the one live mount,
+/// its fetched bytes as `lamina status` has them, its misses' latencies,
+/// and the gRPC calls containerd made.
+fn check_metrics(node: &Node, f: &mut Failures) {
+    // Both read the worker's status.json, rewritten every 25 ms when it changed.
+    let fetched = node.fetched_bytes();
+    let text = scrape(&node.metrics);
+    let sum = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    f.check(sample(&text, "lamina_mounts_live") == Some(1.0), || {
+        format!("lamina_mounts_live is not 1:\n{text}")
+    });
+    f.check(sum("lamina_fetched_bytes_total") == fetched as f64, || {
+        format!("lamina_fetched_bytes_total is not status's {fetched}:\n{text}")
+    });
+    f.check(sum("lamina_miss_latency_seconds_count") > 0.0, || {
+        format!("no miss in lamina_miss_latency_seconds:\n{text}")
+    });
+    let prepares = r#"lamina_snapshotter_grpc_requests_total{method="prepare"}"#;
+    f.check(sample(&text, prepares).is_some_and(|n| n > 0.0), || {
+        format!("no Prepare counted:\n{text}")
+    });
+}
+
 /// A loopback port nothing listens on now.
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -729,6 +762,7 @@ fn nginx_conf(port: u16) -> String {
     )
 }
 
+/// `/etc/debian_version` of the source image, by umoci.
 fn debian_version(source: &Path) -> String {
     static V: OnceLock<String> = OnceLock::new();
     V.get_or_init(|| {
@@ -740,6 +774,7 @@ fn debian_version(source: &Path) -> String {
     .clone()
 }
 
+/// Files called `name` under `root`, on `root`'s filesystem only.
 fn walk_files_named(root: &Path, name: &str) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut stack = vec![root.to_path_buf()];
