@@ -43,6 +43,19 @@ pub const ANNOTATION_UNCOMPRESSED_SIZE: &str = "dev.lamina.uncompressed.size";
 
 /// The format version this build writes and reads.
 pub const FORMAT_VERSION: &str = "1";
+/// The format version of an image whose boot pages come in more than one
+/// layer: builds from before boot segments then refuse it by its version
+/// instead of by a layer they do not expect. This build reads both.
+pub const FORMAT_VERSION_SEGMENTED: &str = "2";
+
+/// The format version an image with `boot_layers` boot-pages layers carries.
+pub fn format_version(boot_layers: usize) -> &'static str {
+    if boot_layers > 1 {
+        FORMAT_VERSION_SEGMENTED
+    } else {
+        FORMAT_VERSION
+    }
+}
 
 /// Largest EROFS metadata image lamina writes or reads, uncompressed.
 pub const MAX_METADATA_SIZE: u64 = 256 << 20;
@@ -105,10 +118,10 @@ impl LaminaLayers {
     /// Sorts a manifest's layers by role; refuses anything else.
     pub fn from_manifest(manifest: &Manifest) -> Result<Self, ArtifactError> {
         match manifest.annotations.get(ANNOTATION_FORMAT) {
-            Some(v) if v == FORMAT_VERSION => {}
+            Some(v) if v == FORMAT_VERSION || v == FORMAT_VERSION_SEGMENTED => {}
             Some(v) => {
                 return Err(ArtifactError::NotLamina(format!(
-                    "format version {v}, this build reads {FORMAT_VERSION}"
+                    "format version {v}, this build reads {FORMAT_VERSION} and {FORMAT_VERSION_SEGMENTED}"
                 )))
             }
             None => {
@@ -575,5 +588,18 @@ mod tests {
         manifest.layers.push(seg);
         let err = LaminaLayers::from_manifest(&manifest).unwrap_err();
         assert!(err.to_string().contains("boot-pages layers"), "{err}");
+
+        // Segmented images say so in their version; this build reads both,
+        // and nothing newer.
+        manifest.layers.pop();
+        assert_eq!(format_version(1), FORMAT_VERSION);
+        assert_eq!(format_version(3), FORMAT_VERSION_SEGMENTED);
+        for (version, ok) in [("1", true), ("2", true), ("3", false)] {
+            manifest
+                .annotations
+                .insert(ANNOTATION_FORMAT.into(), version.into());
+            let read = LaminaLayers::from_manifest(&manifest);
+            assert_eq!(read.is_ok(), ok, "version {version}: {:?}", read.err());
+        }
     }
 }

@@ -261,7 +261,10 @@ pub fn convert(
         config: config_desc,
         layers,
         annotations: [
-            (ANNOTATION_FORMAT.to_string(), FORMAT_VERSION.to_string()),
+            (
+                ANNOTATION_FORMAT.to_string(),
+                format_version(boot_report.as_ref().map_or(0, |b| b.segments as usize)).to_string(),
+            ),
             (
                 ANNOTATION_SOURCE.to_string(),
                 image.manifest_digest.to_string(),
