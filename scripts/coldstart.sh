@@ -15,7 +15,7 @@
 #                             [--workloads python,nginx,redis] [--out FILE]
 #                             [--variants V,...] [--idle-images N] [--readall-runs N]
 #                             [--slow-runs M] [--plot FILE | --no-plot]
-#                             [--max-minutes T]
+#                             [--max-minutes T] [--containerd BIN] [--keep-logs DIR]
 #   --links L      tc rates of the shaped link (tbf on the namespace's lo)
 #   --runs N       runs per link, workload and variant (default 3)
 #   --slow-runs M  containerd runs on links slower than 100mbit (default 1: a
@@ -31,6 +31,12 @@
 #   --plot FILE    chart (default: coldstart.png next to --out); --no-plot to skip
 #   --max-minutes  hard limit for the measurements (default 45); the script
 #                  cleans up and fails when it is reached
+#   --containerd BIN  the containerd to measure (default: containerd on PATH,
+#                  Debian's 1.6); its directory goes first on PATH, so its own
+#                  ctr and shim are used too (e.g. a 2.x built by setup.sh)
+#   --keep-logs DIR   containerd at debug level and every snapshotter (with its
+#                  mounts' daemons) at LAMINA_LOG=debug; their logs are copied
+#                  to DIR, one sub-directory per snapshotter run
 # With the default --out, the tables in docs/coldstart.md are regenerated too
 # (scripts/coldstart_report.py prints them for any result file).
 #
@@ -56,6 +62,8 @@ NO_PLOT=0
 MAX_MINUTES=60
 VARIANTS=containerd,lamina,lamina-boot,snapshotter,snapshotter-boot,run,run-boot
 IDLE_IMAGES=20
+CONTAINERD_BIN=
+KEEP_LOGS=
 
 log() { printf '[coldstart] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -74,6 +82,8 @@ while [ $# -gt 0 ]; do
     --plot) PLOT=${2:?}; shift 2 ;;
     --no-plot) NO_PLOT=1; shift ;;
     --max-minutes) MAX_MINUTES=${2:?}; shift 2 ;;
+    --containerd) CONTAINERD_BIN=${2:?}; shift 2 ;;
+    --keep-logs) KEEP_LOGS=${2:?}; shift 2 ;;
     -h | --help) usage 0 ;;
     *) log "unknown argument: $1"; usage 2 ;;
     esac
@@ -92,6 +102,15 @@ mkdir -p "$(dirname "$OUT")"
 OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")
 [ -n "$PLOT" ] || PLOT="$(dirname "$OUT")/coldstart.png"
 
+if [ -n "$CONTAINERD_BIN" ]; then
+    [ -x "$CONTAINERD_BIN" ] || die "--containerd: $CONTAINERD_BIN is not an executable"
+    PATH="$(cd "$(dirname "$CONTAINERD_BIN")" && pwd):$PATH"
+    [ "$(command -v containerd)" -ef "$CONTAINERD_BIN" ] || die "--containerd: the binary must be named containerd"
+fi
+if [ -n "$KEEP_LOGS" ]; then
+    mkdir -p "$KEEP_LOGS"
+    KEEP_LOGS=$(cd "$KEEP_LOGS" && pwd)
+fi
 [ "$(id -u)" = 0 ] || die "must run as root (namespaces, mounts, containers, drop_caches)"
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3) || die "missing python3"
@@ -129,6 +148,7 @@ cleanup() {
     local rc=$? m c n pids
     trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
     set +e
+    [ -n "$KEEP_LOGS" ] && [ -f "$CTD/containerd.log" ] && cp "$CTD/containerd.log" "$KEEP_LOGS/"
     # the measurement driver first (it cleans up its own run on SIGTERM)
     if [ -n "$DRIVER_PID" ] && [ -e "/proc/$DRIVER_PID" ]; then
         kill -TERM "$DRIVER_PID" 2>/dev/null
@@ -208,15 +228,31 @@ log "registry 127.0.0.1:$PORT in $NS (pid $REG_PID)"
 
 # ---- private containerd (host network namespace) -----------------------------------
 mkdir -p "$CTD"
-containerd config default |
-    sed -e "s#^root = .*#root = \"$CTD/root\"#" \
-        -e "s#^state = .*#state = \"$CTD/state\"#" \
-        -e "s#^disabled_plugins = .*#disabled_plugins = [\"io.containerd.grpc.v1.cri\"]#" \
-        -e "s#^\( *\)path = \"/opt/containerd\"#\1path = \"$CTD/opt\"#" \
-        -e "/^\[grpc\]/,/^\[/ s#^  address = .*#  address = \"$CTD_SOCK\"#" >"$CTD/config.toml"
-printf '\n[proxy_plugins.lamina]\n  type = "snapshot"\n  address = "%s"\n' "$SNAP_SOCK" >>"$CTD/config.toml"
-grep -q "^root = \"$CTD/root\"" "$CTD/config.toml" && grep -q "address = \"$CTD_SOCK\"" "$CTD/config.toml" ||
-    die "could not write the containerd config"
+# A minimal config of containerd's own version (2 for 1.x, 3 for 2.x): no
+# CRI, everything under $CTD, lamina as a proxy snapshotter.
+if containerd --version | grep -q " v2\."; then CTD_CONFIG_VERSION=3; else CTD_CONFIG_VERSION=2; fi
+cat >"$CTD/config.toml" <<EOF
+version = $CTD_CONFIG_VERSION
+root = "$CTD/root"
+state = "$CTD/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "$CTD_SOCK"
+
+[ttrpc]
+  address = "$CTD_SOCK.ttrpc"
+
+[debug]
+  level = "$([ -n "$KEEP_LOGS" ] && echo debug || echo info)"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$CTD/opt"
+
+[proxy_plugins.lamina]
+  type = "snapshot"
+  address = "$SNAP_SOCK"
+EOF
 setsid containerd --config "$CTD/config.toml" >"$CTD/containerd.log" 2>&1 </dev/null &
 CTD_PID=$!
 for _ in $(seq 100); do
@@ -234,7 +270,7 @@ log "containerd $(containerd --version | awk '{print $3}') on $CTD_SOCK (pid $CT
     --containerd-sock "$CTD_SOCK" --containerd-root "$CTD/root" --snapshotter-sock "$SNAP_SOCK" \
     --variants "$VARIANTS" --idle-images "$IDLE_IMAGES" --readall-runs "$READALL_RUNS" \
     --links "$LINKS" --runs "$RUNS" --slow-runs "$SLOW_RUNS" --workloads "$WORKLOADS" \
-    --max-seconds $((MAX_MINUTES * 60)) --out "$OUT" &
+    --max-seconds $((MAX_MINUTES * 60)) --out "$OUT" ${KEEP_LOGS:+--keep-logs "$KEEP_LOGS"} &
 DRIVER_PID=$!
 wait "$DRIVER_PID"
 DRIVER_PID=

@@ -59,6 +59,7 @@ What it does, in this order:
 
 import argparse
 import ctypes
+import glob
 import gzip
 import hashlib
 import io
@@ -702,8 +703,10 @@ class Bench:
             os.unlink(sock)
         os.makedirs(root, exist_ok=True)
         log_f = open(os.path.join(os.path.dirname(root), "snapshotter.log"), "ab")
+        env = dict(os.environ, LAMINA_LOG="debug") if self.a.keep_logs else None
         proc = subprocess.Popen(self.ns + [self.lamina, "snapshotter", "--root", root, "--address", sock],
-                                stdin=subprocess.DEVNULL, stdout=log_f, stderr=log_f, start_new_session=True)
+                                stdin=subprocess.DEVNULL, stdout=log_f, stderr=log_f, start_new_session=True,
+                                env=env)
         log_f.close()
         end = time.monotonic() + 30
         while True:
@@ -805,6 +808,8 @@ class Bench:
                               "sum": (hw or 0) + (ww or 0) if hw and ww else None}
             return rec
         finally:
+            # before the mount goes: its daemons' logs go with it
+            self.keep_logs(d, os.path.basename(d))
             self.containerd_forget(ns, [ref], snapshotter="lamina")
             self.stop_snapshotter(proc, root)
             self.rmtree_unmounted(d)
@@ -819,6 +824,17 @@ class Bench:
             time.sleep(0.25)
             st = status()
         return st
+
+    def keep_logs(self, d, name):
+        """With --keep-logs: the snapshotter's log in `d` and its mounts' daemon
+        logs (ROOT/cache/mounts/*/) to KEEP/name."""
+        if not self.a.keep_logs:
+            return
+        dst = os.path.join(self.a.keep_logs, name)
+        os.makedirs(dst, exist_ok=True)
+        logs = glob.glob(os.path.join(d, "*.log")) + glob.glob(os.path.join(d, "root", "cache", "mounts", "*", "*.log"))
+        for src in logs:
+            shutil.copy(src, os.path.join(dst, os.path.basename(src)))
 
     def rmtree_unmounted(self, d):
         with open("/proc/self/mounts") as f:
@@ -1230,6 +1246,7 @@ def main():
     ap.add_argument("--idle-images", type=int, default=IDLE_IMAGES, help="0: no idle footprint phase")
     ap.add_argument("--max-seconds", type=int, default=2700)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--keep-logs", help="copy the snapshotter runs' logs here")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -1253,7 +1270,8 @@ def main():
                                            "stargz-snapshotter")),
         "image": img,
         "config": {"links": links, "runs": a.runs, "containerd_runs": cd_runs, "workloads": workloads,
-                   "variants": variants, "peers": peer_snapshotters(), "tbf": " ".join(["tbf", "rate", "RATE"] + TBF), "lo_mtu": 1500,
+                   "variants": variants, "peers": peer_snapshotters(),
+                   "containerd": run(["containerd", "--version"], capture=True).stdout.strip(), "tbf": " ".join(["tbf", "rate", "RATE"] + TBF), "lo_mtu": 1500,
                    "fill_window": mount_default(b.lamina, "--fill-window"),
                    "ready_probe_interval_s": 0.01},
         "setup": {}, "links": {}, "runs": [],
