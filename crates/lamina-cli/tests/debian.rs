@@ -66,5 +66,7 @@ fn debian_bookworm_converts_mounts_and_runs() {
     let n = treecmp(&[], &rootfs, &m.path);
     assert!(n > 5000, "compared only {n} entries");
     fsck_erofs(&m);
+    let read = reader_matches_kernel(&m);
+    assert!(read > 5000, "the reader compared only {read} entries");
     m.unmount();
 }

@@ -21,7 +21,9 @@ const EMPTY_XATTRS: &[(&str, &str)] = &[
 ///   xattrs, which umoci drops), 0 differences;
 /// * treecmp vs ociunpack.py of edge, no ignores, 0 differences;
 /// * every empty-valued xattr reads back from the mount as present and empty;
-/// * fsck.erofs with the blob caches as devices, exit 0.
+/// * fsck.erofs with the blob caches as devices, exit 0;
+/// * lamina's own EROFS reader (the FUSE path's) sees what the kernel
+///   mounts, entry by entry and byte by byte.
 #[test]
 fn edge_mount_matches_umoci_and_ociunpack() {
     if !require(&["umoci", "fsck.erofs", "zstd"]) {
@@ -57,6 +59,8 @@ fn edge_mount_matches_umoci_and_ociunpack() {
     }
 
     fsck_erofs(&m);
+    let read = reader_matches_kernel(&m);
+    assert!(read >= 5000, "the reader compared only {read} entries");
     m.unmount();
 }
 
@@ -86,6 +90,7 @@ fn edge_with_4k_chunks_matches_ociunpack() {
     let m = Mount::new(&image, &t.join("mnt"), &t.join("cache"));
     treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
     fsck_erofs(&m);
+    assert!(reader_matches_kernel(&m) >= 5000);
     m.unmount();
 }
 

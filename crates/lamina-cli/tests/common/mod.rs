@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -1375,4 +1376,134 @@ pub fn scrape(addr: &str) -> String {
 pub fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The EROFS reader (what the FUSE path serves from) against the kernel's
+/// mount of the same metadata and blobs, entry by entry: type and mode,
+/// owner, size, mtime, link count, device numbers, symlink targets,
+/// directory listings, every xattr with its value (empty ones included),
+/// and every regular file's bytes read through the chunk table from the
+/// blob caches. The mount must be complete (not lazy). Returns the number
+/// of entries compared.
+#[track_caller]
+pub fn reader_matches_kernel(m: &Mount) -> u64 {
+    use lamina_format::erofs::{Chunk, Image, Kind};
+    let meta = fs::read(m.metadata_path()).expect("read the metadata image");
+    let img = Image::new(&meta).unwrap_or_else(|e| panic!("reader refuses the image: {e}"));
+    let blobs: Vec<File> = m
+        .blob_paths()
+        .iter()
+        .map(|p| File::open(p).unwrap())
+        .collect();
+    let mut stack = vec![(m.path.clone(), img.root_nid())];
+    let mut compared = 0u64;
+    while let Some((path, nid)) = stack.pop() {
+        let inode = img
+            .inode(nid)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let st = fs::symlink_metadata(&path).unwrap();
+        let at = path.display();
+        assert_eq!(inode.mode, st.mode(), "{at}: mode");
+        assert_eq!((inode.uid, inode.gid), (st.uid(), st.gid()), "{at}: owner");
+        assert_eq!(u64::from(inode.nlink), st.nlink(), "{at}: nlink");
+        assert_eq!(
+            (inode.mtime, i64::from(inode.mtime_nsec)),
+            (st.mtime(), st.mtime_nsec()),
+            "{at}: mtime"
+        );
+        assert_eq!(inode.size, st.size(), "{at}: size");
+        let xattrs: BTreeMap<Vec<u8>, Vec<u8>> = img
+            .xattrs(&inode)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k, v.to_vec()))
+            .collect();
+        assert_eq!(xattrs, kernel_xattrs(&path), "{at}: xattrs");
+        match inode.kind().expect("a file type") {
+            Kind::Directory => {
+                let listed = img.entries(&inode).unwrap();
+                let mut names: Vec<Vec<u8>> = listed
+                    .iter()
+                    .filter(|e| e.name != b"." && e.name != b"..")
+                    .map(|e| e.name.to_vec())
+                    .collect();
+                let mut kernel: Vec<Vec<u8>> = fs::read_dir(&path)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().into_encoded_bytes())
+                    .collect();
+                names.sort();
+                kernel.sort();
+                assert_eq!(names, kernel, "{at}: entries");
+                for e in listed.iter().filter(|e| e.name != b"." && e.name != b"..") {
+                    let found = img.lookup(&inode, e.name).unwrap();
+                    assert_eq!(found, Some(*e), "{at}: lookup of {:?}", e.name);
+                    let name = OsStr::from_bytes(e.name);
+                    stack.push((path.join(name), e.nid));
+                }
+            }
+            Kind::Symlink => {
+                let target = img.symlink_target(&inode).unwrap();
+                assert_eq!(
+                    target,
+                    fs::read_link(&path)
+                        .unwrap()
+                        .into_os_string()
+                        .into_encoded_bytes(),
+                    "{at}"
+                );
+            }
+            Kind::Regular => {
+                let chunks = img.chunks(&inode).unwrap();
+                let want = fs::read(&path).unwrap();
+                let mut got = Vec::with_capacity(want.len());
+                let chunk = 1u64 << chunks.chunk_bits;
+                for i in 0..chunks.len() {
+                    let len = chunk.min(inode.size - i as u64 * chunk) as usize;
+                    match chunks.get(i).unwrap() {
+                        Chunk::Hole => got.resize(got.len() + len, 0),
+                        Chunk::Data { device, offset } => {
+                            let mut buf = vec![0u8; len];
+                            std::os::unix::fs::FileExt::read_exact_at(
+                                &blobs[usize::from(device) - 1],
+                                &mut buf,
+                                offset,
+                            )
+                            .unwrap();
+                            got.extend_from_slice(&buf);
+                        }
+                    }
+                }
+                assert!(
+                    got == want,
+                    "{at}: content read through the chunk table differs"
+                );
+            }
+            Kind::CharDevice | Kind::BlockDevice => {
+                let (major, minor) = inode.rdev();
+                assert_eq!(
+                    (major, minor),
+                    (rustix::fs::major(st.rdev()), rustix::fs::minor(st.rdev())),
+                    "{at}: rdev"
+                );
+            }
+            Kind::Fifo | Kind::Socket => {}
+        }
+        compared += 1;
+    }
+    compared
+}
+
+/// Every xattr of `path` (not following a symlink) with its value.
+fn kernel_xattrs(path: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut names = vec![0u8; 64 << 10];
+    let n = rustix::fs::llistxattr(path, &mut names[..]).unwrap();
+    let mut out = BTreeMap::new();
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let mut value = vec![0u8; 64 << 10];
+        let cname = std::ffi::CString::new(name).unwrap();
+        let len = rustix::fs::lgetxattr(path, cname.as_c_str(), &mut value[..]).unwrap();
+        value.truncate(len);
+        out.insert(name.to_vec(), value);
+    }
+    out
 }

@@ -6,7 +6,7 @@
 //! the subset below: no compression, no shared xattrs, no long xattr prefixes.
 
 use zerocopy::little_endian::{U16, U32, U64};
-use zerocopy::{Immutable, IntoBytes, KnownLayout};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// `erofs_super_block.magic`.
 pub const EROFS_MAGIC: u32 = 0xE0F5_E1E2;
@@ -84,7 +84,7 @@ pub const XATTR_PREFIXES: &[(u8, &[u8])] = &[
 ];
 
 /// `struct erofs_super_block` (128 bytes at byte 1024).
-#[derive(Debug, Default, Clone, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Default, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct SuperBlock {
     /// `EROFS_MAGIC`.
@@ -138,7 +138,7 @@ pub struct SuperBlock {
 }
 
 /// `struct erofs_deviceslot` (128 bytes): one extra device (a data blob).
-#[derive(Debug, Clone, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct DeviceSlot {
     /// Device tag (lamina: the blob digest's hex).
@@ -152,7 +152,7 @@ pub struct DeviceSlot {
 }
 
 /// `struct erofs_inode_compact` (32 bytes); mtime is the superblock's build time.
-#[derive(Debug, Default, Clone, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Default, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct InodeCompact {
     /// Layout version and data layout.
@@ -180,7 +180,7 @@ pub struct InodeCompact {
 }
 
 /// `struct erofs_inode_extended` (64 bytes).
-#[derive(Debug, Default, Clone, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Default, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct InodeExtended {
     /// Layout version and data layout.
@@ -212,7 +212,7 @@ pub struct InodeExtended {
 }
 
 /// `struct erofs_xattr_ibody_header` (12 bytes), first in the inline xattr area.
-#[derive(Debug, Default, Clone, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Default, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct XattrIbodyHeader {
     /// Name filter (only with the XATTR_FILTER feature; zero).
@@ -225,7 +225,7 @@ pub struct XattrIbodyHeader {
 
 /// `struct erofs_xattr_entry` (4 bytes), followed by name suffix and value,
 /// padded to 4 bytes.
-#[derive(Debug, Default, Clone, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Default, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct XattrEntry {
     /// Length of the name suffix.
@@ -237,7 +237,7 @@ pub struct XattrEntry {
 }
 
 /// `struct erofs_inode_chunk_index` (8 bytes).
-#[derive(Debug, Default, Clone, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Default, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct ChunkIndex {
     /// Zero.
@@ -249,7 +249,7 @@ pub struct ChunkIndex {
 }
 
 /// `struct erofs_dirent` (12 bytes); names follow the dirent array of a block.
-#[derive(Debug, Default, Clone, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Default, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct Dirent {
     /// nid of the entry's inode.
