@@ -90,11 +90,14 @@ pub(crate) enum Command {
         #[arg(long, value_name = "TRACE")]
         prefetch: Option<PathBuf>,
     },
-    /// Mount a lamina image read-only with the kernel (file-backed EROFS).
+    /// Mount a lamina image read-only with the kernel (file-backed EROFS),
+    /// or through FUSE.
     ///
     /// Registry images mount lazily: data is fetched on first read through
     /// fanotify pre-content events, served by a background daemon. Local
     /// images are fetched whole first (use --lazy to serve them lazily too).
+    /// With --mode fuse, a FUSE daemon serves the image from the cache,
+    /// which is filled whole first (lazy reads through FUSE: not yet).
     Mount {
         /// The lamina image.
         image: String,
@@ -102,6 +105,9 @@ pub(crate) enum Command {
         mountpoint: PathBuf,
         #[command(flatten)]
         serve: ServeArgs,
+        /// `kernel` (file-backed EROFS) or `fuse` (a FUSE daemon).
+        #[arg(long, value_name = "MODE", default_value = "kernel", value_parser = ["kernel", "fuse"])]
+        mode: String,
         /// Record every read the workload makes of data not yet local, in
         /// order, to FILE (for `lamina convert --prefetch FILE`).
         #[arg(long, value_name = "FILE")]
@@ -238,6 +244,12 @@ pub(crate) enum Command {
         /// unix:/PATH.
         #[arg(long, value_name = "ADDR")]
         metrics_address: Option<MetricsAddress>,
+    },
+    /// Internal: the FUSE daemon of one mount.
+    #[command(hide = true)]
+    InternalFuse {
+        /// Daemon config.
+        config: PathBuf,
     },
     /// Internal: the fanotify holder of one lazy mount.
     #[command(hide = true)]
@@ -458,13 +470,21 @@ pub fn run(args: Args) -> Result<u8> {
             mountpoint,
             serve,
             record_trace,
+            mode,
         } => {
             let image = parse_ref(&image)?;
             let opts = MountOptions {
                 cache_dir: absolute(&serve.cache_dir)?,
                 source,
             };
+            if mode == "fuse" && (serve.lazy || record_trace.is_some()) {
+                anyhow::bail!(
+                    "--mode fuse serves an image from a cache filled whole first; lazy FUSE \
+                     mounts (--lazy, --record-trace) are not implemented yet"
+                );
+            }
             let info = match serve.lazy_options(&image, record_trace) {
+                _ if mode == "fuse" => lamina_mount::mount_fuse(&image, &mountpoint, &opts),
                 Some(lazy_opts) => lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts),
                 None => lamina_mount::mount_image(&image, &mountpoint, &opts),
             }
@@ -622,6 +642,9 @@ pub fn run(args: Args) -> Result<u8> {
             },
             metrics_address,
         })?,
+        Command::InternalFuse { config } => {
+            lamina_fuse::serve(&lamina_fuse::load_config(&config)?)?
+        }
         Command::InternalHolder { config } => lamina_daemon::holder::run_holder(&config)?,
         Command::InternalWorker { config, fd } => {
             let sock = lamina_sys::adopt_inherited_fd(fd)?;
@@ -641,7 +664,9 @@ impl Args {
     pub fn is_daemon(&self) -> bool {
         matches!(
             self.command,
-            Command::InternalHolder { .. } | Command::InternalWorker { .. }
+            Command::InternalHolder { .. }
+                | Command::InternalWorker { .. }
+                | Command::InternalFuse { .. }
         )
     }
 

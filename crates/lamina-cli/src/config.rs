@@ -400,6 +400,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             m.fill(metrics_address, "metrics_address", metrics);
         }
         Command::InternalHolder { .. }
+        | Command::InternalFuse { .. }
         | Command::InternalWorker { .. }
         | Command::Inspect { .. } => {}
     }

@@ -69,4 +69,38 @@ fn debian_bookworm_converts_mounts_and_runs() {
     let read = reader_matches_kernel(&m);
     assert!(read > 5000, "the reader compared only {read} entries");
     m.unmount();
+
+    // The same image through FUSE, from the same (now complete) cache.
+    let f = Mount::with_args(
+        &image,
+        &t.join("fuse"),
+        &t.join("cache"),
+        &["--mode", "fuse"],
+    );
+    assert_eq!(
+        f.info["fetched_bytes"], 0,
+        "the cache was complete: {}",
+        f.info
+    );
+    let n = treecmp(&[], &rootfs, &f.path);
+    assert!(n > 5000, "FUSE: compared only {n} entries");
+    let mut chroot = command(
+        tool("chroot"),
+        [
+            f.path.as_os_str(),
+            "/usr/bin/python3".as_ref(),
+            "-c".as_ref(),
+            "print(\"ok\")".as_ref(),
+        ],
+    );
+    chroot
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C");
+    assert_eq!(
+        run(&mut chroot, TIMEOUT).ok().stdout,
+        "ok\n",
+        "python3 through FUSE"
+    );
+    f.unmount();
 }

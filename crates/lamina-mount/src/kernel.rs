@@ -112,6 +112,41 @@ pub fn mount_image(
     mountpoint: &Path,
     opts: &MountOptions,
 ) -> Result<MountInfo, MountError> {
+    let info = fill_cache(image, mountpoint, opts)?;
+    let data_c =
+        lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
+            .map_err(MountError::BadCachePath)?;
+    rustix::mount::mount(
+        info.metadata_path.as_path(),
+        mountpoint,
+        "erofs",
+        MountFlags::RDONLY,
+        Some(data_c.as_c_str()),
+    )
+    .map_err(|errno| MountError::Syscall {
+        op: "mount",
+        path: mountpoint.to_path_buf(),
+        errno,
+        hint: match errno {
+            rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => " (mounting needs root)",
+            rustix::io::Errno::NODEV => " (the kernel has no EROFS support: modprobe erofs)",
+            rustix::io::Errno::NOTBLK | rustix::io::Errno::INVAL => {
+                " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later)"
+            }
+            _ => "",
+        },
+    })?;
+    record_eager(opts, &info);
+    Ok(info)
+}
+
+/// Fetches and verifies everything a mount of `image` reads (metadata,
+/// index, every blob whole) into the cache, for a mount at `mountpoint`.
+pub(crate) fn fill_cache(
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<MountInfo, MountError> {
     let meta = fs::metadata(mountpoint)
         .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
     if !meta.is_dir() {
@@ -150,45 +185,6 @@ pub fn mount_image(
         }
         blob_paths.push(path);
     }
-
-    let data_c = lamina_daemon::holder::device_options(blob_paths.iter().map(PathBuf::as_path))
-        .map_err(MountError::BadCachePath)?;
-    rustix::mount::mount(
-        meta_path.as_path(),
-        mountpoint,
-        "erofs",
-        MountFlags::RDONLY,
-        Some(data_c.as_c_str()),
-    )
-    .map_err(|errno| MountError::Syscall {
-        op: "mount",
-        path: mountpoint.to_path_buf(),
-        errno,
-        hint: match errno {
-            rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => " (mounting needs root)",
-            rustix::io::Errno::NODEV => " (the kernel has no EROFS support: modprobe erofs)",
-            rustix::io::Errno::NOTBLK | rustix::io::Errno::INVAL => {
-                " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later)"
-            }
-            _ => "",
-        },
-    })?;
-    // A record for gc and umount; losing it only makes gc less careful.
-    if let Ok(m) = fs::metadata(mountpoint) {
-        let run = crate::lazy::run_dir(&opts.cache_dir, mountpoint);
-        let mut files = blob_paths.clone();
-        files.push(meta_path.clone());
-        let record = crate::gc::EagerRecord {
-            mountpoint: fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf()),
-            dev: std::os::unix::fs::MetadataExt::dev(&m),
-            files,
-        };
-        if lamina_fetch::private::private_dir(&run).is_ok() {
-            if let Ok(bytes) = serde_json::to_vec(&record) {
-                let _ = lamina_fetch::private::write_atomic(&run.join("eager.json"), &bytes, false);
-            }
-        }
-    }
     Ok(MountInfo {
         mountpoint: mountpoint.to_path_buf(),
         manifest_digest: img.manifest_digest.to_string(),
@@ -196,6 +192,27 @@ pub fn mount_image(
         blob_paths,
         fetched_bytes: fetched,
     })
+}
+
+/// A record of a mount over complete cache files, for gc and umount;
+/// losing it only makes gc less careful.
+pub(crate) fn record_eager(opts: &MountOptions, info: &MountInfo) {
+    let Ok(m) = fs::metadata(&info.mountpoint) else {
+        return;
+    };
+    let run = crate::lazy::run_dir(&opts.cache_dir, &info.mountpoint);
+    let mut files = info.blob_paths.clone();
+    files.push(info.metadata_path.clone());
+    let record = crate::gc::EagerRecord {
+        mountpoint: fs::canonicalize(&info.mountpoint).unwrap_or_else(|_| info.mountpoint.clone()),
+        dev: std::os::unix::fs::MetadataExt::dev(&m),
+        files,
+    };
+    if lamina_fetch::private::private_dir(&run).is_ok() {
+        if let Ok(bytes) = serde_json::to_vec(&record) {
+            let _ = lamina_fetch::private::write_atomic(&run.join("eager.json"), &bytes, false);
+        }
+    }
 }
 
 /// Unmounts a lamina mount.

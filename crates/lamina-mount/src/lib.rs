@@ -1,4 +1,5 @@
-//! The chunk cache and kernel mounts.
+//! The chunk cache, and mounts of lamina images: with the kernel (eager or
+//! lazy) or through a FUSE daemon (eager, see `lamina_fuse`).
 //!
 //! Cache layout under the cache dir (default `/var/lib/lamina`):
 //! ```text
@@ -16,12 +17,14 @@
 #![warn(missing_docs)]
 
 mod cache;
+mod fuse;
 mod gc;
 mod kernel;
 mod lazy;
 pub mod metrics;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
+pub use fuse::{mount_fuse, FUSE_THREADS};
 pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
 pub use lazy::{

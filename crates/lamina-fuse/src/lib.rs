@@ -1,0 +1,637 @@
+//! Serving a lamina image through FUSE: the EROFS metadata read in
+//! userspace ([`lamina_format::erofs::Image`]), file bytes read from the
+//! data blobs' cache files through each file's chunk table.
+//!
+//! The image is immutable, so the kernel may cache everything: entries and
+//! attributes never time out, file pages and directory listings are kept
+//! across opens, symlink targets are cached. The operations are plain
+//! methods returning errno values ([`ImageFs::lookup_entry`], ...), so they
+//! are tested without a mount; the [`fuser::Filesystem`] impl only adapts.
+//!
+//! This serves images whose blobs are complete in the cache (an eager
+//! mount). Lazy reads through FUSE come next (issue 9).
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+};
+use lamina_daemon::config::write_atomic;
+use lamina_daemon::holder::Ready;
+use lamina_format::erofs::{Chunk, Entry, Image, Inode, Kind, ReadError, Xattr};
+use serde::{Deserialize, Serialize};
+
+/// Entries and attributes never change: the kernel may keep them for good
+/// (a year is "forever" without overflowing the kernel's jiffies).
+const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// One image served through FUSE.
+#[derive(Debug)]
+pub struct ImageFs {
+    image: Image<'static>,
+    /// Cache files of the data blobs, in device-table order.
+    blobs: Vec<File>,
+}
+
+impl ImageFs {
+    /// The filesystem of the metadata image `meta` over the complete cache
+    /// files `blobs` (one per device of the image, in table order).
+    pub fn new(meta: &'static [u8], blobs: Vec<File>) -> Result<Self, ReadError> {
+        let image = Image::new(meta)?;
+        if image.devices().len() != blobs.len() {
+            return Err(ReadError::Corrupt(format!(
+                "{} devices in the image, {} blob files given",
+                image.devices().len(),
+                blobs.len()
+            )));
+        }
+        Ok(ImageFs { image, blobs })
+    }
+
+    /// The FUSE inode number of `nid`: the root is 1, as FUSE wants; every
+    /// other nid is shifted past it, so no two nids share a number.
+    pub fn ino_of(&self, nid: u64) -> u64 {
+        if nid == self.image.root_nid() {
+            1
+        } else {
+            nid + 2
+        }
+    }
+
+    fn nid_of(&self, ino: u64) -> Result<u64, Errno> {
+        match ino {
+            1 => Ok(self.image.root_nid()),
+            0 | 2 => Err(Errno::ENOENT),
+            n => Ok(n - 2),
+        }
+    }
+
+    fn inode(&self, ino: u64) -> Result<Inode<'static>, Errno> {
+        let nid = self.nid_of(ino)?;
+        self.image.inode(nid).map_err(|e| eio(&e))
+    }
+
+    /// The attributes stat shows for `inode`.
+    pub fn attr(&self, inode: &Inode<'_>) -> FileAttr {
+        let mtime = if inode.mtime >= 0 {
+            UNIX_EPOCH + Duration::new(inode.mtime as u64, inode.mtime_nsec.min(999_999_999))
+        } else {
+            UNIX_EPOCH - Duration::from_secs(inode.mtime.unsigned_abs())
+                + Duration::from_nanos(u64::from(inode.mtime_nsec.min(999_999_999)))
+        };
+        let (major, minor) = inode.rdev();
+        FileAttr {
+            ino: INodeNo(self.ino_of(inode.nid)),
+            size: inode.size,
+            blocks: inode.size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind: file_type(inode.kind()),
+            perm: (inode.mode & 0o7777) as u16,
+            nlink: inode.nlink,
+            uid: inode.uid,
+            gid: inode.gid,
+            // The kernel's new_encode_dev, which FUSE decodes.
+            rdev: (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12),
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    /// The attributes of inode number `ino`.
+    pub fn getattr_of(&self, ino: u64) -> Result<FileAttr, Errno> {
+        Ok(self.attr(&self.inode(ino)?))
+    }
+
+    /// `name` in directory `parent`: its attributes.
+    pub fn lookup_entry(&self, parent: u64, name: &[u8]) -> Result<FileAttr, Errno> {
+        let dir = self.inode(parent)?;
+        if dir.kind() != Some(Kind::Directory) {
+            return Err(Errno::ENOTDIR);
+        }
+        match self.image.lookup(&dir, name).map_err(|e| eio(&e))? {
+            Some(e) => self.getattr_of(self.ino_of(e.nid)),
+            None => Err(Errno::ENOENT),
+        }
+    }
+
+    /// A symlink's target.
+    pub fn readlink_of(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        let inode = self.inode(ino)?;
+        if inode.kind() != Some(Kind::Symlink) {
+            return Err(Errno::EINVAL);
+        }
+        self.image.symlink_target(&inode).map_err(|e| eio(&e))
+    }
+
+    /// A directory's entries (`.` and `..` included).
+    pub fn entries_of(&self, ino: u64) -> Result<Vec<Entry<'static>>, Errno> {
+        let dir = self.inode(ino)?;
+        if dir.kind() != Some(Kind::Directory) {
+            return Err(Errno::ENOTDIR);
+        }
+        self.image.entries(&dir).map_err(|e| eio(&e))
+    }
+
+    /// Up to `size` bytes of a regular file from `offset`: holes as zeros,
+    /// data from the blob cache files; short only at the end of the file.
+    pub fn read_at(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let inode = self.inode(ino)?;
+        if inode.kind() != Some(Kind::Regular) {
+            return Err(Errno::EISDIR);
+        }
+        let chunks = self.image.chunks(&inode).map_err(|e| eio(&e))?;
+        let end = inode.size.min(offset.saturating_add(u64::from(size)));
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let chunk_size = 1u64 << chunks.chunk_bits;
+        let mut pos = offset;
+        while pos < end {
+            let i = (pos / chunk_size) as usize;
+            let within = pos % chunk_size;
+            let n = (chunk_size - within).min(end - pos) as usize;
+            let start = out.len();
+            out.resize(start + n, 0);
+            match chunks.get(i) {
+                Some(Chunk::Hole) => {}
+                Some(Chunk::Data { device, offset: at }) => {
+                    let blob = &self.blobs[usize::from(device) - 1];
+                    blob.read_exact_at(&mut out[start..], at + within)
+                        .map_err(|e| {
+                            tracing::error!(nid = inode.nid, device, "reading the blob cache: {e}");
+                            Errno::EIO
+                        })?;
+                }
+                None => {
+                    tracing::error!(nid = inode.nid, chunk = i, "no chunk for this offset");
+                    return Err(Errno::EIO);
+                }
+            }
+            pos += n as u64;
+        }
+        Ok(out)
+    }
+
+    /// The xattrs of `ino`: full names and values.
+    pub fn xattrs_of(&self, ino: u64) -> Result<Vec<Xattr<'static>>, Errno> {
+        let inode = self.inode(ino)?;
+        self.image.xattrs(&inode).map_err(|e| eio(&e))
+    }
+}
+
+/// A corrupt or unsupported image is EIO to the reader, with why in the log.
+fn eio(e: &ReadError) -> Errno {
+    tracing::error!("{e}");
+    Errno::EIO
+}
+
+fn file_type(kind: Option<Kind>) -> FileType {
+    match kind {
+        Some(Kind::Directory) => FileType::Directory,
+        Some(Kind::Symlink) => FileType::Symlink,
+        Some(Kind::CharDevice) => FileType::CharDevice,
+        Some(Kind::BlockDevice) => FileType::BlockDevice,
+        Some(Kind::Fifo) => FileType::NamedPipe,
+        Some(Kind::Socket) => FileType::Socket,
+        Some(Kind::Regular) | None => FileType::RegularFile,
+    }
+}
+
+fn dirent_type(e: &Entry<'_>) -> FileType {
+    use lamina_format::erofs::format::FileType as F;
+    let kind = match e.file_type {
+        t if t == F::Directory as u8 => Kind::Directory,
+        t if t == F::Symlink as u8 => Kind::Symlink,
+        t if t == F::CharDevice as u8 => Kind::CharDevice,
+        t if t == F::BlockDevice as u8 => Kind::BlockDevice,
+        t if t == F::Fifo as u8 => Kind::Fifo,
+        t if t == F::Socket as u8 => Kind::Socket,
+        _ => Kind::Regular,
+    };
+    file_type(Some(kind))
+}
+
+/// The answer to getxattr/listxattr: the size when asked for 0 bytes,
+/// ERANGE when the caller's buffer is too small.
+fn reply_sized(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if (size as usize) < data.len() {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+impl Filesystem for ImageFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Each is only a hint: an older kernel without one still works.
+        for flag in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            let _ = config.add_capabilities(flag);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.lookup_entry(parent.0, name.as_bytes()) {
+            Ok(attr) => reply.entry(&FOREVER, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.getattr_of(ino.0) {
+            Ok(attr) => reply.attr(&FOREVER, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.readlink_of(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.read_at(ino.0, offset, size) {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(
+            FileHandle(0),
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
+        );
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.entries_of(ino.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            let name = OsStr::from_bytes(e.name);
+            if reply.add(
+                INodeNo(self.ino_of(e.nid)),
+                i as u64 + 1,
+                dirent_type(e),
+                name,
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = match self.entries_of(ino.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            let attr = match self.getattr_of(self.ino_of(e.nid)) {
+                Ok(a) => a,
+                Err(err) => return reply.error(err),
+            };
+            let name = OsStr::from_bytes(e.name);
+            if reply.add(attr.ino, i as u64 + 1, name, &FOREVER, &attr, Generation(0)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.xattrs_of(ino.0) {
+            Ok(xattrs) => match xattrs.iter().find(|(n, _)| n == name.as_bytes()) {
+                Some((_, value)) => reply_sized(reply, size, value),
+                None => reply.error(Errno::ENODATA),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.xattrs_of(ino.0) {
+            Ok(xattrs) => {
+                let mut names = Vec::new();
+                for (n, _) in &xattrs {
+                    names.extend_from_slice(n);
+                    names.push(0);
+                }
+                reply_sized(reply, size, &names);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+/// What the FUSE daemon serves, written by `lamina mount --mode fuse`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServeConfig {
+    /// The verified EROFS metadata image.
+    pub metadata_path: PathBuf,
+    /// Complete blob cache files, in device-table order.
+    pub blob_paths: Vec<PathBuf>,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+    /// Threads serving requests.
+    pub threads: usize,
+    /// Written (atomically) once mounted or when mounting failed: the same
+    /// `ready` file as a lazy mount's holder writes.
+    pub ready_path: PathBuf,
+}
+
+/// The FUSE daemon: mounts `config`'s image and serves it until unmounted.
+pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
+    let _ = rustix::process::setsid();
+    let report = |error: Option<String>| {
+        let ready = Ready {
+            pid: std::process::id(),
+            error,
+        };
+        let bytes = serde_json::to_vec(&ready).map_err(std::io::Error::other)?;
+        write_atomic(&config.ready_path, &bytes)
+    };
+    let session = match open_session(config) {
+        Ok(s) => s,
+        Err(e) => {
+            report(Some(e.clone()))?;
+            return Err(std::io::Error::other(e));
+        }
+    };
+    report(None)?;
+    tracing::info!(mountpoint = %config.mountpoint.display(), "serving through FUSE");
+    session.run()
+}
+
+fn open_session(config: &ServeConfig) -> Result<fuser::Session<ImageFs>, String> {
+    let meta = std::fs::read(&config.metadata_path)
+        .map_err(|e| format!("{}: {e}", config.metadata_path.display()))?;
+    // The daemon serves this one image for its whole life.
+    let meta: &'static [u8] = Vec::leak(meta);
+    let blobs = config
+        .blob_paths
+        .iter()
+        .map(|p| File::open(p).map_err(|e| format!("{}: {e}", p.display())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let fs = ImageFs::new(meta, blobs).map_err(|e| e.to_string())?;
+    fuser::Session::new(fs, &config.mountpoint, &fuse_config(config.threads))
+        .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))
+}
+
+fn fuse_config(threads: usize) -> fuser::Config {
+    use fuser::MountOption as O;
+    let mut c = fuser::Config::default();
+    c.mount_options = vec![
+        O::RO,
+        O::FSName("lamina".into()),
+        O::Subtype("lamina".into()),
+        // The kernel checks permissions from the modes it is given.
+        O::DefaultPermissions,
+    ];
+    if is_root() {
+        // A container's root filesystem: setuid binaries and device nodes work.
+        c.mount_options.extend([O::Suid, O::Dev]);
+    }
+    c.acl = fuser::SessionACL::All;
+    c.n_threads = Some(threads.max(1));
+    c.clone_fd = true;
+    c
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Reads a daemon config written by the mounting command.
+pub fn load_config(path: &Path) -> std::io::Result<ServeConfig> {
+    let bytes = std::fs::read(path)?;
+    serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_format::erofs::{write_image, ChunkAddr, Device, FileChunks};
+    use lamina_tree::{DirEntry, Metadata, Node, NodeKind, Tree};
+    use std::io::Write;
+
+    fn add(
+        t: &mut Tree<FileChunks>,
+        dir: usize,
+        name: &[u8],
+        meta: Metadata,
+        kind: NodeKind<FileChunks>,
+    ) {
+        let id = t.add_node(Node { meta, kind });
+        if let NodeKind::Directory { entries } = &mut t.nodes[dir].kind {
+            entries.insert(name.to_vec(), DirEntry { node: id, layer: 0 });
+        }
+    }
+
+    /// Byte `i` of the blob.
+    fn blob_byte(i: u64) -> u8 {
+        (i * 7 + i / 4096) as u8
+    }
+
+    /// An image with a 3-chunk file (4 KiB chunks: data, hole, data tail),
+    /// a symlink, a device, xattrs and an old mtime; its blob on disk.
+    fn fixture(dir: &Path) -> ImageFs {
+        fixture_bytes(dir).0
+    }
+
+    fn fixture_bytes(dir: &Path) -> (ImageFs, &'static [u8]) {
+        let mut t: Tree<FileChunks> = Tree::new();
+        let meta = |mode, mtime| Metadata {
+            mode,
+            mtime,
+            ..Metadata::default()
+        };
+        let mut m = meta(0o4755, -10);
+        m.mtime_nsec = 5;
+        m.uid = 1000;
+        m.xattrs.insert(b"user.empty".to_vec(), Vec::new());
+        m.xattrs.insert(b"user.k".to_vec(), b"value".to_vec());
+        let chunks = vec![
+            ChunkAddr::Data {
+                device: 1,
+                blkaddr: 2,
+            },
+            ChunkAddr::Hole,
+            ChunkAddr::Data {
+                device: 1,
+                blkaddr: 0,
+            },
+        ];
+        let file = NodeKind::Regular {
+            size: 2 * 4096 + 100,
+            content: FileChunks {
+                chunk_bits: 12,
+                chunks,
+            },
+        };
+        add(&mut t, 0, b"file", m, file);
+        add(
+            &mut t,
+            0,
+            b"link",
+            meta(0o777, 1),
+            NodeKind::Symlink {
+                target: b"file".to_vec(),
+            },
+        );
+        add(
+            &mut t,
+            0,
+            b"null",
+            meta(0o666, 1),
+            NodeKind::CharDevice { major: 1, minor: 3 },
+        );
+        add(
+            &mut t,
+            0,
+            b"sub",
+            meta(0o700, 1),
+            NodeKind::Directory {
+                entries: Default::default(),
+            },
+        );
+        let (bytes, _) = write_image(
+            &t,
+            &[Device {
+                tag: "blob".into(),
+                blocks: 3,
+            }],
+        )
+        .unwrap();
+        let path = dir.join("blob");
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&(0..3 * 4096).map(blob_byte).collect::<Vec<u8>>())
+            .unwrap();
+        let bytes: &'static [u8] = Vec::leak(bytes);
+        (
+            ImageFs::new(bytes, vec![File::open(&path).unwrap()]).unwrap(),
+            bytes,
+        )
+    }
+
+    #[test]
+    fn reads_cross_chunks_holes_and_the_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = fixture(tmp.path());
+        let file = fs.lookup_entry(1, b"file").unwrap();
+        assert_eq!(file.size, 8292);
+        let ino = file.ino.0;
+        let whole = fs.read_at(ino, 0, 1 << 20).unwrap();
+        assert_eq!(whole.len(), 8292, "short only at the end of the file");
+        let want: Vec<u8> = (0..4096)
+            .map(|i| blob_byte(2 * 4096 + i))
+            .chain(std::iter::repeat_n(0, 4096))
+            .chain((0..100).map(blob_byte))
+            .collect();
+        assert!(whole == want);
+        // Across the data/hole boundary, and past the end.
+        assert_eq!(fs.read_at(ino, 4090, 12).unwrap(), want[4090..4102]);
+        assert_eq!(fs.read_at(ino, 8290, 10).unwrap(), want[8290..]);
+        assert!(fs.read_at(ino, 9000, 10).unwrap().is_empty());
+        assert_eq!(fs.read_at(1, 0, 10), Err(Errno::EISDIR));
+    }
+
+    #[test]
+    fn attributes_names_and_xattrs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = fixture(tmp.path());
+        let root = fs.getattr_of(1).unwrap();
+        assert_eq!(root.kind, FileType::Directory);
+        let file = fs.lookup_entry(1, b"file").unwrap();
+        assert_eq!(
+            (file.perm, file.uid, file.kind),
+            (0o4755, 1000, FileType::RegularFile)
+        );
+        assert_eq!(
+            file.mtime,
+            UNIX_EPOCH - Duration::from_secs(10) + Duration::from_nanos(5)
+        );
+        assert_eq!(fs.getattr_of(file.ino.0).unwrap().ino, file.ino);
+        let null = fs.lookup_entry(1, b"null").unwrap();
+        assert_eq!((null.kind, null.rdev), (FileType::CharDevice, 0x103));
+        let link = fs.lookup_entry(1, b"link").unwrap();
+        assert_eq!(fs.readlink_of(link.ino.0).unwrap(), b"file");
+        assert_eq!(fs.readlink_of(file.ino.0), Err(Errno::EINVAL));
+        assert_eq!(fs.lookup_entry(1, b"nope"), Err(Errno::ENOENT));
+        assert_eq!(fs.lookup_entry(file.ino.0, b"x"), Err(Errno::ENOTDIR));
+        let names: Vec<&[u8]> = fs.entries_of(1).unwrap().iter().map(|e| e.name).collect();
+        assert_eq!(names, [&b"."[..], b"..", b"file", b"link", b"null", b"sub"]);
+        let sub = fs.lookup_entry(1, b"sub").unwrap();
+        let dots = fs.entries_of(sub.ino.0).unwrap();
+        assert_eq!(fs.ino_of(dots[1].nid), 1, "the root is inode 1 as `..` too");
+        let x = fs.xattrs_of(file.ino.0).unwrap();
+        assert_eq!(
+            x,
+            vec![
+                (b"user.empty".to_vec(), &b""[..]),
+                (b"user.k".to_vec(), &b"value"[..])
+            ]
+        );
+        assert_eq!(fs.getattr_of(0), Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn device_count_must_match() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_, meta) = fixture_bytes(tmp.path());
+        assert!(matches!(
+            ImageFs::new(meta, Vec::new()),
+            Err(ReadError::Corrupt(_))
+        ));
+    }
+}

@@ -1,0 +1,86 @@
+//! Mounting through FUSE: the cache is filled and verified as for a kernel
+//! mount, then a daemon (`lamina internal-fuse CONFIG`, see `lamina_fuse`)
+//! mounts the image and serves it from the cache until it is unmounted.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lamina_daemon::holder::Ready;
+use lamina_fetch::private;
+use lamina_fuse::ServeConfig;
+use lamina_oci::ImageRef;
+
+use crate::kernel::{fill_cache, io_err, record_eager, MountError, MountInfo, MountOptions};
+
+/// Threads of a FUSE daemon: requests block on reads of the cache.
+pub const FUSE_THREADS: usize = 4;
+
+/// Mounts `image` at `mountpoint` through FUSE, filling the cache first.
+pub fn mount_fuse(
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<MountInfo, MountError> {
+    let mut info = fill_cache(image, mountpoint, opts)?;
+    info.mountpoint = fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
+    let run = crate::lazy::run_dir(&opts.cache_dir, mountpoint);
+    private::private_dir(&run).map_err(io_err(&run))?;
+    // Whatever an earlier mount at this point left must not be read as ours.
+    for stale in ["ready", "fuse.json", "fuse.log", "eager.json"] {
+        let _ = fs::remove_file(run.join(stale));
+    }
+    let config = ServeConfig {
+        metadata_path: info.metadata_path.clone(),
+        blob_paths: info.blob_paths.clone(),
+        mountpoint: info.mountpoint.clone(),
+        threads: FUSE_THREADS,
+        ready_path: run.join("ready"),
+    };
+    let config_path = run.join("fuse.json");
+    let bytes =
+        serde_json::to_vec_pretty(&config).map_err(|e| MountError::Daemon(e.to_string()))?;
+    private::write_atomic(&config_path, &bytes, false).map_err(io_err(&config_path))?;
+
+    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
+    let log_path = run.join("fuse.log");
+    let log = private::create_new(&log_path).map_err(io_err(&log_path))?;
+    let mut daemon = Command::new(exe)
+        .arg("internal-fuse")
+        .arg(&config_path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(io_err(&log_path))?)
+        .stderr(log)
+        .spawn()
+        .map_err(io_err(&config_path))?;
+    let started = Instant::now();
+    loop {
+        if let Ok(bytes) = fs::read(&config.ready_path) {
+            let ready: Ready = serde_json::from_slice(&bytes)
+                .map_err(|e| MountError::Daemon(format!("bad ready file: {e}")))?;
+            if let Some(err) = ready.error {
+                let _ = daemon.wait();
+                return Err(MountError::Daemon(err));
+            }
+            break;
+        }
+        if let Ok(Some(status)) = daemon.try_wait() {
+            let log = fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(MountError::Daemon(format!(
+                "FUSE daemon exited ({status}) before mounting: {}",
+                log.trim()
+            )));
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(MountError::Daemon(format!(
+                "FUSE daemon (pid {}) did not report in 60 s; see {}",
+                daemon.id(),
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    record_eager(opts, &info);
+    Ok(info)
+}
