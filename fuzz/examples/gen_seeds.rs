@@ -136,5 +136,59 @@ fn main() -> std::io::Result<()> {
     ] {
         write("auth_challenge", name, header.as_bytes())?;
     }
+    write("erofs_reader", "small-tree", &erofs_image())?;
     Ok(())
+}
+
+/// A small image of every inode kind: a directory spanning two blocks, a
+/// chunked file with a hole, symlinks inline and in a block, a device, xattrs.
+fn erofs_image() -> Vec<u8> {
+    use lamina_format::erofs::{write_image, ChunkAddr, Device, FileChunks};
+    use lamina_tree::{DirEntry, Metadata, Node, NodeKind, Tree};
+    let mut t: Tree<FileChunks> = Tree::new();
+    let mut add = |dir: usize, name: &[u8], meta: Metadata, kind| {
+        let id = t.add_node(Node { meta, kind });
+        if let NodeKind::Directory { entries } = &mut t.nodes[dir].kind {
+            entries.insert(name.to_vec(), DirEntry { node: id, layer: 0 });
+        }
+        id
+    };
+    let meta = |mode, mtime| Metadata {
+        mode,
+        mtime,
+        ..Metadata::default()
+    };
+    let mut owned = meta(0o4755, 9);
+    owned.uid = 70000;
+    owned.xattrs.insert(b"user.empty".to_vec(), Vec::new());
+    owned.xattrs.insert(b"security.capability".to_vec(), vec![1, 2, 3]);
+    let chunks = vec![
+        ChunkAddr::Data { device: 1, blkaddr: 3 },
+        ChunkAddr::Hole,
+        ChunkAddr::Data { device: 2, blkaddr: 0 },
+    ];
+    let file = NodeKind::Regular {
+        size: 2 * 4096 + 10,
+        content: FileChunks { chunk_bits: 12, chunks },
+    };
+    add(0, b"file", owned, file);
+    let dir = NodeKind::Directory {
+        entries: Default::default(),
+    };
+    let sub = add(0, b"sub", meta(0o755, 1), dir);
+    for i in 0..300 {
+        let name = format!("entry-{i:03}");
+        add(sub, name.as_bytes(), meta(0o644, 1), NodeKind::Fifo);
+    }
+    for (name, len) in [(&b"short"[..], 4usize), (b"long", 4095)] {
+        let target = vec![b'x'; len];
+        add(0, name, meta(0o777, 1), NodeKind::Symlink { target });
+    }
+    let dev = NodeKind::CharDevice { major: 1, minor: 3 };
+    add(0, b"null", meta(0o666, 1), dev);
+    let devices = [
+        Device { tag: "a".into(), blocks: 4 },
+        Device { tag: "b".into(), blocks: 1 },
+    ];
+    write_image(&t, &devices).expect("the seed tree is valid").0
 }
