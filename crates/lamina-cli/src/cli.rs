@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lamina_image::artifact::{self, LaminaLayers};
 use lamina_image::build::BuildOptions;
 use lamina_image::convert::{convert, ConvertOptions, Progress};
-use lamina_mount::MountOptions;
+use lamina_mount::{Mode, MountOptions};
 use lamina_oci::{open_source, HostsConfig, ImageRef, SourceOptions};
 use lamina_snapshotter::metrics::MetricsAddress;
 
@@ -98,6 +98,9 @@ pub(crate) enum Command {
     /// images are fetched whole first (use --lazy to serve them lazily too).
     /// With --mode fuse, a FUSE daemon serves the image from the cache,
     /// which is filled whole first (lazy reads through FUSE: not yet).
+    /// --mode auto (the default) takes the kernel path where this host
+    /// allows it (root; Linux 6.12+; for lazy mounts 6.14+ and a cache dir on
+    /// ext4, xfs or btrfs) and FUSE otherwise, and logs which and why.
     Mount {
         /// The lamina image.
         image: String,
@@ -105,8 +108,8 @@ pub(crate) enum Command {
         mountpoint: PathBuf,
         #[command(flatten)]
         serve: ServeArgs,
-        /// `kernel` (file-backed EROFS) or `fuse` (a FUSE daemon).
-        #[arg(long, value_name = "MODE", default_value = "kernel", value_parser = ["kernel", "fuse"])]
+        /// `auto`, `kernel` (file-backed EROFS) or `fuse` (a FUSE daemon).
+        #[arg(long, value_name = "MODE", default_value = "auto", value_parser = ["auto", "kernel", "fuse"])]
         mode: String,
         /// Record every read the workload makes of data not yet local, in
         /// order, to FILE (for `lamina convert --prefetch FILE`).
@@ -477,20 +480,32 @@ pub fn run(args: Args) -> Result<u8> {
                 cache_dir: absolute(&serve.cache_dir)?,
                 source,
             };
-            if mode == "fuse" && (serve.lazy || record_trace.is_some()) {
+            let asked_lazy = serve.lazy || record_trace.is_some();
+            let lazy = serve.lazy_options(&image, record_trace);
+            let (mode, why) = mount_mode(&mode, &opts.cache_dir, lazy.is_some())?;
+            if mode == Mode::Fuse && asked_lazy {
                 anyhow::bail!(
-                    "--mode fuse serves an image from a cache filled whole first; lazy FUSE \
-                     mounts (--lazy, --record-trace) are not implemented yet"
+                    "this mount is served through FUSE ({why}), which fills the cache whole \
+                     first; lazy FUSE mounts (--lazy, --record-trace) are not implemented yet"
                 );
             }
-            let info = match serve.lazy_options(&image, record_trace) {
-                _ if mode == "fuse" => lamina_mount::mount_fuse(&image, &mountpoint, &opts),
+            tracing::info!("mounting with the {mode} path: {why}");
+            let info = match lazy {
+                _ if mode == Mode::Fuse => {
+                    if lazy.is_some() {
+                        tracing::info!("lazy reads through FUSE are not implemented yet: the cache is filled whole first");
+                    }
+                    lamina_mount::mount_fuse(&image, &mountpoint, &opts)
+                }
                 Some(lazy_opts) => lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts),
                 None => lamina_mount::mount_image(&image, &mountpoint, &opts),
             }
             .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
             if args.json {
-                print_json(&info)?;
+                let mut report = serde_json::to_value(&info)?;
+                report["mode"] = serde_json::json!(mode);
+                report["mode_reason"] = serde_json::json!(why);
+                print_json(&report)?;
             } else {
                 println!(
                     "mounted {image} at {} ({} blobs, {} bytes fetched)",
@@ -863,6 +878,21 @@ fn mount_metrics(cache_dir: &std::path::Path) -> String {
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode_registry(&mut text, &registry);
     text
+}
+
+/// The mount path `asked` (auto, kernel or fuse) comes to on this host for
+/// a cache in `cache_dir`, and why.
+fn mount_mode(asked: &str, cache_dir: &std::path::Path, lazy: bool) -> Result<(Mode, String)> {
+    Ok(match asked {
+        "kernel" => (Mode::Kernel, "--mode kernel".into()),
+        "fuse" => (Mode::Fuse, "--mode fuse".into()),
+        _ => {
+            // The cache dir's filesystem is part of the choice.
+            lamina_fetch::private::private_dir(cache_dir)
+                .with_context(|| format!("cache dir {}", cache_dir.display()))?;
+            lamina_mount::choose_mode(&lamina_mount::host_facts(cache_dir), lazy)
+        }
+    })
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<()> {

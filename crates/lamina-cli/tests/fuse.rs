@@ -114,3 +114,68 @@ fn fuse_mount_refuses_what_it_cannot_do_yet() {
     );
     assert!(!is_mountpoint(&mnt), "something was mounted");
 }
+
+/// `--mode auto` (the default) on this host: the kernel path with the cache
+/// on ext4; FUSE with the cache on a tmpfs the test mounts (file-backed
+/// EROFS refuses tmpfs files and tmpfs has no pre-content events), for a
+/// local image and for a registry image that would otherwise mount lazily
+/// (its cache is filled whole first). Both say which path and why, and
+/// the FUSE mounts serve the tree ociunpack.py produces.
+#[test]
+fn auto_mode_picks_fuse_where_the_kernel_path_cannot_serve() {
+    if !require(&["docker-registry"]) {
+        return;
+    }
+    let t = TestDir::new("fuse-auto");
+    let local = oci_ref(&t.join("out"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &local]).ok();
+    let reference = ociunpack(&edge_layout(), "edge");
+
+    let k = Mount::new(&local, &t.join("kernel"), &t.join("cache"));
+    assert_eq!(k.info["mode"], "kernel", "{}", k.info);
+    assert!(
+        k.info["mode_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("ext4"),
+        "{}",
+        k.info
+    );
+    assert_eq!(fs_type(&k.path).as_deref(), Some("erofs"));
+    k.unmount();
+
+    let tmpfs = t.join("tmpfs");
+    fs::create_dir_all(&tmpfs).unwrap();
+    run(
+        &mut command(
+            tool("mount"),
+            [
+                "-t".as_ref(),
+                "tmpfs".as_ref(),
+                "tmpfs".as_ref(),
+                tmpfs.as_os_str(),
+            ],
+        ),
+        SHORT,
+    )
+    .ok();
+    let reg = Registry::start();
+    let remote = format!("docker://{}/edge:lamina", reg.host());
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &remote]).ok();
+    for (image, name) in [(&local, "local"), (&remote, "remote")] {
+        let m = Mount::new(image, &t.join(name), &tmpfs.join("cache"));
+        assert_eq!(m.info["mode"], "fuse", "{name}: {}", m.info);
+        assert!(
+            m.info["mode_reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("tmpfs"),
+            "{name}: {}",
+            m.info
+        );
+        assert_eq!(fs_type(&m.path).as_deref(), Some("fuse"), "{name}");
+        treecmp(&[], &reference, &m.path);
+        m.unmount();
+    }
+    reg.stop();
+}

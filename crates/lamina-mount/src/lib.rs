@@ -22,6 +22,7 @@ mod gc;
 mod kernel;
 mod lazy;
 pub mod metrics;
+mod mode;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
 pub use fuse::{mount_fuse, FUSE_THREADS};
@@ -30,3 +31,4 @@ pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
 pub use lazy::{
     finish_unmount, mount_lazy, mount_lazy_from, run_dir, LazyOptions, Prefetch, Unmounted,
 };
+pub use mode::{choose as choose_mode, host_facts, HostFacts, Mode};
