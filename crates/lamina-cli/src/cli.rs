@@ -588,8 +588,16 @@ pub fn run(args: Args) -> Result<u8> {
             mountpoint,
             cache_dir,
         } => {
+            let cache_dir = absolute(&cache_dir)?;
+            // A holder removes its run dir (and status) as soon as it sees
+            // the unmount, which may be before we look: keep what it last
+            // wrote before unmounting.
+            let before = lamina_mount::last_status(&cache_dir, &mountpoint);
             lamina_mount::unmount(&mountpoint)?;
-            let done = lamina_mount::finish_unmount(&absolute(&cache_dir)?, &mountpoint);
+            let mut done = lamina_mount::finish_unmount(&cache_dir, &mountpoint);
+            if done.last_status.is_none() {
+                done.last_status = before;
+            }
             if let Some(pid) = done.still_serving {
                 eprintln!(
                     "lamina: {} is unmounted, but the filesystem lives on (another mount or an \

@@ -5,14 +5,13 @@
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
 use lamina_fuse::ServeConfig;
 use lamina_oci::ImageRef;
 
 use crate::kernel::{fill_cache, io_err, record_eager, MountError, MountInfo, MountOptions};
+use crate::lazy::wait_ready;
 
 /// Threads of a FUSE daemon: requests block on reads of the cache.
 pub const FUSE_THREADS: usize = 4;
@@ -54,33 +53,7 @@ pub fn mount_fuse(
         .stderr(log)
         .spawn()
         .map_err(io_err(&config_path))?;
-    let started = Instant::now();
-    loop {
-        if let Ok(bytes) = fs::read(&config.ready_path) {
-            let ready: Ready = serde_json::from_slice(&bytes)
-                .map_err(|e| MountError::Daemon(format!("bad ready file: {e}")))?;
-            if let Some(err) = ready.error {
-                let _ = daemon.wait();
-                return Err(MountError::Daemon(err));
-            }
-            break;
-        }
-        if let Ok(Some(status)) = daemon.try_wait() {
-            let log = fs::read_to_string(&log_path).unwrap_or_default();
-            return Err(MountError::Daemon(format!(
-                "FUSE daemon exited ({status}) before mounting: {}",
-                log.trim()
-            )));
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            return Err(MountError::Daemon(format!(
-                "FUSE daemon (pid {}) did not report in 60 s; see {}",
-                daemon.id(),
-                log_path.display()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_ready(&mut daemon, &config.ready_path, &log_path, "FUSE daemon")?;
     record_eager(opts, &info);
     Ok(info)
 }

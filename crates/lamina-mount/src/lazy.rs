@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lamina_daemon::config::{BlobSpec, BootPagesSpec, DaemonConfig, SourceSpec};
@@ -226,38 +226,7 @@ pub fn mount_lazy_from(
         .spawn()
         .map_err(io_err(&config_path))?;
 
-    // Wait until the holder has mounted (or failed).
-    let started = Instant::now();
-    let ready_path = run.join("ready");
-    loop {
-        if let Ok(bytes) = fs::read(&ready_path) {
-            let ready: Ready = serde_json::from_slice(&bytes)
-                .map_err(|e| MountError::Daemon(format!("bad ready file: {e}")))?;
-            if let Some(err) = ready.error {
-                let _ = holder.wait();
-                return Err(MountError::Daemon(err));
-            }
-            break;
-        }
-        if let Ok(Some(status)) = holder.try_wait() {
-            let log = fs::read_to_string(&log_path).unwrap_or_default();
-            return Err(MountError::Daemon(format!(
-                "holder exited ({status}) before mounting: {}",
-                log.trim()
-            )));
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            // Never killed: if it has mounted by now, its death would let
-            // readers see holes as zeros. It exits by itself once unmounted.
-            return Err(MountError::Daemon(format!(
-                "holder (pid {}) did not report in 60 s; it is left running, see {}",
-                holder.id(),
-                log_path.display()
-            )));
-        }
-        // Short: every start of a container waits here.
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_ready(&mut holder, &run.join("ready"), &log_path, "holder")?;
     Ok(MountInfo {
         mountpoint,
         manifest_digest: img.manifest_digest.to_string(),
@@ -265,6 +234,48 @@ pub fn mount_lazy_from(
         blob_paths: blobs.iter().map(|b| b.cache_path.clone()).collect(),
         fetched_bytes: 0,
     })
+}
+
+/// Waits until a mount daemon (`what`: "holder", "FUSE daemon") has
+/// written its `ready` file: Ok once mounted, its error otherwise, or why
+/// it never reported (it exited: its log; 60 s passed).
+pub(crate) fn wait_ready(
+    daemon: &mut Child,
+    ready_path: &Path,
+    log_path: &Path,
+    what: &str,
+) -> Result<(), MountError> {
+    let started = Instant::now();
+    loop {
+        if let Ok(bytes) = fs::read(ready_path) {
+            let ready: Ready = serde_json::from_slice(&bytes)
+                .map_err(|e| MountError::Daemon(format!("bad ready file: {e}")))?;
+            if let Some(err) = ready.error {
+                let _ = daemon.wait();
+                return Err(MountError::Daemon(err));
+            }
+            return Ok(());
+        }
+        if let Ok(Some(status)) = daemon.try_wait() {
+            let log = fs::read_to_string(log_path).unwrap_or_default();
+            return Err(MountError::Daemon(format!(
+                "{what} exited ({status}) before mounting: {}",
+                log.trim()
+            )));
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            // Never killed: if it has mounted by now, its death would let
+            // readers see holes as zeros (or a dead FUSE mount). It exits by
+            // itself once unmounted.
+            return Err(MountError::Daemon(format!(
+                "{what} (pid {}) did not report in 60 s; it is left running, see {}",
+                daemon.id(),
+                log_path.display()
+            )));
+        }
+        // Short: every start of a container waits here.
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// What became of a lazy mount's daemon after its unmount.
@@ -276,6 +287,11 @@ pub struct Unmounted {
     /// (another mount of it, an overlay on it, or a lazy unmount by someone
     /// else while files are open). It exits once the last reader is gone.
     pub still_serving: Option<u32>,
+}
+
+/// The status a lazy mount's worker last wrote (JSON text), if any.
+pub fn last_status(cache_dir: &Path, mountpoint: &Path) -> Option<String> {
+    fs::read_to_string(run_dir(cache_dir, mountpoint).join("status.json")).ok()
 }
 
 /// After an unmount: waits for the mount's holder to notice and exit, then
