@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -41,26 +42,7 @@ fn debian_bookworm_converts_mounts_and_runs() {
     );
 
     let m = Mount::new(&image, &t.join("mnt"), &t.join("cache"));
-    let mut chroot = command(
-        tool("chroot"),
-        [
-            m.path.as_os_str(),
-            "/usr/bin/python3".as_ref(),
-            "-c".as_ref(),
-            "print(\"ok\")".as_ref(),
-        ],
-    );
-    chroot
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("LC_ALL", "C");
-    let o = run(&mut chroot, TIMEOUT).ok();
-    assert_eq!(
-        o.stdout,
-        "ok\n",
-        "python3 in the mounted image:\n{}",
-        o.describe()
-    );
+    python3_prints_ok(&m.path);
 
     let rootfs = umoci_unpack(&format!("{}:bookworm", layout.display()), &t.join("bundle"));
     let n = treecmp(&[], &rootfs, &m.path);
@@ -84,10 +66,17 @@ fn debian_bookworm_converts_mounts_and_runs() {
     );
     let n = treecmp(&[], &rootfs, &f.path);
     assert!(n > 5000, "FUSE: compared only {n} entries");
+    python3_prints_ok(&f.path);
+    f.unmount();
+}
+
+/// `python3 -c 'print("ok")'` chrooted into `root` prints ok.
+#[track_caller]
+fn python3_prints_ok(root: &Path) {
     let mut chroot = command(
         tool("chroot"),
         [
-            f.path.as_os_str(),
+            root.as_os_str(),
             "/usr/bin/python3".as_ref(),
             "-c".as_ref(),
             "print(\"ok\")".as_ref(),
@@ -97,10 +86,12 @@ fn debian_bookworm_converts_mounts_and_runs() {
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("LC_ALL", "C");
+    let o = run(&mut chroot, TIMEOUT).ok();
     assert_eq!(
-        run(&mut chroot, TIMEOUT).ok().stdout,
+        o.stdout,
         "ok\n",
-        "python3 through FUSE"
+        "python3 in the image mounted at {}:\n{}",
+        root.display(),
+        o.describe()
     );
-    f.unmount();
 }

@@ -7,3 +7,24 @@ mod writer;
 
 pub use reader::{Chunk, Chunks, DeviceInfo, Entry, Image, Inode, Kind, ReadError, Xattr};
 pub use writer::{write_image, ChunkAddr, Device, FileChunks, FormatError, ImageStats};
+
+/// Building trees in the writer's and the reader's tests.
+#[cfg(test)]
+pub(crate) mod test_tree {
+    use super::FileChunks;
+    use lamina_tree::{DirEntry, Node, NodeId, NodeKind, Tree};
+
+    /// Adds `node` to `tree` as `name` in directory `dir`.
+    pub(crate) fn add(
+        tree: &mut Tree<FileChunks>,
+        dir: NodeId,
+        name: &[u8],
+        node: Node<FileChunks>,
+    ) -> NodeId {
+        let id = tree.add_node(node);
+        if let NodeKind::Directory { entries } = &mut tree.nodes[dir].kind {
+            entries.insert(name.to_vec(), DirEntry { node: id, layer: 0 });
+        }
+        id
+    }
+}

@@ -574,8 +574,9 @@ fn dirent(block: &[u8], i: usize, count: usize, nid: u64) -> Result<Entry<'_>, R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::erofs::test_tree::add;
     use crate::erofs::{write_image, ChunkAddr, Device, FileChunks};
-    use lamina_tree::{DirEntry, Metadata, Node, NodeId, NodeKind, Tree};
+    use lamina_tree::{Metadata, Node, NodeKind, Tree};
 
     fn meta(mode: u32, mtime: i64) -> Metadata {
         Metadata {
@@ -583,19 +584,6 @@ mod tests {
             mtime,
             ..Metadata::default()
         }
-    }
-
-    fn add(
-        tree: &mut Tree<FileChunks>,
-        dir: NodeId,
-        name: &[u8],
-        node: Node<FileChunks>,
-    ) -> NodeId {
-        let id = tree.add_node(node);
-        if let NodeKind::Directory { entries } = &mut tree.nodes[dir].kind {
-            entries.insert(name.to_vec(), DirEntry { node: id, layer: 0 });
-        }
-        id
     }
 
     fn dir(m: Metadata) -> Node<FileChunks> {

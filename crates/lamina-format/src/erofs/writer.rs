@@ -715,7 +715,8 @@ fn encode_xattrs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lamina_tree::{DirEntry, Metadata, Node};
+    use crate::erofs::test_tree::add;
+    use lamina_tree::{Metadata, Node};
 
     fn meta(mtime: i64) -> Metadata {
         Metadata {
@@ -723,19 +724,6 @@ mod tests {
             mtime,
             ..Metadata::default()
         }
-    }
-
-    fn add(
-        tree: &mut Tree<FileChunks>,
-        dir: NodeId,
-        name: &[u8],
-        node: Node<FileChunks>,
-    ) -> NodeId {
-        let id = tree.add_node(node);
-        if let NodeKind::Directory { entries } = &mut tree.nodes[dir].kind {
-            entries.insert(name.to_vec(), DirEntry { node: id, layer: 0 });
-        }
-        id
     }
 
     #[test]
