@@ -131,7 +131,9 @@ pub fn mount_image(
             rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => " (mounting needs root)",
             rustix::io::Errno::NODEV => " (the kernel has no EROFS support: modprobe erofs)",
             rustix::io::Errno::NOTBLK | rustix::io::Errno::INVAL => {
-                " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later)"
+                " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later, and \
+                 the cache dir on a disk filesystem: it refuses tmpfs files; --mode auto \
+                 serves through FUSE there)"
             }
             _ => "",
         },
