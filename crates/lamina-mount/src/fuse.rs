@@ -4,14 +4,13 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use lamina_fetch::private;
 use lamina_fuse::ServeConfig;
 use lamina_oci::ImageRef;
 
 use crate::kernel::{fill_cache, io_err, record_eager, MountError, MountInfo, MountOptions};
-use crate::lazy::wait_ready;
+use crate::lazy::start_daemon;
 
 /// Threads of a FUSE daemon: requests block on reads of the cache.
 pub const FUSE_THREADS: usize = 4;
@@ -42,18 +41,12 @@ pub fn mount_fuse(
         serde_json::to_vec_pretty(&config).map_err(|e| MountError::Daemon(e.to_string()))?;
     private::write_atomic(&config_path, &bytes, false).map_err(io_err(&config_path))?;
 
-    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
-    let log_path = run.join("fuse.log");
-    let log = private::create_new(&log_path).map_err(io_err(&log_path))?;
-    let mut daemon = Command::new(exe)
-        .arg("internal-fuse")
-        .arg(&config_path)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(io_err(&log_path))?)
-        .stderr(log)
-        .spawn()
-        .map_err(io_err(&config_path))?;
-    wait_ready(&mut daemon, &config.ready_path, &log_path, "FUSE daemon")?;
+    start_daemon(
+        "internal-fuse",
+        &config_path,
+        &run.join("fuse.log"),
+        "FUSE daemon",
+    )?;
     record_eager(opts, &info);
     Ok(info)
 }

@@ -214,19 +214,12 @@ pub fn mount_lazy_from(
     let config_path = run.join("config.json");
     config.save(&config_path).map_err(io_err(&config_path))?;
 
-    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
-    let log_path = run.join("holder.log");
-    let log = private::create_new(&log_path).map_err(io_err(&log_path))?;
-    let mut holder = Command::new(exe)
-        .arg("internal-holder")
-        .arg(&config_path)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(io_err(&log_path))?)
-        .stderr(log)
-        .spawn()
-        .map_err(io_err(&config_path))?;
-
-    wait_ready(&mut holder, &run.join("ready"), &log_path, "holder")?;
+    start_daemon(
+        "internal-holder",
+        &config_path,
+        &run.join("holder.log"),
+        "holder",
+    )?;
     Ok(MountInfo {
         mountpoint,
         manifest_digest: img.manifest_digest.to_string(),
@@ -236,10 +229,31 @@ pub fn mount_lazy_from(
     })
 }
 
-/// Waits until a mount daemon (`what`: "holder", "FUSE daemon") has
-/// written its `ready` file: Ok once mounted, its error otherwise, or why
-/// it never reported (it exited: its log; 60 s passed).
-pub(crate) fn wait_ready(
+/// Starts this binary's `subcommand CONFIG` (a mount daemon, `what` in
+/// messages) with its output in `log_path`, and waits until it has written
+/// the `ready` file next to its config: Ok once mounted, its error
+/// otherwise, or why it never reported (it exited: its log; 60 s passed).
+pub(crate) fn start_daemon(
+    subcommand: &str,
+    config_path: &Path,
+    log_path: &Path,
+    what: &str,
+) -> Result<(), MountError> {
+    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
+    let log = private::create_new(log_path).map_err(io_err(log_path))?;
+    let mut daemon = Command::new(exe)
+        .arg(subcommand)
+        .arg(config_path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(io_err(log_path))?)
+        .stderr(log)
+        .spawn()
+        .map_err(io_err(config_path))?;
+    let ready_path = config_path.with_file_name("ready");
+    wait_ready(&mut daemon, &ready_path, log_path, what)
+}
+
+fn wait_ready(
     daemon: &mut Child,
     ready_path: &Path,
     log_path: &Path,
