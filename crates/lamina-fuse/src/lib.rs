@@ -86,7 +86,6 @@ impl ImageFs {
             UNIX_EPOCH - Duration::from_secs(inode.mtime.unsigned_abs())
                 + Duration::from_nanos(u64::from(inode.mtime_nsec.min(999_999_999)))
         };
-        let (major, minor) = inode.rdev();
         FileAttr {
             ino: INodeNo(self.ino_of(inode.nid)),
             size: inode.size,
@@ -100,8 +99,7 @@ impl ImageFs {
             nlink: inode.nlink,
             uid: inode.uid,
             gid: inode.gid,
-            // The kernel's new_encode_dev, which FUSE decodes.
-            rdev: (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12),
+            rdev: inode.encoded_rdev(),
             blksize: 4096,
             flags: 0,
         }
@@ -205,20 +203,6 @@ fn file_type(kind: Option<Kind>) -> FileType {
     }
 }
 
-fn dirent_type(e: &Entry<'_>) -> FileType {
-    use lamina_format::erofs::format::FileType as F;
-    let kind = match e.file_type {
-        t if t == F::Directory as u8 => Kind::Directory,
-        t if t == F::Symlink as u8 => Kind::Symlink,
-        t if t == F::CharDevice as u8 => Kind::CharDevice,
-        t if t == F::BlockDevice as u8 => Kind::BlockDevice,
-        t if t == F::Fifo as u8 => Kind::Fifo,
-        t if t == F::Socket as u8 => Kind::Socket,
-        _ => Kind::Regular,
-    };
-    file_type(Some(kind))
-}
-
 /// The answer to getxattr/listxattr: the size when asked for 0 bytes,
 /// ERANGE when the caller's buffer is too small.
 fn reply_sized(reply: ReplyXattr, size: u32, data: &[u8]) {
@@ -311,7 +295,7 @@ impl Filesystem for ImageFs {
             if reply.add(
                 INodeNo(self.ino_of(e.nid)),
                 i as u64 + 1,
-                dirent_type(e),
+                file_type(e.kind()),
                 name,
             ) {
                 break;

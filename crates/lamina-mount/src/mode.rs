@@ -75,19 +75,22 @@ pub fn choose(facts: &HostFacts, lazy: bool) -> (Mode, String) {
             "Linux {major}.{minor} has no fanotify pre-content events (6.14 or later)"
         ));
     }
-    let fs = facts.cache_fs.map(fs_name);
-    if !matches!(facts.cache_fs, Some(EXT4_MAGIC | XFS_MAGIC | BTRFS_MAGIC)) {
+    let Some(fs @ (EXT4_MAGIC | XFS_MAGIC | BTRFS_MAGIC)) = facts.cache_fs else {
         // tmpfs (checked): file-backed EROFS refuses its files (ENOTBLK)
         // and it has no pre-content events.
-        let on = fs.unwrap_or_else(|| "an unknown filesystem".into());
+        let on = facts
+            .cache_fs
+            .map_or_else(|| "an unknown filesystem".into(), fs_name);
         return fuse(format!(
             "the cache dir is on {on}; the kernel path needs it on ext4, xfs or btrfs \
              (file-backed EROFS{})",
             if lazy { " and pre-content events" } else { "" }
         ));
-    }
-    let on = fs.map_or(String::new(), |f| format!(", cache dir on {f}"));
-    (Mode::Kernel, format!("root, Linux {major}.{minor}{on}"))
+    };
+    (
+        Mode::Kernel,
+        format!("root, Linux {major}.{minor}, cache dir on {}", fs_name(fs)),
+    )
 }
 
 /// The facts of this host for a cache in `cache_dir` (which must exist).

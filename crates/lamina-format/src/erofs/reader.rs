@@ -489,16 +489,37 @@ impl Inode<'_> {
         })
     }
 
+    /// A device node's number as stored: the kernel's `new_encode_dev`
+    /// form, which FUSE also takes; 0 for anything else.
+    pub fn encoded_rdev(&self) -> u32 {
+        match self.kind() {
+            Some(Kind::CharDevice | Kind::BlockDevice) => self.i_u,
+            _ => 0,
+        }
+    }
+
     /// Device number (major, minor) of a device node, as the kernel's
     /// `new_decode_dev`; (0, 0) for anything else.
     pub fn rdev(&self) -> (u32, u32) {
-        match self.kind() {
-            Some(Kind::CharDevice | Kind::BlockDevice) => {
-                let dev = self.i_u;
-                ((dev & 0xfff00) >> 8, (dev & 0xff) | ((dev >> 12) & 0xfff00))
-            }
-            _ => (0, 0),
-        }
+        let dev = self.encoded_rdev();
+        ((dev & 0xfff00) >> 8, (dev & 0xff) | ((dev >> 12) & 0xfff00))
+    }
+}
+
+impl Entry<'_> {
+    /// The file type the entry records, or `None` for a type byte no file
+    /// has.
+    pub fn kind(&self) -> Option<Kind> {
+        Some(match self.file_type {
+            t if t == FileType::Regular as u8 => Kind::Regular,
+            t if t == FileType::Directory as u8 => Kind::Directory,
+            t if t == FileType::Symlink as u8 => Kind::Symlink,
+            t if t == FileType::CharDevice as u8 => Kind::CharDevice,
+            t if t == FileType::BlockDevice as u8 => Kind::BlockDevice,
+            t if t == FileType::Fifo as u8 => Kind::Fifo,
+            t if t == FileType::Socket as u8 => Kind::Socket,
+            _ => return None,
+        })
     }
 }
 
@@ -770,6 +791,10 @@ mod tests {
                     want.sort();
                     assert_eq!(names, want);
                     assert_eq!(listed[0].nid, inode.nid);
+                    for e in &listed {
+                        let kind = img.inode(e.nid).unwrap().kind();
+                        assert_eq!(e.kind(), kind, "{path:?}: entry {:?}", e.name);
+                    }
                 }
                 NodeKind::Regular { size, content } => {
                     assert_eq!(inode.size, *size);
