@@ -12,18 +12,18 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::rc::Rc;
+use std::time::Duration;
 
 use lamina_sys::{FanotifyGroup, Response};
 use rustix::event::{poll, PollFd, PollFlags};
-use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
 use crate::config::{write_atomic, DaemonConfig};
 use crate::protocol::{self, Message};
+use crate::relay::{Miss, Relay, Reply, Worker};
 
 /// Written to `<run_dir>/ready` once the mount is usable (or failed).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -34,54 +34,26 @@ pub struct Ready {
     pub error: Option<String>,
 }
 
-struct PendingMiss {
+/// A fanotify event waiting for the worker: answered through the group,
+/// by the event's fd, which is closed after the answer.
+struct EventReply {
+    group: Rc<FanotifyGroup>,
     file: OwnedFd,
     response_fd: i32,
-    blob: u32,
-    offset: u64,
-    count: u64,
-    /// The reading process.
-    pid: i32,
-    deadline: Instant,
-    sent: bool,
 }
 
-struct Worker {
-    child: Child,
-    sock: OwnedFd,
-    ready: bool,
-}
+impl Reply for EventReply {
+    fn attachment(&self) -> (Option<BorrowedFd<'_>>, i32) {
+        (Some(self.file.as_fd()), self.response_fd)
+    }
 
-fn spawn_worker(exe: &Path, config_path: &Path, log: &Path) -> io::Result<Worker> {
-    let (ours, theirs) = socketpair(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
-    // The worker's end must survive exec; the holder is single-threaded, so
-    // no other thread can fork in between.
-    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty())?;
-    let log = File::options()
-        .create(true)
-        .append(true)
-        .mode(lamina_fetch::private::FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(log)?;
-    let child = Command::new(exe)
-        .arg("internal-worker")
-        .arg(config_path)
-        .arg(rustix::fd::AsRawFd::as_raw_fd(&theirs).to_string())
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?;
-    drop(theirs);
-    Ok(Worker {
-        child,
-        sock: ours,
-        ready: false,
-    })
+    fn answer(self, errno: i32) {
+        let response = match errno {
+            0 => Response::Allow,
+            e => Response::DenyErrno(e),
+        };
+        answer(&self.group, self.response_fd, response);
+    }
 }
 
 /// The EROFS mount data naming each cache file as a `device=`, in device
@@ -226,7 +198,7 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
         watched.insert((m.dev(), m.ino()), i as u32);
     }
     let exe = std::env::current_exe()?;
-    let worker = spawn_worker(&exe, config_path, &config.run_dir.join("worker.log"))?;
+    let worker = Worker::spawn(&exe, config_path, &config.run_dir.join("worker.log"))?;
     let data = mount_options(config)?;
     let mounted = rustix::mount::mount(
         config.metadata_path.as_path(),
@@ -236,9 +208,7 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
         Some(data.as_c_str()),
     );
     if let Err(e) = mounted {
-        let mut w = worker;
-        let _ = w.child.kill();
-        let _ = w.child.wait();
+        worker.kill();
         return Err(io::Error::other(format!(
             "mount {}: {e}",
             config.mountpoint.display()
@@ -283,33 +253,25 @@ fn serve(
     config: &DaemonConfig,
     config_path: &Path,
     group: FanotifyGroup,
-    mut worker: Worker,
+    worker: Worker,
     mut watched: HashMap<(u64, u64), u32>,
     superblock: OwnedFd,
     mut readahead: Option<Readahead>,
 ) -> io::Result<()> {
-    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+    let group = Rc::new(group);
     let log = config.run_dir.join("worker.log");
     let timeout = Duration::from_secs(config.timeout_secs);
-    let mut pending: HashMap<u64, PendingMiss> = HashMap::new();
-    let mut next_id = 1u64;
+    let mut relay = Relay::new(worker, config_path, &log, timeout);
     let mut buf = Vec::new();
-    let mut last_respawn = Instant::now();
-    let mut respawn_delay = Duration::from_millis(250);
-    let mut failed: Vec<FailedRange> = Vec::new();
     let paths: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
 
     loop {
-        let now = Instant::now();
-        let next_deadline = pending.values().map(|p| p.deadline).min();
-        let wait = next_deadline
-            .map(|d| d.saturating_duration_since(now))
-            .unwrap_or(Duration::from_millis(200))
-            .min(Duration::from_millis(200));
+        let wait = relay.poll_wait(Duration::from_millis(200));
         let group_fd = group.as_fd();
+        let worker_fd = relay.worker_sock();
         let mut fds = [
             PollFd::new(&group_fd, PollFlags::IN),
-            PollFd::new(&worker.sock, PollFlags::IN),
+            PollFd::new(&worker_fd, PollFlags::IN),
             PollFd::new(&superblock, PollFlags::IN),
         ];
         let ts = rustix::event::Timespec {
@@ -330,155 +292,32 @@ fn serve(
         let unmounted = !fds[2].revents().is_empty() && superblock_gone(&superblock);
 
         if group_ready {
-            let worker_pid = worker.child.id() as i32;
-            let events = group.read_events(&mut buf).unwrap_or_else(|e| {
-                tracing::warn!("reading events: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-                Vec::new()
-            });
-            for ev in events {
-                let Some(file) = ev.file else {
-                    tracing::error!("fanotify queue overflow");
-                    continue;
-                };
-                // The worker's own prefetch writes are verified data: let them through.
-                if ev.pid == worker_pid {
-                    answer(&group, ev.response_fd, Response::Allow);
-                    continue;
-                }
-                let stat = match rustix::fs::fstat(&file) {
-                    Ok(stat) => stat,
-                    Err(e) => {
-                        tracing::error!("fstat of an event file: {e}; reader gets EIO");
-                        answer(&group, ev.response_fd, Response::DenyErrno(libc::EIO));
-                        continue;
-                    }
-                };
-                let key = (stat.st_dev, stat.st_ino);
-                let Some(&blob) = watched.get(&key) else {
-                    answer(&group, ev.response_fd, Response::Allow);
-                    continue;
-                };
-                let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
-                // A read that got EIO is retried by the kernel at once
-                // (readahead, then the page itself), and one read(2) can
-                // need several ranges in turn: a miss that meets the failed
-                // range, or comes from the process whose read failed, fails
-                // at once, so a reader waits at most one timeout. Other
-                // readers' ranges go on. The memory is short, so a read made
-                // after the source recovered goes to the network again.
-                let now = Instant::now();
-                failed.retain(|f| f.until > now);
-                if failed.iter().any(|f| f.covers(blob, offset, count, ev.pid)) {
-                    answer(&group, ev.response_fd, Response::DenyErrno(libc::EIO));
-                    continue;
-                }
-                let id = next_id;
-                next_id += 1;
-                let mut miss = PendingMiss {
-                    file,
-                    response_fd: ev.response_fd,
-                    blob,
-                    offset,
-                    count,
-                    pid: ev.pid,
-                    deadline: Instant::now() + timeout,
-                    sent: false,
-                };
-                tracing::debug!(id, blob, offset, count, pid = ev.pid, "miss");
-                if worker.ready {
-                    miss.sent = forward(&worker, id, &miss);
-                }
-                pending.insert(id, miss);
-            }
+            take_events(&group, &mut buf, &watched, &mut relay);
         }
-
         if worker_ready {
-            match protocol::recv(worker.sock.as_fd()) {
-                Ok(Some((msg, _))) => match msg {
-                    Message::Hello => {
-                        tracing::info!(pid = worker.child.id(), "worker ready");
-                        worker.ready = true;
-                        hand_over(&worker, &group, &superblock);
-                        for (id, miss) in pending.iter_mut().filter(|(_, m)| !m.sent) {
-                            miss.sent = forward(&worker, *id, miss);
-                        }
-                    }
-                    Message::Done { id, errno } => {
-                        if let Some(miss) = pending.remove(&id) {
-                            let response = if errno == 0 {
-                                Response::Allow
-                            } else {
-                                failed.push(FailedRange::after(&miss));
-                                Response::DenyErrno(errno)
-                            };
-                            answer(&group, miss.response_fd, response);
-                        }
-                    }
-                    Message::Complete { blob } => {
-                        if let Some(path) = paths.get(blob as usize) {
-                            match group.unwatch(path) {
-                                Ok(()) => watched.retain(|_, b| *b != blob),
-                                Err(e) => tracing::warn!("unwatch {}: {e}", path.display()),
-                            }
-                            if watched.is_empty() {
-                                if let Some(r) = readahead.take() {
-                                    r.restore();
-                                }
-                            }
-                        }
-                    }
-                    Message::Miss { .. }
-                    | Message::GroupFd
-                    | Message::SuperblockFd
-                    | Message::Shutdown => {}
-                },
-                Ok(None) | Err(_) => {
-                    // The worker is gone: keep the events, start another.
-                    let _ = worker.child.kill();
-                    let status = worker.child.wait();
-                    tracing::warn!("worker exited ({status:?}); restarting");
-                    // Back off while workers keep dying young (0.5 s up to 8 s);
-                    // pending readers still get EIO at their deadline.
-                    if last_respawn.elapsed() < Duration::from_secs(10) {
-                        respawn_delay = (respawn_delay * 2).min(Duration::from_secs(8));
-                    } else {
-                        respawn_delay = Duration::from_millis(500);
-                    }
-                    let wake = Instant::now() + respawn_delay;
-                    while Instant::now() < wake {
-                        expire(&group, &mut pending, &mut failed);
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    last_respawn = Instant::now();
-                    worker = loop {
-                        match spawn_worker(&exe, config_path, &log) {
-                            Ok(w) => break w,
-                            Err(e) => {
-                                tracing::warn!("starting a worker: {e}; retrying");
-                                for _ in 0..20 {
-                                    expire(&group, &mut pending, &mut failed);
-                                    std::thread::sleep(Duration::from_millis(50));
-                                }
-                            }
-                        }
+            relay.on_worker(
+                |sock| hand_over(sock, &group, &superblock),
+                |blob| {
+                    let Some(path) = paths.get(blob as usize) else {
+                        return;
                     };
-                    for miss in pending.values_mut() {
-                        miss.sent = false;
+                    match group.unwatch(path) {
+                        Ok(()) => watched.retain(|_, b| *b != blob),
+                        Err(e) => tracing::warn!("unwatch {}: {e}", path.display()),
                     }
-                }
-            }
+                    if watched.is_empty() {
+                        if let Some(r) = readahead.take() {
+                            r.restore();
+                        }
+                    }
+                },
+            );
         }
-
-        expire(&group, &mut pending, &mut failed);
+        relay.expire();
 
         if unmounted {
-            // Nobody can read any more: what is pending cannot be waited for.
-            for (_, miss) in pending.drain() {
-                let _ = group.respond(miss.response_fd, Response::DenyErrno(libc::EIO));
-            }
             tracing::info!("the filesystem is gone; exiting");
-            stop_worker(worker);
+            relay.shutdown();
             // The run dir describes a live mount; there is none now.
             let _ = std::fs::remove_dir_all(&config.run_dir);
             return Ok(());
@@ -486,104 +325,66 @@ fn serve(
     }
 }
 
+/// Reads the group's events: reads of watched cache files become misses;
+/// everything else (the worker's own fills, other files) is allowed.
+fn take_events(
+    group: &Rc<FanotifyGroup>,
+    buf: &mut Vec<u8>,
+    watched: &HashMap<(u64, u64), u32>,
+    relay: &mut Relay<EventReply>,
+) {
+    let worker_pid = relay.worker_pid();
+    let events = group.read_events(buf).unwrap_or_else(|e| {
+        tracing::warn!("reading events: {e}");
+        std::thread::sleep(Duration::from_millis(10));
+        Vec::new()
+    });
+    for ev in events {
+        let Some(file) = ev.file else {
+            tracing::error!("fanotify queue overflow");
+            continue;
+        };
+        // The worker's own prefetch writes are verified data: let them through.
+        if ev.pid == worker_pid {
+            answer(group, ev.response_fd, Response::Allow);
+            continue;
+        }
+        let stat = match rustix::fs::fstat(&file) {
+            Ok(stat) => stat,
+            Err(e) => {
+                tracing::error!("fstat of an event file: {e}; reader gets EIO");
+                answer(group, ev.response_fd, Response::DenyErrno(libc::EIO));
+                continue;
+            }
+        };
+        let Some(&blob) = watched.get(&(stat.st_dev, stat.st_ino)) else {
+            answer(group, ev.response_fd, Response::Allow);
+            continue;
+        };
+        let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
+        relay.submit(Miss {
+            blob,
+            offset,
+            count,
+            pid: ev.pid,
+            reply: EventReply {
+                group: group.clone(),
+                file,
+                response_fd: ev.response_fd,
+            },
+        });
+    }
+}
+
 /// Gives the worker copies of the group and of the superblock watch: if the
 /// holder is killed, the group stays open in the worker, which finishes the
 /// misses in hand and fails later reads with EIO, instead of the kernel
 /// letting reads see zeros.
-fn hand_over(worker: &Worker, group: &FanotifyGroup, superblock: &OwnedFd) {
-    let sent =
-        protocol::send(worker.sock.as_fd(), Message::GroupFd, Some(group.as_fd())).and_then(|()| {
-            protocol::send(
-                worker.sock.as_fd(),
-                Message::SuperblockFd,
-                Some(superblock.as_fd()),
-            )
-        });
+fn hand_over(sock: BorrowedFd<'_>, group: &FanotifyGroup, superblock: &OwnedFd) {
+    let sent = protocol::send(sock, Message::GroupFd, Some(group.as_fd()))
+        .and_then(|()| protocol::send(sock, Message::SuperblockFd, Some(superblock.as_fd())));
     if let Err(e) = sent {
         tracing::warn!("handing the group to the worker: {e}");
-    }
-}
-
-/// Tells the worker the mount is gone and closes its socket, so that it
-/// saves its fill records and exits; kills it if it has not within two
-/// seconds.
-fn stop_worker(worker: Worker) {
-    let Worker {
-        mut child, sock, ..
-    } = worker;
-    if let Err(e) = protocol::send_owned(&sock, Message::Shutdown, None) {
-        tracing::warn!("telling the worker to stop: {e}");
-    }
-    drop(sock);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// A range whose read just failed; until `until`, new misses of that blob
-/// that meet it, or come from the same reading process, fail at once.
-struct FailedRange {
-    blob: u32,
-    start: u64,
-    end: u64,
-    pid: i32,
-    until: Instant,
-}
-
-impl FailedRange {
-    /// Long enough to cover the kernel's immediate retries and the next
-    /// range of the same read(2), short enough that a later read tries the
-    /// network again.
-    const MEMORY: Duration = Duration::from_millis(250);
-
-    fn after(miss: &PendingMiss) -> Self {
-        FailedRange {
-            blob: miss.blob,
-            start: miss.offset,
-            end: miss.offset.saturating_add(miss.count.max(1)),
-            pid: miss.pid,
-            until: Instant::now() + Self::MEMORY,
-        }
-    }
-
-    fn covers(&self, blob: u32, offset: u64, count: u64, pid: i32) -> bool {
-        let meets = offset < self.end && offset.saturating_add(count.max(1)) > self.start;
-        blob == self.blob && (meets || pid == self.pid)
-    }
-}
-
-/// Readers never wait past the timeout: expired misses get EIO.
-fn expire(
-    group: &FanotifyGroup,
-    pending: &mut HashMap<u64, PendingMiss>,
-    failed: &mut Vec<FailedRange>,
-) {
-    let now = Instant::now();
-    let expired: Vec<u64> = pending
-        .iter()
-        .filter(|(_, m)| m.deadline <= now)
-        .map(|(id, _)| *id)
-        .collect();
-    for id in expired {
-        if let Some(miss) = pending.remove(&id) {
-            tracing::error!(
-                blob = miss.blob,
-                offset = miss.offset,
-                count = miss.count,
-                "blob {} bytes {}+{}: timed out, reader gets EIO",
-                miss.blob,
-                miss.offset,
-                miss.count
-            );
-            failed.push(FailedRange::after(&miss));
-            answer(group, miss.response_fd, Response::DenyErrno(libc::EIO));
-        }
     }
 }
 
@@ -592,43 +393,5 @@ fn expire(
 fn answer(group: &FanotifyGroup, fd: i32, response: Response) {
     if let Err(e) = group.respond(fd, response) {
         tracing::error!("answering event fd {fd}: {e}");
-    }
-}
-
-fn forward(worker: &Worker, id: u64, miss: &PendingMiss) -> bool {
-    let msg = Message::Miss {
-        id,
-        blob: miss.blob,
-        offset: miss.offset,
-        count: miss.count,
-        response_fd: miss.response_fd,
-    };
-    protocol::send_owned(&worker.sock, msg, Some(&miss.file)).is_ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_failed_range_fails_fast_only_for_its_range_and_its_reader() {
-        let f = FailedRange {
-            blob: 1,
-            start: 4096,
-            end: 8192,
-            pid: 77,
-            until: Instant::now() + FailedRange::MEMORY,
-        };
-        assert!(
-            f.covers(1, 4096, 4096, 99),
-            "the kernel's retry of the range"
-        );
-        assert!(f.covers(1, 0, 4097, 99), "a range that meets it");
-        assert!(
-            f.covers(1, 1 << 20, 4096, 77),
-            "the next range of the same read"
-        );
-        assert!(!f.covers(1, 8192, 4096, 99), "another reader's range");
-        assert!(!f.covers(2, 4096, 4096, 77), "another blob");
     }
 }

@@ -4,12 +4,17 @@
 //! Two processes per mount: the [`holder`] owns the fanotify group and the
 //! mount and only relays events; the [`worker`] fetches, verifies and fills.
 //! See the holder's docs for why the split makes crashes safe.
+//!
+//! The FUSE path runs the same worker behind the same relay, with the
+//! FUSE daemon in the holder's place ([`filler`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod filler;
 pub mod holder;
 pub mod latency;
 pub mod protocol;
 pub mod readahead;
+mod relay;
 pub mod worker;

@@ -1,6 +1,7 @@
 //! Holder <-> worker messages over a SOCK_SEQPACKET socketpair. Each message
-//! is one fixed 40-byte record; a miss carries the event's fd as SCM_RIGHTS,
-//! and so do the two hand-overs of the holder's own fds.
+//! is one fixed 40-byte record; a miss from the kernel path carries the
+//! fanotify event's fd as SCM_RIGHTS (a FUSE miss carries none, and -1 as
+//! its event fd number), and so do the two hand-overs of the holder's fds.
 //!
 //! ```text
 //! byte 0      kind (1 hello, 2 miss, 3 done, 4 complete, 5 group fd, 6 superblock fd,

@@ -295,7 +295,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             else {
                 return;
             };
-            let errno = match shared.serve_miss(blob, offset, count, &file) {
+            let errno = match shared.serve_miss(blob, offset, count, file.as_ref()) {
                 Ok(()) => 0,
                 Err(e) => {
                     tracing::error!(
@@ -387,7 +387,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     count,
                     response_fd,
                 },
-                Some(fd),
+                fd,
             )) => {
                 shared.misses.fetch_add(1, Ordering::Relaxed);
                 shared.active_misses.fetch_add(1, Ordering::Relaxed);
@@ -411,7 +411,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     blob,
                     offset,
                     count,
-                    file: File::from(fd),
+                    file: fd.map(File::from),
                     response_fd,
                     received: Instant::now(),
                 });
@@ -427,7 +427,9 @@ struct Job {
     blob: u32,
     offset: u64,
     count: u64,
-    file: File,
+    /// The fanotify event's quiet fd (none for a FUSE read: the cache file
+    /// is written through the worker's own quiet fd).
+    file: Option<File>,
     /// The event's fd number in the holder.
     response_fd: i32,
     /// When the miss reached the worker: its wait is measured from here.
@@ -535,7 +537,13 @@ impl Shared {
     /// that another thread or another mount sharing the cache file is
     /// fetching are waited for and then verified, never fetched twice; a
     /// fetch that fails leaves its chunks to the next claimant.
-    fn serve_miss(&self, blob: u32, offset: u64, count: u64, file: &File) -> io::Result<()> {
+    fn serve_miss(
+        &self,
+        blob: u32,
+        offset: u64,
+        count: u64,
+        file: Option<&File>,
+    ) -> io::Result<()> {
         if let Some(trace) = &self.trace {
             // A trace that cannot be written must not fail the reader.
             if let Err(e) = self.record(trace, blob, offset, count) {
@@ -564,9 +572,9 @@ impl Shared {
         let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
         let mut wanted: Vec<usize> = window.chain(needed.clone()).collect();
         loop {
-            let mine = self.claim(blob, wanted.iter().copied(), Some(file))?;
+            let mine = self.claim(blob, wanted.iter().copied(), file)?;
             if !mine.is_empty() {
-                let result = self.fetch_into(blob, &mine, Some(file));
+                let result = self.fetch_into(blob, &mine, file);
                 self.release(blob, &mine);
                 result?;
             }
