@@ -480,25 +480,18 @@ pub fn run(args: Args) -> Result<u8> {
                 cache_dir: absolute(&serve.cache_dir)?,
                 source,
             };
-            let asked_lazy = serve.lazy || record_trace.is_some();
             let lazy = serve.lazy_options(&image, record_trace);
             let (mode, why) = mount_mode(&mode, &opts.cache_dir, lazy.is_some())?;
-            if mode == Mode::Fuse && asked_lazy {
-                anyhow::bail!(
-                    "this mount is served through FUSE ({why}), which fills the cache whole \
-                     first; lazy FUSE mounts (--lazy, --record-trace) are not implemented yet"
-                );
-            }
             tracing::info!("mounting with the {mode} path: {why}");
-            let info = match lazy {
-                _ if mode == Mode::Fuse => {
-                    if lazy.is_some() {
-                        tracing::info!("lazy reads through FUSE are not implemented yet: the cache is filled whole first");
-                    }
-                    lamina_mount::mount_fuse(&image, &mountpoint, &opts)
+            let info = match (mode, lazy) {
+                (Mode::Fuse, Some(lazy_opts)) => {
+                    lamina_mount::mount_lazy_fuse(&image, &mountpoint, &opts, &lazy_opts)
                 }
-                Some(lazy_opts) => lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts),
-                None => lamina_mount::mount_image(&image, &mountpoint, &opts),
+                (Mode::Fuse, None) => lamina_mount::mount_fuse(&image, &mountpoint, &opts),
+                (Mode::Kernel, Some(lazy_opts)) => {
+                    lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts)
+                }
+                (Mode::Kernel, None) => lamina_mount::mount_image(&image, &mountpoint, &opts),
             }
             .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
             if args.json {

@@ -482,11 +482,23 @@ fn run_dir(m: &Mount) -> PathBuf {
     panic!("no run dir for {} in {}", me.display(), mounts.display());
 }
 
-/// The tails of holder.log and worker.log, for messages.
+/// The log of the daemon in the holder's place: the holder (kernel path)
+/// or the FUSE daemon.
+fn relay_log(rd: &Path) -> String {
+    ["holder.log", "fuse.log"]
+        .iter()
+        .find_map(|name| fs::read_to_string(rd.join(name)).ok())
+        .unwrap_or_default()
+}
+
+/// The tails of the holder's (or FUSE daemon's) and worker's logs, for
+/// messages.
 fn daemon_logs(rd: &Path) -> String {
     let mut s = String::new();
-    for name in ["holder.log", "worker.log"] {
-        let text = fs::read_to_string(rd.join(name)).unwrap_or_else(|e| format!("({e})"));
+    for name in ["holder.log", "fuse.log", "worker.log"] {
+        let Ok(text) = fs::read_to_string(rd.join(name)) else {
+            continue;
+        };
         let lines: Vec<&str> = text.lines().collect();
         let from = lines.len().saturating_sub(30);
         s.push_str(&format!(
@@ -977,6 +989,92 @@ fn lazy_debian_runs_python_redis_nginx_and_equals_umoci() {
     m.unmount();
 }
 
+/// Issue 9: the same image lazily through FUSE. The mount fetches no data;
+/// python3 runs in it fetching a fraction of the image; an overlay on top
+/// takes writes (and leaves the image as it was); the whole tree then
+/// equals umoci's unpack, with no failed miss and no bad chunk.
+#[test]
+fn fuse_lazy_debian_runs_python_takes_an_overlay_and_equals_umoci() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "fuse_lazy_debian_runs_python_takes_an_overlay_and_equals_umoci",
+        "lazy-fuse-debian",
+    ) else {
+        return;
+    };
+    let total_compressed = deb.compressed_bytes();
+    let started = Instant::now();
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--mode", "fuse", "--fill-ahead", "0"],
+    );
+    let mount_secs = started.elapsed().as_secs_f64();
+    assert_eq!(m.info["mode"], "fuse", "{}", m.info);
+    let s0 = wait_status(&m, "first status", Duration::from_secs(10), |_| true);
+    assert_eq!(
+        num(&s0, "fetched_bytes"),
+        0,
+        "data fetched before any read: {s0}"
+    );
+
+    let started = Instant::now();
+    chroot_python(&m.path);
+    let python_secs = started.elapsed().as_secs_f64();
+    let s1 = settled_status(&m);
+    let python_bytes = num(&s1, "fetched_bytes");
+    eprintln!(
+        "figures: fuse: mount {mount_secs:.2} s; python3 {python_secs:.2} s, fetched {python_bytes} bytes of {total_compressed}, {} requests, {} misses",
+        num(&s1, "requests"),
+        num(&s1, "misses")
+    );
+    let mut f = Failures::default();
+    f.check(python_bytes > 0 && num(&s1, "misses") > 0, || {
+        format!("python3 ran but nothing was fetched: {s1}")
+    });
+    f.check(python_bytes * 2 < total_compressed, || {
+        format!("python3 fetched {python_bytes} of {total_compressed} compressed bytes (>= 50 %): not lazy")
+    });
+
+    // A container's writable layer: an overlay over the FUSE mount.
+    let ovl = Overlay::mount(&m.path, &t.mkdir("ovl"));
+    let written = ovl.merged.join("etc/lamina-written");
+    fs::write(&written, b"upper\n").unwrap();
+    fs::write(ovl.merged.join("etc/hostname"), b"changed\n").unwrap();
+    f.check(
+        fs::read(&written).ok().as_deref() == Some(b"upper\n".as_slice()),
+        || "a file written into the overlay does not read back".into(),
+    );
+    f.check(
+        fs::read(t.path().join("ovl/upper/etc/hostname"))
+            .ok()
+            .as_deref()
+            == Some(b"changed\n".as_slice()),
+        || "the overlay's copy-up of etc/hostname is not in its upper dir".into(),
+    );
+    ovl.unmount();
+
+    let n = treecmp(&[], &deb.rootfs, &m.path);
+    let s = settled_status(&m);
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    f.check(num(&s, "bad_chunks") == 0, || {
+        format!("bad chunks without faults: {s}")
+    });
+    f.check(num(&s, "fetched_bytes") <= total_compressed, || {
+        format!("fetched more than the image's {total_compressed} compressed bytes: {s}")
+    });
+    eprintln!(
+        "figures: fuse: treecmp of {n} entries; fetched {} in {} requests, {} misses",
+        mib(num(&s, "fetched_bytes")),
+        num(&s, "requests"),
+        num(&s, "misses")
+    );
+    finish_with_logs(f, &run_dir(&m), String::new, "lazy FUSE Debian");
+    m.unmount();
+}
+
 // ---------------------------------------------------------------------------
 // 2. a warm cache
 
@@ -1211,17 +1309,33 @@ fn busy_worker(rd: &Path, killed: &[u32], timeout: Duration) -> u32 {
 /// read completes.
 #[test]
 fn worker_killed_twenty_times_during_a_full_read_loses_nothing() {
-    let Some(Lazy { _time, deb, reg, t }) = start(
+    worker_kills_during_a_full_read(
         "worker_killed_twenty_times_during_a_full_read_loses_nothing",
-        "lazy-kill",
-    ) else {
+        "kernel",
+        20,
+    );
+}
+
+/// The same through FUSE (issue 9): the FUSE daemon relays misses as the
+/// holder does, so killing its worker costs time, not reads.
+#[test]
+fn fuse_worker_killed_during_a_full_read_loses_nothing() {
+    worker_kills_during_a_full_read(
+        "fuse_worker_killed_during_a_full_read_loses_nothing",
+        "fuse",
+        8,
+    );
+}
+
+fn worker_kills_during_a_full_read(test: &'static str, mode: &str, kills: usize) {
+    let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-kill-{mode}")) else {
         return;
     };
     let m = Mount::with_args(
         &reg.reference(IMAGE),
         &t.join("mnt"),
         &t.join("cache"),
-        &["--timeout", "60"],
+        &["--timeout", "60", "--mode", mode],
     );
     let rd = run_dir(&m);
     // Shuffled: in path order the data is fetched ahead in a few large
@@ -1237,7 +1351,7 @@ fn worker_killed_twenty_times_during_a_full_read_loses_nothing() {
     );
     let mut killed = Vec::new();
     let mut f = Failures::default();
-    for _ in 0..20 {
+    for _ in 0..kills {
         let pid = busy_worker(&rd, &killed, Duration::from_secs(60));
         f.check(!reader.is_finished(), || {
             format!(
@@ -1262,11 +1376,11 @@ fn worker_killed_twenty_times_during_a_full_read_loses_nothing() {
         Ok(got) => check_reads(&mut f, "the image with worker kills", deb, &usr, &got),
         Err(e) => f.check(false, || e),
     }
-    let holder_log = fs::read_to_string(rd.join("holder.log")).unwrap_or_default();
+    let holder_log = relay_log(&rd);
     let restarts = holder_log.matches("restarting").count();
     f.check(restarts >= killed.len(), || {
         format!(
-            "holder.log shows {restarts} restarts for {} kills",
+            "the {mode} relay's log shows {restarts} restarts for {} kills",
             killed.len()
         )
     });
@@ -1282,7 +1396,7 @@ fn worker_killed_twenty_times_during_a_full_read_loses_nothing() {
         format!("failed misses: {s}")
     });
     eprintln!(
-        "figures: soak: {} files read in {secs:.1} s with {} worker kills, {restarts} restarts in holder.log",
+        "figures: soak ({mode}): {} files read in {secs:.1} s with {} worker kills, {restarts} restarts in the relay's log",
         usr.len(),
         killed.len()
     );
@@ -1465,8 +1579,9 @@ fn faulty_proxy_recoverable_faults_read_correct_bytes() {
 /// right, and every failed read answered within its timeout. On main before
 /// the fix, resets alone stopped the worker for good (7,015 of 7,153 files
 /// EIO), truncations failed 1,948 files and flipped bytes 1,478.
-fn eight_readers_through_faults(test: &'static str, kind: &str) {
-    let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-faults-{kind}")) else {
+fn eight_readers_through_faults(test: &'static str, kind: &str, mode: &str) {
+    let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-faults-{kind}-{mode}"))
+    else {
         return;
     };
     let proxy = FaultProxy::start(
@@ -1490,7 +1605,14 @@ fn eight_readers_through_faults(test: &'static str, kind: &str) {
         &format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port),
         &t.join("mnt"),
         &t.join("cache"),
-        &["--timeout", &timeout.to_string(), "--fill-window", window],
+        &[
+            "--timeout",
+            &timeout.to_string(),
+            "--fill-window",
+            window,
+            "--mode",
+            mode,
+        ],
     );
     let sets: Vec<Vec<String>> = (0..8u64)
         .map(|i| shuffled(deb.files.clone(), 0x9e37_79b9_7f4a_7c15 ^ i))
@@ -1555,7 +1677,7 @@ fn eight_readers_through_faults(test: &'static str, kind: &str) {
     });
     let s = settled_status(&m);
     eprintln!(
-        "figures: faults {kind}: {right} of {total} file reads right, {failed} failed, {wrong} wrong, in {secs:.1} s; {faults} faults; fetched {} in {} requests, bad_chunks {}",
+        "figures: faults {kind} ({mode}): {right} of {total} file reads right, {failed} failed, {wrong} wrong, in {secs:.1} s; {faults} faults; fetched {} in {} requests, bad_chunks {}",
         mib(num(&s, "fetched_bytes")),
         num(&s, "requests"),
         num(&s, "bad_chunks")
@@ -1566,32 +1688,46 @@ fn eight_readers_through_faults(test: &'static str, kind: &str) {
 
 #[test]
 fn faults_resets_cost_time_not_failures() {
-    eight_readers_through_faults("faults_resets_cost_time_not_failures", "reset");
+    eight_readers_through_faults("faults_resets_cost_time_not_failures", "reset", "kernel");
 }
 
 #[test]
 fn faults_truncated_bodies_cost_time_not_failures() {
-    eight_readers_through_faults("faults_truncated_bodies_cost_time_not_failures", "truncate");
+    eight_readers_through_faults(
+        "faults_truncated_bodies_cost_time_not_failures",
+        "truncate",
+        "kernel",
+    );
 }
 
 #[test]
 fn faults_flipped_bytes_cost_time_not_failures() {
-    eight_readers_through_faults("faults_flipped_bytes_cost_time_not_failures", "flip");
+    eight_readers_through_faults(
+        "faults_flipped_bytes_cost_time_not_failures",
+        "flip",
+        "kernel",
+    );
 }
 
 #[test]
 fn faults_503s_cost_time_not_failures() {
-    eight_readers_through_faults("faults_503s_cost_time_not_failures", "503");
+    eight_readers_through_faults("faults_503s_cost_time_not_failures", "503", "kernel");
 }
 
 #[test]
 fn faults_stalls_cost_time_not_failures() {
-    eight_readers_through_faults("faults_stalls_cost_time_not_failures", "stall");
+    eight_readers_through_faults("faults_stalls_cost_time_not_failures", "stall", "kernel");
 }
 
 #[test]
 fn faults_mixed_cost_time_not_failures() {
-    eight_readers_through_faults("faults_mixed_cost_time_not_failures", "mix");
+    eight_readers_through_faults("faults_mixed_cost_time_not_failures", "mix", "kernel");
+}
+
+/// Every fault kind at once, through FUSE (issue 9).
+#[test]
+fn fuse_faults_mixed_cost_time_not_failures() {
+    eight_readers_through_faults("fuse_faults_mixed_cost_time_not_failures", "mix", "fuse");
 }
 
 /// Non-empty files with at least one non-zero byte (all-zero chunks are
@@ -1648,10 +1784,20 @@ fn eio_sample(deb: &Debian, n: usize) -> Vec<String> {
 /// (nothing bad was cached).
 #[test]
 fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
-    let Some(Lazy { _time, deb, reg, t }) = start(
+    total_corruption_gives_eio(
         "faulty_proxy_total_corruption_gives_eio_never_wrong_bytes",
-        "lazy-corrupt",
-    ) else {
+        "kernel",
+    );
+}
+
+/// The same through FUSE (issue 9).
+#[test]
+fn fuse_total_corruption_gives_eio_never_wrong_bytes() {
+    total_corruption_gives_eio("fuse_total_corruption_gives_eio_never_wrong_bytes", "fuse");
+}
+
+fn total_corruption_gives_eio(test: &'static str, mode: &str) {
+    let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-corrupt-{mode}")) else {
         return;
     };
     let timeout = 10u64;
@@ -1662,7 +1808,7 @@ fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
         &image,
         &t.join("mnt"),
         &t.join("cache"),
-        &["--timeout", &timeout.to_string()],
+        &["--timeout", &timeout.to_string(), "--mode", mode],
     );
     let sample = eio_sample(deb, 12);
     let deadline = Duration::from_secs((timeout + 15) * sample.len() as u64);
@@ -1707,7 +1853,7 @@ fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
     if let Ok(got) = &got {
         let slowest = got.values().map(|r| r.secs).fold(0.0, f64::max);
         eprintln!(
-            "figures: total corruption: {} files, all EIO: {}, slowest {slowest:.2} s; status bad_chunks {} failed_misses {} requests {}; proxy {stats}",
+            "figures: total corruption ({mode}): {} files, all EIO: {}, slowest {slowest:.2} s; status bad_chunks {} failed_misses {} requests {}; proxy {stats}",
             sample.len(),
             got.values().all(|r| r.errno == Some(5)),
             num(&s, "bad_chunks"),
@@ -1727,9 +1873,17 @@ fn faulty_proxy_total_corruption_gives_eio_never_wrong_bytes() {
 /// same files read back right.
 #[test]
 fn stalled_registry_reads_fail_within_timeout() {
-    let Some(Lazy { _time, deb, reg, t }) =
-        start("stalled_registry_reads_fail_within_timeout", "lazy-stall")
-    else {
+    stalled_reads_fail_within_timeout("stalled_registry_reads_fail_within_timeout", "kernel");
+}
+
+/// The same through FUSE (issue 9).
+#[test]
+fn fuse_stalled_registry_reads_fail_within_timeout() {
+    stalled_reads_fail_within_timeout("fuse_stalled_registry_reads_fail_within_timeout", "fuse");
+}
+
+fn stalled_reads_fail_within_timeout(test: &'static str, mode: &str) {
+    let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-stall-{mode}")) else {
         return;
     };
     let timeout = 5u64;
@@ -1740,7 +1894,7 @@ fn stalled_registry_reads_fail_within_timeout() {
         &image,
         &t.join("mnt"),
         &t.join("cache"),
-        &["--timeout", &timeout.to_string()],
+        &["--timeout", &timeout.to_string(), "--mode", mode],
     );
     let sample = eio_sample(deb, 3);
     let deadline = Duration::from_secs(sample.len() as u64 * (timeout * 10 + 30));
@@ -1760,7 +1914,7 @@ fn stalled_registry_reads_fail_within_timeout() {
                 });
             }
             eprintln!(
-                "figures: stalled registry, --timeout {timeout}: {}",
+                "figures: stalled registry ({mode}), --timeout {timeout}: {}",
                 sample
                     .iter()
                     .map(|p| format!("{p}: errno {:?} after {:.1} s", got[p].errno, got[p].secs))

@@ -8,8 +8,11 @@
 //! methods returning errno values ([`ImageFs::lookup_entry`], ...), so they
 //! are tested without a mount; the [`fuser::Filesystem`] impl only adapts.
 //!
-//! This serves images whose blobs are complete in the cache (an eager
-//! mount). Lazy reads through FUSE come next (issue 9).
+//! Blobs complete in the cache are read straight from their files. In a
+//! lazy mount, a read that touches an incomplete blob first asks the
+//! worker for its byte ranges ([`Filler::fill`]) and reads them only once
+//! the worker has verified and written them; otherwise the reader gets the
+//! worker's errno (EIO), never bytes that were not verified.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -23,7 +26,10 @@ use fuser::{
     KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
+use std::sync::Arc;
+
 use lamina_daemon::config::write_atomic;
+use lamina_daemon::filler::Filler;
 use lamina_daemon::holder::Ready;
 use lamina_format::erofs::{Chunk, Entry, Image, Inode, Kind, ReadError, Xattr};
 use serde::{Deserialize, Serialize};
@@ -38,12 +44,19 @@ pub struct ImageFs {
     image: Image<'static>,
     /// Cache files of the data blobs, in device-table order.
     blobs: Vec<File>,
+    /// A lazy mount's link to its worker; `None`: every blob is complete.
+    filler: Option<Arc<Filler>>,
 }
 
 impl ImageFs {
-    /// The filesystem of the metadata image `meta` over the complete cache
-    /// files `blobs` (one per device of the image, in table order).
-    pub fn new(meta: &'static [u8], blobs: Vec<File>) -> Result<Self, ReadError> {
+    /// The filesystem of the metadata image `meta` over the cache files
+    /// `blobs` (one per device of the image, in table order), complete
+    /// unless a `filler` fills them on demand.
+    pub fn new(
+        meta: &'static [u8],
+        blobs: Vec<File>,
+        filler: Option<Arc<Filler>>,
+    ) -> Result<Self, ReadError> {
         let image = Image::new(meta)?;
         if image.devices().len() != blobs.len() {
             return Err(ReadError::Corrupt(format!(
@@ -52,7 +65,11 @@ impl ImageFs {
                 blobs.len()
             )));
         }
-        Ok(ImageFs { image, blobs })
+        Ok(ImageFs {
+            image,
+            blobs,
+            filler,
+        })
     }
 
     /// The FUSE inode number of `nid`: the root is 1, as FUSE wants; every
@@ -141,47 +158,108 @@ impl ImageFs {
     }
 
     /// Up to `size` bytes of a regular file from `offset`: holes as zeros,
-    /// data from the blob cache files; short only at the end of the file.
-    pub fn read_at(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+    /// data from the blob cache files (filled first where a lazy mount's
+    /// blob is incomplete); short only at the end of the file. `pid` is
+    /// the reading process.
+    pub fn read_at(&self, ino: u64, offset: u64, size: u32, pid: u32) -> Result<Vec<u8>, Errno> {
         let inode = self.inode(ino)?;
         if inode.kind() != Some(Kind::Regular) {
             return Err(Errno::EISDIR);
         }
-        let chunks = self.image.chunks(&inode).map_err(|e| eio(&e))?;
         let end = inode.size.min(offset.saturating_add(u64::from(size)));
-        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut out = vec![0; end.saturating_sub(offset) as usize];
+        for piece in self.pieces(&inode, offset, end)? {
+            let Some((blob, at)) = piece.data else {
+                continue; // a hole reads as zeros
+            };
+            let into = &mut out[piece.start..piece.start + piece.len];
+            if let Some(filler) = &self.filler {
+                filler
+                    .fill(blob, at, piece.len as u64, pid as i32)
+                    .map_err(|errno| {
+                        tracing::error!(
+                            nid = inode.nid,
+                            blob,
+                            at,
+                            "lazy read failed: errno {errno}"
+                        );
+                        Errno::from_i32(errno)
+                    })?;
+            }
+            self.blobs[blob as usize]
+                .read_exact_at(into, at)
+                .map_err(|e| {
+                    tracing::error!(nid = inode.nid, blob, "reading the blob cache: {e}");
+                    Errno::EIO
+                })?;
+        }
+        Ok(out)
+    }
+
+    /// Where bytes `[offset, end)` of a regular file are: runs of holes and
+    /// of contiguous bytes in one blob, in file order.
+    fn pieces(&self, inode: &Inode<'_>, offset: u64, end: u64) -> Result<Vec<Piece>, Errno> {
+        let chunks = self.image.chunks(inode).map_err(|e| eio(&e))?;
         let chunk_size = 1u64 << chunks.chunk_bits;
+        let mut pieces: Vec<Piece> = Vec::new();
         let mut pos = offset;
         while pos < end {
             let i = (pos / chunk_size) as usize;
             let within = pos % chunk_size;
             let n = (chunk_size - within).min(end - pos) as usize;
-            let start = out.len();
-            out.resize(start + n, 0);
-            match chunks.get(i) {
-                Some(Chunk::Hole) => {}
+            let data = match chunks.get(i) {
+                Some(Chunk::Hole) => None,
                 Some(Chunk::Data { device, offset: at }) => {
-                    let blob = &self.blobs[usize::from(device) - 1];
-                    blob.read_exact_at(&mut out[start..], at + within)
-                        .map_err(|e| {
-                            tracing::error!(nid = inode.nid, device, "reading the blob cache: {e}");
-                            Errno::EIO
-                        })?;
+                    let blob = u32::from(device).wrapping_sub(1);
+                    if blob as usize >= self.blobs.len() {
+                        tracing::error!(nid = inode.nid, device, "chunk names no blob");
+                        return Err(Errno::EIO);
+                    }
+                    Some((blob, at + within))
                 }
                 None => {
                     tracing::error!(nid = inode.nid, chunk = i, "no chunk for this offset");
                     return Err(Errno::EIO);
                 }
+            };
+            let start = (pos - offset) as usize;
+            match pieces.last_mut() {
+                Some(last) if last.follows_with(data) => last.len += n,
+                _ => pieces.push(Piece {
+                    start,
+                    len: n,
+                    data,
+                }),
             }
             pos += n as u64;
         }
-        Ok(out)
+        Ok(pieces)
     }
 
     /// The xattrs of `ino`: full names and values.
     pub fn xattrs_of(&self, ino: u64) -> Result<Vec<Xattr<'static>>, Errno> {
         let inode = self.inode(ino)?;
         self.image.xattrs(&inode).map_err(|e| eio(&e))
+    }
+}
+
+/// A run of a read: `len` bytes at `start` in the reply, a hole or bytes
+/// at `(blob, offset)` in a blob's cache file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    start: usize,
+    len: usize,
+    data: Option<(u32, u64)>,
+}
+
+impl Piece {
+    /// Whether `next`, the run right after this one, continues it.
+    fn follows_with(&self, next: Option<(u32, u64)>) -> bool {
+        match (self.data, next) {
+            (None, None) => true,
+            (Some((b, at)), Some((nb, nat))) => b == nb && at + self.len as u64 == nat,
+            _ => false,
+        }
     }
 }
 
@@ -256,7 +334,7 @@ impl Filesystem for ImageFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -265,7 +343,7 @@ impl Filesystem for ImageFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.read_at(ino.0, offset, size) {
+        match self.read_at(ino.0, offset, size, req.pid()) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(e),
         }
@@ -367,6 +445,10 @@ pub struct ServeConfig {
     pub blob_paths: Vec<PathBuf>,
     /// Where to mount.
     pub mountpoint: PathBuf,
+    /// A lazy mount: the worker's config (its blobs are filled on demand
+    /// by a worker started from it). `None`: the blobs are complete.
+    #[serde(default)]
+    pub worker_config: Option<PathBuf>,
     /// Threads serving requests.
     pub threads: usize,
     /// Written (atomically) once mounted or when mounting failed: the same
@@ -377,6 +459,9 @@ pub struct ServeConfig {
 /// The FUSE daemon: mounts `config`'s image and serves it until unmounted.
 pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
     let _ = rustix::process::setsid();
+    // As the holder: the mount dies with this process, so a stray SIGTERM
+    // must not take it; it ends when the filesystem is unmounted.
+    lamina_sys::ignore_termination_signals()?;
     let report = |error: Option<String>| {
         let ready = Ready {
             pid: std::process::id(),
@@ -385,19 +470,46 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(&ready).map_err(std::io::Error::other)?;
         write_atomic(&config.ready_path, &bytes)
     };
-    let session = match open_session(config) {
+    let filler = match &config.worker_config {
+        Some(path) => match Filler::start(path) {
+            Ok(f) => Some(Arc::new(f)),
+            Err(e) => {
+                let e = format!("starting the worker: {e}");
+                report(Some(e.clone()))?;
+                return Err(std::io::Error::other(e));
+            }
+        },
+        None => None,
+    };
+    let session = match open_session(config, filler.clone()) {
         Ok(s) => s,
         Err(e) => {
+            if let Some(f) = &filler {
+                f.shutdown();
+            }
             report(Some(e.clone()))?;
             return Err(std::io::Error::other(e));
         }
     };
     report(None)?;
-    tracing::info!(mountpoint = %config.mountpoint.display(), "serving through FUSE");
-    session.run()
+    tracing::info!(
+        mountpoint = %config.mountpoint.display(),
+        lazy = filler.is_some(),
+        "serving through FUSE"
+    );
+    let served = session.run();
+    tracing::info!("unmounted; exiting");
+    if let Some(f) = &filler {
+        // The worker saves its fill records before it exits.
+        f.shutdown();
+    }
+    served
 }
 
-fn open_session(config: &ServeConfig) -> Result<fuser::Session<ImageFs>, String> {
+fn open_session(
+    config: &ServeConfig,
+    filler: Option<Arc<Filler>>,
+) -> Result<fuser::Session<ImageFs>, String> {
     let meta = std::fs::read(&config.metadata_path)
         .map_err(|e| format!("{}: {e}", config.metadata_path.display()))?;
     // The daemon serves this one image for its whole life.
@@ -407,7 +519,7 @@ fn open_session(config: &ServeConfig) -> Result<fuser::Session<ImageFs>, String>
         .iter()
         .map(|p| File::open(p).map_err(|e| format!("{}: {e}", p.display())))
         .collect::<Result<Vec<_>, _>>()?;
-    let fs = ImageFs::new(meta, blobs).map_err(|e| e.to_string())?;
+    let fs = ImageFs::new(meta, blobs, filler).map_err(|e| e.to_string())?;
     fuser::Session::new(fs, &config.mountpoint, &fuse_config(config.threads))
         .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))
 }
@@ -543,7 +655,7 @@ mod tests {
             .unwrap();
         let bytes: &'static [u8] = Vec::leak(bytes);
         (
-            ImageFs::new(bytes, vec![File::open(&path).unwrap()]).unwrap(),
+            ImageFs::new(bytes, vec![File::open(&path).unwrap()], None).unwrap(),
             bytes,
         )
     }
@@ -555,7 +667,7 @@ mod tests {
         let file = fs.lookup_entry(1, b"file").unwrap();
         assert_eq!(file.size, 8292);
         let ino = file.ino.0;
-        let whole = fs.read_at(ino, 0, 1 << 20).unwrap();
+        let whole = fs.read_at(ino, 0, 1 << 20, 1).unwrap();
         assert_eq!(whole.len(), 8292, "short only at the end of the file");
         let want: Vec<u8> = (0..4096)
             .map(|i| blob_byte(2 * 4096 + i))
@@ -564,10 +676,10 @@ mod tests {
             .collect();
         assert!(whole == want);
         // Across the data/hole boundary, and past the end.
-        assert_eq!(fs.read_at(ino, 4090, 12).unwrap(), want[4090..4102]);
-        assert_eq!(fs.read_at(ino, 8290, 10).unwrap(), want[8290..]);
-        assert!(fs.read_at(ino, 9000, 10).unwrap().is_empty());
-        assert_eq!(fs.read_at(1, 0, 10), Err(Errno::EISDIR));
+        assert_eq!(fs.read_at(ino, 4090, 12, 1).unwrap(), want[4090..4102]);
+        assert_eq!(fs.read_at(ino, 8290, 10, 1).unwrap(), want[8290..]);
+        assert!(fs.read_at(ino, 9000, 10, 1).unwrap().is_empty());
+        assert_eq!(fs.read_at(1, 0, 10, 1), Err(Errno::EISDIR));
     }
 
     #[test]
@@ -614,7 +726,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (_, meta) = fixture_bytes(tmp.path());
         assert!(matches!(
-            ImageFs::new(meta, Vec::new()),
+            ImageFs::new(meta, Vec::new(), None),
             Err(ReadError::Corrupt(_))
         ));
     }

@@ -1,9 +1,11 @@
-//! Mounting through FUSE: the cache is filled and verified as for a kernel
-//! mount, then a daemon (`lamina internal-fuse CONFIG`, see `lamina_fuse`)
-//! mounts the image and serves it from the cache until it is unmounted.
+//! Mounting through FUSE: a daemon (`lamina internal-fuse CONFIG`, see
+//! `lamina_fuse`) mounts the image and serves it from the cache until it is
+//! unmounted. An eager mount fills and verifies the cache first, as for a
+//! kernel mount; a lazy one ([`crate::mount_lazy_fuse`]) gives the daemon
+//! a worker that fills it on demand.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use lamina_fetch::private;
 use lamina_fuse::ServeConfig;
@@ -25,14 +27,36 @@ pub fn mount_fuse(
     info.mountpoint = fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
     let run = crate::lazy::run_dir(&opts.cache_dir, mountpoint);
     private::private_dir(&run).map_err(io_err(&run))?;
+    start_fuse_daemon(
+        &run,
+        &info.metadata_path,
+        &info.blob_paths,
+        &info.mountpoint,
+        None,
+    )?;
+    record_eager(opts, &info);
+    Ok(info)
+}
+
+/// Starts the FUSE daemon serving `metadata` over the cache files `blobs`
+/// at `mountpoint`, with its files in the run dir `run`; a lazy mount
+/// passes its worker's config. Returns once it has mounted.
+pub(crate) fn start_fuse_daemon(
+    run: &Path,
+    metadata: &Path,
+    blobs: &[PathBuf],
+    mountpoint: &Path,
+    worker_config: Option<PathBuf>,
+) -> Result<(), MountError> {
     // Whatever an earlier mount at this point left must not be read as ours.
     for stale in ["ready", "fuse.json", "fuse.log", "eager.json"] {
         let _ = fs::remove_file(run.join(stale));
     }
     let config = ServeConfig {
-        metadata_path: info.metadata_path.clone(),
-        blob_paths: info.blob_paths.clone(),
-        mountpoint: info.mountpoint.clone(),
+        metadata_path: metadata.to_path_buf(),
+        blob_paths: blobs.to_vec(),
+        mountpoint: mountpoint.to_path_buf(),
+        worker_config,
         threads: FUSE_THREADS,
         ready_path: run.join("ready"),
     };
@@ -40,13 +64,10 @@ pub fn mount_fuse(
     let bytes =
         serde_json::to_vec_pretty(&config).map_err(|e| MountError::Daemon(e.to_string()))?;
     private::write_atomic(&config_path, &bytes, false).map_err(io_err(&config_path))?;
-
     start_daemon(
         "internal-fuse",
         &config_path,
         &run.join("fuse.log"),
         "FUSE daemon",
-    )?;
-    record_eager(opts, &info);
-    Ok(info)
+    )
 }

@@ -1,6 +1,8 @@
 //! Lazy mounts: fetch manifest, index and metadata, create sparse cache
-//! files, then hand over to a holder process (see `lamina-daemon`) that
-//! mounts and serves misses. Returns once the mount is usable.
+//! files, then hand over to a daemon that mounts and serves misses: the
+//! holder (kernel path, see `lamina-daemon`) or the FUSE daemon (see
+//! `lamina-fuse`), each with a worker that fetches and verifies. Returns
+//! once the mount is usable.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -15,6 +17,7 @@ use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
 use crate::kernel::{cached_layer, io_err, MountError, MountInfo, MountOptions};
+use crate::mode::Mode;
 
 /// What a lazy mount fetches without a reader waiting for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,6 +108,31 @@ pub fn mount_lazy_from(
     mountpoint: &Path,
     opts: &MountOptions,
     lazy: &LazyOptions,
+) -> Result<MountInfo, MountError> {
+    mount_lazy_with(source, image, mountpoint, opts, lazy, Mode::Kernel)
+}
+
+/// Mounts `image` at `mountpoint` lazily through FUSE: the same cache,
+/// worker and verification as the kernel path; the FUSE daemon asks the
+/// worker for the bytes a read needs.
+pub fn mount_lazy_fuse(
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    lazy: &LazyOptions,
+) -> Result<MountInfo, MountError> {
+    mountpoint_dir(mountpoint)?;
+    let source = open_source(image, &opts.source)?;
+    mount_lazy_with(source, image, mountpoint, opts, lazy, Mode::Fuse)
+}
+
+fn mount_lazy_with(
+    source: Box<dyn ImageSource>,
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    lazy: &LazyOptions,
+    mode: Mode,
 ) -> Result<MountInfo, MountError> {
     let mountpoint = mountpoint_dir(mountpoint)?;
     private::private_dir(&opts.cache_dir).map_err(io_err(&opts.cache_dir))?;
@@ -214,12 +242,25 @@ pub fn mount_lazy_from(
     let config_path = run.join("config.json");
     config.save(&config_path).map_err(io_err(&config_path))?;
 
-    start_daemon(
-        "internal-holder",
-        &config_path,
-        &run.join("holder.log"),
-        "holder",
-    )?;
+    match mode {
+        Mode::Kernel => start_daemon(
+            "internal-holder",
+            &config_path,
+            &run.join("holder.log"),
+            "holder",
+        )?,
+        Mode::Fuse => crate::fuse::start_fuse_daemon(
+            &run,
+            &meta_path,
+            &config
+                .blobs
+                .iter()
+                .map(|b| b.cache_path.clone())
+                .collect::<Vec<_>>(),
+            &mountpoint,
+            Some(config_path.clone()),
+        )?,
+    }
     Ok(MountInfo {
         mountpoint,
         manifest_digest: img.manifest_digest.to_string(),

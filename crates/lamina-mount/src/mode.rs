@@ -16,7 +16,7 @@ use std::path::Path;
 pub enum Mode {
     /// File-backed EROFS in the kernel (eager or lazy).
     Kernel,
-    /// A FUSE daemon (eager).
+    /// A FUSE daemon (eager or lazy).
     Fuse,
 }
 
