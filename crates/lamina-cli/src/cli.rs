@@ -185,7 +185,7 @@ pub(crate) enum Command {
         #[arg(required = true)]
         names: Vec<String>,
         /// Cache directory.
-        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value_os_t = default_cache_dir())]
         cache_dir: PathBuf,
         /// Run state.
         #[arg(long, env = "LAMINA_STATE_DIR", default_value = "/run/lamina")]
@@ -196,13 +196,13 @@ pub(crate) enum Command {
         /// The mountpoint.
         mountpoint: PathBuf,
         /// Cache directory.
-        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value_os_t = default_cache_dir())]
         cache_dir: PathBuf,
     },
     /// Show lazy mounts: bytes fetched and cached, misses, prefetch progress.
     Status {
         /// Cache directory.
-        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value_os_t = default_cache_dir())]
         cache_dir: PathBuf,
         /// Print the figures as Prometheus metrics per image (OpenMetrics
         /// text, as `lamina snapshotter --metrics-address` serves them),
@@ -217,7 +217,7 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_size)]
         max_size: Option<u64>,
         /// Cache directory.
-        #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+        #[arg(long, env = "LAMINA_CACHE_DIR", default_value_os_t = default_cache_dir())]
         cache_dir: PathBuf,
     },
     /// Serve containerd as a proxy snapshotter (snapshots gRPC on a unix
@@ -275,11 +275,28 @@ pub(crate) enum Command {
     },
 }
 
+/// The cache dir when none is given: `/var/lib/lamina` for root; for
+/// anyone else (a rootless FUSE mount) `$XDG_CACHE_HOME/lamina`, else
+/// `~/.cache/lamina`.
+fn default_cache_dir() -> PathBuf {
+    if rustix::process::geteuid().is_root() {
+        return PathBuf::from("/var/lib/lamina");
+    }
+    let from_env = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    from_env("XDG_CACHE_HOME")
+        .or_else(|| from_env("HOME").map(|h| h.join(".cache")))
+        .map_or_else(|| PathBuf::from("/var/lib/lamina"), |c| c.join("lamina"))
+}
+
 /// How an image is mounted and served: shared by `mount` and `run`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// Cache directory.
-    #[arg(long, env = "LAMINA_CACHE_DIR", default_value = "/var/lib/lamina")]
+    #[arg(long, env = "LAMINA_CACHE_DIR", default_value_os_t = default_cache_dir())]
     pub(crate) cache_dir: PathBuf,
     /// Serve data on demand (default for docker:// images).
     #[arg(long, conflicts_with = "eager")]

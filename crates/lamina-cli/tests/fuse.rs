@@ -3,7 +3,9 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -214,4 +216,161 @@ fn auto_mode_picks_fuse_where_the_kernel_path_cannot_serve() {
         m.unmount();
     }
     reg.stop();
+}
+
+/// The unprivileged user the rootless test runs as.
+const NOBODY: u32 = 65534;
+
+/// `lamina ARGS` as user nobody, with `home` as its home and cache root.
+fn lamina_as_nobody(home: &Path, args: &[&OsStr]) -> Output {
+    let mut c = command(
+        tool("setpriv"),
+        [
+            OsStr::new(&format!("--reuid={NOBODY}")),
+            OsStr::new(&format!("--regid={NOBODY}")),
+            OsStr::new("--clear-groups"),
+            OsStr::new(LAMINA),
+        ],
+    );
+    c.args(args)
+        .env_remove("LAMINA_CACHE_DIR")
+        .env("HOME", home)
+        .env("XDG_CACHE_HOME", home.join("cache"));
+    run(&mut c, TIMEOUT)
+}
+
+/// Puts /dev/fuse's mode back when dropped.
+struct DevFuseMode(u32);
+
+impl Drop for DevFuseMode {
+    fn drop(&mut self) {
+        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.0));
+    }
+}
+
+/// Rootless (issue 9): user nobody mounts the edge image lazily through
+/// fusermount3 with no --cache-dir: auto mode says FUSE because it is not
+/// root, the cache lands in `$XDG_CACHE_HOME/lamina` (0700), and the mount
+/// belongs to nobody. Through it, and through a user namespace nobody
+/// makes (as a rootless runtime does), every file nobody may read has the
+/// reference bytes. nobody's `lamina umount` unmounts it (fusermount3 -u)
+/// and the daemon exits.
+///
+/// A normal host's /dev/fuse is 0666 (fusermount3 opens it as the user);
+/// where it is not (this CI's is 0600) the test opens it up and restores it.
+#[test]
+fn rootless_lazy_fuse_mount_through_fusermount3() {
+    if !require(&["setpriv", "fusermount3", "unshare"]) {
+        return;
+    }
+    let mode = fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777;
+    let _restore = DevFuseMode(mode);
+    fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).unwrap();
+    let t = TestDir::new("fuse-rootless");
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let image = oci_ref(&t.join("img"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let (home, mnt) = (t.mkdir("home"), t.mkdir("mnt"));
+    let chown = |p: &Path| {
+        let mut c = command(
+            "chown",
+            [OsStr::new("-R"), OsStr::new("65534:65534"), p.as_os_str()],
+        );
+        run(&mut c, SHORT).ok();
+    };
+    for p in [&t.join("img"), &home, &mnt] {
+        chown(p);
+    }
+    let _watch = MountWatch(mnt.clone(), home.join("cache/lamina"));
+
+    let out = lamina_as_nobody(
+        &home,
+        &["mount", "--json", "--lazy", &image, mnt.to_str().unwrap()].map(OsStr::new),
+    )
+    .ok();
+    let info = out.json();
+    assert_eq!(info["mode"], "fuse", "{info}");
+    assert!(
+        info["mode_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not root"),
+        "{info}"
+    );
+    let cache = home.join("cache/lamina");
+    let meta = fs::metadata(&cache).expect("the default rootless cache dir");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700, "cache dir mode");
+    assert_eq!(meta.uid(), NOBODY, "cache dir owner");
+    let line = fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(mnt.to_str().unwrap()))
+        .map(str::to_string)
+        .expect("the mount in /proc/self/mounts");
+    assert!(
+        line.contains("fuse.lamina") && line.contains(&format!("user_id={NOBODY}")),
+        "not nobody's FUSE mount: {line}"
+    );
+
+    // nobody reads every file it may read, directly and from inside a user
+    // namespace of its own; root, not the mount's owner, is kept out.
+    let reference = ociunpack(&edge_layout(), "edge");
+    let script = "import hashlib,os,sys\n\
+        for d,_,fs in os.walk(sys.argv[1]):\n\
+        \x20 for f in fs:\n\
+        \x20   p=os.path.join(d,f)\n\
+        \x20   if os.path.isfile(p) and not os.path.islink(p) and os.access(p,os.R_OK):\n\
+        \x20     print(hashlib.sha256(open(p,'rb').read()).hexdigest(), os.path.relpath(p,sys.argv[1]))\n";
+    // The system python: a per-user one (pyenv under /root) is not for nobody.
+    let (python, unshare) = (Path::new("/usr/bin/python3"), tool("unshare"));
+    for userns in [false, true] {
+        let mut args: Vec<&OsStr> = vec![
+            OsStr::new("--reuid=65534"),
+            OsStr::new("--regid=65534"),
+            OsStr::new("--clear-groups"),
+        ];
+        if userns {
+            args.extend([
+                unshare.as_os_str(),
+                OsStr::new("--user"),
+                OsStr::new("--map-root-user"),
+            ]);
+        }
+        args.extend([
+            python.as_os_str(),
+            OsStr::new("-c"),
+            OsStr::new(script),
+            mnt.as_os_str(),
+        ]);
+        let out = run(&mut command(tool("setpriv"), args), TIMEOUT).ok();
+        let mut compared = 0;
+        for line in out.stdout.lines() {
+            let (hash, path) = line.split_once(' ').expect("hash path");
+            assert_eq!(
+                hash,
+                sha256_file(&reference.join(path)),
+                "{path} read by nobody (user namespace: {userns})"
+            );
+            compared += 1;
+        }
+        assert!(
+            compared >= 1000,
+            "only {compared} files readable by nobody (userns {userns})"
+        );
+    }
+    assert!(
+        fs::read_dir(&mnt).is_err(),
+        "root could list nobody's mount made without allow_other"
+    );
+
+    let status = lamina_as_nobody(&home, &["status", "--json"].map(OsStr::new)).ok();
+    assert!(status.stdout.contains("misses"), "{}", status.describe());
+    let daemons = fuse_daemons(&cache);
+    assert_eq!(daemons.len(), 1, "one FUSE daemon serves the mount");
+    lamina_as_nobody(&home, &[OsStr::new("umount"), mnt.as_os_str()]).ok();
+    assert!(!is_mountpoint(&mnt), "still mounted after nobody's umount");
+    assert!(
+        process_exits(daemons[0], Duration::from_secs(10)),
+        "the FUSE daemon outlived its mount"
+    );
 }

@@ -34,6 +34,8 @@ use lamina_daemon::holder::Ready;
 use lamina_format::erofs::{Chunk, Entry, Image, Inode, Kind, ReadError, Xattr};
 use serde::{Deserialize, Serialize};
 
+pub mod fusermount;
+
 /// Entries and attributes never change: the kernel may keep them for good
 /// (a year is "forever" without overflowing the kernel's jiffies).
 const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -470,10 +472,32 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(&ready).map_err(std::io::Error::other)?;
         write_atomic(&config.ready_path, &bytes)
     };
+    // Without root, fusermount3 mounts first and hands over /dev/fuse.
+    let rootless_fd = if is_root() {
+        None
+    } else {
+        match fusermount::mount(&config.mountpoint, ROOTLESS_OPTIONS) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                report(Some(e.to_string()))?;
+                return Err(e);
+            }
+        }
+    };
+    let rootless = rootless_fd.is_some();
+    let undo_mount = || {
+        if rootless {
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(&config.mountpoint)
+                .status();
+        }
+    };
     let filler = match &config.worker_config {
         Some(path) => match Filler::start(path) {
             Ok(f) => Some(Arc::new(f)),
             Err(e) => {
+                undo_mount();
                 let e = format!("starting the worker: {e}");
                 report(Some(e.clone()))?;
                 return Err(std::io::Error::other(e));
@@ -481,9 +505,10 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         },
         None => None,
     };
-    let session = match open_session(config, filler.clone()) {
+    let session = match open_session(config, filler.clone(), rootless_fd) {
         Ok(s) => s,
         Err(e) => {
+            undo_mount();
             if let Some(f) = &filler {
                 f.shutdown();
             }
@@ -506,9 +531,16 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
     served
 }
 
+/// What fusermount3 mounts a rootless FUSE mount with (it adds nosuid and
+/// nodev itself).
+const ROOTLESS_OPTIONS: &str = "ro,fsname=lamina,subtype=lamina,default_permissions";
+
+/// The session serving `config`'s image: on `fuse_fd` when fusermount3 has
+/// mounted it already, else mounted here.
 fn open_session(
     config: &ServeConfig,
     filler: Option<Arc<Filler>>,
+    fuse_fd: Option<std::os::fd::OwnedFd>,
 ) -> Result<fuser::Session<ImageFs>, String> {
     let meta = std::fs::read(&config.metadata_path)
         .map_err(|e| format!("{}: {e}", config.metadata_path.display()))?;
@@ -520,8 +552,12 @@ fn open_session(
         .map(|p| File::open(p).map_err(|e| format!("{}: {e}", p.display())))
         .collect::<Result<Vec<_>, _>>()?;
     let fs = ImageFs::new(meta, blobs, filler).map_err(|e| e.to_string())?;
-    fuser::Session::new(fs, &config.mountpoint, &fuse_config(config.threads))
-        .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))
+    let fuse = fuse_config(config.threads);
+    match fuse_fd {
+        Some(fd) => fuser::Session::from_fd(fs, fd, fuse.acl, fuse),
+        None => fuser::Session::new(fs, &config.mountpoint, &fuse),
+    }
+    .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))
 }
 
 fn fuse_config(threads: usize) -> fuser::Config {
@@ -535,10 +571,16 @@ fn fuse_config(threads: usize) -> fuser::Config {
         O::DefaultPermissions,
     ];
     if is_root() {
-        // A container's root filesystem: setuid binaries and device nodes work.
+        // A container's root filesystem: setuid binaries and device nodes
+        // work, and every user (a container's) may read it.
         c.mount_options.extend([O::Suid, O::Dev]);
+        c.acl = fuser::SessionACL::All;
+    } else {
+        // Rootless (mounted by fusermount3): only the mounting user, and
+        // the user namespaces it owns, read it; allow_other would need
+        // user_allow_other in /etc/fuse.conf.
+        c.acl = fuser::SessionACL::Owner;
     }
-    c.acl = fuser::SessionACL::All;
     c.n_threads = Some(threads.max(1));
     c.clone_fd = true;
     c

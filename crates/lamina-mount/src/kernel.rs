@@ -219,7 +219,13 @@ pub(crate) fn record_eager(opts: &MountOptions, info: &MountInfo) {
 
 /// Unmounts a lamina mount.
 pub fn unmount(mountpoint: &Path) -> Result<(), MountError> {
-    rustix::mount::unmount(mountpoint, UnmountFlags::empty()).map_err(|errno| MountError::Syscall {
+    let unmounted = rustix::mount::unmount(mountpoint, UnmountFlags::empty());
+    if unmounted == Err(rustix::io::Errno::PERM) && !rustix::process::geteuid().is_root() {
+        // A rootless FUSE mount: the setuid helper unmounts what its user
+        // mounted.
+        return fusermount_unmount(mountpoint);
+    }
+    unmounted.map_err(|errno| MountError::Syscall {
         op: "umount",
         path: mountpoint.to_path_buf(),
         errno,
@@ -229,4 +235,36 @@ pub fn unmount(mountpoint: &Path) -> Result<(), MountError> {
             _ => "",
         },
     })
+}
+
+/// `fusermount3 -u MNT` (or `fusermount -u`): how a user who is not root
+/// unmounts the FUSE mount they made.
+fn fusermount_unmount(mountpoint: &Path) -> Result<(), MountError> {
+    let mut last = String::from("neither fusermount3 nor fusermount found");
+    for helper in ["fusermount3", "fusermount"] {
+        match std::process::Command::new(helper)
+            .arg("-u")
+            .arg(mountpoint)
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) => {
+                last = format!(
+                    "{helper} -u: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                last = format!("{helper}: {e}");
+                break;
+            }
+        }
+    }
+    Err(MountError::Daemon(format!(
+        "unmounting {}: {last}",
+        mountpoint.display()
+    )))
 }
