@@ -62,8 +62,8 @@ pub enum MountError {
     /// Local I/O.
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
-    /// The lazy-mount daemon could not start or mount.
-    #[error("lazy mount: {0}")]
+    /// A mount daemon (holder or FUSE daemon) could not start or mount.
+    #[error("mount daemon: {0}")]
     Daemon(String),
 }
 
