@@ -22,8 +22,9 @@
 #  10. every file of the image read in path order from a fresh lazy mount: the worker
 #      sees the stream and fetches ahead of it in a few large requests (fill-ahead)
 #  11. FUSE: the same image with its cache dir on a tmpfs, where the kernel path cannot
-#      serve; `lamina mount` (--mode auto) says so and serves it through FUSE, and the
-#      hello container runs on an overlay over that mount
+#      serve; `lamina mount` (--mode auto) says so and serves it lazily through FUSE
+#      (the same worker fetches and verifies what is read), and the hello container
+#      runs on an overlay over that mount
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -377,11 +378,13 @@ CACHE="$TMP/tmpfs/cache"
 log "lamina mount docker://$R/debian:bookworm-lamina $MNT --cache-dir $CACHE (tmpfs: --mode auto picks FUSE)"
 t=$(now)
 "$LAMINA" mount --json "docker://$R/debian:bookworm-lamina" "$MNT" --cache-dir "$CACHE" 2>/dev/null >"$TMP/mount-fuse.json"
-step "lamina mount (FUSE, cache filled)" "$t" "$(now)"
+step "lamina mount (FUSE, lazy)" "$t" "$(now)"
 FUSE_MODE=$(jq -r '"\(.mode): \(.mode_reason)"' "$TMP/mount-fuse.json")
 log "  $FUSE_MODE"
 [ "$(jq -r .mode "$TMP/mount-fuse.json")" = fuse ] || die "--mode auto did not pick FUSE with the cache on tmpfs"
 run_container fuse
+FUSE_FETCHED=$(settled_status | jq -r '"\(.fetched_bytes) bytes in \(.requests) requests for \(.misses) misses"')
+log "  through FUSE, the container's reads fetched $FUSE_FETCHED"
 
 # ---- summary ----------------------------------------------------------------------------------
 echo
@@ -418,5 +421,6 @@ if [ "$READALL" = 1 ]; then
         "$(human "$(jq -r .fetched_bytes "$TMP/status-readall.json")")" "$(jq -r .requests "$TMP/status-readall.json")"
 fi
 printf '  %-36s %s\n' "cache on tmpfs: mount path" "$FUSE_MODE"
+printf '  %-36s %s\n' "cache on tmpfs: fetched on demand" "$FUSE_FETCHED"
 printf '  %-36s %8s\n' "files written by the container" "$WRITTEN"
 echo "  container said: $(cat "$TMP/container.out")"
