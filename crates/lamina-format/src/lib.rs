@@ -14,6 +14,7 @@ pub mod boot;
 pub mod erofs;
 pub mod fill;
 pub mod index;
+pub mod lookup;
 
 /// The most bytes zstd may need for one frame of `n` bytes, as
 /// `ZSTD_COMPRESSBOUND` (an incompressible input grows by 1/256 plus a header),
