@@ -117,6 +117,31 @@ fn slot_in_part(hash: u64, pilot: u8, slots: u32) -> u32 {
     (hash as u32 ^ pilot_hash(pilot)) % slots
 }
 
+/// `x % d` for a fixed `d`, by two multiplications instead of a division
+/// (Lemire, Kaser and Kurz, "Faster remainder by direct computation"):
+/// exact for every 32-bit `x` and `d`. The builder computes many slots.
+#[derive(Debug, Clone, Copy)]
+struct FastMod {
+    d: u32,
+    m: u64,
+}
+
+impl FastMod {
+    fn new(d: u32) -> FastMod {
+        FastMod {
+            d,
+            m: (u64::MAX / u64::from(d.max(1))).wrapping_add(1),
+        }
+    }
+
+    fn slot(&self, hash: u64, pilot: u8) -> u32 {
+        let low = self
+            .m
+            .wrapping_mul(u64::from(hash as u32 ^ pilot_hash(pilot)));
+        mul_high(low, u64::from(self.d)) as u32
+    }
+}
+
 /// An MPHF over borrowed (little-endian) arrays. A query never panics and
 /// never reads out of bounds whatever the arrays hold: on arrays that do not
 /// fit together it answers `None` or some index below `n`.
@@ -441,7 +466,7 @@ struct Placer<'k> {
     keys: &'k [u64],
     /// Bucket `b` holds `keys[starts[b]..starts[b + 1]]`.
     starts: Vec<u32>,
-    slots: u32,
+    slots: FastMod,
     /// The bucket in each slot, or [`NO_BUCKET`].
     owner: Vec<u32>,
     pilots: Vec<u8>,
@@ -473,7 +498,7 @@ fn build_part(
         index,
         keys,
         starts,
-        slots,
+        slots: FastMod::new(slots),
         owner: vec![NO_BUCKET; slots as usize],
         pilots: vec![0; buckets as usize],
         scratch: Vec::new(),
@@ -521,7 +546,7 @@ impl Placer<'_> {
         scratch.extend(
             self.bucket_keys(bucket)
                 .iter()
-                .map(|&h| slot_in_part(h, pilot, slots)),
+                .map(|&h| slots.slot(h, pilot)),
         );
         let distinct = match scratch.len() {
             0..=8 => (1..scratch.len()).all(|i| !scratch[..i].contains(&scratch[i])),
@@ -541,7 +566,7 @@ impl Placer<'_> {
             let free = self
                 .bucket_keys(bucket)
                 .iter()
-                .all(|&h| self.owner[slot_in_part(h, pilot, self.slots) as usize] == NO_BUCKET);
+                .all(|&h| self.owner[self.slots.slot(h, pilot) as usize] == NO_BUCKET);
             free && self.fill_scratch(bucket, pilot)
         })
     }
@@ -549,7 +574,7 @@ impl Placer<'_> {
     fn set_pilot(&mut self, bucket: u32, pilot: u8) {
         self.pilots[bucket as usize] = pilot;
         for i in self.starts[bucket as usize]..self.starts[bucket as usize + 1] {
-            let slot = slot_in_part(self.keys[i as usize], pilot, self.slots);
+            let slot = self.slots.slot(self.keys[i as usize], pilot);
             self.owner[slot as usize] = bucket;
         }
     }
@@ -557,7 +582,7 @@ impl Placer<'_> {
     fn clear(&mut self, bucket: u32) {
         let pilot = self.pilots[bucket as usize];
         for i in self.starts[bucket as usize]..self.starts[bucket as usize + 1] {
-            let slot = slot_in_part(self.keys[i as usize], pilot, self.slots);
+            let slot = self.slots.slot(self.keys[i as usize], pilot);
             self.owner[slot as usize] = NO_BUCKET;
         }
     }
@@ -576,7 +601,7 @@ impl Placer<'_> {
                 continue;
             }
             evictions += 1;
-            if evictions > 10 * self.slots as usize {
+            if evictions > 10 * self.slots.d as usize {
                 return Err(MphfError::NoPilots(self.index));
             }
             // In a small part the recent buckets may be all the others.
@@ -619,7 +644,7 @@ impl Placer<'_> {
             let pilot = start.wrapping_add(delta);
             let mut cost = 0;
             for &h in self.bucket_keys(bucket) {
-                let occupant = self.owner[slot_in_part(h, pilot, self.slots) as usize];
+                let occupant = self.owner[self.slots.slot(h, pilot) as usize];
                 if occupant == NO_BUCKET {
                     continue;
                 }
@@ -696,6 +721,18 @@ mod tests {
         let mut shuffled = hashes.clone();
         shuffled.reverse();
         assert_eq!(build(&shuffled, &MphfParams::default(), 2).unwrap(), one);
+    }
+
+    /// The builder's remainder is the query's.
+    #[test]
+    fn fast_mod_is_exact() {
+        let hashes = random_hashes(2000, 5);
+        for d in [1, 2, 3, 7, 1000, 65_537, 1 << 31, u32::MAX - 1, u32::MAX] {
+            let fast = FastMod::new(d);
+            for (&h, pilot) in hashes.iter().zip((0..=u8::MAX).cycle()) {
+                assert_eq!(fast.slot(h, pilot), slot_in_part(h, pilot, d), "{d}");
+            }
+        }
     }
 
     #[test]
