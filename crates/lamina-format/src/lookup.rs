@@ -885,13 +885,7 @@ mod tests {
         let img = Image::new(&bytes).unwrap();
         let entries = image_entries(&img).unwrap();
         let all = paths(&sample(0), &img);
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::erofs::test_tree::xorshift();
         for round in 0..300 {
             let mut damaged = good.clone();
             for _ in 0..1 + round % 4 {

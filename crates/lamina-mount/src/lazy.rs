@@ -84,10 +84,21 @@ pub fn mount_lazy(
     opts: &MountOptions,
     lazy: &LazyOptions,
 ) -> Result<MountInfo, MountError> {
-    // A bad mount point fails before anything is fetched.
+    open_and_mount(image, mountpoint, opts, lazy, Mode::Kernel)
+}
+
+/// Opens `image` and mounts it lazily in `mode`; a bad mount point fails
+/// before anything is fetched.
+fn open_and_mount(
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    lazy: &LazyOptions,
+    mode: Mode,
+) -> Result<MountInfo, MountError> {
     mountpoint_dir(mountpoint)?;
     let source = open_source(image, &opts.source)?;
-    mount_lazy_from(source, image, mountpoint, opts, lazy)
+    mount_lazy_with(source, image, mountpoint, opts, lazy, mode)
 }
 
 /// `mountpoint`, resolved, when it is a directory.
@@ -121,9 +132,7 @@ pub fn mount_lazy_fuse(
     opts: &MountOptions,
     lazy: &LazyOptions,
 ) -> Result<MountInfo, MountError> {
-    mountpoint_dir(mountpoint)?;
-    let source = open_source(image, &opts.source)?;
-    mount_lazy_with(source, image, mountpoint, opts, lazy, Mode::Fuse)
+    open_and_mount(image, mountpoint, opts, lazy, Mode::Fuse)
 }
 
 fn mount_lazy_with(

@@ -27,4 +27,16 @@ pub(crate) mod test_tree {
         }
         id
     }
+
+    /// A fixed xorshift sequence: the corruption tests' byte positions and
+    /// values, the same on every run.
+    pub(crate) fn xorshift() -> impl FnMut() -> u64 {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        }
+    }
 }

@@ -882,13 +882,7 @@ mod tests {
     fn corrupt_images_never_panic() {
         let (tree, devices) = sample();
         let (bytes, _) = write_image(&tree, &devices).unwrap();
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::erofs::test_tree::xorshift();
         for round in 0..300 {
             let mut b = bytes.clone();
             for _ in 0..1 + round % 8 {
