@@ -56,8 +56,77 @@ fn worker_status(m: &Mount) -> serde_json::Value {
     }
 }
 
+/// The FUSE daemon's log of the mount at `mnt` served from `cache`.
+fn fuse_log(cache: &Path, mnt: &Path) -> String {
+    let config = fs::read_dir(cache.join("mounts"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|run| {
+            fs::read(run.join("fuse.json")).is_ok_and(|c| {
+                let c: serde_json::Value = serde_json::from_slice(&c).unwrap_or_default();
+                c["mountpoint"].as_str().map(Path::new) == Some(canonical(mnt).as_path())
+            })
+        });
+    let run = config.unwrap_or_else(|| panic!("no FUSE daemon config for {}", mnt.display()));
+    fs::read_to_string(run.join("fuse.log")).unwrap_or_default()
+}
+
+/// What the FUSE daemon logs when it answers lookups through the table.
+const LOOKUP_TABLE_LINE: &str = "lookups through the lookup table";
+
+/// A copy of `tag` in the layout `dir`, tagged `new_tag`, as images were
+/// before lookup tables: no lookup layer, format version 2.
+fn without_lookup_layer(dir: &Path, tag: &str, new_tag: &str) {
+    let index_path = dir.join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&fs::read(&index_path).unwrap()).unwrap();
+    let entries = index["manifests"].as_array_mut().unwrap();
+    let mut entry = entries
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .unwrap()
+        .clone();
+    let blob = |digest: &str| dir.join("blobs/sha256").join(&digest["sha256:".len()..]);
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(blob(entry["digest"].as_str().unwrap())).unwrap())
+            .unwrap();
+    let layers = manifest["layers"].as_array_mut().unwrap();
+    let lookup = "application/vnd.oci.image.layer.lamina.lookup.v1+zstd";
+    let at = layers.iter().position(|l| l["mediaType"] == lookup);
+    let removed = layers.remove(at.expect("the image has a lookup layer"));
+    manifest["annotations"]["dev.lamina.format"] = "2".into();
+    // The config lists the layers too.
+    let mut config: serde_json::Value = serde_json::from_slice(
+        &fs::read(blob(manifest["config"]["digest"].as_str().unwrap())).unwrap(),
+    )
+    .unwrap();
+    let diff_ids = config["rootfs"]["diff_ids"].as_array_mut().unwrap();
+    diff_ids.retain(|d| *d != removed["digest"]);
+    let write_blob = |bytes: &[u8]| {
+        use sha2::Digest as _;
+        let hex: String = sha2::Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        fs::write(dir.join("blobs/sha256").join(&hex), bytes).unwrap();
+        format!("sha256:{hex}")
+    };
+    let config = serde_json::to_vec(&config).unwrap();
+    manifest["config"]["digest"] = write_blob(&config).into();
+    manifest["config"]["size"] = config.len().into();
+    let bytes = serde_json::to_vec(&manifest).unwrap();
+    entry["digest"] = write_blob(&bytes).into();
+    entry["size"] = bytes.len().into();
+    entry["annotations"]["org.opencontainers.image.ref.name"] = new_tag.into();
+    entries.push(entry);
+    fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
 /// convert oci:FIX/edge:edge, mount with --mode fuse, then:
 /// * it is a FUSE mount (not the kernel's EROFS) with its daemon running;
+/// * the daemon answers lookups from the image's lookup table;
 /// * treecmp vs ociunpack.py of edge (no ignores) and vs `umoci unpack`
 ///   of edge-gz (ignoring the empty-valued xattrs umoci drops): 0
 ///   differences, every entry compared (type, mode, owner, size, content,
@@ -81,6 +150,14 @@ fn fuse_mount_of_edge_matches_umoci_and_ociunpack() {
     );
     let daemons = fuse_daemons(&cache);
     assert_eq!(daemons.len(), 1, "one FUSE daemon serves the mount");
+    let table = m.info["lookup_path"].as_str().map(Path::new);
+    assert!(
+        table.is_some_and(|p| p.is_file()),
+        "no lookup table cached: {}",
+        m.info
+    );
+    let log = fuse_log(&cache, &m.path);
+    assert!(log.contains(LOOKUP_TABLE_LINE), "fuse.log:\n{log}");
 
     let n = treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
     assert!(n >= 5000, "edge has ~5,200 entries, compared only {n}");
@@ -100,6 +177,38 @@ fn fuse_mount_of_edge_matches_umoci_and_ociunpack() {
         "the FUSE daemon (pid {}) outlived its mount",
         daemons[0]
     );
+}
+
+/// An image converted before lookup tables (no lookup layer, format 2)
+/// still mounts through FUSE: lookups search the directories, and the tree
+/// equals ociunpack.py's.
+#[test]
+fn fuse_mount_of_an_image_without_lookup_table_searches_directories() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("fuse-old");
+    let out = t.join("out");
+    lamina([
+        "convert",
+        &oci_ref(&edge_layout(), "edge"),
+        &oci_ref(&out, "edge"),
+    ])
+    .ok();
+    without_lookup_layer(&out, "edge", "old");
+    let cache = t.join("cache");
+    let m = Mount::with_args(
+        &oci_ref(&out, "old"),
+        &t.join("mnt"),
+        &cache,
+        &["--mode", "fuse"],
+    );
+    assert!(m.info["lookup_path"].is_null(), "{}", m.info);
+    let n = treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    assert!(n >= 5000, "edge has ~5,200 entries, compared only {n}");
+    let log = fuse_log(&cache, &m.path);
+    assert!(!log.contains(LOOKUP_TABLE_LINE), "fuse.log:\n{log}");
+    m.unmount();
 }
 
 /// A lazy FUSE mount of a local image: nothing is filled at mount time;

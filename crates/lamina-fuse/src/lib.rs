@@ -32,6 +32,7 @@ use lamina_daemon::config::write_atomic;
 use lamina_daemon::filler::Filler;
 use lamina_daemon::holder::Ready;
 use lamina_format::erofs::{Chunk, Entry, Image, Inode, Kind, ReadError, Xattr};
+use lamina_format::lookup::LookupTable;
 use serde::{Deserialize, Serialize};
 
 pub mod fusermount;
@@ -48,6 +49,9 @@ pub struct ImageFs {
     blobs: Vec<File>,
     /// A lazy mount's link to its worker; `None`: every blob is complete.
     filler: Option<Arc<Filler>>,
+    /// The image's lookup table: names found with one hash, not a search
+    /// of the directory. `None` in images converted before it.
+    lookup: Option<LookupTable<'static>>,
 }
 
 impl ImageFs {
@@ -71,7 +75,26 @@ impl ImageFs {
             image,
             blobs,
             filler,
+            lookup: None,
         })
+    }
+
+    /// Answers lookups from `table`, the image's lookup table. Its bytes'
+    /// digest must have been checked, and the table's binding to this
+    /// image (see `lamina_image::artifact::check_lookup`): this checks only
+    /// its shape and root, so nothing is read in proportion to its size.
+    pub fn with_lookup(mut self, table: &'static [u8]) -> Result<Self, ReadError> {
+        let table = LookupTable::parse_without_digest(table)
+            .map_err(|e| ReadError::Corrupt(format!("lookup table: {e}")))?;
+        if table.root_nid() != self.image.root_nid() {
+            return Err(ReadError::Corrupt(format!(
+                "lookup table: root nid {}, the image's is {}",
+                table.root_nid(),
+                self.image.root_nid()
+            )));
+        }
+        self.lookup = Some(table);
+        Ok(self)
     }
 
     /// The FUSE inode number of `nid`: the root is 1, as FUSE wants; every
@@ -135,8 +158,18 @@ impl ImageFs {
         if dir.kind() != Some(Kind::Directory) {
             return Err(Errno::ENOTDIR);
         }
-        match self.image.lookup(&dir, name).map_err(|e| eio(&e))? {
-            Some(e) => self.getattr_of(self.ino_of(e.nid)),
+        let nid = match &self.lookup {
+            // The table holds no `.` and `..` (the kernel resolves them
+            // itself; only an NFS export would ask).
+            Some(table) if name != b"." && name != b".." => table.lookup(dir.nid, name),
+            _ => self
+                .image
+                .lookup(&dir, name)
+                .map_err(|e| eio(&e))?
+                .map(|e| e.nid),
+        };
+        match nid {
+            Some(nid) => self.getattr_of(self.ino_of(nid)),
             None => Err(Errno::ENOENT),
         }
     }
@@ -443,6 +476,10 @@ impl Filesystem for ImageFs {
 pub struct ServeConfig {
     /// The verified EROFS metadata image.
     pub metadata_path: PathBuf,
+    /// Its lookup table, verified and checked to be built for it; `None`
+    /// for images converted before lookup tables.
+    #[serde(default)]
+    pub lookup_path: Option<PathBuf>,
     /// Complete blob cache files, in device-table order.
     pub blob_paths: Vec<PathBuf>,
     /// Where to mount.
@@ -542,22 +579,35 @@ fn open_session(
     filler: Option<Arc<Filler>>,
     fuse_fd: Option<std::os::fd::OwnedFd>,
 ) -> Result<fuser::Session<ImageFs>, String> {
-    let meta = std::fs::read(&config.metadata_path)
-        .map_err(|e| format!("{}: {e}", config.metadata_path.display()))?;
-    // The daemon serves this one image for its whole life.
-    let meta: &'static [u8] = Vec::leak(meta);
+    // Mapped, not read: the daemon serves this one image for its whole
+    // life, and touches only the pages lookups and reads need.
+    let meta = map_forever(&config.metadata_path)?;
     let blobs = config
         .blob_paths
         .iter()
         .map(|p| File::open(p).map_err(|e| format!("{}: {e}", p.display())))
         .collect::<Result<Vec<_>, _>>()?;
-    let fs = ImageFs::new(meta, blobs, filler).map_err(|e| e.to_string())?;
+    let mut fs = ImageFs::new(meta, blobs, filler).map_err(|e| e.to_string())?;
+    if let Some(path) = &config.lookup_path {
+        let table = map_forever(path)?;
+        fs = fs
+            .with_lookup(table)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        tracing::info!(bytes = table.len(), "lookups through the lookup table");
+    }
     let fuse = fuse_config(config.threads);
     match fuse_fd {
         Some(fd) => fuser::Session::from_fd(fs, fd, fuse.acl, fuse),
         None => fuser::Session::new(fs, &config.mountpoint, &fuse),
     }
     .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))
+}
+
+/// The file at `path`, mapped read-only for the daemon's life.
+fn map_forever(path: &Path) -> Result<&'static [u8], String> {
+    File::open(path)
+        .and_then(|f| lamina_sys::map_file_forever(&f))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn fuse_config(threads: usize) -> fuser::Config {
@@ -761,6 +811,62 @@ mod tests {
             ]
         );
         assert_eq!(fs.getattr_of(0), Err(Errno::ENOENT));
+    }
+
+    /// The fixture's filesystem answering lookups from its lookup table.
+    fn fixture_with_table(dir: &Path) -> ImageFs {
+        let (fs, meta) = fixture_bytes(dir);
+        let table = lamina_format::lookup::build_from_image(meta).unwrap();
+        fs.with_lookup(Vec::leak(table)).unwrap()
+    }
+
+    #[test]
+    fn lookups_through_the_table_answer_as_the_directory_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let searched = fixture(tmp.path());
+        let hashed = fixture_with_table(tmp.path());
+        assert!(hashed.lookup.is_some() && searched.lookup.is_none());
+        let sub = searched.lookup_entry(1, b"sub").unwrap().ino.0;
+        let file = searched.lookup_entry(1, b"file").unwrap().ino.0;
+        let names: [&[u8]; 9] = [
+            b"file", b"link", b"null", b"sub", b"nope", b".", b"..", b"", b"fil",
+        ];
+        for dir in [1, sub, file, 999_999] {
+            for name in names {
+                let want = searched.lookup_entry(dir, name).map(|a| a.ino);
+                let got = hashed.lookup_entry(dir, name).map(|a| a.ino);
+                assert_eq!(got, want, "{dir}/{}", String::from_utf8_lossy(name));
+            }
+        }
+    }
+
+    #[test]
+    fn a_table_of_another_shape_or_root_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (fs, meta) = fixture_bytes(tmp.path());
+        let mut table = lamina_format::lookup::build_from_image(meta).unwrap();
+        table.truncate(table.len() - 1);
+        assert!(fs.with_lookup(Vec::leak(table)).is_err(), "a short table");
+        let (fs, meta) = fixture_bytes(tmp.path());
+        let image = Image::new(meta).unwrap();
+        let entries = lamina_format::lookup::BuildEntry {
+            parent: image.root_nid() + 1,
+            name: b"x",
+            child: 5,
+            is_dir: false,
+        };
+        let other_root = lamina_format::lookup::build(
+            image.root_nid() + 1,
+            [0; 32],
+            [entries],
+            &Default::default(),
+            1,
+        )
+        .unwrap();
+        assert!(
+            fs.with_lookup(Vec::leak(other_root)).is_err(),
+            "a table of another root"
+        );
     }
 
     #[test]

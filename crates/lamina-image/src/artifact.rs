@@ -9,6 +9,7 @@ use std::io::Read;
 
 use lamina_format::boot::{BootExtent, BootHeader, BOOT_PAGE};
 use lamina_format::index::{ChunkIndex, MAX_INDEX_SIZE};
+use lamina_format::lookup::LookupTable;
 use lamina_format::zstd_bound;
 use lamina_oci::{Descriptor, Digest, ImageSource, Manifest};
 
@@ -18,6 +19,9 @@ pub const MEDIA_TYPE_BLOB: &str = "application/vnd.oci.image.layer.lamina.blob.v
 pub const MEDIA_TYPE_METADATA: &str = "application/vnd.oci.image.layer.lamina.erofs.v1+zstd";
 /// Media type of the chunk index, zstd-compressed.
 pub const MEDIA_TYPE_INDEX: &str = "application/vnd.oci.image.layer.lamina.index.v1+zstd";
+/// Media type of the lookup table (`lamina_format::lookup`), zstd-compressed:
+/// O(1) lookups for the FUSE path, bound to the metadata image's digest.
+pub const MEDIA_TYPE_LOOKUP: &str = "application/vnd.oci.image.layer.lamina.lookup.v1+zstd";
 /// Media type of boot pages (`lamina_format::boot`), zstd-compressed: the
 /// pages a recorded start read, fetched whole at mount.
 pub const MEDIA_TYPE_BOOT: &str = "application/vnd.oci.image.layer.lamina.boot.v1+zstd";
@@ -48,13 +52,14 @@ pub const FORMAT_VERSION: &str = "1";
 /// instead of by a layer they do not expect. This build reads both.
 pub const FORMAT_VERSION_SEGMENTED: &str = "2";
 
-/// The format version an image with `boot_layers` boot-pages layers carries.
-pub fn format_version(boot_layers: usize) -> &'static str {
-    if boot_layers > 1 {
-        FORMAT_VERSION_SEGMENTED
-    } else {
-        FORMAT_VERSION
-    }
+/// The format version of an image with a lookup-table layer: builds from
+/// before it refuse such an image by its version. This build reads all three
+/// and writes this one.
+pub const FORMAT_VERSION_LOOKUP: &str = "3";
+
+/// The format version this build writes.
+pub fn format_version() -> &'static str {
+    FORMAT_VERSION_LOOKUP
 }
 
 /// Largest EROFS metadata image lamina writes or reads, uncompressed.
@@ -62,6 +67,9 @@ pub const MAX_METADATA_SIZE: u64 = 256 << 20;
 /// Largest boot pages lamina writes or reads, uncompressed, all segments
 /// together. Each segment is fetched and held whole by the mount's worker.
 pub const MAX_BOOT_PAGES_SIZE: u64 = 1 << 30;
+/// Largest lookup table lamina writes or reads, uncompressed (a million
+/// entries take about 45 MB).
+pub const MAX_LOOKUP_SIZE: u64 = 1 << 30;
 /// Most boot-pages layers (segments) an image may have: a mount fetches
 /// them at once. [`lamina_format::boot::BootPages::segments`] makes 9 of
 /// [`MAX_BOOT_PAGES_SIZE`].
@@ -112,16 +120,19 @@ pub struct LaminaLayers {
     /// Boot pages, when the image was converted with a trace: one layer per
     /// segment, in read order (one in images converted before segments).
     pub boot: Vec<Descriptor>,
+    /// The lookup table, in images converted since format 3.
+    pub lookup: Option<Descriptor>,
 }
 
 impl LaminaLayers {
     /// Sorts a manifest's layers by role; refuses anything else.
     pub fn from_manifest(manifest: &Manifest) -> Result<Self, ArtifactError> {
         match manifest.annotations.get(ANNOTATION_FORMAT) {
-            Some(v) if v == FORMAT_VERSION || v == FORMAT_VERSION_SEGMENTED => {}
+            Some(v) if [FORMAT_VERSION, FORMAT_VERSION_SEGMENTED, FORMAT_VERSION_LOOKUP]
+                .contains(&v.as_str()) => {}
             Some(v) => {
                 return Err(ArtifactError::NotLamina(format!(
-                    "format version {v}, this build reads {FORMAT_VERSION} and {FORMAT_VERSION_SEGMENTED}"
+                    "format version {v}, this build reads {FORMAT_VERSION} to {FORMAT_VERSION_LOOKUP}"
                 )))
             }
             None => {
@@ -134,11 +145,13 @@ impl LaminaLayers {
         let mut index = None;
         let mut blobs = Vec::new();
         let mut boot = Vec::new();
+        let mut lookup = None;
         for layer in &manifest.layers {
             match layer.media_type.as_str() {
                 MEDIA_TYPE_BLOB => blobs.push(layer.clone()),
                 MEDIA_TYPE_METADATA if metadata.is_none() => metadata = Some(layer.clone()),
                 MEDIA_TYPE_INDEX if index.is_none() => index = Some(layer.clone()),
+                MEDIA_TYPE_LOOKUP if lookup.is_none() => lookup = Some(layer.clone()),
                 MEDIA_TYPE_BOOT if boot.len() < MAX_BOOT_SEGMENTS => boot.push(layer.clone()),
                 MEDIA_TYPE_BOOT => {
                     return Err(ArtifactError::NotLamina(format!(
@@ -158,6 +171,7 @@ impl LaminaLayers {
             index: index.ok_or_else(|| ArtifactError::NotLamina("no index layer".into()))?,
             blobs,
             boot,
+            lookup,
         })
     }
 }
@@ -192,7 +206,8 @@ fn annotated_size(desc: &Descriptor, what: &'static str) -> Result<Option<u64>, 
 /// Reads a zstd-compressed lamina layer (index, metadata or boot pages) and
 /// checks its uncompressed digest. Its sizes are checked against the
 /// layer's limit first (metadata [`MAX_METADATA_SIZE`], index
-/// [`MAX_INDEX_SIZE`], boot pages [`MAX_BOOT_PAGES_SIZE`]), and it is
+/// [`MAX_INDEX_SIZE`], boot pages [`MAX_BOOT_PAGES_SIZE`], lookup table
+/// [`MAX_LOOKUP_SIZE`]), and it is
 /// decompressed as a stream that stops at the limit, so neither a lying
 /// annotation nor a zstd bomb makes it allocate more.
 pub fn read_compressed_layer(
@@ -204,6 +219,7 @@ pub fn read_compressed_layer(
         MEDIA_TYPE_METADATA => MAX_METADATA_SIZE,
         MEDIA_TYPE_INDEX => MAX_INDEX_SIZE,
         MEDIA_TYPE_BOOT => MAX_BOOT_PAGES_SIZE,
+        MEDIA_TYPE_LOOKUP => MAX_LOOKUP_SIZE,
         other => {
             return Err(ArtifactError::NotLamina(format!(
                 "{what}: layer type {other} is not a zstd lamina layer"
@@ -360,6 +376,30 @@ pub fn parse_index(bytes: &[u8], layers: &LaminaLayers) -> Result<ChunkIndex, Ar
         }
     }
     Ok(index)
+}
+
+/// Checks lookup-table bytes (content digest already checked, so the
+/// table's own digest is not recomputed) for shape, and that the table was
+/// built for the manifest's metadata image: its image digest must be the
+/// metadata layer's content digest. No work in proportion to the table.
+pub fn check_lookup(bytes: &[u8], layers: &LaminaLayers) -> Result<(), ArtifactError> {
+    let corrupt = |reason: String| ArtifactError::Corrupt {
+        what: "lookup table",
+        reason,
+    };
+    let table = LookupTable::parse_without_digest(bytes).map_err(|e| corrupt(e.to_string()))?;
+    let metadata = layers
+        .metadata
+        .annotations
+        .get(ANNOTATION_UNCOMPRESSED_DIGEST)
+        .ok_or_else(|| ArtifactError::NotLamina("metadata layer has no content digest".into()))?;
+    let built_for = Digest::from_sha256(table.image_digest());
+    if built_for.to_string() != *metadata {
+        return Err(corrupt(format!(
+            "built for metadata {built_for}, the manifest's is {metadata}"
+        )));
+    }
+    Ok(())
 }
 
 /// Layer annotations for a zstd-compressed layer with content `raw`.
@@ -589,17 +629,65 @@ mod tests {
         let err = LaminaLayers::from_manifest(&manifest).unwrap_err();
         assert!(err.to_string().contains("boot-pages layers"), "{err}");
 
-        // Segmented images say so in their version; this build reads both,
-        // and nothing newer.
+        // Segmented images and images with a lookup table say so in their
+        // version; this build reads all three, and nothing newer.
         manifest.layers.pop();
-        assert_eq!(format_version(1), FORMAT_VERSION);
-        assert_eq!(format_version(3), FORMAT_VERSION_SEGMENTED);
-        for (version, ok) in [("1", true), ("2", true), ("3", false)] {
+        assert_eq!(format_version(), FORMAT_VERSION_LOOKUP);
+        for (version, ok) in [("1", true), ("2", true), ("3", true), ("4", false)] {
             manifest
                 .annotations
                 .insert(ANNOTATION_FORMAT.into(), version.into());
             let read = LaminaLayers::from_manifest(&manifest);
             assert_eq!(read.is_ok(), ok, "version {version}: {:?}", read.err());
         }
+    }
+
+    /// A tiny EROFS image (a root with one file) and its lookup table.
+    fn image_and_table() -> (Vec<u8>, Vec<u8>) {
+        use lamina_format::erofs::{write_image, FileChunks};
+        use lamina_tree::{DirEntry, Node, NodeKind, Tree};
+        let mut tree: Tree<FileChunks> = Tree::new();
+        let id = tree.add_node(Node {
+            meta: Default::default(),
+            kind: NodeKind::Symlink {
+                target: b"x".to_vec(),
+            },
+        });
+        if let NodeKind::Directory { entries } = &mut tree.nodes[0].kind {
+            entries.insert(b"a".to_vec(), DirEntry { node: id, layer: 0 });
+        }
+        let (image, _) = write_image(&tree, &[]).unwrap();
+        let table = lamina_format::lookup::build_from_image(&image).unwrap();
+        (image, table)
+    }
+
+    #[test]
+    fn a_lookup_table_is_bound_to_the_manifests_metadata() {
+        let (image, table) = image_and_table();
+        let z = zstd::bulk::compress(&image, 3).unwrap();
+        let mut manifest = OneBlob::new(Vec::new()).image.manifest;
+        manifest
+            .annotations
+            .insert(ANNOTATION_FORMAT.into(), format_version().into());
+        let table_z = zstd::bulk::compress(&table, 3).unwrap();
+        manifest.layers = vec![
+            layer(MEDIA_TYPE_INDEX, &image, &z, None),
+            layer(MEDIA_TYPE_METADATA, &image, &z, None),
+            layer(MEDIA_TYPE_LOOKUP, &table, &table_z, None),
+        ];
+        let layers = LaminaLayers::from_manifest(&manifest).unwrap();
+        assert!(layers.lookup.is_some());
+        check_lookup(&table, &layers).unwrap();
+        // Another image's metadata in the manifest: refused.
+        manifest.layers[1] = layer(MEDIA_TYPE_METADATA, b"other", &z, None);
+        let layers = LaminaLayers::from_manifest(&manifest).unwrap();
+        let err = check_lookup(&table, &layers).unwrap_err();
+        assert!(err.to_string().contains("built for metadata"), "{err}");
+        // Not a table at all.
+        let err = check_lookup(&image, &layers).unwrap_err();
+        assert!(err.to_string().contains("lookup table"), "{err}");
+        // Two lookup layers: not an image this build wrote.
+        manifest.layers.push(manifest.layers[2].clone());
+        assert!(LaminaLayers::from_manifest(&manifest).is_err());
     }
 }

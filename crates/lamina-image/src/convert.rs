@@ -59,6 +59,9 @@ pub enum ConvertError {
     /// Local I/O.
     #[error("I/O: {0}")]
     Io(#[from] io::Error),
+    /// Building the lookup table over the metadata image.
+    #[error("lookup table: {0}")]
+    Lookup(#[from] lamina_format::lookup::BuildError),
 }
 
 /// What a conversion produced.
@@ -74,6 +77,8 @@ pub struct ConvertReport {
     pub metadata_compressed_bytes: u64,
     /// Chunk index size, uncompressed.
     pub index_bytes: u64,
+    /// Lookup table size, uncompressed.
+    pub lookup_bytes: u64,
     /// Data blobs: digest, compressed size, cache size.
     pub blobs: Vec<BlobReport>,
     /// Compressed size of the source layers.
@@ -161,6 +166,10 @@ pub fn convert(
     let metadata_z = zstd::bulk::compress(&built.metadata, 12)?;
     let index_raw = built.index.to_bytes();
     let index_z = zstd::bulk::compress(&index_raw, 12)?;
+    let lookup_raw = lamina_format::lookup::build_from_image(&built.metadata)?;
+    // Hashes and nids barely compress: a fast level keeps convert quick.
+    let lookup_z = zstd::bulk::compress(&lookup_raw, 3)?;
+    let lookup_bytes = lookup_raw.len() as u64;
 
     let mut layers = Vec::new();
     let mut blob_reports = Vec::new();
@@ -192,6 +201,7 @@ pub fn convert(
             metadata_z.clone(),
             MEDIA_TYPE_METADATA,
         ),
+        (lookup_raw, lookup_z, MEDIA_TYPE_LOOKUP),
     ];
     let mut boot_report = None;
     if !boot.extents.is_empty() {
@@ -261,10 +271,7 @@ pub fn convert(
         config: config_desc,
         layers,
         annotations: [
-            (
-                ANNOTATION_FORMAT.to_string(),
-                format_version(boot_report.as_ref().map_or(0, |b| b.segments as usize)).to_string(),
-            ),
+            (ANNOTATION_FORMAT.to_string(), format_version().to_string()),
             (
                 ANNOTATION_SOURCE.to_string(),
                 image.manifest_digest.to_string(),
@@ -303,6 +310,7 @@ pub fn convert(
         metadata_bytes: built.metadata.len() as u64,
         metadata_compressed_bytes: metadata_z.len() as u64,
         index_bytes: index_raw.len() as u64,
+        lookup_bytes,
         blobs: blob_reports,
         source_layer_bytes: image
             .layers

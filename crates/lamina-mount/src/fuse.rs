@@ -23,13 +23,14 @@ pub fn mount_fuse(
     mountpoint: &Path,
     opts: &MountOptions,
 ) -> Result<MountInfo, MountError> {
-    let mut info = fill_cache(image, mountpoint, opts)?;
+    let mut info = fill_cache(image, mountpoint, opts, true)?;
     info.mountpoint = fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
     let run = crate::lazy::run_dir(&opts.cache_dir, mountpoint);
     private::private_dir(&run).map_err(io_err(&run))?;
     start_fuse_daemon(
         &run,
         &info.metadata_path,
+        info.lookup_path.as_deref(),
         &info.blob_paths,
         &info.mountpoint,
         None,
@@ -38,12 +39,14 @@ pub fn mount_fuse(
     Ok(info)
 }
 
-/// Starts the FUSE daemon serving `metadata` over the cache files `blobs`
-/// at `mountpoint`, with its files in the run dir `run`; a lazy mount
-/// passes its worker's config. Returns once it has mounted.
+/// Starts the FUSE daemon serving `metadata` (with its lookup table, when
+/// the image has one) over the cache files `blobs` at `mountpoint`, with
+/// its files in the run dir `run`; a lazy mount passes its worker's
+/// config. Returns once it has mounted.
 pub(crate) fn start_fuse_daemon(
     run: &Path,
     metadata: &Path,
+    lookup: Option<&Path>,
     blobs: &[PathBuf],
     mountpoint: &Path,
     worker_config: Option<PathBuf>,
@@ -54,6 +57,7 @@ pub(crate) fn start_fuse_daemon(
     }
     let config = ServeConfig {
         metadata_path: metadata.to_path_buf(),
+        lookup_path: lookup.map(Path::to_path_buf),
         blob_paths: blobs.to_vec(),
         mountpoint: mountpoint.to_path_buf(),
         worker_config,

@@ -52,6 +52,10 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
         if !alive {
             continue;
         }
+        // A lazy FUSE mount's daemon reads the lookup table too.
+        if let Ok(config) = lamina_fuse::load_config(&run.join("fuse.json")) {
+            used.extend(config.lookup_path);
+        }
         if let Ok(config) = lamina_daemon::config::DaemonConfig::load(&run.join("config.json")) {
             used.insert(config.metadata_path);
             used.insert(config.index_path);

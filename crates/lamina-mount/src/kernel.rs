@@ -78,8 +78,27 @@ pub struct MountInfo {
     pub metadata_path: PathBuf,
     /// The cache files, in device order.
     pub blob_paths: Vec<PathBuf>,
+    /// The lookup table: FUSE mounts of images that carry one.
+    pub lookup_path: Option<PathBuf>,
     /// Bytes of blobs read from the source (0 when all were cached).
     pub fetched_bytes: u64,
+}
+
+/// The image's lookup table (when it has one), cached at
+/// `meta/<layer-hex>.lookup` and checked to be built for the manifest's
+/// metadata. Only FUSE mounts read it; the kernel does its own lookups.
+pub(crate) fn cached_lookup(
+    source: &dyn lamina_oci::ImageSource,
+    layers: &LaminaLayers,
+    meta_dir: &Path,
+) -> Result<Option<PathBuf>, MountError> {
+    let Some(desc) = &layers.lookup else {
+        return Ok(None);
+    };
+    let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
+    let bytes = cached_layer(source, desc, "lookup table", &path)?;
+    artifact::check_lookup(&bytes, layers)?;
+    Ok(Some(path))
 }
 
 /// A zstd-compressed lamina layer (metadata, chunk index), kept
@@ -112,7 +131,7 @@ pub fn mount_image(
     mountpoint: &Path,
     opts: &MountOptions,
 ) -> Result<MountInfo, MountError> {
-    let info = fill_cache(image, mountpoint, opts)?;
+    let info = fill_cache(image, mountpoint, opts, false)?;
     let data_c =
         lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
             .map_err(MountError::BadCachePath)?;
@@ -143,11 +162,13 @@ pub fn mount_image(
 }
 
 /// Fetches and verifies everything a mount of `image` reads (metadata,
-/// index, every blob whole) into the cache, for a mount at `mountpoint`.
+/// index, every blob whole; the lookup table if `lookup`) into the cache,
+/// for a mount at `mountpoint`.
 pub(crate) fn fill_cache(
     image: &ImageRef,
     mountpoint: &Path,
     opts: &MountOptions,
+    lookup: bool,
 ) -> Result<MountInfo, MountError> {
     let meta = fs::metadata(mountpoint)
         .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
@@ -171,6 +192,10 @@ pub(crate) fn fill_cache(
     let index = artifact::parse_index(&index_bytes, &layers)?;
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     cached_layer(source.as_ref(), &layers.metadata, "metadata", &meta_path)?;
+    let lookup_path = match lookup {
+        true => cached_lookup(source.as_ref(), &layers, &meta_dir)?,
+        false => None,
+    };
 
     let mut blob_paths = Vec::new();
     let mut fetched = 0;
@@ -192,6 +217,7 @@ pub(crate) fn fill_cache(
         manifest_digest: img.manifest_digest.to_string(),
         metadata_path: meta_path,
         blob_paths,
+        lookup_path,
         fetched_bytes: fetched,
     })
 }
@@ -205,6 +231,7 @@ pub(crate) fn record_eager(opts: &MountOptions, info: &MountInfo) {
     let run = crate::lazy::run_dir(&opts.cache_dir, &info.mountpoint);
     let mut files = info.blob_paths.clone();
     files.push(info.metadata_path.clone());
+    files.extend(info.lookup_path.clone());
     let record = crate::gc::EagerRecord {
         mountpoint: fs::canonicalize(&info.mountpoint).unwrap_or_else(|_| info.mountpoint.clone()),
         dev: std::os::unix::fs::MetadataExt::dev(&m),

@@ -16,7 +16,7 @@ use lamina_fetch::store::BlobStore;
 use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
-use crate::kernel::{cached_layer, io_err, MountError, MountInfo, MountOptions};
+use crate::kernel::{cached_layer, cached_lookup, io_err, MountError, MountInfo, MountOptions};
 use crate::mode::Mode;
 
 /// What a lazy mount fetches without a reader waiting for it.
@@ -154,16 +154,24 @@ fn mount_lazy_with(
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     let src = source.as_ref();
-    let (index_bytes, metadata) = std::thread::scope(|scope| {
+    let (index_bytes, metadata, lookup_path) = std::thread::scope(|scope| {
         let index = scope.spawn(|| cached_layer(src, &layers.index, "chunk index", &index_path));
+        // Only the FUSE daemon reads the lookup table.
+        let lookup = scope.spawn(|| match mode {
+            Mode::Fuse => cached_lookup(src, &layers, &meta_dir),
+            Mode::Kernel => Ok(None),
+        });
         let metadata = cached_layer(src, &layers.metadata, "metadata", &meta_path);
-        let index = index
+        let panicked = |what: &str| MountError::Daemon(format!("{what} fetch panicked"));
+        let index = index.join().unwrap_or_else(|_| Err(panicked("index")));
+        let lookup = lookup
             .join()
-            .unwrap_or_else(|_| Err(MountError::Daemon("index fetch panicked".into())));
-        (index, metadata)
+            .unwrap_or_else(|_| Err(panicked("lookup table")));
+        (index, metadata, lookup)
     });
     let index = artifact::parse_index(&index_bytes?, &layers)?;
     metadata?;
+    let lookup_path = lookup_path?;
     // Sizes bounded here, before the worker allocates for them.
     let boot_pages = artifact::boot_layers(&layers.boot, &index)?
         .into_iter()
@@ -261,6 +269,7 @@ fn mount_lazy_with(
         Mode::Fuse => crate::fuse::start_fuse_daemon(
             &run,
             &meta_path,
+            lookup_path.as_deref(),
             &config
                 .blobs
                 .iter()
@@ -275,6 +284,7 @@ fn mount_lazy_with(
         manifest_digest: img.manifest_digest.to_string(),
         metadata_path: meta_path,
         blob_paths: blobs.iter().map(|b| b.cache_path.clone()).collect(),
+        lookup_path,
         fetched_bytes: 0,
     })
 }

@@ -284,6 +284,40 @@ fn parse_record(buf: &[u8]) -> io::Result<(RawEvent, usize)> {
     ))
 }
 
+/// Maps the whole of `file` read-only for the rest of the process's life
+/// (a daemon serving one image): the pages are read as they are touched,
+/// so nothing is read in proportion to the file's size up front. An empty
+/// file maps to an empty slice.
+///
+/// The caller must only map files nobody writes or truncates while the
+/// process lives: lamina's cache files of metadata and lookup tables are
+/// written once under a temporary name and renamed into place, never
+/// changed in place, and are private to their owner.
+pub fn map_file_forever(file: &std::fs::File) -> io::Result<&'static [u8]> {
+    let len = usize::try_from(file.metadata()?.len()).map_err(io::Error::other)?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: a fresh private read-only mapping of `len` bytes of an open
+    // file; the kernel picks the address. It is never unmapped, so the
+    // slice may live for 'static; the file is not changed in place (see
+    // above), so its bytes do not change under the slice.
+    unsafe {
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            0,
+        );
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(std::slice::from_raw_parts(addr.cast::<u8>(), len))
+    }
+}
+
 /// Makes SIGTERM, SIGINT, SIGHUP and SIGPIPE no-ops for this process.
 ///
 /// The holder of a fanotify group must not die of a stray signal: when the
