@@ -126,6 +126,13 @@ pub fn temp_name(path: &Path, tag: &str) -> PathBuf {
 /// rename, so that readers see the old or the new content, never half.
 /// With `durable`, the data is synced before the rename.
 pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+    write_atomic_file(path, bytes, durable).map(drop)
+}
+
+/// [`write_atomic`], returning the file written: the one that was renamed
+/// into place (another process may have replaced it there since), for a
+/// record bound to it.
+pub fn write_atomic_file(path: &Path, bytes: &[u8], durable: bool) -> io::Result<File> {
     let tmp = temp_name(path, "tmp");
     let result = (|| {
         let mut f = create_new(&tmp)?;
@@ -133,7 +140,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> 
         if durable {
             f.sync_data()?;
         }
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        Ok(f)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -87,6 +87,41 @@ pub fn store_paths(dir: &Path, blob_hex: &str) -> (PathBuf, PathBuf) {
     )
 }
 
+/// The fill record of a file cached whole (metadata, chunk index, lookup
+/// table): `<path>.fill`.
+pub fn whole_record_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".fill");
+    PathBuf::from(name)
+}
+
+/// Whether `file`, open at `path`, holds content `digest` verified whole:
+/// a fill record of one chunk, bound to this very file and its size, says
+/// so. Reads the record only, nothing in proportion to the file.
+pub fn recorded_whole(file: &File, path: &Path, digest: &[u8; 32]) -> io::Result<bool> {
+    let Some(id) = identity(file)? else {
+        return Ok(false);
+    };
+    let size = file.metadata()?.len();
+    Ok(read_record(&whole_record_path(path))
+        .is_some_and(|r| r.describes(digest, size, 1, id) && r.filled == [true]))
+}
+
+/// Records that `file`, in place at `path`, holds content `digest` whole:
+/// the caller verified the bytes and synced them.
+pub fn record_whole(file: &File, path: &Path, digest: &[u8; 32]) -> io::Result<()> {
+    let Some(id) = identity(file)? else {
+        return Ok(()); // no birth time: never trusted, always re-hashed
+    };
+    let record = FillRecord {
+        blob_digest: *digest,
+        cache_size: file.metadata()?.len(),
+        file: id,
+        filled: vec![true],
+    };
+    private::write_atomic(&whole_record_path(path), &record.to_bytes(), true)
+}
+
 /// The identity a fill record is bound to: inode number and birth time.
 fn identity(file: &File) -> io::Result<Option<FileIdentity>> {
     use rustix::fs::{statx, AtFlags, StatxFlags};

@@ -10,6 +10,11 @@
 //! never trusted either. Nothing else (the file's length, a flag, a process
 //! being alive) says that cache bytes may be read.
 //!
+//! A file cached whole (a metadata image, chunk index or lookup table) has
+//! a record of one chunk, all filled: `blob_digest` is then the SHA-256 of
+//! the file's content, `cache_size` its size. It lets a mount use the file
+//! without hashing it again.
+//!
 //! ```text
 //! FillHeader  (96 bytes)
 //! bitmap      (ceil(chunk_count / 8) bytes: bit i % 8 of byte i / 8 is chunk i)

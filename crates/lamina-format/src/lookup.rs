@@ -51,6 +51,8 @@ use mphf::{BuiltMphf, Mphf, MphfError, MphfParams};
 pub const LOOKUP_MAGIC: [u8; 8] = *b"LAMLOOK\x01";
 /// The only version this code reads and writes.
 pub const LOOKUP_VERSION: u32 = 1;
+/// Bytes of [`LookupHeader`].
+pub const LOOKUP_HEADER_LEN: usize = size_of::<LookupHeader>();
 /// Most entries a table holds.
 pub const MAX_ENTRIES: u32 = mphf::MAX_KEYS;
 /// `EntryRecord::parent_record` of an entry in the root directory.
@@ -266,13 +268,21 @@ impl<'a> LookupTable<'a> {
         Self::parse_unverified(bytes)
     }
 
-    /// Everything [`Self::parse`] checks but the digest.
-    fn parse_unverified(bytes: &'a [u8]) -> Result<Self, LookupError> {
-        let (header, mut rest) =
-            LookupHeader::ref_from_prefix(bytes).map_err(|_| LookupError::Length)?;
+    /// The header at the start of `bytes` (a table, or just its first
+    /// [`LOOKUP_HEADER_LEN`] bytes), if its magic and version are right:
+    /// what a table is bound to, without reading the table.
+    pub fn header(bytes: &[u8]) -> Result<&LookupHeader, LookupError> {
+        let (header, _) = LookupHeader::ref_from_prefix(bytes).map_err(|_| LookupError::Length)?;
         if header.magic != LOOKUP_MAGIC || header.version.get() != LOOKUP_VERSION {
             return Err(LookupError::BadMagic);
         }
+        Ok(header)
+    }
+
+    /// Everything [`Self::parse`] checks but the digest.
+    fn parse_unverified(bytes: &'a [u8]) -> Result<Self, LookupError> {
+        let header = Self::header(bytes)?;
+        let mut rest = &bytes[size_of::<LookupHeader>()..];
         let n = header.entry_count.get();
         let names_len = header.names_len.get();
         if header.flags.get() != 0 || n > MAX_ENTRIES {

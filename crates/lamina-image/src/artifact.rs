@@ -378,22 +378,23 @@ pub fn parse_index(bytes: &[u8], layers: &LaminaLayers) -> Result<ChunkIndex, Ar
     Ok(index)
 }
 
-/// Checks lookup-table bytes (content digest already checked, so the
-/// table's own digest is not recomputed) for shape, and that the table was
-/// built for the manifest's metadata image: its image digest must be the
-/// metadata layer's content digest. No work in proportion to the table.
-pub fn check_lookup(bytes: &[u8], layers: &LaminaLayers) -> Result<(), ArtifactError> {
+/// Checks that a lookup table, of which `header` holds at least the first
+/// [`lamina_format::lookup::LOOKUP_HEADER_LEN`] bytes, was built for the manifest's metadata image:
+/// its image digest must be the metadata layer's content digest. Reads
+/// nothing beyond the header; the table's shape is checked where it is
+/// parsed.
+pub fn check_lookup(header: &[u8], layers: &LaminaLayers) -> Result<(), ArtifactError> {
     let corrupt = |reason: String| ArtifactError::Corrupt {
         what: "lookup table",
         reason,
     };
-    let table = LookupTable::parse_without_digest(bytes).map_err(|e| corrupt(e.to_string()))?;
+    let header = LookupTable::header(header).map_err(|e| corrupt(e.to_string()))?;
     let metadata = layers
         .metadata
         .annotations
         .get(ANNOTATION_UNCOMPRESSED_DIGEST)
         .ok_or_else(|| ArtifactError::NotLamina("metadata layer has no content digest".into()))?;
-    let built_for = Digest::from_sha256(table.image_digest());
+    let built_for = Digest::from_sha256(header.image_digest);
     if built_for.to_string() != *metadata {
         return Err(corrupt(format!(
             "built for metadata {built_for}, the manifest's is {metadata}"

@@ -49,14 +49,15 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
     }
 }
 
-/// Writes `bytes` to `path` atomically (exclusive temp file, rename), 0600 in
-/// a private directory. No fsync: every reader of these files re-hashes them
-/// against their digest before use, so a copy torn by a power loss is
-/// fetched again, never used.
-pub fn store_metadata(path: &Path, bytes: &[u8]) -> Result<(), CacheError> {
+/// Writes `bytes`, verified to have the content digest `digest`, to `path`
+/// atomically (exclusive temp file, synced, rename), 0600 in a private
+/// directory, then its fill record (`lamina_fetch::store::record_whole`),
+/// so later mounts use it without hashing it again.
+pub fn store_metadata(path: &Path, bytes: &[u8], digest: &[u8; 32]) -> Result<(), CacheError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     private::private_dir(dir).map_err(io_err(dir))?;
-    private::write_atomic(path, bytes, false).map_err(io_err(path))
+    let file = private::write_atomic_file(path, bytes, true).map_err(io_err(path))?;
+    lamina_fetch::store::record_whole(&file, path, digest).map_err(io_err(path))
 }
 
 /// Fills the cache file `path` for `blob` from `reader` (the blob's bytes,

@@ -95,12 +95,16 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             }
             let mut group = vec![path.clone()];
             let mut bytes = size;
-            if path.extension().is_some_and(|e| e == "cache") {
-                let state = path.with_extension("fill");
-                if let Ok(m) = fs::metadata(&state) {
-                    bytes += m.blocks() * 512;
-                    group.push(state);
-                }
+            // A blob's fill record is `<hex>.fill`, a whole file's
+            // `<name>.fill`: each goes with its file.
+            let state = if path.extension().is_some_and(|e| e == "cache") {
+                path.with_extension("fill")
+            } else {
+                lamina_fetch::store::whole_record_path(&path)
+            };
+            if let Ok(m) = fs::metadata(&state) {
+                bytes += m.blocks() * 512;
+                group.push(state);
             }
             candidates.push((meta.mtime(), bytes, group));
         }
@@ -151,6 +155,22 @@ mod tests {
         assert!(blobs.join("c.cache").exists());
         assert!(report.kept_bytes <= 20_000 + 4096, "{report:?}");
         let report = gc(dir.path(), 0).unwrap();
+        assert_eq!(report.kept_bytes, 0);
+    }
+
+    #[test]
+    fn a_whole_files_record_goes_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("meta");
+        fs::create_dir_all(&meta).unwrap();
+        let file = meta.join("abc.erofs");
+        fs::write(&file, vec![1u8; 8192]).unwrap();
+        let record = lamina_fetch::store::whole_record_path(&file);
+        fs::write(&record, b"r").unwrap();
+        let report = gc(dir.path(), 0).unwrap();
+        assert!(report.evicted.contains(&file), "{report:?}");
+        assert!(report.evicted.contains(&record), "{report:?}");
+        assert!(!record.exists());
         assert_eq!(report.kept_bytes, 0);
     }
 }

@@ -6,8 +6,10 @@
 //! file keeps EROFS in file-backed mode, where `device=` takes files too.
 
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, SourceOptions};
 use rustix::mount::{MountFlags, UnmountFlags};
@@ -96,32 +98,79 @@ pub(crate) fn cached_lookup(
         return Ok(None);
     };
     let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
-    let bytes = cached_layer(source, desc, "lookup table", &path)?;
-    artifact::check_lookup(&bytes, layers)?;
+    cache_layer_file(source, desc, "lookup table", &path, false)?;
+    // The binding is in the header: the table is not read here.
+    let mut header = [0; LOOKUP_HEADER_LEN];
+    fs::File::open(&path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .map_err(io_err(&path))?;
+    artifact::check_lookup(&header, layers)?;
     Ok(Some(path))
 }
 
-/// A zstd-compressed lamina layer (metadata, chunk index), kept
-/// uncompressed at `path`: a cached copy is used only if it still
-/// hashes to the layer's content digest; otherwise the layer is fetched,
-/// checked and stored atomically. Both mount paths go through here.
+/// A zstd-compressed lamina layer (metadata, chunk index, lookup table),
+/// kept uncompressed at `path`; its bytes. See [`cache_layer_file`].
 pub(crate) fn cached_layer(
     source: &dyn lamina_oci::ImageSource,
     desc: &lamina_oci::Descriptor,
     what: &'static str,
     path: &Path,
 ) -> Result<Vec<u8>, MountError> {
-    let expected = desc
-        .annotations
-        .get(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)
-        .ok_or_else(|| ArtifactError::NotLamina(format!("{what} layer has no content digest")))?;
-    if let Ok(bytes) = fs::read(path) {
-        if lamina_oci::Digest::of_bytes(&bytes).to_string() == *expected {
-            return Ok(bytes);
+    // Asked to read, it always returns the bytes.
+    Ok(cache_layer_file(source, desc, what, path, true)?.unwrap_or_default())
+}
+
+/// Makes `path` hold a zstd-compressed lamina layer's content, verified;
+/// returns the bytes if `read`. A cached copy is used as is when its fill
+/// record (`lamina_fetch::store::recorded_whole`) says so, without hashing
+/// it; one without a record (from before records) is hashed once, synced
+/// and recorded; anything else is fetched, checked and stored atomically
+/// with its record. Both mount paths go through here.
+pub(crate) fn cache_layer_file(
+    source: &dyn lamina_oci::ImageSource,
+    desc: &lamina_oci::Descriptor,
+    what: &'static str,
+    path: &Path,
+    read: bool,
+) -> Result<Option<Vec<u8>>, MountError> {
+    let expected = content_digest(desc, what)?;
+    if let Ok(mut file) = lamina_fetch::private::open_existing(path) {
+        if lamina_fetch::store::recorded_whole(&file, path, &expected).unwrap_or(false) {
+            if !read {
+                return Ok(None);
+            }
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).map_err(io_err(path))?;
+            return Ok(Some(bytes));
+        }
+        let mut bytes = Vec::new();
+        if file.read_to_end(&mut bytes).is_ok()
+            && lamina_oci::sha256(&bytes) == expected
+            && file.sync_data().is_ok()
+        {
+            let _ = lamina_fetch::store::record_whole(&file, path, &expected);
+            return Ok(read.then_some(bytes));
         }
     }
     let bytes = artifact::read_compressed_layer(source, desc, what)?;
-    store_metadata(path, &bytes)?;
+    store_metadata(path, &bytes, &expected)?;
+    Ok(read.then_some(bytes))
+}
+
+/// A zstd lamina layer's content digest (SHA-256) from its annotation.
+fn content_digest(desc: &lamina_oci::Descriptor, what: &str) -> Result<[u8; 32], MountError> {
+    let missing =
+        || ArtifactError::NotLamina(format!("{what} layer has no SHA-256 content digest"));
+    let annotation = desc
+        .annotations
+        .get(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)
+        .ok_or_else(missing)?;
+    let digest = lamina_oci::Digest::parse(annotation).map_err(|_| missing())?;
+    let mut bytes = [0; 32];
+    match digest.algorithm() {
+        "sha256" => hex::decode_to_slice(digest.hex(), &mut bytes).map_err(|_| missing())?,
+        _ => return Err(missing().into()),
+    }
     Ok(bytes)
 }
 
@@ -191,7 +240,13 @@ pub(crate) fn fill_cache(
     )?;
     let index = artifact::parse_index(&index_bytes, &layers)?;
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
-    cached_layer(source.as_ref(), &layers.metadata, "metadata", &meta_path)?;
+    cache_layer_file(
+        source.as_ref(),
+        &layers.metadata,
+        "metadata",
+        &meta_path,
+        false,
+    )?;
     let lookup_path = match lookup {
         true => cached_lookup(source.as_ref(), &layers, &meta_dir)?,
         false => None,
@@ -294,4 +349,97 @@ fn fusermount_unmount(mountpoint: &Path) -> Result<(), MountError> {
         "unmounting {}: {last}",
         mountpoint.display()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_oci::{Descriptor, Digest, ImageSource, Manifest, OciError, SourceImage};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// One zstd layer, served for any descriptor; counts how often.
+    #[derive(Debug)]
+    struct OneLayer {
+        image: SourceImage,
+        compressed: Vec<u8>,
+        fetches: AtomicUsize,
+    }
+
+    impl OneLayer {
+        fn new(raw: &[u8]) -> (Self, Descriptor) {
+            let compressed = zstd::bulk::compress(raw, 3).unwrap();
+            let mut desc = Descriptor::of_bytes(artifact::MEDIA_TYPE_METADATA, &compressed);
+            desc.annotations = artifact::content_annotations(raw);
+            let image = SourceImage {
+                manifest: Manifest {
+                    schema_version: 2,
+                    media_type: None,
+                    config: Descriptor::of_bytes("application/vnd.lamina.test", b"{}"),
+                    layers: Vec::new(),
+                    annotations: Default::default(),
+                },
+                manifest_bytes: Vec::new(),
+                manifest_digest: Digest::of_bytes(b""),
+                config_bytes: b"{}".to_vec(),
+                config: serde_json::Value::Null,
+                layers: Vec::new(),
+            };
+            let source = OneLayer {
+                image,
+                compressed,
+                fetches: AtomicUsize::new(0),
+            };
+            (source, desc)
+        }
+    }
+
+    impl ImageSource for OneLayer {
+        fn image(&self) -> &SourceImage {
+            &self.image
+        }
+        fn open_layer(&self, _: usize) -> Result<Box<dyn Read + Send + '_>, OciError> {
+            Err(OciError::Unsupported("no layers".into()))
+        }
+        fn open_blob(&self, _: &Descriptor) -> Result<Box<dyn Read + Send + '_>, OciError> {
+            self.fetches.fetch_add(1, Ordering::Relaxed);
+            Ok(Box::new(&self.compressed[..]))
+        }
+    }
+
+    #[test]
+    fn a_cached_layer_is_trusted_by_its_record_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta/x.erofs");
+        let raw = b"metadata bytes".repeat(100);
+        let (source, desc) = OneLayer::new(&raw);
+        let fetches = || source.fetches.load(Ordering::Relaxed);
+        let get = || cached_layer(&source, &desc, "metadata", &path).unwrap();
+
+        assert_eq!(get(), raw);
+        assert_eq!(fetches(), 1);
+        let record = lamina_fetch::store::whole_record_path(&path);
+        assert!(record.is_file(), "stored without a record");
+        assert_eq!(get(), raw, "a recorded copy");
+        assert_eq!(fetches(), 1, "a recorded copy was fetched again");
+
+        // From before records: hashed, then recorded.
+        fs::remove_file(&record).unwrap();
+        assert_eq!(get(), raw);
+        assert_eq!(fetches(), 1, "a good copy without a record was fetched");
+        assert!(record.is_file(), "the good copy was not recorded");
+
+        // Replaced by other bytes: the record does not describe the new
+        // file, whose bytes do not hash right, so it is fetched again.
+        let tmp = dir.path().join("meta/replacement");
+        fs::write(&tmp, b"wrong bytes").unwrap();
+        fs::rename(&tmp, &path).unwrap();
+        assert_eq!(get(), raw);
+        assert_eq!(fetches(), 2, "a replaced copy was trusted");
+
+        // Another layer's record at this path does not count either.
+        let (other, other_desc) = OneLayer::new(b"other layer");
+        let bytes = cached_layer(&other, &other_desc, "metadata", &path).unwrap();
+        assert_eq!(bytes, b"other layer");
+        assert_eq!(other.fetches.load(Ordering::Relaxed), 1);
+    }
 }

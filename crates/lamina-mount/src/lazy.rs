@@ -16,7 +16,9 @@ use lamina_fetch::store::BlobStore;
 use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
-use crate::kernel::{cached_layer, cached_lookup, io_err, MountError, MountInfo, MountOptions};
+use crate::kernel::{
+    cache_layer_file, cached_layer, cached_lookup, io_err, MountError, MountInfo, MountOptions,
+};
 use crate::mode::Mode;
 
 /// What a lazy mount fetches without a reader waiting for it.
@@ -161,7 +163,7 @@ fn mount_lazy_with(
             Mode::Fuse => cached_lookup(src, &layers, &meta_dir),
             Mode::Kernel => Ok(None),
         });
-        let metadata = cached_layer(src, &layers.metadata, "metadata", &meta_path);
+        let metadata = cache_layer_file(src, &layers.metadata, "metadata", &meta_path, false);
         let panicked = |what: &str| MountError::Daemon(format!("{what} fetch panicked"));
         let index = index.join().unwrap_or_else(|_| Err(panicked("index")));
         let lookup = lookup

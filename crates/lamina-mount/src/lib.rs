@@ -3,8 +3,11 @@
 //!
 //! Cache layout under the cache dir (default `/var/lib/lamina`):
 //! ```text
-//! meta/<layer-hex>.{erofs,index,boot}  metadata, chunk index, boot pages (uncompressed;
-//!                                      re-hashed against their digest before every use)
+//! meta/<layer-hex>.{erofs,index,lookup}  metadata, chunk index, lookup table (uncompressed;
+//!                                      FUSE mounts only fetch the lookup table)
+//! meta/<layer-hex>.<ext>.fill          its fill record: verified whole, bound to the file
+//!                                      (without one, a copy is hashed before use)
+//! meta/<layer-hex>.boot                boot pages (checked by the worker)
 //! blobs/<blob-hex>.cache               one uncompressed, block-addressed file per data blob
 //! blobs/<blob-hex>.fill                its fill record (`lamina_format::fill`)
 //! mounts/<id>/                         each live mount's config, status and logs
