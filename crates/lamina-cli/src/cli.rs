@@ -96,11 +96,11 @@ pub(crate) enum Command {
     /// Registry images mount lazily: data is fetched on first read through
     /// fanotify pre-content events, served by a background daemon. Local
     /// images are fetched whole first (use --lazy to serve them lazily too).
-    /// With --mode fuse, a FUSE daemon serves the image from the cache,
-    /// which is filled whole first (lazy reads through FUSE: not yet).
-    /// --mode auto (the default) takes the kernel path where this host
-    /// allows it (root; Linux 6.12+; for lazy mounts 6.14+ and a cache dir on
-    /// ext4, xfs or btrfs) and FUSE otherwise, and logs which and why.
+    /// With --mode fuse, a FUSE daemon serves the image from the same cache,
+    /// lazily or eagerly alike. --mode auto (the default) takes the kernel
+    /// path where this host allows it (root; Linux 6.12+, for lazy mounts
+    /// 6.14+; a cache dir on ext4, xfs or btrfs) and FUSE otherwise, and
+    /// logs which and why.
     Mount {
         /// The lamina image.
         image: String,
@@ -108,9 +108,6 @@ pub(crate) enum Command {
         mountpoint: PathBuf,
         #[command(flatten)]
         serve: ServeArgs,
-        /// `auto`, `kernel` (file-backed EROFS) or `fuse` (a FUSE daemon).
-        #[arg(long, value_name = "MODE", default_value = "auto", value_parser = ["auto", "kernel", "fuse"])]
-        mode: String,
         /// Record every read the workload makes of data not yet local, in
         /// order, to FILE (for `lamina convert --prefetch FILE`).
         #[arg(long, value_name = "FILE")]
@@ -242,6 +239,10 @@ pub(crate) enum Command {
         /// image in order (as `lamina mount --fill-ahead`); 0 turns it off.
         #[arg(long, default_value = "8M", value_parser = parse_size)]
         fill_ahead: u64,
+        /// `auto`, `kernel` or `fuse`: how lamina images are mounted (as
+        /// `lamina mount --mode`; auto decides once, at start).
+        #[arg(long, value_name = "MODE", default_value = "auto", value_parser = MODES)]
+        mode: String,
         /// Serve Prometheus metrics at GET /metrics on IP:PORT (e.g.
         /// 127.0.0.1:9464; port 0 picks one, logged at start) or on
         /// unix:/PATH.
@@ -329,7 +330,13 @@ pub(crate) struct ServeArgs {
     /// kernel's).
     #[arg(long, value_name = "KB")]
     pub(crate) readahead: Option<u32>,
+    /// `auto`, `kernel` (file-backed EROFS) or `fuse` (a FUSE daemon).
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = MODES)]
+    pub(crate) mode: String,
 }
+
+/// What `--mode` takes.
+pub(crate) const MODES: [&str; 3] = ["auto", "kernel", "fuse"];
 
 impl ServeArgs {
     /// Lazy settings, or None for an eager mount: lazy for docker://
@@ -490,7 +497,6 @@ pub fn run(args: Args) -> Result<u8> {
             mountpoint,
             serve,
             record_trace,
-            mode,
         } => {
             let image = parse_ref(&image)?;
             let opts = MountOptions {
@@ -498,19 +504,10 @@ pub fn run(args: Args) -> Result<u8> {
                 source,
             };
             let lazy = serve.lazy_options(&image, record_trace);
-            let (mode, why) = mount_mode(&mode, &opts.cache_dir, lazy.is_some())?;
+            let (mode, why) = mount_mode(&serve.mode, &opts.cache_dir, lazy.is_some())?;
             tracing::info!("mounting with the {mode} path: {why}");
-            let info = match (mode, lazy) {
-                (Mode::Fuse, Some(lazy_opts)) => {
-                    lamina_mount::mount_lazy_fuse(&image, &mountpoint, &opts, &lazy_opts)
-                }
-                (Mode::Fuse, None) => lamina_mount::mount_fuse(&image, &mountpoint, &opts),
-                (Mode::Kernel, Some(lazy_opts)) => {
-                    lamina_mount::mount_lazy(&image, &mountpoint, &opts, &lazy_opts)
-                }
-                (Mode::Kernel, None) => lamina_mount::mount_image(&image, &mountpoint, &opts),
-            }
-            .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
+            let info = lamina_mount::mount(&image, &mountpoint, &opts, lazy.as_ref(), mode)
+                .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
             if args.json {
                 let mut report = serde_json::to_value(&info)?;
                 report["mode"] = serde_json::json!(mode);
@@ -548,13 +545,15 @@ pub fn run(args: Args) -> Result<u8> {
                 .iter()
                 .map(|v| v.parse::<lamina_run::Volume>())
                 .collect::<Result<Vec<_>, _>>()?;
+            let lazy = serve.lazy_options(&image, None);
+            let cache_dir = absolute(&serve.cache_dir)?;
+            let (mode, why) = mount_mode(&serve.mode, &cache_dir, lazy.is_some())?;
+            tracing::info!("mounting with the {mode} path: {why}");
             let opts = lamina_run::RunOptions {
-                lazy: serve.lazy_options(&image, None),
+                lazy,
+                mode,
                 image,
-                mount: MountOptions {
-                    cache_dir: absolute(&serve.cache_dir)?,
-                    source,
-                },
+                mount: MountOptions { cache_dir, source },
                 state_dir: absolute(&state_dir)?,
                 runc: lamina_run::container::find_runtime(&runtime)?,
                 name,
@@ -662,8 +661,14 @@ pub fn run(args: Args) -> Result<u8> {
             timeout,
             prefetch,
             fill_ahead,
+            mode,
             metrics_address,
         } => lamina_snapshotter::serve(lamina_snapshotter::Options {
+            mode: match mode.as_str() {
+                "kernel" => Some(Mode::Kernel),
+                "fuse" => Some(Mode::Fuse),
+                _ => None,
+            },
             root: absolute(&root)?,
             address: absolute(&address)?,
             source,

@@ -124,6 +124,28 @@ impl PrefetchMode {
     }
 }
 
+/// What `mode` (`--mode`) accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountMode {
+    /// The kernel path where the host allows it, else FUSE.
+    Auto,
+    /// File-backed EROFS.
+    Kernel,
+    /// A FUSE daemon.
+    Fuse,
+}
+
+impl MountMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            MountMode::Auto => "auto",
+            MountMode::Kernel => "kernel",
+            MountMode::Fuse => "fuse",
+        }
+    }
+}
+
 /// `lamina run --net`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -163,6 +185,7 @@ pub struct ConfigFile {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ServeSection {
+    mode: Option<MountMode>,
     timeout: Option<u64>,
     fill_window: Option<Size>,
     fill_ahead: Option<Size>,
@@ -175,6 +198,7 @@ struct ServeSection {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RunSection {
+    mode: Option<MountMode>,
     timeout: Option<u64>,
     fill_window: Option<Size>,
     fill_ahead: Option<Size>,
@@ -188,6 +212,7 @@ struct RunSection {
 impl RunSection {
     fn serve(&self) -> ServeSection {
         ServeSection {
+            mode: self.mode,
             timeout: self.timeout,
             fill_window: self.fill_window,
             fill_ahead: self.fill_ahead,
@@ -206,6 +231,7 @@ struct SnapshotterSection {
     timeout: Option<u64>,
     prefetch: Option<PrefetchMode>,
     fill_ahead: Option<Size>,
+    mode: Option<MountMode>,
     #[serde(default, deserialize_with = "parsed")]
     metrics_address: Option<MetricsAddress>,
 }
@@ -388,9 +414,11 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             timeout,
             prefetch,
             fill_ahead,
+            mode,
             metrics_address,
         } => {
             let s = &file.snapshotter;
+            m.fill(mode, "mode", s.mode.map(|v| v.as_str().into()));
             m.fill(root, "root", s.root.clone());
             m.fill(address, "address", s.address.clone());
             m.fill(timeout, "timeout", s.timeout);
@@ -408,6 +436,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
 
 fn fill_serve(m: &Sources, serve: &mut ServeArgs, cache_dir: Option<PathBuf>, s: &ServeSection) {
     m.fill(&mut serve.cache_dir, "cache_dir", cache_dir);
+    m.fill(&mut serve.mode, "mode", s.mode.map(|v| v.as_str().into()));
     m.fill(&mut serve.timeout, "timeout", s.timeout);
     m.fill(
         &mut serve.fill_window,
@@ -449,11 +478,13 @@ mod tests {
         cache_dir = "/file/cache"
         log_format = "json"
         [mount]
+        mode = "fuse"
         timeout = 7
         fill_window = "1M"
         fill_ahead = "16M"
         prefetch = "all"
         [snapshotter]
+        mode = "kernel"
         root = "/file/root"
         address = "/file/sock"
         fill_ahead = "2M"
@@ -477,6 +508,17 @@ mod tests {
         assert_eq!((serve.timeout, serve.fill_window), (7, 1 << 20));
         assert_eq!(serve.fill_ahead, 16 << 20);
         assert_eq!(serve.prefetch, "all");
+        assert_eq!(serve.mode, "fuse");
+        let args = parse_with(&["lamina", "mount", "--mode", "auto", "oci:x", "/m"], FILE);
+        let Command::Mount { serve, .. } = &args.command else {
+            panic!()
+        };
+        assert_eq!(serve.mode, "auto", "the flag beats the file");
+        let args = parse_with(&["lamina", "run", "oci:x"], FILE);
+        let Command::Run { serve, .. } = &args.command else {
+            panic!()
+        };
+        assert_eq!(serve.mode, "auto", "[mount] is not [run]");
 
         let args = parse_with(&["lamina", "snapshotter"], FILE);
         let Command::Snapshotter {
@@ -484,6 +526,7 @@ mod tests {
             address,
             metrics_address,
             fill_ahead,
+            mode,
             ..
         } = &args.command
         else {
@@ -498,6 +541,8 @@ mod tests {
             &Some(MetricsAddress::Unix("/file/metrics.sock".into()))
         );
         assert_eq!(*fill_ahead, 2 << 20);
+        assert_eq!(mode, "kernel");
+        assert!(parse("[snapshotter]\nmode = \"both\"\n").is_err());
 
         let args = parse_with(&["lamina", "gc"], FILE);
         let Command::Gc { max_size, .. } = args.command else {

@@ -165,13 +165,13 @@ struct Node {
 
 impl Node {
     fn start(version: Version) -> Option<Node> {
-        Node::start_with(version, false)
+        Node::start_with(version, false, &[])
     }
 
     /// With `cri`, containerd's CRI plugin is on (lamina as its snapshotter,
     /// the registry over plain HTTP through a hosts.toml, PAUSE_IMAGE as
-    /// the pod sandbox image).
-    fn start_with(version: Version, cri: bool) -> Option<Node> {
+    /// the pod sandbox image). `snapshotter_args` go to `lamina snapshotter`.
+    fn start_with(version: Version, cri: bool, snapshotter_args: &[&str]) -> Option<Node> {
         let mut tools = vec!["runc", "skopeo", "docker-registry", "umoci"];
         if version == Version::V16 {
             tools.extend(["containerd", "ctr", "ctr-remote"]);
@@ -191,8 +191,9 @@ impl Node {
         let reg = Registry::start_with_data(&imgs.registry_data);
         let t = TestDir::new("containerd");
         let metrics = format!("127.0.0.1:{}", free_port());
-        let snapshotter =
-            start_snapshotter_with(&t, &[OsStr::new("--metrics-address"), OsStr::new(&metrics)]);
+        let mut args = vec![OsStr::new("--metrics-address"), OsStr::new(&metrics)];
+        args.extend(snapshotter_args.iter().map(OsStr::new));
+        let snapshotter = start_snapshotter_with(&t, &args);
         let registry = cri.then(|| reg.host());
         let containerd = start_containerd(version, &t, registry.as_deref());
         let node = Node {
@@ -812,6 +813,72 @@ fn containerd_2_runs_lamina_and_plain_images() {
     lamina_and_plain_images_run(Version::V2);
 }
 
+/// `lamina snapshotter --mode fuse`: containerd 2 runs the lamina image from
+/// a lazy FUSE mount (no EROFS mount under the snapshotter, one FUSE
+/// mount); python3 starts fetching under 10% of the image; a write lands in
+/// the container's own upper dir; every file under /usr reads back as the
+/// image has it (the umoci unpack's hash).
+#[test]
+fn containerd_2_runs_a_lamina_image_through_fuse() {
+    let Some(node) = Node::start_with(Version::V2, false, &["--mode", "fuse"]) else {
+        return;
+    };
+    let imgs = images();
+    let mut f = Failures::default();
+    let pulled = node.pull(LAMINA_IMAGE);
+    assert!(pulled.status.success(), "pull:\n{}", pulled.describe());
+    let out = node.run_rm(LAMINA_IMAGE, "py", &["python3", "-c", "print('via fuse')"]);
+    f.check(out.stdout.contains("via fuse"), || {
+        format!("python3 through FUSE:\n{}", out.describe())
+    });
+    let fetched = node.fetched_bytes();
+    f.check(fetched > 0 && fetched * 10 < imgs.blob_bytes, || {
+        format!("python3 fetched {fetched} of {} bytes", imgs.blob_bytes)
+    });
+    let types = mount_types_under(&node.snap_root());
+    f.check(
+        types.iter().any(|t| t.starts_with("fuse")) && !types.iter().any(|t| t == "erofs"),
+        || format!("mounts under the snapshotter: {types:?}, want FUSE and no EROFS"),
+    );
+    let out = node.run_rm(
+        LAMINA_IMAGE,
+        "writer",
+        &[
+            "sh",
+            "-c",
+            "echo written > /etc/lamina-test && cat /etc/lamina-test",
+        ],
+    );
+    f.check(out.stdout.contains("written"), || {
+        format!("a write in the container:\n{}", out.describe())
+    });
+    let out = node.run_rm(LAMINA_IMAGE, "reader", &["bash", "-c", HASH_USR]);
+    let reference = reference_usr_hash(&imgs.source);
+    f.check(out.stdout.trim() == reference.trim(), || {
+        format!(
+            "/usr through FUSE:\ncontainer: {}\nreference: {reference}",
+            out.describe()
+        )
+    });
+    if !f.0.is_empty() {
+        f.0.push(node.logs());
+    }
+    f.finish("snapshotter --mode fuse");
+}
+
+/// Filesystem types of the mounts at or below `root`.
+fn mount_types_under(root: &Path) -> Vec<String> {
+    let root = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 2 && Path::new(f[1]).starts_with(&root)).then(|| f[2].to_string())
+        })
+        .collect()
+}
+
 /// Hashes every file under /usr, in order, and prints one digest and the
 /// pipeline's exit codes: the same script in the container and on the
 /// reference tree.
@@ -996,7 +1063,7 @@ fn cri_run_bin() -> PathBuf {
 /// with it; the sandbox (pause) image is a plain one through the same
 /// snapshotter.
 fn cri_pod_runs_a_lamina_image(version: Version) {
-    let Some(node) = Node::start_with(version, true) else {
+    let Some(node) = Node::start_with(version, true, &[]) else {
         return;
     };
     let imgs = images();

@@ -474,6 +474,51 @@ fn terminate(bg: &mut Background) -> i32 {
         .unwrap_or_else(|| panic!("killed by a signal: {status}\n{}", bg.describe()))
 }
 
+/// `lamina run --mode fuse`: while the container runs, its image is a FUSE
+/// mount (and no EROFS one); it reads the image and writes to its upper
+/// dir; stopped, it leaves nothing behind, FUSE daemon included.
+#[test]
+fn mode_fuse_runs_the_container_on_a_fuse_mount() {
+    if !require(TOOLS) {
+        return;
+    }
+    let e = Env::new("run-fuse");
+    let flags = ["--json", "--rm", "--name", "fz", "--stop-timeout", "1"];
+    let flags = [&flags[..], &["--mode", "fuse", "-u", "0"]].concat();
+    let script =
+        "echo w > /root/w && cat /root/w /etc/os-release | head -2 && echo ready; sleep 1000";
+    let mut c = e.command(&flags, &["sh", "-c", script]);
+    let mut bg = Background::spawn("fz", &mut c, e.t.path());
+    let started = Instant::now();
+    while !fs::read_to_string(&bg.stdout_path).is_ok_and(|o| o.contains("ready")) {
+        assert!(bg.running(), "lamina run exited early:\n{}", bg.describe());
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "never ready:\n{}",
+            bg.describe()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = fs::read_to_string(&bg.stdout_path).unwrap();
+    assert!(out.starts_with("w\n"), "{}", bg.describe());
+    let types: Vec<String> = fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .nth(1)
+                .is_some_and(|m| m.starts_with(&*e.t.path().to_string_lossy()))
+        })
+        .filter_map(|l| l.split(' ').nth(2).map(String::from))
+        .collect();
+    assert!(
+        types.iter().any(|t| t.starts_with("fuse")) && !types.iter().any(|t| t == "erofs"),
+        "mounts of the container: {types:?}"
+    );
+    assert_eq!(terminate(&mut bg), 137, "{}", bg.describe());
+    e.assert_clean();
+}
+
 #[test]
 fn sigterm_stops_the_container_and_cleans_up() {
     if !require(TOOLS) {

@@ -113,16 +113,35 @@ fn mountpoint_dir(mountpoint: &Path) -> Result<PathBuf, MountError> {
     Ok(dir)
 }
 
-/// Like [`mount_lazy`], with `image` already opened as `source` (a caller
-/// that has just resolved it saves the manifest and config round trips).
+/// A lazy mount in `mode` (as [`mount_lazy`] or [`mount_lazy_fuse`]), with
+/// `image` already opened as `source` (a caller that has just resolved it
+/// saves the manifest and config round trips).
 pub fn mount_lazy_from(
     source: Box<dyn ImageSource>,
     image: &ImageRef,
     mountpoint: &Path,
     opts: &MountOptions,
     lazy: &LazyOptions,
+    mode: Mode,
 ) -> Result<MountInfo, MountError> {
-    mount_lazy_with(source, image, mountpoint, opts, lazy, Mode::Kernel)
+    mount_lazy_with(source, image, mountpoint, opts, lazy, mode)
+}
+
+/// Mounts `image` at `mountpoint` in `mode`: lazily with `lazy`, else
+/// with the cache filled first. What `lamina mount`, `lamina run` and the
+/// snapshotter do.
+pub fn mount(
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    lazy: Option<&LazyOptions>,
+    mode: Mode,
+) -> Result<MountInfo, MountError> {
+    match (mode, lazy) {
+        (mode, Some(lazy)) => open_and_mount(image, mountpoint, opts, lazy, mode),
+        (Mode::Fuse, None) => crate::fuse::mount_fuse(image, mountpoint, opts),
+        (Mode::Kernel, None) => crate::kernel::mount_image(image, mountpoint, opts),
+    }
 }
 
 /// Mounts `image` at `mountpoint` lazily through FUSE: the same cache,

@@ -42,6 +42,8 @@ pub struct RunOptions {
     pub mount: MountOptions,
     /// Serve the image lazily with these settings; None fetches it first.
     pub lazy: Option<LazyOptions>,
+    /// Kernel or FUSE, as `lamina mount --mode` decided.
+    pub mode: lamina_mount::Mode,
     /// Root of lamina's run state (`/run/lamina`).
     pub state_dir: PathBuf,
     /// The runc binary.
@@ -355,10 +357,13 @@ impl Container {
             .mode(0o700)
             .create(&lower)
             .map_err(io("creating", &lower))?;
-        let info = match &opts.lazy {
-            Some(lazy) => lamina_mount::mount_lazy(&opts.image, &lower, &opts.mount, lazy),
-            None => lamina_mount::mount_image(&opts.image, &lower, &opts.mount),
-        }?;
+        let info = lamina_mount::mount(
+            &opts.image,
+            &lower,
+            &opts.mount,
+            opts.lazy.as_ref(),
+            opts.mode,
+        )?;
         self.lower_mounted = true;
         Ok(info)
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use lamina_image::artifact::LaminaLayers;
-use lamina_mount::{LazyOptions, MountOptions};
+use lamina_mount::{LazyOptions, Mode, MountOptions};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef, SourceOptions};
 
 pub use snapshots::{Images, LayerRole, Snapshotter};
@@ -35,17 +35,21 @@ pub struct Options {
     pub source: SourceOptions,
     /// How lamina images are served.
     pub lazy: LazyOptions,
+    /// Kernel or FUSE mounts; `None`: decided at start from the host, as
+    /// `lamina mount --mode auto` does.
+    pub mode: Option<Mode>,
     /// Where Prometheus metrics are served, if anywhere.
     pub metrics_address: Option<metrics::MetricsAddress>,
 }
 
-/// The real lamina side: manifests from registries, lazy kernel mounts
-/// sharing one cache.
+/// The real lamina side: manifests from registries, lazy mounts (kernel or
+/// FUSE) sharing one cache.
 #[derive(Debug)]
 pub struct RegistryImages {
     source: SourceOptions,
     cache_dir: PathBuf,
     lazy: LazyOptions,
+    mode: Mode,
     /// Per image reference: the manifest's digest and layer digests, or
     /// `None` for an image that is not a lamina image.
     known: HashMap<String, Option<(String, Vec<String>)>>,
@@ -57,12 +61,13 @@ pub struct RegistryImages {
 }
 
 impl RegistryImages {
-    /// Lamina images mounted with `cache_dir` as their cache.
-    pub fn new(source: SourceOptions, cache_dir: PathBuf, lazy: LazyOptions) -> Self {
+    /// Lamina images mounted in `mode` with `cache_dir` as their cache.
+    pub fn new(source: SourceOptions, cache_dir: PathBuf, lazy: LazyOptions, mode: Mode) -> Self {
         RegistryImages {
             source,
             cache_dir,
             lazy,
+            mode,
             known: HashMap::new(),
             pending: HashMap::new(),
             resolved: None,
@@ -113,7 +118,7 @@ impl RegistryImages {
 /// `source` when it is already open.
 fn mount_image(
     opts: &MountOptions,
-    lazy: &LazyOptions,
+    (lazy, mode): (&LazyOptions, Mode),
     image: &str,
     source: Option<Box<dyn ImageSource>>,
     mountpoint: &Path,
@@ -121,8 +126,10 @@ fn mount_image(
     let image_ref = ImageRef::Registry(RegistryRef::parse(image).map_err(|e| e.to_string())?);
     let started = std::time::Instant::now();
     match source {
-        Some(source) => lamina_mount::mount_lazy_from(source, &image_ref, mountpoint, opts, lazy),
-        None => lamina_mount::mount_lazy(&image_ref, mountpoint, opts, lazy),
+        Some(source) => {
+            lamina_mount::mount_lazy_from(source, &image_ref, mountpoint, opts, lazy, mode)
+        }
+        None => lamina_mount::mount(&image_ref, mountpoint, opts, Some(lazy), mode),
     }
     .map_err(|e| e.to_string())?;
     tracing::debug!(image, us = started.elapsed().as_micros() as u64, "mounted");
@@ -162,16 +169,17 @@ impl Images for RegistryImages {
 
     fn mount(&mut self, image: &str, mountpoint: &Path) -> Result<(), String> {
         let source = self.take_resolved(image);
-        mount_image(&self.mount_options(), &self.lazy, image, source, mountpoint)
+        let how = (&self.lazy, self.mode);
+        mount_image(&self.mount_options(), how, image, source, mountpoint)
     }
 
     fn start_mount(&mut self, image: &str, mountpoint: &Path) {
-        let (opts, lazy) = (self.mount_options(), self.lazy.clone());
+        let (opts, lazy, mode) = (self.mount_options(), self.lazy.clone(), self.mode);
         let source = self.take_resolved(image);
         let (image, mnt) = (image.to_string(), mountpoint.to_path_buf());
         let started = std::thread::Builder::new()
             .name("lazy-mount".into())
-            .spawn(move || mount_image(&opts, &lazy, &image, source, &mnt));
+            .spawn(move || mount_image(&opts, (&lazy, mode), &image, source, &mnt));
         match started {
             Ok(handle) => {
                 self.pending.insert(mountpoint.to_path_buf(), handle);
@@ -242,11 +250,15 @@ fn unescape_mountinfo(s: &str) -> String {
 pub fn serve(opts: Options) -> anyhow::Result<()> {
     // Before containerd's first pull, not during it.
     lamina_oci::load_trust_store();
-    let images = RegistryImages::new(
-        opts.source.clone(),
-        opts.root.join("cache"),
-        opts.lazy.clone(),
-    );
+    let cache = opts.root.join("cache");
+    lamina_fetch::private::private_dir(&cache)
+        .with_context(|| format!("cache dir {}", cache.display()))?;
+    let (mode, why) = match opts.mode {
+        Some(mode) => (mode, "as configured".to_string()),
+        None => lamina_mount::choose_mode(&lamina_mount::host_facts(&cache), true),
+    };
+    tracing::info!("lamina images mount with the {mode} path: {why}");
+    let images = RegistryImages::new(opts.source.clone(), cache, opts.lazy.clone(), mode);
     let mut sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
     for line in sn.reconcile() {
         tracing::warn!("{line}");
