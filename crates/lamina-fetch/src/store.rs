@@ -87,8 +87,9 @@ pub fn store_paths(dir: &Path, blob_hex: &str) -> (PathBuf, PathBuf) {
     )
 }
 
-/// The identity a fill record is bound to: inode number and birth time.
-fn identity(file: &File) -> io::Result<Option<FileIdentity>> {
+/// The identity a fill record is bound to: inode number and birth time;
+/// `None` where the filesystem keeps no birth time (nothing can be bound).
+pub fn identity(file: &File) -> io::Result<Option<FileIdentity>> {
     use rustix::fs::{statx, AtFlags, StatxFlags};
     let st = statx(
         file,
