@@ -860,6 +860,8 @@ fn status(cache_dir: &std::path::Path, json: bool) -> Result<()> {
                 "holder_pid": ready["pid"],
                 "alive": alive,
                 "status": read("status.json"),
+                // A FUSE daemon's counters (passthrough opens, reads served).
+                "fuse": read(lamina_mount::FUSE_STATUS),
             }));
         }
     }

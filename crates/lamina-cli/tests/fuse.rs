@@ -5,7 +5,7 @@ mod common;
 
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -208,6 +208,142 @@ fn fuse_mount_of_an_image_without_lookup_table_searches_directories() {
     assert!(n >= 5000, "edge has ~5,200 entries, compared only {n}");
     let log = fuse_log(&cache, &m.path);
     assert!(!log.contains(LOOKUP_TABLE_LINE), "fuse.log:\n{log}");
+    m.unmount();
+}
+
+/// The FUSE daemon's counters (`fuse-status.json` in the mount's run dir)
+/// once `ready` says they are settled; panics after 10 s.
+#[track_caller]
+fn fuse_counters(cache: &Path, ready: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let started = std::time::Instant::now();
+    loop {
+        let status = fs::read_dir(cache.join("mounts"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find_map(|e| fs::read(e.path().join("fuse-status.json")).ok())
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        if let Some(s) = status.filter(&ready) {
+            return s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no settled fuse-status.json under {}",
+            cache.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Passthrough (issue 9): an eager FUSE mount as root passes a big file
+/// through to its object under cache/objects/<metadata-hex>/<nid>, and it
+/// is the kernel that reads it: bytes written into the object while the
+/// file is open show through the mount (the daemon would read the blob
+/// cache instead); the daemon counts the passthrough open. A small file is
+/// read through the daemon and gets no object. An overlay on the mount
+/// (stack depth 1) reads the big file's bytes and takes writes.
+#[test]
+fn fuse_passthrough_serves_big_complete_files_from_their_objects() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("fuse-passthrough");
+    let image = oci_ref(&t.join("out"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let cache = t.join("cache");
+    let m = Mount::with_args(&image, &t.join("mnt"), &cache, &["--mode", "fuse"]);
+    let reference = ociunpack(&edge_layout(), "edge");
+    let (big, small) = ("files/big-1m5", "files/size-4097");
+    let want = fs::read(reference.join(big)).unwrap();
+    assert!(want.len() >= 64 << 10, "{big} is not big");
+
+    let file = fs::File::open(m.path.join(big)).unwrap();
+    // The mount's inode numbers are nids + 2 (the root is 1).
+    let nid = file.metadata().unwrap().ino() - 2;
+    let dirs: Vec<_> = fs::read_dir(cache.join("objects"))
+        .expect("no objects dir in the cache")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one objects dir per image: {dirs:?}");
+    let object = dirs[0].join(nid.to_string());
+    assert!(
+        fs::read(&object).ok() == Some(want.clone()),
+        "{} does not hold {big}'s bytes",
+        object.display()
+    );
+    let meta = dirs[0].file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        cache.join("meta").join(format!("{meta}.erofs")).exists(),
+        "objects dir {meta} is not named after the metadata"
+    );
+
+    // Who reads: change the object under the open file.
+    let at = 4096 + 7;
+    let writer = fs::OpenOptions::new().write(true).open(&object).unwrap();
+    writer.write_all_at(b"PASSTHRU", at).unwrap();
+    let mut got = [0u8; 8];
+    file.read_exact_at(&mut got, at).unwrap();
+    assert_eq!(
+        &got, b"PASSTHRU",
+        "the mount's reads do not come from the object"
+    );
+    writer.write_all_at(&want[at as usize..][..8], at).unwrap();
+    let mut whole = vec![0u8; want.len()];
+    file.read_exact_at(&mut whole, 0).unwrap();
+    assert!(
+        whole == want,
+        "{big} through the mount differs from the reference"
+    );
+    drop(file);
+    let s = fuse_counters(&cache, |s| s["passthrough_opens"].as_u64() >= Some(1));
+    assert_eq!(s["passthrough"], true, "{s}");
+    assert_eq!(s["objects_created"], 1, "only {big} was opened: {s}");
+
+    // A small file: read by the daemon, no object.
+    let before = s["daemon_reads"].as_u64().unwrap_or(0);
+    let small_file = fs::File::open(m.path.join(small)).unwrap();
+    let small_nid = small_file.metadata().unwrap().ino() - 2;
+    drop(small_file);
+    assert_eq!(
+        fs::read(m.path.join(small)).unwrap(),
+        fs::read(reference.join(small)).unwrap(),
+        "{small} through the mount"
+    );
+    assert!(
+        !dirs[0].join(small_nid.to_string()).exists(),
+        "{small} got an object"
+    );
+    let s = fuse_counters(&cache, |s| s["daemon_reads"].as_u64() > Some(before));
+    assert_eq!(s["objects_created"], 1, "{s}");
+
+    // An overlay on top (a container's writable layer).
+    let ovl = Overlay::mount(&m.path, &t.mkdir("ovl"));
+    assert!(
+        fs::read(ovl.merged.join(big)).unwrap() == want,
+        "{big} through the overlay"
+    );
+    fs::write(ovl.merged.join("files/written"), b"upper\n").unwrap();
+    let mut changed = want.clone();
+    changed[..5].copy_from_slice(b"HELLO");
+    fs::write(ovl.merged.join(big), &changed).unwrap();
+    assert_eq!(
+        fs::read(ovl.merged.join("files/written")).unwrap(),
+        b"upper\n"
+    );
+    assert!(
+        fs::read(ovl.merged.join(big)).unwrap() == changed,
+        "write through the overlay"
+    );
+    assert!(
+        fs::read(t.join("ovl/upper").join(big)).unwrap() == changed,
+        "copy-up"
+    );
+    ovl.unmount();
+    assert!(
+        fs::read(m.path.join(big)).unwrap() == want,
+        "the lower changed"
+    );
     m.unmount();
 }
 

@@ -122,8 +122,9 @@ pub fn record_whole(file: &File, path: &Path, digest: &[u8; 32]) -> io::Result<(
     private::write_atomic(&whole_record_path(path), &record.to_bytes(), true)
 }
 
-/// The identity a fill record is bound to: inode number and birth time.
-fn identity(file: &File) -> io::Result<Option<FileIdentity>> {
+/// The identity a fill record is bound to: inode number and birth time;
+/// `None` where the filesystem keeps no birth time (nothing can be bound).
+pub fn identity(file: &File) -> io::Result<Option<FileIdentity>> {
     use rustix::fs::{statx, AtFlags, StatxFlags};
     let st = statx(
         file,

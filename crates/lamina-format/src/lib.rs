@@ -7,6 +7,8 @@
 //!   one fetch at mount.
 //! - [`fill`]: the fill record, which chunks of a cache file were verified
 //!   and made durable, bound to that file's identity.
+//! - [`object`]: the object record, a passed-through file's own copy bound
+//!   to that copy's identity, size and content digest.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -15,6 +17,7 @@ pub mod erofs;
 pub mod fill;
 pub mod index;
 pub mod lookup;
+pub mod object;
 
 /// The most bytes zstd may need for one frame of `n` bytes, as
 /// `ZSTD_COMPRESSBOUND` (an incompressible input grows by 1/256 plus a header),

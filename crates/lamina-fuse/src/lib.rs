@@ -13,18 +13,27 @@
 //! worker for its byte ranges ([`Filler::fill`]) and reads them only once
 //! the worker has verified and written them; otherwise the reader gets the
 //! worker's errno (EIO), never bytes that were not verified.
+//!
+//! Passthrough: a daemon running as root with an objects dir hands big
+//! files whose blobs are all complete to the kernel (FUSE passthrough): the
+//! file's own copy ([`Objects`]) becomes the open file's backing file, so
+//! its reads never reach the daemon and overlayfs can stack on the mount.
+//! Every other file is served here.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use std::sync::Arc;
 
@@ -36,6 +45,9 @@ use lamina_format::lookup::LookupTable;
 use serde::{Deserialize, Serialize};
 
 pub mod fusermount;
+mod objects;
+
+pub use objects::Objects;
 
 /// Entries and attributes never change: the kernel may keep them for good
 /// (a year is "forever" without overflowing the kernel's jiffies).
@@ -52,6 +64,75 @@ pub struct ImageFs {
     /// The image's lookup table: names found with one hash, not a search
     /// of the directory. `None` in images converted before it.
     lookup: Option<LookupTable<'static>>,
+    /// Set when files may be passed through to the kernel.
+    passthrough: Option<Passthrough>,
+    stats: Arc<Stats>,
+}
+
+/// File handle of an open served by the daemon.
+const DAEMON_FH: FileHandle = FileHandle(0);
+/// File handle of an open passed through to the kernel.
+const PASSTHROUGH_FH: FileHandle = FileHandle(1);
+
+/// What a passthrough-enabled daemon keeps.
+#[derive(Debug)]
+struct Passthrough {
+    objects: Objects,
+    /// How each inode with open files is served. The kernel fails an open
+    /// (EIO) that mixes passthrough and daemon-served opens of one inode,
+    /// or two backing files for it; so an inode once passed through keeps
+    /// its backing id for the daemon's life, and one with daemon-served
+    /// opens stays served here until they are all released.
+    inodes: Mutex<HashMap<u64, InodeIo>>,
+    /// The kernel refused to register a backing file (no CAP_SYS_ADMIN in
+    /// the initial user namespace): stop making objects.
+    refused: AtomicBool,
+}
+
+#[derive(Debug)]
+enum InodeIo {
+    /// Open this many times, served by the daemon.
+    Daemon(u32),
+    /// Passed through to this backing file (registered while it lives).
+    Backing(BackingId),
+}
+
+impl Passthrough {
+    fn inodes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, InodeIo>> {
+        self.inodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the daemon counts, for its status file.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Passthrough was negotiated with the kernel.
+    pub passthrough: AtomicBool,
+    /// Opens passed through to an object.
+    pub passthrough_opens: AtomicU64,
+    /// Opens of regular files served by the daemon.
+    pub daemon_opens: AtomicU64,
+    /// Reads served by the daemon.
+    pub daemon_reads: AtomicU64,
+    /// Objects made.
+    pub objects_created: AtomicU64,
+    /// Objects found on disk and not trusted.
+    pub objects_rejected: AtomicU64,
+}
+
+impl Stats {
+    /// The counters as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "passthrough": self.passthrough.load(Ordering::Relaxed),
+            "passthrough_opens": n(&self.passthrough_opens),
+            "daemon_opens": n(&self.daemon_opens),
+            "daemon_reads": n(&self.daemon_reads),
+            "objects_created": n(&self.objects_created),
+            "objects_rejected": n(&self.objects_rejected),
+        })
+    }
 }
 
 impl ImageFs {
@@ -76,7 +157,119 @@ impl ImageFs {
             blobs,
             filler,
             lookup: None,
+            passthrough: None,
+            stats: Arc::default(),
         })
+    }
+
+    /// Lets files of at least `min_size` bytes whose blobs are complete be
+    /// passed through to their objects in `objects_dir` (once the kernel
+    /// agrees, see [`Filesystem::init`]).
+    pub fn with_passthrough(mut self, objects_dir: PathBuf, min_size: u64) -> Self {
+        self.passthrough = Some(Passthrough {
+            objects: Objects::new(objects_dir, min_size, self.stats.clone()),
+            inodes: Mutex::new(HashMap::new()),
+            refused: AtomicBool::new(false),
+        });
+        self
+    }
+
+    /// The daemon's counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    fn blob_complete(&self, blob: u32) -> bool {
+        self.filler.as_ref().is_none_or(|f| f.blob_complete(blob))
+    }
+
+    /// The trusted object to pass file `nid` through to, checked or made
+    /// now; `Ok(None)` when the file is not one to pass through (not
+    /// regular, small, or with data in a blob still being filled).
+    fn backing_file(&self, nid: u64) -> std::io::Result<Option<File>> {
+        let Some(pt) = &self.passthrough else {
+            return Ok(None);
+        };
+        let inode = self.image.inode(nid).map_err(std::io::Error::other)?;
+        if inode.kind() != Some(Kind::Regular) || inode.size < pt.objects.min_size() {
+            return Ok(None);
+        }
+        let pieces = self
+            .pieces(&inode, 0, inode.size)
+            .map_err(|e| std::io::Error::other(format!("chunk table: {e:?}")))?;
+        let complete = pieces
+            .iter()
+            .all(|p| p.data.is_none_or(|(blob, _)| self.blob_complete(blob)));
+        if !complete {
+            return Ok(None);
+        }
+        pt.objects
+            .backing(nid, inode.size, &pieces, &self.blobs)
+            .map(Some)
+    }
+
+    /// Answers the open of regular file `nid`: passed through when it may
+    /// be (and the inode is not served here already), else served here.
+    fn open_file(&self, pt: &Passthrough, nid: u64, reply: ReplyOpen) {
+        let decided = pt.inodes().contains_key(&nid) || pt.refused.load(Ordering::Relaxed);
+        let backing = if decided {
+            None
+        } else {
+            self.backing_file(nid).unwrap_or_else(|e| {
+                tracing::warn!(nid, "not passed through, served here: {e}");
+                None
+            })
+        };
+        let mut inodes = pt.inodes();
+        match inodes.get_mut(&nid) {
+            Some(InodeIo::Backing(id)) => return self.opened_passthrough(nid, reply, id),
+            Some(InodeIo::Daemon(n)) => *n += 1,
+            None => match backing.map(|file| reply.open_backing(&file)) {
+                Some(Ok(id)) => {
+                    let io = inodes.entry(nid).or_insert(InodeIo::Backing(id));
+                    if let InodeIo::Backing(id) = io {
+                        return self.opened_passthrough(nid, reply, id);
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(nid, "registering the backing file: {e}; serving it here");
+                    if e.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error()) {
+                        pt.refused.store(true, Ordering::Relaxed);
+                    }
+                    inodes.insert(nid, InodeIo::Daemon(1));
+                }
+                None => {
+                    inodes.insert(nid, InodeIo::Daemon(1));
+                }
+            },
+        }
+        drop(inodes);
+        self.opened_here(reply);
+    }
+
+    fn opened_passthrough(&self, nid: u64, reply: ReplyOpen, id: &BackingId) {
+        let n = self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::info!(nid, passthrough_opens = n, "open passed through");
+        // The kernel takes no other open flags with passthrough (its page
+        // cache is the backing file's).
+        reply.opened_passthrough(PASSTHROUGH_FH, FopenFlags::empty(), id);
+    }
+
+    fn opened_here(&self, reply: ReplyOpen) {
+        self.stats.daemon_opens.fetch_add(1, Ordering::Relaxed);
+        reply.opened(DAEMON_FH, FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    /// A daemon-served open of `nid` was released.
+    fn released_here(&self, nid: u64) {
+        let Some(pt) = &self.passthrough else { return };
+        let mut inodes = pt.inodes();
+        if let Some(InodeIo::Daemon(n)) = inodes.get_mut(&nid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                inodes.remove(&nid);
+            }
+        }
     }
 
     /// Answers lookups from `table`, the image's lookup table. Its bytes'
@@ -281,10 +474,10 @@ impl ImageFs {
 /// A run of a read: `len` bytes at `start` in the reply, a hole or bytes
 /// at `(blob, offset)` in a blob's cache file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Piece {
-    start: usize,
-    len: usize,
-    data: Option<(u32, u64)>,
+pub(crate) struct Piece {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) data: Option<(u32, u64)>,
 }
 
 impl Piece {
@@ -339,6 +532,19 @@ impl Filesystem for ImageFs {
         ] {
             let _ = config.add_capabilities(flag);
         }
+        if self.passthrough.is_some() {
+            // Depth 1: backing files on a plain filesystem, and overlayfs
+            // may still stack on this mount.
+            let offered = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            if offered {
+                self.stats.passthrough.store(true, Ordering::Relaxed);
+                tracing::info!("FUSE passthrough on");
+            } else {
+                tracing::warn!("the kernel offers no FUSE passthrough; every file served here");
+                self.passthrough = None;
+            }
+        }
         Ok(())
     }
 
@@ -363,8 +569,32 @@ impl Filesystem for ImageFs {
         }
     }
 
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let Some(pt) = &self.passthrough else {
+            return self.opened_here(reply);
+        };
+        match self.nid_of(ino.0) {
+            Ok(nid) => self.open_file(pt, nid, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if fh == DAEMON_FH {
+            if let Ok(nid) = self.nid_of(ino.0) {
+                self.released_here(nid);
+            }
+        }
+        reply.ok();
     }
 
     fn read(
@@ -378,6 +608,7 @@ impl Filesystem for ImageFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.stats.daemon_reads.fetch_add(1, Ordering::Relaxed);
         match self.read_at(ino.0, offset, size, req.pid()) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(e),
@@ -493,6 +724,28 @@ pub struct ServeConfig {
     /// Written (atomically) once mounted or when mounting failed: the same
     /// `ready` file as a lazy mount's holder writes.
     pub ready_path: PathBuf,
+    /// This image's objects (`<cache>/objects/<metadata-layer-hex>`): files
+    /// passed through to the kernel are copied there. `None`, or a daemon
+    /// not running as root (registering a backing file needs
+    /// CAP_SYS_ADMIN): no passthrough.
+    #[serde(default)]
+    pub objects_dir: Option<PathBuf>,
+    /// Smaller files are never passed through: copying one costs more than
+    /// the single FUSE round trip its reads take, and the page cache keeps
+    /// its bytes after the first read anyway.
+    #[serde(default = "default_passthrough_min_size")]
+    pub passthrough_min_size: u64,
+    /// Where the daemon keeps its counters ([`Stats`]) as JSON, rewritten
+    /// atomically when they change.
+    #[serde(default)]
+    pub status_path: Option<PathBuf>,
+}
+
+/// [`ServeConfig::passthrough_min_size`] unless configured.
+pub const DEFAULT_PASSTHROUGH_MIN_SIZE: u64 = 64 << 10;
+
+fn default_passthrough_min_size() -> u64 {
+    DEFAULT_PASSTHROUGH_MIN_SIZE
 }
 
 /// The FUSE daemon: mounts `config`'s image and serves it until unmounted.
@@ -542,7 +795,7 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         },
         None => None,
     };
-    let session = match open_session(config, filler.clone(), rootless_fd) {
+    let (session, stats) = match open_session(config, filler.clone(), rootless_fd) {
         Ok(s) => s,
         Err(e) => {
             undo_mount();
@@ -554,6 +807,9 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         }
     };
     report(None)?;
+    if let Some(path) = &config.status_path {
+        write_status_while_serving(path.clone(), stats);
+    }
     tracing::info!(
         mountpoint = %config.mountpoint.display(),
         lazy = filler.is_some(),
@@ -568,17 +824,40 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
     served
 }
 
+/// Rewrites the status file at `path` whenever `stats` changed (checked
+/// every quarter second), for the daemon's life.
+fn write_status_while_serving(path: PathBuf, stats: Arc<Stats>) {
+    let spawned = std::thread::Builder::new()
+        .name("status".into())
+        .spawn(move || {
+            let mut last = serde_json::Value::Null;
+            loop {
+                let now = stats.to_json();
+                if now != last {
+                    if let Err(e) = write_atomic(&path, now.to_string().as_bytes()) {
+                        tracing::warn!("{}: {e}", path.display());
+                    }
+                    last = now;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no status thread: {e}");
+    }
+}
+
 /// What fusermount3 mounts a rootless FUSE mount with (it adds nosuid and
 /// nodev itself).
 const ROOTLESS_OPTIONS: &str = "ro,fsname=lamina,subtype=lamina,default_permissions";
 
 /// The session serving `config`'s image: on `fuse_fd` when fusermount3 has
-/// mounted it already, else mounted here.
+/// mounted it already, else mounted here; and its counters.
 fn open_session(
     config: &ServeConfig,
     filler: Option<Arc<Filler>>,
     fuse_fd: Option<std::os::fd::OwnedFd>,
-) -> Result<fuser::Session<ImageFs>, String> {
+) -> Result<(fuser::Session<ImageFs>, Arc<Stats>), String> {
     // Mapped, not read: the daemon serves this one image for its whole
     // life, and touches only the pages lookups and reads need.
     let meta = map_forever(&config.metadata_path)?;
@@ -595,12 +874,17 @@ fn open_session(
             .map_err(|e| format!("{}: {e}", path.display()))?;
         tracing::info!(bytes = table.len(), "lookups through the lookup table");
     }
+    if let Some(dir) = config.objects_dir.clone().filter(|_| is_root()) {
+        fs = fs.with_passthrough(dir, config.passthrough_min_size);
+    }
+    let stats = fs.stats();
     let fuse = fuse_config(config.threads);
-    match fuse_fd {
+    let session = match fuse_fd {
         Some(fd) => fuser::Session::from_fd(fs, fd, fuse.acl, fuse),
         None => fuser::Session::new(fs, &config.mountpoint, &fuse),
     }
-    .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))
+    .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))?;
+    Ok((session, stats))
 }
 
 /// The file at `path`, mapped read-only for the daemon's life.
@@ -650,6 +934,7 @@ pub fn load_config(path: &Path) -> std::io::Result<ServeConfig> {
 mod tests {
     use super::*;
     use lamina_format::erofs::{write_image, ChunkAddr, Device, FileChunks};
+    use lamina_format::object::ObjectRecord;
     use lamina_tree::{DirEntry, Metadata, Node, NodeKind, Tree};
     use std::io::Write;
 
@@ -840,6 +1125,101 @@ mod tests {
         }
     }
 
+    /// The fixture with passthrough for every size, objects in `dir`;
+    /// its file's nid and inode number.
+    fn passthrough_fixture(dir: &Path) -> (ImageFs, u64, u64) {
+        let fs = fixture(dir).with_passthrough(dir.join("objects/meta"), 0);
+        let ino = fs.lookup_entry(1, b"file").unwrap().ino.0;
+        let nid = fs.nid_of(ino).unwrap();
+        (fs, nid, ino)
+    }
+
+    fn objects(fs: &ImageFs) -> &Objects {
+        &fs.passthrough.as_ref().unwrap().objects
+    }
+
+    fn stat(fs: &ImageFs, counter: fn(&Stats) -> &AtomicU64) -> u64 {
+        counter(&fs.stats).load(Ordering::Relaxed)
+    }
+
+    fn sha256(bytes: &[u8]) -> Vec<u8> {
+        ring::digest::digest(&ring::digest::SHA256, bytes)
+            .as_ref()
+            .to_vec()
+    }
+
+    #[test]
+    fn an_object_holds_the_files_bytes_with_its_holes() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (fs, nid, ino) = passthrough_fixture(tmp.path());
+        let want = fs.read_at(ino, 0, 1 << 20, 1).unwrap();
+        let object = fs.backing_file(nid).unwrap().expect("an object");
+        let mut got = vec![0; want.len()];
+        object.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == want, "the object's bytes differ from the file's");
+        assert_eq!(object.metadata().unwrap().len(), 8292);
+        // Chunk 1 (4096..8192) is a hole in the image: none in the object.
+        let data = rustix::fs::seek(&object, rustix::fs::SeekFrom::Data(4096)).unwrap();
+        assert_eq!(data, 8192, "the hole was written");
+
+        let (path, record_path) = objects(&fs).paths(nid);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        let record = ObjectRecord::from_bytes(&std::fs::read(&record_path).unwrap()).unwrap();
+        assert_eq!(record.size, 8292);
+        assert_eq!(record.content_sha256.to_vec(), sha256(&want));
+        let id = lamina_fetch::store::identity(&object).unwrap().unwrap();
+        assert_eq!(record.file, id, "the record names the object");
+        assert_eq!(stat(&fs, |s| &s.objects_created), 1);
+
+        // Opened again, it is the same object, not made anew.
+        let again = fs.backing_file(nid).unwrap().unwrap();
+        assert_eq!(lamina_fetch::store::identity(&again).unwrap(), Some(id));
+        assert_eq!(stat(&fs, |s| &s.objects_created), 1);
+        // Smaller than the minimum: served by the daemon, no object.
+        let small = fixture(tmp.path()).with_passthrough(tmp.path().join("o2"), 8293);
+        assert!(small.backing_file(nid).unwrap().is_none());
+        assert!(!tmp.path().join("o2").exists());
+    }
+
+    #[test]
+    fn a_tampered_object_is_not_trusted() {
+        for what in ["bytes changed", "record of another file", "wrong size"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let (fs, nid, ino) = passthrough_fixture(tmp.path());
+            let want = fs.read_at(ino, 0, 1 << 20, 1).unwrap();
+            let object = fs.backing_file(nid).unwrap().unwrap();
+            let size = want.len() as u64;
+            match what {
+                "bytes changed" => object.write_all_at(&[want[0] ^ 1], 0).unwrap(),
+                "record of another file" => {
+                    // The record of an object of the same bytes, for nid 999.
+                    let inode = fs.image.inode(nid).unwrap();
+                    let pieces = fs.pieces(&inode, 0, size).unwrap();
+                    objects(&fs).backing(999, size, &pieces, &fs.blobs).unwrap();
+                    let (_, theirs) = objects(&fs).paths(999);
+                    std::fs::copy(theirs, objects(&fs).paths(nid).1).unwrap();
+                }
+                _ => object.set_len(size + 1).unwrap(),
+            }
+            // A daemon that has not checked it yet.
+            let (fresh, _, _) = passthrough_fixture(tmp.path());
+            let e = objects(&fresh).open_verified(nid, size).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{what}: {e}");
+            // Opening the file replaces it with a good one.
+            let made = fresh.backing_file(nid).unwrap().unwrap();
+            let mut got = vec![0; want.len()];
+            made.read_exact_at(&mut got, 0).unwrap();
+            assert!(got == want, "{what}: the new object's bytes");
+            assert_eq!(made.metadata().unwrap().len(), size, "{what}");
+            assert_eq!(stat(&fresh, |s| &s.objects_rejected), 1, "{what}");
+            assert_eq!(stat(&fresh, |s| &s.objects_created), 1, "{what}");
+            assert!(objects(&fresh).open_verified(nid, size).unwrap().is_some());
+        }
+    }
+
     #[test]
     fn a_table_of_another_shape_or_root_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
@@ -867,6 +1247,26 @@ mod tests {
             fs.with_lookup(Vec::leak(other_root)).is_err(),
             "a table of another root"
         );
+    }
+
+    #[test]
+    fn a_record_bound_to_a_replaced_file_is_not_trusted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (fs, nid, _) = passthrough_fixture(tmp.path());
+        let object = fs.backing_file(nid).unwrap().unwrap();
+        let size = object.metadata().unwrap().len();
+        // Same bytes, same size, the record untouched: another file.
+        let (path, _) = objects(&fs).paths(nid);
+        let copy = tmp.path().join("copy");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::rename(&copy, &path).unwrap();
+        for (who, fs) in [
+            ("this daemon", &fs),
+            ("a new one", &passthrough_fixture(tmp.path()).0),
+        ] {
+            let e = objects(fs).open_verified(nid, size).unwrap_err();
+            assert!(e.to_string().contains("another file"), "{who}: {e}");
+        }
     }
 
     #[test]

@@ -17,6 +17,16 @@ use crate::lazy::start_daemon;
 /// Threads of a FUSE daemon: requests block on reads of the cache.
 pub const FUSE_THREADS: usize = 4;
 
+/// The FUSE daemon's counters, in its run dir.
+pub const FUSE_STATUS: &str = "fuse-status.json";
+
+/// The objects dir of the image whose metadata is `meta/<layer-hex>.erofs`:
+/// `objects/<layer-hex>` (gc keeps it exactly while that file is in use).
+pub(crate) fn objects_dir(cache_dir: &Path, metadata: &Path) -> Option<PathBuf> {
+    let hex = metadata.file_stem()?;
+    Some(cache_dir.join("objects").join(hex))
+}
+
 /// Mounts `image` at `mountpoint` through FUSE, filling the cache first.
 pub fn mount_fuse(
     image: &ImageRef,
@@ -28,6 +38,7 @@ pub fn mount_fuse(
     let run = crate::lazy::run_dir(&opts.cache_dir, mountpoint);
     private::private_dir(&run).map_err(io_err(&run))?;
     start_fuse_daemon(
+        &opts.cache_dir,
         &run,
         &info.metadata_path,
         info.lookup_path.as_deref(),
@@ -39,11 +50,12 @@ pub fn mount_fuse(
     Ok(info)
 }
 
-/// Starts the FUSE daemon serving `metadata` (with its lookup table, when
-/// the image has one) over the cache files `blobs` at `mountpoint`, with
-/// its files in the run dir `run`; a lazy mount passes its worker's
-/// config. Returns once it has mounted.
+/// Starts the FUSE daemon serving `metadata` (in `cache_dir`, with its
+/// lookup table when the image has one) over the cache files `blobs` at
+/// `mountpoint`, with its files in the run dir `run`; a lazy mount passes
+/// its worker's config. Returns once it has mounted.
 pub(crate) fn start_fuse_daemon(
+    cache_dir: &Path,
     run: &Path,
     metadata: &Path,
     lookup: Option<&Path>,
@@ -52,7 +64,7 @@ pub(crate) fn start_fuse_daemon(
     worker_config: Option<PathBuf>,
 ) -> Result<(), MountError> {
     // Whatever an earlier mount at this point left must not be read as ours.
-    for stale in ["ready", "fuse.json", "fuse.log", "eager.json"] {
+    for stale in ["ready", "fuse.json", "fuse.log", "eager.json", FUSE_STATUS] {
         let _ = fs::remove_file(run.join(stale));
     }
     let config = ServeConfig {
@@ -63,6 +75,13 @@ pub(crate) fn start_fuse_daemon(
         worker_config,
         threads: FUSE_THREADS,
         ready_path: run.join("ready"),
+        // Only root may register backing files: without it, no objects.
+        objects_dir: rustix::process::geteuid()
+            .is_root()
+            .then(|| objects_dir(cache_dir, metadata))
+            .flatten(),
+        passthrough_min_size: lamina_fuse::DEFAULT_PASSTHROUGH_MIN_SIZE,
+        status_path: Some(run.join(FUSE_STATUS)),
     };
     let config_path = run.join("fuse.json");
     let bytes =

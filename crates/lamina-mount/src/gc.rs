@@ -69,7 +69,39 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
     used
 }
 
-/// Removes unused cache files, oldest first, until the cache's allocated
+/// The objects dirs (`objects/<layer-hex>`): path, mtime and allocated
+/// bytes of each, its files included.
+fn object_dirs(cache_dir: &Path) -> Vec<(PathBuf, i64, u64)> {
+    let Ok(dir) = fs::read_dir(cache_dir.join("objects")) else {
+        return Vec::new();
+    };
+    let mut dirs = Vec::new();
+    for entry in dir.flatten() {
+        let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        let files = fs::read_dir(entry.path()).into_iter().flatten().flatten();
+        let bytes = files
+            .filter_map(|f| f.metadata().ok())
+            .map(|m| m.blocks() * 512)
+            .sum::<u64>();
+        dirs.push((entry.path(), meta.mtime(), meta.blocks() * 512 + bytes));
+    }
+    dirs
+}
+
+/// The metadata file whose objects `objects/<layer-hex>` holds: the dir is
+/// in use exactly while `meta/<layer-hex>.erofs` is.
+fn metadata_of(cache_dir: &Path, objects: &Path) -> PathBuf {
+    let mut name = objects.file_name().unwrap_or_default().to_owned();
+    name.push(".erofs");
+    cache_dir.join("meta").join(name)
+}
+
+/// Removes unused cache files (and objects dirs), oldest first, until the cache's allocated
 /// size is at most `max_size` bytes.
 pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
     let used = files_in_use(cache_dir);
@@ -109,13 +141,26 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             candidates.push((meta.mtime(), bytes, group));
         }
     }
+    for (dir, mtime, bytes) in object_dirs(cache_dir) {
+        total += bytes;
+        if used.contains(&metadata_of(cache_dir, &dir)) {
+            report.in_use += 1;
+        } else {
+            candidates.push((mtime, bytes, vec![dir]));
+        }
+    }
     candidates.sort_by_key(|c| c.0);
     for (_, bytes, group) in candidates {
         if total <= max_size {
             break;
         }
         for p in group {
-            if fs::remove_file(&p).is_ok() {
+            let removed = if p.is_dir() {
+                fs::remove_dir_all(&p)
+            } else {
+                fs::remove_file(&p)
+            };
+            if removed.is_ok() {
                 report.evicted.push(p);
             }
         }
@@ -172,5 +217,36 @@ mod tests {
         assert!(report.evicted.contains(&record), "{report:?}");
         assert!(!record.exists());
         assert_eq!(report.kept_bytes, 0);
+    }
+
+    /// objects/<hex> goes with meta/<hex>.erofs: kept while a live mount
+    /// uses that metadata, evicted (whole) when none does.
+    #[test]
+    fn objects_dirs_are_kept_exactly_while_their_metadata_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path();
+        for hex in ["used", "unused"] {
+            let objects = cache.join("objects").join(hex);
+            fs::create_dir_all(&objects).unwrap();
+            fs::write(objects.join("12"), vec![1u8; 8192]).unwrap();
+            fs::write(objects.join("12.record"), b"r").unwrap();
+        }
+        // A live eager mount (its mountpoint is the temp dir itself) uses
+        // meta/used.erofs.
+        let run = cache.join("mounts/m");
+        fs::create_dir_all(&run).unwrap();
+        let record = EagerRecord {
+            mountpoint: cache.to_path_buf(),
+            dev: fs::metadata(cache).unwrap().dev(),
+            files: vec![cache.join("meta/used.erofs")],
+        };
+        fs::write(run.join("eager.json"), serde_json::to_vec(&record).unwrap()).unwrap();
+
+        let report = gc(cache, 0).unwrap();
+        assert_eq!(report.evicted, vec![cache.join("objects/unused")]);
+        assert!(!cache.join("objects/unused").exists());
+        assert!(cache.join("objects/used/12").exists());
+        assert_eq!(report.in_use, 1, "{report:?}");
+        assert!(report.kept_bytes >= 8192, "{report:?}");
     }
 }

@@ -288,6 +288,7 @@ fn mount_lazy_with(
             "holder",
         )?,
         Mode::Fuse => crate::fuse::start_fuse_daemon(
+            &opts.cache_dir,
             &run,
             &meta_path,
             lookup_path.as_deref(),

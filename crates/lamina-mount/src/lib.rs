@@ -10,7 +10,12 @@
 //! meta/<layer-hex>.boot                boot pages (checked by the worker)
 //! blobs/<blob-hex>.cache               one uncompressed, block-addressed file per data blob
 //! blobs/<blob-hex>.fill                its fill record (`lamina_format::fill`)
+//! objects/<layer-hex>/<nid>            a FUSE-passthrough file's own copy (root only), made
+//!                                      from complete blobs; in use while meta/<layer-hex>.erofs is
+//! objects/<layer-hex>/<nid>.record     its record (`lamina_format::object`): identity, size,
+//!                                      content sha256; checked once per daemon before use
 //! mounts/<id>/                         each live mount's config, status and logs
+//!                                      (a FUSE daemon's counters: fuse-status.json)
 //! ```
 //! Directories are 0700 and files 0600. Which chunks of a cache file may be
 //! read is decided by its fill record alone, for eager and lazy mounts alike
@@ -28,7 +33,7 @@ pub mod metrics;
 mod mode;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
-pub use fuse::{mount_fuse, FUSE_THREADS};
+pub use fuse::{mount_fuse, FUSE_STATUS, FUSE_THREADS};
 pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
 pub use lazy::{

@@ -1507,3 +1507,60 @@ fn kernel_xattrs(path: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     }
     out
 }
+
+/// An overlayfs over a (read-only) lamina mount, unmounted on drop.
+#[derive(Debug)]
+pub struct Overlay {
+    /// Where the overlay is mounted.
+    pub merged: PathBuf,
+}
+
+impl Overlay {
+    #[track_caller]
+    pub fn mount(lower: &Path, dir: &Path) -> Overlay {
+        let (upper, work, merged) = (dir.join("upper"), dir.join("work"), dir.join("merged"));
+        for d in [&upper, &work, &merged] {
+            fs::create_dir_all(d).unwrap();
+        }
+        let guard = Overlay {
+            merged: merged.clone(),
+        };
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        let mut c = command(
+            "mount",
+            [
+                OsStr::new("-t"),
+                OsStr::new("overlay"),
+                OsStr::new("overlay"),
+                OsStr::new("-o"),
+                OsStr::new(&opts),
+                merged.as_os_str(),
+            ],
+        );
+        run(&mut c, SHORT).ok();
+        guard
+    }
+
+    #[track_caller]
+    pub fn unmount(&self) {
+        run(&mut command("umount", [&self.merged]), SHORT).ok();
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        for args in [vec!["umount"], vec!["umount", "-l"]] {
+            if !is_mountpoint(&self.merged) {
+                return;
+            }
+            let mut c = command(args[0], &args[1..]);
+            c.arg(&self.merged);
+            let _ = try_run(&mut c, SHORT);
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Objects: one file's bytes in a file of their own, for FUSE passthrough.
+//!
+//! Passthrough maps a FUSE file onto a backing file from offset 0, but an
+//! image file's bytes are chunks inside per-blob cache files; so a file
+//! passed through gets its own copy, an object, at `<dir>/<nid>`, with its
+//! record (`lamina_format::object`) at `<dir>/<nid>.record`. An object is
+//! made only from blobs that are complete in the cache (verified), copied
+//! in the kernel (`copy_file_range`: a reflink where the filesystem can)
+//! with holes left as holes, and hashed on the way.
+//!
+//! Trust: an object found on disk is used only after this process checked
+//! it once: its record names that very file (inode and birth time), the
+//! size is the inode's, and its bytes hash to the record's digest. Then the
+//! nid is remembered with the file's identity for this process's life.
+//! Anything else is removed and made anew; when that fails too, the caller
+//! serves the file itself.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use lamina_fetch::private;
+use lamina_fetch::store::identity;
+use lamina_format::fill::FileIdentity;
+use lamina_format::object::ObjectRecord;
+use ring::digest::{Context, SHA256};
+
+use crate::{Piece, Stats};
+
+/// Bytes hashed or copied per step.
+const STEP: usize = 1 << 20;
+
+/// The objects of one image, under `<cache>/objects/<metadata-layer-hex>`.
+#[derive(Debug)]
+pub struct Objects {
+    dir: PathBuf,
+    min_size: u64,
+    /// Objects this process checked or made: nid -> the object's identity.
+    trusted: Mutex<HashMap<u64, FileIdentity>>,
+    stats: Arc<Stats>,
+}
+
+impl Objects {
+    /// The objects in `dir`, for files of at least `min_size` bytes,
+    /// counted in `stats`.
+    pub fn new(dir: PathBuf, min_size: u64, stats: Arc<Stats>) -> Objects {
+        Objects {
+            dir,
+            min_size,
+            trusted: Mutex::new(HashMap::new()),
+            stats,
+        }
+    }
+
+    /// Files smaller than this are served by the daemon.
+    pub fn min_size(&self) -> u64 {
+        self.min_size
+    }
+
+    /// Paths of the object of `nid` and of its record.
+    pub fn paths(&self, nid: u64) -> (PathBuf, PathBuf) {
+        (
+            self.dir.join(nid.to_string()),
+            self.dir.join(format!("{nid}.record")),
+        )
+    }
+
+    /// The trusted object of file `nid` (`size` bytes at `pieces` in the
+    /// complete blob files `blobs`), checked or made here.
+    pub(crate) fn backing(
+        &self,
+        nid: u64,
+        size: u64,
+        pieces: &[Piece],
+        blobs: &[File],
+    ) -> io::Result<File> {
+        match self.open_verified(nid, size) {
+            Ok(Some(file)) => return Ok(file),
+            Ok(None) => {}
+            Err(why) => {
+                self.stats.objects_rejected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(nid, "object not trusted, making it anew: {why}");
+                self.remove(nid);
+            }
+        }
+        match self.create(nid, size, pieces, blobs) {
+            // Another process made it first: check theirs.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self
+                .open_verified(nid, size)?
+                .ok_or_else(|| io::Error::other("object vanished while made")),
+            other => other,
+        }
+    }
+
+    /// The object of `nid` if it exists and is trusted; `Ok(None)` if
+    /// there is none; `Err(why)` if there is one that is not trusted.
+    pub(crate) fn open_verified(&self, nid: u64, size: u64) -> io::Result<Option<File>> {
+        let (path, record_path) = self.paths(nid);
+        let file = match private::open_trusted(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let id = identity(&file)?.ok_or_else(|| untrusted("no birth time to bind to"))?;
+        if self.lock().get(&nid) == Some(&id) {
+            return Ok(Some(file));
+        }
+        let record = private::read_trusted(&record_path)?;
+        let record = ObjectRecord::from_bytes(&record).map_err(|e| untrusted(&e.to_string()))?;
+        if record.file != id {
+            return Err(untrusted("its record describes another file"));
+        }
+        if record.size != size || file.metadata()?.len() != size {
+            return Err(untrusted("size differs from the image's file"));
+        }
+        if hash_file(&file, size)? != record.content_sha256 {
+            return Err(untrusted("content differs from its record"));
+        }
+        self.lock().insert(nid, id);
+        Ok(Some(file))
+    }
+
+    /// Makes the object of `nid` under a temp name, then moves it into
+    /// place without replacing one that appeared meanwhile (AlreadyExists).
+    fn create(&self, nid: u64, size: u64, pieces: &[Piece], blobs: &[File]) -> io::Result<File> {
+        private::private_dir(&self.dir)?;
+        let (path, record_path) = self.paths(nid);
+        let tmp = private::temp_name(&path, "tmp");
+        let tmp_record = private::temp_name(&record_path, "tmp");
+        let made = (|| -> io::Result<(File, FileIdentity)> {
+            let file = private::create_new(&tmp)?;
+            let digest = copy_pieces(&file, size, pieces, blobs)?;
+            file.sync_all()?;
+            let id = identity(&file)?.ok_or_else(|| untrusted("no birth time to bind to"))?;
+            let record = ObjectRecord {
+                file: id,
+                size,
+                content_sha256: digest,
+            };
+            private::write_atomic(&tmp_record, &record.to_bytes(), true)?;
+            rename_noreplace(&tmp, &path)?;
+            std::fs::rename(&tmp_record, &record_path)?;
+            Ok((file, id))
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(&tmp_record);
+        let (file, id) = made?;
+        self.lock().insert(nid, id);
+        self.stats.objects_created.fetch_add(1, Ordering::Relaxed);
+        Ok(file)
+    }
+
+    /// Removes the object of `nid` and its record (either may be missing).
+    fn remove(&self, nid: u64) {
+        self.lock().remove(&nid);
+        let (path, record_path) = self.paths(nid);
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(record_path);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, FileIdentity>> {
+        self.trusted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn untrusted(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why.to_string())
+}
+
+/// Writes the file's `size` bytes into `out`: each data piece copied in
+/// the kernel from its blob file, holes left unwritten (sparse). Returns
+/// the sha256 of the bytes, hashed from the blob files.
+fn copy_pieces(out: &File, size: u64, pieces: &[Piece], blobs: &[File]) -> io::Result<[u8; 32]> {
+    out.set_len(size)?;
+    let mut hash = Context::new(&SHA256);
+    let zeros = vec![0u8; STEP];
+    let mut buf = vec![0u8; STEP];
+    for piece in pieces {
+        let Some((blob, at)) = piece.data else {
+            for n in steps(piece.len as u64) {
+                hash.update(&zeros[..n]);
+            }
+            continue;
+        };
+        let blob = &blobs[blob as usize];
+        copy_range(blob, at, out, piece.start as u64, piece.len as u64)?;
+        let mut pos = at;
+        for n in steps(piece.len as u64) {
+            blob.read_exact_at(&mut buf[..n], pos)?;
+            hash.update(&buf[..n]);
+            pos += n as u64;
+        }
+    }
+    Ok(digest_bytes(hash))
+}
+
+/// `len` bytes from `from` at `from_at` to `to` at `to_at`, in the kernel.
+fn copy_range(from: &File, from_at: u64, to: &File, to_at: u64, len: u64) -> io::Result<()> {
+    let (mut src, mut dst, mut left) = (from_at, to_at, len);
+    while left > 0 {
+        let n = rustix::fs::copy_file_range(
+            from,
+            Some(&mut src),
+            to,
+            Some(&mut dst),
+            left.min(1 << 30) as usize,
+        )?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "blob cache file shorter than its chunks",
+            ));
+        }
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// The sha256 of the first `size` bytes of `file`.
+fn hash_file(file: &File, size: u64) -> io::Result<[u8; 32]> {
+    let mut hash = Context::new(&SHA256);
+    let mut buf = vec![0u8; STEP];
+    let mut pos = 0;
+    for n in steps(size) {
+        file.read_exact_at(&mut buf[..n], pos)?;
+        hash.update(&buf[..n]);
+        pos += n as u64;
+    }
+    Ok(digest_bytes(hash))
+}
+
+/// Lengths of the steps that cover `len` bytes.
+fn steps(len: u64) -> impl Iterator<Item = usize> {
+    let step = STEP as u64;
+    (0..len.div_ceil(step)).map(move |i| (len - i * step).min(step) as usize)
+}
+
+fn digest_bytes(hash: Context) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(hash.finish().as_ref());
+    out
+}
+
+/// Renames `from` to `to` unless `to` exists (then AlreadyExists).
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE).map_err(io::Error::from)
+}
