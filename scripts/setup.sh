@@ -5,6 +5,7 @@
 #
 # - installs the Debian packages the tests need (apt-get update runs once, and
 #   only when something is missing);
+# - gives user nobody subordinate ids (the rootless podman test);
 # - installs Rust through rustup only when `cargo` is not found (sources
 #   ~/.cargo/env first, so a preinstalled rustup toolchain is reused).
 # Quiet on success; on failure prints the tail of the failing command's output.
@@ -13,7 +14,7 @@ set -euo pipefail
 PACKAGES=(
     docker-registry umoci skopeo erofs-utils squashfs-tools debootstrap hyperfine
     fuse3 attr zstd jq python3 e2fsprogs util-linux iproute2 containerd runc
-    stargz-snapshotter
+    stargz-snapshotter podman uidmap catatonit
     ca-certificates curl build-essential pkg-config
 )
 
@@ -50,6 +51,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
     log "all ${#PACKAGES[@]} Debian packages already installed"
 fi
+
+# The rootless podman test runs as user nobody, which needs subordinate
+# uids and gids for podman's user namespace.
+for f in /etc/subuid /etc/subgid; do
+    if ! grep -q '^nobody:' "$f" 2>/dev/null; then
+        echo 'nobody:200000:65536' >>"$f"
+        log "gave nobody subordinate ids 200000-265535 in $f"
+    fi
+done
 
 # Debian's docker-registry package enables a system-wide registry on :5000.
 # Tests start their own instance (tests/tools/registry.sh); stop the global one

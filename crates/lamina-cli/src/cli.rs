@@ -276,11 +276,12 @@ pub(crate) enum Command {
     },
 }
 
-/// The cache dir when none is given: `/var/lib/lamina` for root; for
-/// anyone else (a rootless FUSE mount) `$XDG_CACHE_HOME/lamina`, else
+/// The cache dir when none is given: `/var/lib/lamina` for the host's
+/// root; for anyone else (a rootless FUSE mount, root of a user namespace
+/// such as `podman unshare`'s) `$XDG_CACHE_HOME/lamina`, else
 /// `~/.cache/lamina`.
 fn default_cache_dir() -> PathBuf {
-    if rustix::process::geteuid().is_root() {
+    if lamina_sys::is_host_root() {
         return PathBuf::from("/var/lib/lamina");
     }
     let from_env = |name: &str| {

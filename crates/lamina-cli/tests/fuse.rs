@@ -6,7 +6,7 @@ mod common;
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
@@ -618,4 +618,151 @@ fn rootless_lazy_fuse_mount_through_fusermount3() {
         process_exits(daemons[0], Duration::from_secs(10)),
         "the FUSE daemon outlived its mount"
     );
+}
+
+/// `podman ARGS` as user nobody, with `home` as its home (storage, cache)
+/// and `home/run` as its runtime dir.
+fn podman_as_nobody(home: &Path, args: &[&OsStr]) -> Output {
+    let mut c = command(
+        tool("setpriv"),
+        [
+            OsStr::new(&format!("--reuid={NOBODY}")),
+            OsStr::new(&format!("--regid={NOBODY}")),
+            OsStr::new("--clear-groups"),
+            tool("podman").as_os_str(),
+        ],
+    );
+    c.args(args)
+        .env_remove("LAMINA_CACHE_DIR")
+        .env("HOME", home)
+        .env("XDG_RUNTIME_DIR", home.join("run"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CACHE_HOME", home.join("cache"));
+    run(&mut c, TIMEOUT)
+}
+
+/// Ends nobody's podman user namespace when dropped, and any lamina daemon
+/// serving from the cache under its home: a mount left in that namespace
+/// would otherwise keep its daemon, and the daemon the namespace, alive.
+struct PodmanNamespace(PathBuf);
+
+impl Drop for PodmanNamespace {
+    fn drop(&mut self) {
+        let _ = podman_as_nobody(&self.0, &[OsStr::new("system"), OsStr::new("migrate")]);
+        let mut kill = command("pkill", [OsStr::new("-f"), self.0.as_os_str()]);
+        let _ = try_run(&mut kill, SHORT);
+    }
+}
+
+/// Hashes every file under /usr/lib/python3.11 in order: one digest.
+const HASH_PYTHON_LIB: &str = "cd usr/lib/python3.11 && find . -type f | LC_ALL=C sort | \
+                               xargs -d '\\n' sha256sum | sha256sum";
+
+/// Rootless podman (issue 9): user nobody, with subordinate ids
+/// (scripts/setup.sh gives it 200000-265535), mounts the Debian image lazily
+/// inside podman's own user namespace (`podman unshare lamina mount`, so
+/// the image's files belong to the container's users there), and `podman
+/// run --rootfs MNT:O` runs python3 from it without root. The container's
+/// write lands in podman's overlay, not in the image; the files of
+/// /usr/lib/python3.11 read in the container hash as ociunpack.py's tree
+/// has them; `podman unshare lamina umount` unmounts it.
+#[test]
+fn rootless_podman_runs_python3_from_a_lamina_mount() {
+    if !require(&["setpriv", "podman", "newuidmap"]) {
+        return;
+    }
+    let subuid = fs::read_to_string("/etc/subuid").unwrap_or_default();
+    assert!(
+        subuid.lines().any(|l| l.starts_with("nobody:")),
+        "nobody has no subordinate uids: scripts/setup.sh adds them"
+    );
+    let mode = fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777;
+    let _restore = DevFuseMode(mode);
+    fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).unwrap();
+    let t = TestDir::new("podman-rootless");
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let image = oci_ref(&t.join("img"), "deb");
+    lamina(["convert", &oci_ref(&debian_source(), "bookworm"), &image]).ok();
+    let (home, mnt) = (t.mkdir("home"), t.mkdir("mnt"));
+    fs::create_dir_all(home.join("run")).unwrap();
+    fs::set_permissions(home.join("run"), fs::Permissions::from_mode(0o700)).unwrap();
+    for p in [&t.join("img"), &home, &mnt] {
+        let mut c = command(
+            "chown",
+            [OsStr::new("-R"), OsStr::new("65534:65534"), p.as_os_str()],
+        );
+        run(&mut c, SHORT).ok();
+    }
+    let _namespace = PodmanNamespace(home.clone());
+    let podman = |args: &[&str]| {
+        let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        podman_as_nobody(&home, &args)
+    };
+    let mnt_arg = mnt.to_str().unwrap();
+
+    let out = podman(&[
+        "unshare", LAMINA, "mount", "--json", "--lazy", &image, mnt_arg,
+    ])
+    .ok();
+    let info = out.json();
+    assert_eq!(info["mode"], "fuse", "{info}");
+    assert!(
+        info["mode_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not root"),
+        "root of a user namespace is not root of the host: {info}"
+    );
+    let script = format!(
+        "python3 -c 'print(\"hello from rootless podman\")' && \
+         echo written > /etc/lamina-test && cat /etc/lamina-test && cd / && {HASH_PYTHON_LIB}"
+    );
+    // --ulimit host: podman raises the open-files limit past nobody's
+    // hard limit otherwise. cgroupfs: no systemd user session here.
+    let rootfs = format!("{mnt_arg}:O");
+    let out = podman(&[
+        "--cgroup-manager=cgroupfs",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--ulimit",
+        "host",
+        "--rootfs",
+        &rootfs,
+        "sh",
+        "-c",
+        &script,
+    ])
+    .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines.get(..2),
+        Some(&["hello from rootless podman", "written"][..]),
+        "{}",
+        out.describe()
+    );
+    let reference = ociunpack(&debian_source(), "bookworm");
+    let script = HASH_PYTHON_LIB.replace("cd usr", &format!("cd {}/usr", reference.display()));
+    let want = run(&mut command("bash", ["-c", &script]), TIMEOUT)
+        .ok()
+        .stdout;
+    assert_eq!(
+        lines.get(2).copied(),
+        Some(want.trim()),
+        "{}",
+        out.describe()
+    );
+
+    // The write went to podman's overlay, not into the image.
+    let listed = podman(&["unshare", "ls", "-a", &format!("{mnt_arg}/etc")]).ok();
+    assert!(
+        listed.stdout.contains("os-release") && !listed.stdout.contains("lamina-test"),
+        "{}",
+        listed.describe()
+    );
+    podman(&["unshare", LAMINA, "umount", mnt_arg]).ok();
+    let listed = podman(&["unshare", "ls", "-A", mnt_arg]).ok();
+    assert_eq!(listed.stdout, "", "still mounted:\n{}", listed.describe());
 }

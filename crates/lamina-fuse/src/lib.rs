@@ -874,7 +874,12 @@ fn open_session(
             .map_err(|e| format!("{}: {e}", path.display()))?;
         tracing::info!(bytes = table.len(), "lookups through the lookup table");
     }
-    if let Some(dir) = config.objects_dir.clone().filter(|_| is_root()) {
+    // Backing files need CAP_SYS_ADMIN in the initial user namespace.
+    if let Some(dir) = config
+        .objects_dir
+        .clone()
+        .filter(|_| lamina_sys::is_host_root())
+    {
         fs = fs.with_passthrough(dir, config.passthrough_min_size);
     }
     let stats = fs.stats();

@@ -75,9 +75,9 @@ pub(crate) fn start_fuse_daemon(
         worker_config,
         threads: FUSE_THREADS,
         ready_path: run.join("ready"),
-        // Only root may register backing files: without it, no objects.
-        objects_dir: rustix::process::geteuid()
-            .is_root()
+        // Only the host's root may register backing files: without it,
+        // no objects.
+        objects_dir: lamina_sys::is_host_root()
             .then(|| objects_dir(cache_dir, metadata))
             .flatten(),
         passthrough_min_size: lamina_fuse::DEFAULT_PASSTHROUGH_MIN_SIZE,

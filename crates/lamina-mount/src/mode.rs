@@ -63,7 +63,9 @@ pub fn choose(facts: &HostFacts, lazy: bool) -> (Mode, String) {
     let (major, minor) = facts.kernel;
     let fuse = |why: String| (Mode::Fuse, why);
     if !facts.root {
-        return fuse("not root: the kernel path mounts EROFS, which needs root".into());
+        return fuse(
+            "not root (of the host): the kernel path mounts EROFS, which needs root".into(),
+        );
     }
     if facts.kernel < (6, 12) {
         return fuse(format!(
@@ -98,7 +100,7 @@ pub fn host_facts(cache_dir: &Path) -> HostFacts {
     let uname = rustix::system::uname();
     let release = uname.release().to_string_lossy().into_owned();
     HostFacts {
-        root: rustix::process::geteuid().is_root(),
+        root: lamina_sys::is_host_root(),
         kernel: parse_release(&release),
         cache_fs: rustix::fs::statfs(cache_dir).ok().map(|s| s.f_type as u64),
     }

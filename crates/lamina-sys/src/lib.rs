@@ -284,6 +284,30 @@ fn parse_record(buf: &[u8]) -> io::Result<(RawEvent, usize)> {
     ))
 }
 
+/// Whether this process is root of the host: uid 0 in the initial user
+/// namespace, whose uid map is the identity over every uid. Root inside a
+/// user namespace (`podman unshare`, `unshare --map-root-user`) may mount
+/// FUSE there, but not EROFS, register FUSE backing files, or write the
+/// host's /var/lib.
+pub fn is_host_root() -> bool {
+    rustix::process::geteuid().is_root() && in_initial_user_namespace()
+}
+
+/// Whether this process is in the initial user namespace.
+pub fn in_initial_user_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|map| is_identity_uid_map(&map))
+}
+
+/// Whether `map` (a `/proc/PID/uid_map`) is the initial namespace's: one
+/// line mapping 0 to 0 for all 2^32 - 1 uids.
+fn is_identity_uid_map(map: &str) -> bool {
+    let lines: Vec<Vec<&str>> = map
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    lines == [["0", "0", "4294967295"]]
+}
+
 /// Maps the whole of `file` read-only for the rest of the process's life
 /// (a daemon serving one image): the pages are read as they are touched,
 /// so nothing is read in proportion to the file's size up front. An empty
@@ -392,6 +416,14 @@ const _: () = assert!(size_of::<FsSysfsPath>() == 129);
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_the_identity_map_is_the_initial_namespace() {
+        assert!(is_identity_uid_map("         0          0 4294967295\n"));
+        assert!(!is_identity_uid_map("         0      65534          1\n"));
+        assert!(!is_identity_uid_map("0 65534 1\n1 200000 65536\n"));
+        assert!(!is_identity_uid_map(""));
+    }
+
     use super::*;
 
     #[test]
