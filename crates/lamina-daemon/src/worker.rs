@@ -481,7 +481,13 @@ impl Shared {
     /// event, and only EIO is safe then) until the superblock is gone.
     fn guard_after_holder(&self) -> io::Result<()> {
         let (Some(group), Some(superblock)) = (self.group.get(), self.superblock.get()) else {
-            tracing::error!("the holder died before handing over its group");
+            // A FUSE daemon never hands over a group: its mount dies with
+            // it, so no read can see unfilled bytes and there is nothing
+            // to guard. A holder that died this early left no group either.
+            tracing::warn!(
+                "the mount's daemon is gone and left no fanotify group to guard \
+                 (a FUSE daemon, or a holder that died before handing it over): exiting"
+            );
             return Ok(());
         };
         tracing::error!("the holder died; finishing the misses in hand, then failing reads of unfilled ranges with EIO until unmounted");
