@@ -1,10 +1,11 @@
 //! Builds a lookup table over a synthetic tree and times it.
 //!
 //! `cargo run --release -p lamina-format --example lookup_bench -- --keys 1000000 [--threads N]
-//! [--lambda L] [--alpha A] [--repeat R] [--lookups 0|1]`; prints one JSON line per
+//! [--lambda L] [--alpha A] [--repeat R] [--table 0|1] [--lookups 0|1]`; prints one JSON line per
 //! measurement. With `--repeat R` the hash function and the table are each
 //! built `R` times and the median time is printed (the machine may be
-//! shared); `--lookups 0` skips the query timings.
+//! shared); `--table 0` stops after the hash function, `--lookups 0`
+//! after the table.
 
 use std::time::Instant;
 
@@ -21,6 +22,7 @@ struct Args {
     threads: usize,
     params: MphfParams,
     repeat: usize,
+    table: bool,
     lookups: bool,
 }
 
@@ -30,6 +32,7 @@ fn args() -> Result<Args, String> {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         params: MphfParams::default(),
         repeat: 1,
+        table: true,
         lookups: true,
     };
     let mut it = std::env::args().skip(1);
@@ -42,6 +45,7 @@ fn args() -> Result<Args, String> {
             "--lambda" => out.params.lambda = value.parse().map_err(|e| bad(&e))?,
             "--alpha" => out.params.alpha = value.parse().map_err(|e| bad(&e))?,
             "--repeat" => out.repeat = value.parse::<usize>().map_err(|e| bad(&e))?.max(1),
+            "--table" => out.table = value != "0",
             "--lookups" => out.lookups = value != "0",
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -124,6 +128,9 @@ fn main() -> Result<(), String> {
         bits(function.pilots.len()),
         bits(function.remap.len() * 4),
     );
+    if !args.table {
+        return Ok(());
+    }
 
     let (table_s, table_bytes) = median_of(args.repeat, || {
         build(ROOT, [0; 32], entries(), &args.params, args.threads)
