@@ -72,17 +72,40 @@ fn synthetic(n: usize) -> (Vec<Vec<u8>>, Vec<Shape>) {
     (names, shape)
 }
 
-/// The median of `repeat` timings (seconds) of `f`, and its last result.
-fn median_of<T>(repeat: usize, mut f: impl FnMut() -> T) -> (f64, T) {
+/// The process's CPU time (user and system, all threads) in seconds, from
+/// `/proc/self/stat` (0 where there is none), assuming 100 ticks a second.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 14th and 15th fields of the line.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
+}
+
+/// The median of `repeat` timings (seconds) of `f`, the mean CPU time of
+/// a call (all threads), and the last call's result.
+fn median_of<T>(repeat: usize, mut f: impl FnMut() -> T) -> (f64, f64, T) {
     let mut times = Vec::with_capacity(repeat);
     let mut last = None;
+    let cpu = cpu_seconds();
     for _ in 0..repeat {
         let start = Instant::now();
         last = Some(f());
         times.push(start.elapsed().as_secs_f64());
     }
+    let cpu = (cpu_seconds() - cpu) / repeat as f64;
     times.sort_by(f64::total_cmp);
-    (times[times.len() / 2], last.expect("repeat is at least 1"))
+    (
+        times[times.len() / 2],
+        cpu,
+        last.expect("repeat is at least 1"),
+    )
 }
 
 /// Mean nanoseconds of `f` over `count` calls.
@@ -113,13 +136,13 @@ fn main() -> Result<(), String> {
         .map(|e| mphf::entry_hash(0, e.parent, e.name))
         .collect();
     let hashed = start.elapsed().as_secs_f64();
-    let (function_s, function) = median_of(args.repeat, || {
+    let (function_s, function_cpu_s, function) = median_of(args.repeat, || {
         mphf::build(&hashes, &args.params, args.threads)
     });
     let function = function.map_err(|e| e.to_string())?;
     let bits = |bytes: usize| bytes as f64 * 8.0 / n as f64;
     println!(
-        "{{\"what\":\"hash function\",\"keys\":{n},\"repeat\":{},\"threads\":{},\"lambda\":{},\"alpha\":{},\"hash_keys_s\":{hashed:.4},\"build_s\":{function_s:.4},\"bits_per_key\":{:.3},\"pilot_bits_per_key\":{:.3},\"remap_bits_per_key\":{:.3}}}",
+        "{{\"what\":\"hash function\",\"keys\":{n},\"repeat\":{},\"threads\":{},\"lambda\":{},\"alpha\":{},\"hash_keys_s\":{hashed:.4},\"build_s\":{function_s:.4},\"cpu_s\":{function_cpu_s:.3},\"bits_per_key\":{:.3},\"pilot_bits_per_key\":{:.3},\"remap_bits_per_key\":{:.3}}}",
         args.repeat,
         args.threads,
         args.params.lambda,
@@ -132,7 +155,7 @@ fn main() -> Result<(), String> {
         return Ok(());
     }
 
-    let (table_s, table_bytes) = median_of(args.repeat, || {
+    let (table_s, table_cpu_s, table_bytes) = median_of(args.repeat, || {
         build(ROOT, [0; 32], entries(), &args.params, args.threads)
     });
     let table_bytes = table_bytes.map_err(|e| e.to_string())?;
@@ -141,7 +164,7 @@ fn main() -> Result<(), String> {
     let parse_s = start.elapsed().as_secs_f64();
     let name_bytes: usize = names.iter().map(|n| n.len()).sum();
     println!(
-        "{{\"what\":\"table\",\"keys\":{n},\"repeat\":{},\"threads\":{},\"build_s\":{table_s:.4},\"parse_s\":{parse_s:.4},\"bytes\":{},\"bytes_per_key\":{:.2},\"name_bytes_per_key\":{:.2},\"table_digest\":\"{}\"}}",
+        "{{\"what\":\"table\",\"keys\":{n},\"repeat\":{},\"threads\":{},\"build_s\":{table_s:.4},\"cpu_s\":{table_cpu_s:.3},\"parse_s\":{parse_s:.4},\"bytes\":{},\"bytes_per_key\":{:.2},\"name_bytes_per_key\":{:.2},\"table_digest\":\"{}\"}}",
         args.repeat,
         args.threads,
         table_bytes.len(),

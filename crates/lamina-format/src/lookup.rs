@@ -384,15 +384,23 @@ pub struct BuildEntry<'a> {
 /// directories from the root (iteratively; each directory once).
 pub fn build_from_image(image_bytes: &[u8]) -> Result<Vec<u8>, BuildError> {
     let image = Image::new(image_bytes)?;
-    let entries = image_entries(&image)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    build(
-        image.root_nid(),
-        sha256(&[image_bytes]),
-        entries,
-        &MphfParams::default(),
-        threads,
-    )
+    // The image's digest is one pass over all its bytes: taken on another
+    // thread while the entries are walked and hashed.
+    std::thread::scope(|scope| {
+        let digest = scope.spawn(|| sha256(&[image_bytes]));
+        let entries = image_entries(&image);
+        let digest = digest
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        build(
+            image.root_nid(),
+            digest,
+            entries?,
+            &MphfParams::default(),
+            threads,
+        )
+    })
 }
 
 /// Every entry but `.` and `..`, each directory's own entry before those
@@ -481,7 +489,8 @@ fn check_names(entries: &[BuildEntry<'_>]) -> Result<u32, BuildError> {
 /// For each entry, the index of its directory's own entry ([`NO_PARENT`]
 /// in the root), which must come before it.
 fn parent_entries(entries: &[BuildEntry<'_>], root_nid: u64) -> Result<Vec<u32>, BuildError> {
-    let mut dirs = std::collections::HashMap::new();
+    let mut dirs =
+        std::collections::HashMap::with_capacity(entries.iter().filter(|e| e.is_dir).count());
     let mut parents = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         let parent = if e.parent == root_nid {
@@ -538,26 +547,67 @@ impl Built {
         params: &MphfParams,
         threads: usize,
     ) -> Result<Built, MphfError> {
-        let entry_hashes: Vec<u64> = entries
-            .iter()
-            .map(|e| mphf::entry_hash(seed, e.parent, e.name))
-            .collect();
+        // Entry hashes in chunks on other threads while this one derives
+        // each path's hash from its parent's (parents come first).
+        let (entry_hashes, path_hashes) = std::thread::scope(|scope| {
+            let chunk = entries.len().div_ceil(threads.max(1)).max(1 << 14);
+            let handles: Vec<_> = entries
+                .chunks(chunk)
+                .map(|chunk| {
+                    scope.spawn(move || {
+                        chunk
+                            .iter()
+                            .map(|e| mphf::entry_hash(seed, e.parent, e.name))
+                            .collect::<Vec<u64>>()
+                    })
+                })
+                .collect();
+            let mut path_hashes: Vec<u64> = Vec::with_capacity(entries.len());
+            for (e, &parent) in entries.iter().zip(parents) {
+                let above = match parent {
+                    NO_PARENT => mphf::path_root(seed),
+                    p => path_hashes[p as usize],
+                };
+                path_hashes.push(mphf::key_hash(above, e.name));
+            }
+            let mut entry_hashes = Vec::with_capacity(entries.len());
+            for handle in handles {
+                entry_hashes.extend(
+                    handle
+                        .join()
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                );
+            }
+            (entry_hashes, path_hashes)
+        });
         let entry_fn = mphf::build(&entry_hashes, params, threads)?;
-        let mut path_hashes: Vec<u64> = Vec::with_capacity(entries.len());
-        for (e, &parent) in entries.iter().zip(parents) {
-            let above = match parent {
-                NO_PARENT => mphf::path_root(seed),
-                p => path_hashes[p as usize],
-            };
-            path_hashes.push(mphf::key_hash(above, e.name));
-        }
         let path_fn = mphf::build(&path_hashes, params, threads)?;
+        // Where each key went, in chunks on up to `threads` threads.
         let indexes = |built: &BuiltMphf, hashes: &[u64]| -> Result<Vec<u32>, MphfError> {
             let view = built.view();
-            hashes
-                .iter()
-                .map(|&h| view.index(h).ok_or(MphfError::NoPilots(0)))
-                .collect()
+            let chunk = hashes.len().div_ceil(threads.max(1)).max(1 << 14);
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = hashes
+                    .chunks(chunk)
+                    .map(|chunk| {
+                        scope.spawn(move || {
+                            chunk
+                                .iter()
+                                .map(|&h| view.index(h).ok_or(MphfError::NoPilots(0)))
+                                .collect::<Result<Vec<u32>, MphfError>>()
+                        })
+                    })
+                    .collect();
+                let mut out = Vec::with_capacity(hashes.len());
+                for handle in handles {
+                    out.extend(
+                        handle
+                            .join()
+                            .unwrap_or_else(|e| std::panic::resume_unwind(e))?,
+                    );
+                }
+                Ok(out)
+            })
         };
         Ok(Built {
             seed,
@@ -577,32 +627,57 @@ impl Built {
         names_len: u32,
     ) -> Vec<u8> {
         let n = entries.len();
+        let mphf_bytes = |built: &BuiltMphf| {
+            built.slot_starts.as_bytes().len() + built.pilots.len() + built.remap.as_bytes().len()
+        };
+        let header_len = size_of::<LookupHeader>();
+        let records_at = header_len + mphf_bytes(&self.entry_fn) + mphf_bytes(&self.path_fn);
+        let path_order_at = records_at + n * size_of::<EntryRecord>();
+        let names_at = path_order_at + n * size_of::<U32>();
+        // Every byte is written once, in place.
+        let mut out = vec![0u8; names_at + names_len as usize];
+        let (head, rest) = out.split_at_mut(records_at);
+        let (records, rest) = rest.split_at_mut(path_order_at - records_at);
+        let (path_order, names) = rest.split_at_mut(names_at - path_order_at);
+        let mut at = header_len;
+        for built in [&self.entry_fn, &self.path_fn] {
+            for part in [
+                built.slot_starts.as_bytes(),
+                &built.pilots,
+                built.remap.as_bytes(),
+            ] {
+                head[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
+        }
+        let records = <[EntryRecord]>::mut_from_bytes(records).expect("sized for n records");
+        let path_order = <[U32]>::mut_from_bytes(path_order).expect("sized for n indexes");
+        // Records take names in record order: entry `i` is record
+        // `record_of[i]`, named at its offset in the names area.
         let mut entry_at = vec![0u32; n];
         for (i, &record) in self.record_of.iter().enumerate() {
             entry_at[record as usize] = i as u32;
         }
-        let mut records = Vec::with_capacity(n);
-        let mut names = Vec::with_capacity(names_len as usize);
-        for &i in &entry_at {
+        let mut name_at = 0usize;
+        for (record, &i) in records.iter_mut().zip(&entry_at) {
             let e = &entries[i as usize];
-            records.push(EntryRecord {
+            let parent = parents[i as usize];
+            *record = EntryRecord {
                 parent_nid: e.parent.into(),
                 child_nid: e.child.into(),
-                name_offset: (names.len() as u32).into(),
-                parent_record: U32::new(NO_PARENT),
-            });
-            names.push(e.name.len() as u8);
-            names.extend_from_slice(e.name);
+                name_offset: (name_at as u32).into(),
+                parent_record: match parent {
+                    NO_PARENT => NO_PARENT,
+                    p => self.record_of[p as usize],
+                }
+                .into(),
+            };
+            names[name_at] = e.name.len() as u8;
+            names[name_at + 1..name_at + 1 + e.name.len()].copy_from_slice(e.name);
+            name_at += 1 + e.name.len();
         }
-        let mut path_order = vec![U32::new(0); n];
-        for (i, &path) in self.path_of.iter().enumerate() {
-            path_order[path as usize] = U32::new(self.record_of[i]);
-        }
-        for (i, &parent) in parents.iter().enumerate() {
-            if parent != NO_PARENT {
-                let record = &mut records[self.record_of[i] as usize];
-                record.parent_record = self.record_of[parent as usize].into();
-            }
+        for (&path, &record) in self.path_of.iter().zip(&self.record_of) {
+            path_order[path as usize] = U32::new(record);
         }
         let header = LookupHeader {
             magic: LOOKUP_MAGIC,
@@ -617,17 +692,9 @@ impl Built {
             image_digest,
             table_digest: [0; 32],
         };
-        let mut out = header.as_bytes().to_vec();
-        for built in [&self.entry_fn, &self.path_fn] {
-            out.extend_from_slice(built.slot_starts.as_bytes());
-            out.extend_from_slice(&built.pilots);
-            out.extend_from_slice(built.remap.as_bytes());
-        }
-        out.extend_from_slice(records.as_bytes());
-        out.extend_from_slice(path_order.as_bytes());
-        out.extend_from_slice(&names);
-        let digest = sha256(&[&out[..DIGESTED_HEADER], &out[size_of::<LookupHeader>()..]]);
-        out[DIGESTED_HEADER..size_of::<LookupHeader>()].copy_from_slice(&digest);
+        out[..header_len].copy_from_slice(header.as_bytes());
+        let digest = sha256(&[&out[..DIGESTED_HEADER], &out[header_len..]]);
+        out[DIGESTED_HEADER..header_len].copy_from_slice(&digest);
         out
     }
 }
