@@ -459,7 +459,14 @@ pub fn build<'a>(
         let built = Built::new(seed, &entries, &parents, params, threads);
         match built {
             Ok(built) => {
-                return Ok(built.to_bytes(root_nid, image_digest, &entries, &parents, names_len))
+                return Ok(built.to_bytes(
+                    root_nid,
+                    image_digest,
+                    &entries,
+                    &parents,
+                    names_len,
+                    threads,
+                ))
             }
             Err(MphfError::DuplicateHash(hash)) => {
                 check_duplicate(seed, &entries, hash)?;
@@ -625,6 +632,7 @@ impl Built {
         entries: &[BuildEntry<'_>],
         parents: &[u32],
         names_len: u32,
+        threads: usize,
     ) -> Vec<u8> {
         let n = entries.len();
         let mphf_bytes = |built: &BuiltMphf| {
@@ -652,29 +660,76 @@ impl Built {
         }
         let records = <[EntryRecord]>::mut_from_bytes(records).expect("sized for n records");
         let path_order = <[U32]>::mut_from_bytes(path_order).expect("sized for n indexes");
-        // Records take names in record order: entry `i` is record
-        // `record_of[i]`, named at its offset in the names area.
-        let mut entry_at = vec![0u32; n];
-        for (i, &record) in self.record_of.iter().enumerate() {
-            entry_at[record as usize] = i as u32;
+        // Names are in record order. Entries are read in their own order
+        // (their names are often in that order in memory too) and written
+        // where their records go: a random write does not wait for memory
+        // as a random read does.
+        let mut name_offsets = vec![0u32; n];
+        for (e, &record) in entries.iter().zip(&self.record_of) {
+            name_offsets[record as usize] = 1 + e.name.len() as u32;
         }
-        let mut name_at = 0usize;
-        for (record, &i) in records.iter_mut().zip(&entry_at) {
-            let e = &entries[i as usize];
-            let parent = parents[i as usize];
-            *record = EntryRecord {
-                parent_nid: e.parent.into(),
-                child_nid: e.child.into(),
-                name_offset: (name_at as u32).into(),
-                parent_record: match parent {
-                    NO_PARENT => NO_PARENT,
-                    p => self.record_of[p as usize],
+        let mut total = 0u32;
+        for offset in &mut name_offsets {
+            let len = *offset;
+            *offset = total;
+            total += len;
+        }
+        // Each thread writes the records of one range (and their names):
+        // it reads every entry and skips those of other ranges.
+        let threads = threads.clamp(1, n.div_ceil(1 << 16).max(1));
+        let per_thread = n.div_ceil(threads).max(1);
+        let mut jobs = Vec::with_capacity(threads);
+        let (mut records, mut names) = (records, names);
+        for first in (0..n).step_by(per_thread) {
+            let end = (first + per_thread).min(n);
+            let names_end = name_offsets.get(end).map_or(names_len, |&o| o);
+            let names_start = name_offsets[first];
+            let (these, rest) = records.split_at_mut(end - first);
+            let (these_names, rest_names) = names.split_at_mut((names_end - names_start) as usize);
+            jobs.push((first as u32..end as u32, names_start, these, these_names));
+            records = rest;
+            names = rest_names;
+        }
+        let write = |(range, names_start, records, names): (
+            std::ops::Range<u32>,
+            u32,
+            &mut [EntryRecord],
+            &mut [u8],
+        )| {
+            for ((e, &record), &parent) in entries.iter().zip(&self.record_of).zip(parents) {
+                if !range.contains(&record) {
+                    continue;
                 }
-                .into(),
-            };
-            names[name_at] = e.name.len() as u8;
-            names[name_at + 1..name_at + 1 + e.name.len()].copy_from_slice(e.name);
-            name_at += 1 + e.name.len();
+                let name_at = name_offsets[record as usize];
+                records[(record - range.start) as usize] = EntryRecord {
+                    parent_nid: e.parent.into(),
+                    child_nid: e.child.into(),
+                    name_offset: name_at.into(),
+                    parent_record: match parent {
+                        NO_PARENT => NO_PARENT,
+                        p => self.record_of[p as usize],
+                    }
+                    .into(),
+                };
+                let at = (name_at - names_start) as usize;
+                names[at] = e.name.len() as u8;
+                names[at + 1..at + 1 + e.name.len()].copy_from_slice(e.name);
+            }
+        };
+        if jobs.len() <= 1 {
+            jobs.into_iter().for_each(write);
+        } else {
+            std::thread::scope(|scope| {
+                let mut jobs = jobs.into_iter();
+                let mine = jobs.next();
+                let handles: Vec<_> = jobs.map(|job| scope.spawn(move || write(job))).collect();
+                mine.into_iter().for_each(write);
+                for handle in handles {
+                    handle
+                        .join()
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+                }
+            });
         }
         for (&path, &record) in self.path_of.iter().zip(&self.record_of) {
             path_order[path as usize] = U32::new(record);
@@ -902,6 +957,45 @@ mod tests {
             );
             assert_eq!(rebuilt.unwrap(), table);
         }
+    }
+
+    /// A table large enough that several threads write its records gives
+    /// the same bytes on any number of threads, in any parent-first order.
+    #[test]
+    fn large_tables_do_not_depend_on_threads() {
+        let n = 140_000usize;
+        let names: Vec<Vec<u8>> = (0..n).map(|i| format!("n{i:x}").into_bytes()).collect();
+        // Entry `i` is nid `i + 100`; every tenth a directory of 20.
+        let entries: Vec<BuildEntry<'_>> = (0..n)
+            .map(|i| BuildEntry {
+                parent: match i / 20 {
+                    0 => 1,
+                    k => ((k - 1) * 10 + 100) as u64,
+                },
+                name: &names[i],
+                child: i as u64 + 100,
+                is_dir: i % 10 == 0,
+            })
+            .collect();
+        let params = MphfParams::default();
+        let one = build(1, [7; 32], entries.iter().copied(), &params, 1).unwrap();
+        for threads in [2, 3] {
+            let more = build(1, [7; 32], entries.iter().copied(), &params, threads).unwrap();
+            assert!(more == one, "{threads} threads");
+        }
+        // Directories stay before their entries when each directory's
+        // entries are reversed.
+        let reordered: Vec<BuildEntry<'_>> = entries
+            .chunks(20)
+            .flat_map(|c| c.iter().rev().copied())
+            .collect();
+        assert!(build(1, [7; 32], reordered, &params, 2).unwrap() == one);
+        let table = LookupTable::parse(&one).unwrap();
+        for e in &entries {
+            assert_eq!(table.lookup(e.parent, e.name), Some(e.child));
+        }
+        // 0x118 is in 0x82 (entry 130), in 0x32, in 0xa, in the root.
+        assert_eq!(table.lookup_path(b"na/n32/n82/n118"), Some(0x118 + 100));
     }
 
     #[test]
