@@ -201,10 +201,12 @@ pub struct MphfParams {
     pub keys_per_part: usize,
 }
 
+/// `lambda` 3.0 (PtrHash's fast setting; 3.5 takes about a third longer
+/// to build, for 2.6 bits per key instead of 3.0) and `alpha` 0.99.
 impl Default for MphfParams {
     fn default() -> Self {
         MphfParams {
-            lambda: 3.5,
+            lambda: 3.0,
             alpha: 0.99,
             keys_per_part: 1 << 16,
         }
