@@ -499,14 +499,18 @@ fn parent_entries(entries: &[BuildEntry<'_>], root_nid: u64) -> Result<Vec<u32>,
     let mut dirs =
         std::collections::HashMap::with_capacity(entries.iter().filter(|e| e.is_dir).count());
     let mut parents = Vec::with_capacity(entries.len());
+    // A directory's entries usually come together: the last one's parent
+    // is asked of the map once.
+    let mut last = None;
     for (i, e) in entries.iter().enumerate() {
-        let parent = if e.parent == root_nid {
-            NO_PARENT
-        } else {
-            *dirs.get(&e.parent).ok_or_else(|| {
+        let parent = match last {
+            Some((nid, index)) if nid == e.parent => index,
+            _ if e.parent == root_nid => NO_PARENT,
+            _ => *dirs.get(&e.parent).ok_or_else(|| {
                 BuildError::NotATree(format!("entry {i}: directory {} not seen", e.parent))
-            })?
+            })?,
         };
+        last = Some((e.parent, parent));
         parents.push(parent);
         if e.is_dir && (e.child == root_nid || dirs.insert(e.child, i as u32).is_some()) {
             return Err(BuildError::NotATree(format!(
