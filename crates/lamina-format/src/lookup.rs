@@ -664,62 +664,97 @@ impl Built {
         }
         let records = <[EntryRecord]>::mut_from_bytes(records).expect("sized for n records");
         let path_order = <[U32]>::mut_from_bytes(path_order).expect("sized for n indexes");
-        // Names are in record order. Entries are read in their own order
-        // (their names are often in that order in memory too) and written
-        // where their records go: a random write does not wait for memory
-        // as a random read does.
-        let mut name_offsets = vec![0u32; n];
+        // Names are in record order. A record's place is random: writing
+        // each entry straight to it would touch a random page of a table
+        // that may be hundreds of MB. So the entries are first copied, in
+        // their order, into groups by block of records (a counting sort),
+        // and each block is then written with its records and names in
+        // cache.
+        const BLOCK_SHIFT: u32 = 14;
+        let blocks = n.div_ceil(1 << BLOCK_SHIFT);
+        let mut block_starts = vec![0usize; blocks + 1];
+        let mut block_names = vec![0u32; blocks + 1];
         for (e, &record) in entries.iter().zip(&self.record_of) {
-            name_offsets[record as usize] = 1 + e.name.len() as u32;
+            let block = (record >> BLOCK_SHIFT) as usize;
+            block_starts[block + 1] += 1;
+            block_names[block + 1] += 1 + e.name.len() as u32;
         }
-        let mut total = 0u32;
-        for offset in &mut name_offsets {
-            let len = *offset;
-            *offset = total;
-            total += len;
+        for i in 1..=blocks {
+            block_starts[i] += block_starts[i - 1];
+            block_names[i] += block_names[i - 1];
         }
-        // Each thread writes the records of one range (and their names):
-        // it reads every entry and skips those of other ranges.
-        let threads = threads.clamp(1, n.div_ceil(1 << 16).max(1));
-        let per_thread = n.div_ceil(threads).max(1);
+        let mut staged = vec![
+            (
+                0u32,
+                <EntryRecord as zerocopy::FromZeros>::new_zeroed(),
+                &b""[..]
+            );
+            n
+        ];
+        let mut next = block_starts.clone();
+        for ((e, &record), &parent) in entries.iter().zip(&self.record_of).zip(parents) {
+            let block = (record >> BLOCK_SHIFT) as usize;
+            let parent_record = match parent {
+                NO_PARENT => NO_PARENT,
+                p => self.record_of[p as usize],
+            };
+            staged[next[block]] = (
+                record,
+                EntryRecord {
+                    parent_nid: e.parent.into(),
+                    child_nid: e.child.into(),
+                    name_offset: 0.into(),
+                    parent_record: parent_record.into(),
+                },
+                e.name,
+            );
+            next[block] += 1;
+        }
+        drop(next);
+        // Threads take contiguous runs of blocks (and their records and
+        // names).
+        let threads = threads.clamp(1, blocks.div_ceil(4).max(1));
+        let per_thread = blocks.div_ceil(threads).max(1);
         let mut jobs = Vec::with_capacity(threads);
         let (mut records, mut names) = (records, names);
-        for first in (0..n).step_by(per_thread) {
-            let end = (first + per_thread).min(n);
-            let names_end = name_offsets.get(end).map_or(names_len, |&o| o);
-            let names_start = name_offsets[first];
-            let (these, rest) = records.split_at_mut(end - first);
-            let (these_names, rest_names) = names.split_at_mut((names_end - names_start) as usize);
-            jobs.push((first as u32..end as u32, names_start, these, these_names));
+        for first in (0..blocks).step_by(per_thread) {
+            let end = (first + per_thread).min(blocks);
+            let record_count = (end << BLOCK_SHIFT).min(n) - (first << BLOCK_SHIFT);
+            let name_bytes = (block_names[end] - block_names[first]) as usize;
+            let (these, rest) = records.split_at_mut(record_count);
+            let (these_names, rest_names) = names.split_at_mut(name_bytes);
+            jobs.push((first..end, these, these_names));
             records = rest;
             names = rest_names;
         }
-        let write = |(range, names_start, records, names): (
-            std::ops::Range<u32>,
-            u32,
-            &mut [EntryRecord],
-            &mut [u8],
-        )| {
-            for ((e, &record), &parent) in entries.iter().zip(&self.record_of).zip(parents) {
-                if !range.contains(&record) {
-                    continue;
-                }
-                let name_at = name_offsets[record as usize];
-                records[(record - range.start) as usize] = EntryRecord {
-                    parent_nid: e.parent.into(),
-                    child_nid: e.child.into(),
-                    name_offset: name_at.into(),
-                    parent_record: match parent {
-                        NO_PARENT => NO_PARENT,
-                        p => self.record_of[p as usize],
+        let write =
+            |(blocks, records, names): (std::ops::Range<usize>, &mut [EntryRecord], &mut [u8])| {
+                let first_record = (blocks.start << BLOCK_SHIFT) as u32;
+                let first_name = block_names[blocks.start];
+                let mut name_offsets = vec![0u32; 1 << BLOCK_SHIFT];
+                for block in blocks {
+                    let base = (block << BLOCK_SHIFT) as u32;
+                    let members = &staged[block_starts[block]..block_starts[block + 1]];
+                    let offsets = &mut name_offsets[..members.len()];
+                    for (record, _, name) in members {
+                        offsets[(record - base) as usize] = 1 + name.len() as u32;
                     }
-                    .into(),
-                };
-                let at = (name_at - names_start) as usize;
-                names[at] = e.name.len() as u8;
-                names[at + 1..at + 1 + e.name.len()].copy_from_slice(e.name);
-            }
-        };
+                    let mut at = block_names[block];
+                    for offset in offsets.iter_mut() {
+                        let len = *offset;
+                        *offset = at;
+                        at += len;
+                    }
+                    for &(record, mut entry, name) in members {
+                        let name_at = offsets[(record - base) as usize];
+                        entry.name_offset = name_at.into();
+                        records[(record - first_record) as usize] = entry;
+                        let at = (name_at - first_name) as usize;
+                        names[at] = name.len() as u8;
+                        names[at + 1..at + 1 + name.len()].copy_from_slice(name);
+                    }
+                }
+            };
         if jobs.len() <= 1 {
             jobs.into_iter().for_each(write);
         } else {
@@ -735,6 +770,7 @@ impl Built {
                 }
             });
         }
+        drop(staged);
         for (&path, &record) in self.path_of.iter().zip(&self.record_of) {
             path_order[path as usize] = U32::new(record);
         }
