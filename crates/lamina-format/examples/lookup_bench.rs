@@ -1,7 +1,11 @@
 //! Builds a lookup table over a synthetic tree and times it.
 //!
 //! `cargo run --release -p lamina-format --example lookup_bench -- --keys 1000000 [--threads N]
-//! [--lambda L] [--alpha A]`; prints one JSON line per measurement.
+//! [--lambda L] [--alpha A] [--repeat R] [--table 0|1] [--lookups 0|1]`; prints one JSON line per
+//! measurement. With `--repeat R` the hash function and the table are each
+//! built `R` times and the median time is printed (the machine may be
+//! shared); `--table 0` stops after the hash function, `--lookups 0`
+//! after the table.
 
 use std::time::Instant;
 
@@ -17,6 +21,9 @@ struct Args {
     keys: usize,
     threads: usize,
     params: MphfParams,
+    repeat: usize,
+    table: bool,
+    lookups: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -24,6 +31,9 @@ fn args() -> Result<Args, String> {
         keys: 1_000_000,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         params: MphfParams::default(),
+        repeat: 1,
+        table: true,
+        lookups: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -34,6 +44,9 @@ fn args() -> Result<Args, String> {
             "--threads" => out.threads = value.parse().map_err(|e| bad(&e))?,
             "--lambda" => out.params.lambda = value.parse().map_err(|e| bad(&e))?,
             "--alpha" => out.params.alpha = value.parse().map_err(|e| bad(&e))?,
+            "--repeat" => out.repeat = value.parse::<usize>().map_err(|e| bad(&e))?.max(1),
+            "--table" => out.table = value != "0",
+            "--lookups" => out.lookups = value != "0",
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -57,6 +70,42 @@ fn synthetic(n: usize) -> (Vec<Vec<u8>>, Vec<Shape>) {
         })
         .collect();
     (names, shape)
+}
+
+/// The process's CPU time (user and system, all threads) in seconds, from
+/// `/proc/self/stat` (0 where there is none), assuming 100 ticks a second.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 14th and 15th fields of the line.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
+}
+
+/// The median of `repeat` timings (seconds) of `f`, the mean CPU time of
+/// a call (all threads), and the last call's result.
+fn median_of<T>(repeat: usize, mut f: impl FnMut() -> T) -> (f64, f64, T) {
+    let mut times = Vec::with_capacity(repeat);
+    let mut last = None;
+    let cpu = cpu_seconds();
+    for _ in 0..repeat {
+        let start = Instant::now();
+        last = Some(f());
+        times.push(start.elapsed().as_secs_f64());
+    }
+    let cpu = (cpu_seconds() - cpu) / repeat as f64;
+    times.sort_by(f64::total_cmp);
+    (
+        times[times.len() / 2],
+        cpu,
+        last.expect("repeat is at least 1"),
+    )
 }
 
 /// Mean nanoseconds of `f` over `count` calls.
@@ -87,12 +136,14 @@ fn main() -> Result<(), String> {
         .map(|e| mphf::entry_hash(0, e.parent, e.name))
         .collect();
     let hashed = start.elapsed().as_secs_f64();
-    let start = Instant::now();
-    let function = mphf::build(&hashes, &args.params, args.threads).map_err(|e| e.to_string())?;
-    let function_s = start.elapsed().as_secs_f64();
+    let (function_s, function_cpu_s, function) = median_of(args.repeat, || {
+        mphf::build(&hashes, &args.params, args.threads)
+    });
+    let function = function.map_err(|e| e.to_string())?;
     let bits = |bytes: usize| bytes as f64 * 8.0 / n as f64;
     println!(
-        "{{\"what\":\"hash function\",\"keys\":{n},\"threads\":{},\"lambda\":{},\"alpha\":{},\"hash_keys_s\":{hashed:.4},\"build_s\":{function_s:.4},\"bits_per_key\":{:.3},\"pilot_bits_per_key\":{:.3},\"remap_bits_per_key\":{:.3}}}",
+        "{{\"what\":\"hash function\",\"keys\":{n},\"repeat\":{},\"threads\":{},\"lambda\":{},\"alpha\":{},\"hash_keys_s\":{hashed:.4},\"build_s\":{function_s:.4},\"cpu_s\":{function_cpu_s:.3},\"bits_per_key\":{:.3},\"pilot_bits_per_key\":{:.3},\"remap_bits_per_key\":{:.3}}}",
+        args.repeat,
         args.threads,
         args.params.lambda,
         args.params.alpha,
@@ -100,23 +151,36 @@ fn main() -> Result<(), String> {
         bits(function.pilots.len()),
         bits(function.remap.len() * 4),
     );
+    if !args.table {
+        return Ok(());
+    }
 
-    let start = Instant::now();
-    let table_bytes =
-        build(ROOT, [0; 32], entries(), &args.params, args.threads).map_err(|e| e.to_string())?;
-    let table_s = start.elapsed().as_secs_f64();
+    let (table_s, table_cpu_s, table_bytes) = median_of(args.repeat, || {
+        build(ROOT, [0; 32], entries(), &args.params, args.threads)
+    });
+    let table_bytes = table_bytes.map_err(|e| e.to_string())?;
     let start = Instant::now();
     let table = LookupTable::parse(&table_bytes).map_err(|e| e.to_string())?;
     let parse_s = start.elapsed().as_secs_f64();
     let name_bytes: usize = names.iter().map(|n| n.len()).sum();
     println!(
-        "{{\"what\":\"table\",\"keys\":{n},\"threads\":{},\"build_s\":{table_s:.4},\"parse_s\":{parse_s:.4},\"bytes\":{},\"bytes_per_key\":{:.2},\"name_bytes_per_key\":{:.2}}}",
+        "{{\"what\":\"table\",\"keys\":{n},\"repeat\":{},\"threads\":{},\"build_s\":{table_s:.4},\"cpu_s\":{table_cpu_s:.3},\"parse_s\":{parse_s:.4},\"bytes\":{},\"bytes_per_key\":{:.2},\"name_bytes_per_key\":{:.2},\"table_digest\":\"{}\"}}",
+        args.repeat,
         args.threads,
         table_bytes.len(),
         table_bytes.len() as f64 / n as f64,
         name_bytes as f64 / n as f64,
+        // The table's own SHA-256 (header bytes 96..128): equal digests,
+        // equal tables.
+        table_bytes[96..104]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>(),
     );
 
+    if !args.lookups {
+        return Ok(());
+    }
     // Queries in a scattered order, so each one misses the cache as a
     // real workload's would.
     let count = n.min(2_000_000);

@@ -402,15 +402,23 @@ pub struct BuildEntry<'a> {
 /// directories from the root (iteratively; each directory once).
 pub fn build_from_image(image_bytes: &[u8]) -> Result<Vec<u8>, BuildError> {
     let image = Image::new(image_bytes)?;
-    let entries = image_entries(&image)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    build(
-        image.root_nid(),
-        sha256(&[image_bytes]),
-        entries,
-        &MphfParams::default(),
-        threads,
-    )
+    // The image's digest is one pass over all its bytes: taken on another
+    // thread while the entries are walked and hashed.
+    std::thread::scope(|scope| {
+        let digest = scope.spawn(|| sha256(&[image_bytes]));
+        let entries = image_entries(&image);
+        let digest = digest
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        build(
+            image.root_nid(),
+            digest,
+            entries?,
+            &MphfParams::default(),
+            threads,
+        )
+    })
 }
 
 /// Every entry but `.` and `..`, each directory's own entry before those
@@ -469,7 +477,14 @@ pub fn build<'a>(
         let built = Built::new(seed, &entries, &parents, params, threads);
         match built {
             Ok(built) => {
-                return Ok(built.to_bytes(root_nid, image_digest, &entries, &parents, names_len))
+                return Ok(built.to_bytes(
+                    root_nid,
+                    image_digest,
+                    &entries,
+                    &parents,
+                    names_len,
+                    threads,
+                ))
             }
             Err(MphfError::DuplicateHash(hash)) => {
                 check_duplicate(seed, &entries, hash)?;
@@ -499,16 +514,21 @@ fn check_names(entries: &[BuildEntry<'_>]) -> Result<u32, BuildError> {
 /// For each entry, the index of its directory's own entry ([`NO_PARENT`]
 /// in the root), which must come before it.
 fn parent_entries(entries: &[BuildEntry<'_>], root_nid: u64) -> Result<Vec<u32>, BuildError> {
-    let mut dirs = std::collections::HashMap::new();
+    let mut dirs =
+        std::collections::HashMap::with_capacity(entries.iter().filter(|e| e.is_dir).count());
     let mut parents = Vec::with_capacity(entries.len());
+    // A directory's entries usually come together: the last one's parent
+    // is asked of the map once.
+    let mut last = None;
     for (i, e) in entries.iter().enumerate() {
-        let parent = if e.parent == root_nid {
-            NO_PARENT
-        } else {
-            *dirs.get(&e.parent).ok_or_else(|| {
+        let parent = match last {
+            Some((nid, index)) if nid == e.parent => index,
+            _ if e.parent == root_nid => NO_PARENT,
+            _ => *dirs.get(&e.parent).ok_or_else(|| {
                 BuildError::NotATree(format!("entry {i}: directory {} not seen", e.parent))
-            })?
+            })?,
         };
+        last = Some((e.parent, parent));
         parents.push(parent);
         if e.is_dir && (e.child == root_nid || dirs.insert(e.child, i as u32).is_some()) {
             return Err(BuildError::NotATree(format!(
@@ -556,26 +576,67 @@ impl Built {
         params: &MphfParams,
         threads: usize,
     ) -> Result<Built, MphfError> {
-        let entry_hashes: Vec<u64> = entries
-            .iter()
-            .map(|e| mphf::entry_hash(seed, e.parent, e.name))
-            .collect();
+        // Entry hashes in chunks on other threads while this one derives
+        // each path's hash from its parent's (parents come first).
+        let (entry_hashes, path_hashes) = std::thread::scope(|scope| {
+            let chunk = entries.len().div_ceil(threads.max(1)).max(1 << 14);
+            let handles: Vec<_> = entries
+                .chunks(chunk)
+                .map(|chunk| {
+                    scope.spawn(move || {
+                        chunk
+                            .iter()
+                            .map(|e| mphf::entry_hash(seed, e.parent, e.name))
+                            .collect::<Vec<u64>>()
+                    })
+                })
+                .collect();
+            let mut path_hashes: Vec<u64> = Vec::with_capacity(entries.len());
+            for (e, &parent) in entries.iter().zip(parents) {
+                let above = match parent {
+                    NO_PARENT => mphf::path_root(seed),
+                    p => path_hashes[p as usize],
+                };
+                path_hashes.push(mphf::key_hash(above, e.name));
+            }
+            let mut entry_hashes = Vec::with_capacity(entries.len());
+            for handle in handles {
+                entry_hashes.extend(
+                    handle
+                        .join()
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                );
+            }
+            (entry_hashes, path_hashes)
+        });
         let entry_fn = mphf::build(&entry_hashes, params, threads)?;
-        let mut path_hashes: Vec<u64> = Vec::with_capacity(entries.len());
-        for (e, &parent) in entries.iter().zip(parents) {
-            let above = match parent {
-                NO_PARENT => mphf::path_root(seed),
-                p => path_hashes[p as usize],
-            };
-            path_hashes.push(mphf::key_hash(above, e.name));
-        }
         let path_fn = mphf::build(&path_hashes, params, threads)?;
+        // Where each key went, in chunks on up to `threads` threads.
         let indexes = |built: &BuiltMphf, hashes: &[u64]| -> Result<Vec<u32>, MphfError> {
             let view = built.view();
-            hashes
-                .iter()
-                .map(|&h| view.index(h).ok_or(MphfError::NoPilots(0)))
-                .collect()
+            let chunk = hashes.len().div_ceil(threads.max(1)).max(1 << 14);
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = hashes
+                    .chunks(chunk)
+                    .map(|chunk| {
+                        scope.spawn(move || {
+                            chunk
+                                .iter()
+                                .map(|&h| view.index(h).ok_or(MphfError::NoPilots(0)))
+                                .collect::<Result<Vec<u32>, MphfError>>()
+                        })
+                    })
+                    .collect();
+                let mut out = Vec::with_capacity(hashes.len());
+                for handle in handles {
+                    out.extend(
+                        handle
+                            .join()
+                            .unwrap_or_else(|e| std::panic::resume_unwind(e))?,
+                    );
+                }
+                Ok(out)
+            })
         };
         Ok(Built {
             seed,
@@ -593,34 +654,143 @@ impl Built {
         entries: &[BuildEntry<'_>],
         parents: &[u32],
         names_len: u32,
+        threads: usize,
     ) -> Vec<u8> {
         let n = entries.len();
-        let mut entry_at = vec![0u32; n];
-        for (i, &record) in self.record_of.iter().enumerate() {
-            entry_at[record as usize] = i as u32;
-        }
-        let mut records = Vec::with_capacity(n);
-        let mut names = Vec::with_capacity(names_len as usize);
-        for &i in &entry_at {
-            let e = &entries[i as usize];
-            records.push(EntryRecord {
-                parent_nid: e.parent.into(),
-                child_nid: e.child.into(),
-                name_offset: (names.len() as u32).into(),
-                parent_record: U32::new(NO_PARENT),
-            });
-            names.push(e.name.len() as u8);
-            names.extend_from_slice(e.name);
-        }
-        let mut path_order = vec![U32::new(0); n];
-        for (i, &path) in self.path_of.iter().enumerate() {
-            path_order[path as usize] = U32::new(self.record_of[i]);
-        }
-        for (i, &parent) in parents.iter().enumerate() {
-            if parent != NO_PARENT {
-                let record = &mut records[self.record_of[i] as usize];
-                record.parent_record = self.record_of[parent as usize].into();
+        let mphf_bytes = |built: &BuiltMphf| {
+            built.slot_starts.as_bytes().len() + built.pilots.len() + built.remap.as_bytes().len()
+        };
+        let header_len = size_of::<LookupHeader>();
+        let records_at = header_len + mphf_bytes(&self.entry_fn) + mphf_bytes(&self.path_fn);
+        let path_order_at = records_at + n * size_of::<EntryRecord>();
+        let names_at = path_order_at + n * size_of::<U32>();
+        // Every byte is written once, in place.
+        let mut out = vec![0u8; names_at + names_len as usize];
+        let (head, rest) = out.split_at_mut(records_at);
+        let (records, rest) = rest.split_at_mut(path_order_at - records_at);
+        let (path_order, names) = rest.split_at_mut(names_at - path_order_at);
+        let mut at = header_len;
+        for built in [&self.entry_fn, &self.path_fn] {
+            for part in [
+                built.slot_starts.as_bytes(),
+                &built.pilots,
+                built.remap.as_bytes(),
+            ] {
+                head[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
             }
+        }
+        let records = <[EntryRecord]>::mut_from_bytes(records).expect("sized for n records");
+        let path_order = <[U32]>::mut_from_bytes(path_order).expect("sized for n indexes");
+        // Names are in record order. A record's place is random: writing
+        // each entry straight to it would touch a random page of a table
+        // that may be hundreds of MB. So the entries are first copied, in
+        // their order, into groups by block of records (a counting sort),
+        // and each block is then written with its records and names in
+        // cache.
+        const BLOCK_SHIFT: u32 = 14;
+        let blocks = n.div_ceil(1 << BLOCK_SHIFT);
+        let mut block_starts = vec![0usize; blocks + 1];
+        let mut block_names = vec![0u32; blocks + 1];
+        for (e, &record) in entries.iter().zip(&self.record_of) {
+            let block = (record >> BLOCK_SHIFT) as usize;
+            block_starts[block + 1] += 1;
+            block_names[block + 1] += 1 + e.name.len() as u32;
+        }
+        for i in 1..=blocks {
+            block_starts[i] += block_starts[i - 1];
+            block_names[i] += block_names[i - 1];
+        }
+        let mut staged = vec![
+            (
+                0u32,
+                <EntryRecord as zerocopy::FromZeros>::new_zeroed(),
+                &b""[..]
+            );
+            n
+        ];
+        let mut next = block_starts.clone();
+        for ((e, &record), &parent) in entries.iter().zip(&self.record_of).zip(parents) {
+            let block = (record >> BLOCK_SHIFT) as usize;
+            let parent_record = match parent {
+                NO_PARENT => NO_PARENT,
+                p => self.record_of[p as usize],
+            };
+            staged[next[block]] = (
+                record,
+                EntryRecord {
+                    parent_nid: e.parent.into(),
+                    child_nid: e.child.into(),
+                    name_offset: 0.into(),
+                    parent_record: parent_record.into(),
+                },
+                e.name,
+            );
+            next[block] += 1;
+        }
+        drop(next);
+        // Threads take contiguous runs of blocks (and their records and
+        // names).
+        let threads = threads.clamp(1, blocks.div_ceil(4).max(1));
+        let per_thread = blocks.div_ceil(threads).max(1);
+        let mut jobs = Vec::with_capacity(threads);
+        let (mut records, mut names) = (records, names);
+        for first in (0..blocks).step_by(per_thread) {
+            let end = (first + per_thread).min(blocks);
+            let record_count = (end << BLOCK_SHIFT).min(n) - (first << BLOCK_SHIFT);
+            let name_bytes = (block_names[end] - block_names[first]) as usize;
+            let (these, rest) = records.split_at_mut(record_count);
+            let (these_names, rest_names) = names.split_at_mut(name_bytes);
+            jobs.push((first..end, these, these_names));
+            records = rest;
+            names = rest_names;
+        }
+        let write =
+            |(blocks, records, names): (std::ops::Range<usize>, &mut [EntryRecord], &mut [u8])| {
+                let first_record = (blocks.start << BLOCK_SHIFT) as u32;
+                let first_name = block_names[blocks.start];
+                let mut name_offsets = vec![0u32; 1 << BLOCK_SHIFT];
+                for block in blocks {
+                    let base = (block << BLOCK_SHIFT) as u32;
+                    let members = &staged[block_starts[block]..block_starts[block + 1]];
+                    let offsets = &mut name_offsets[..members.len()];
+                    for (record, _, name) in members {
+                        offsets[(record - base) as usize] = 1 + name.len() as u32;
+                    }
+                    let mut at = block_names[block];
+                    for offset in offsets.iter_mut() {
+                        let len = *offset;
+                        *offset = at;
+                        at += len;
+                    }
+                    for &(record, mut entry, name) in members {
+                        let name_at = offsets[(record - base) as usize];
+                        entry.name_offset = name_at.into();
+                        records[(record - first_record) as usize] = entry;
+                        let at = (name_at - first_name) as usize;
+                        names[at] = name.len() as u8;
+                        names[at + 1..at + 1 + name.len()].copy_from_slice(name);
+                    }
+                }
+            };
+        if jobs.len() <= 1 {
+            jobs.into_iter().for_each(write);
+        } else {
+            std::thread::scope(|scope| {
+                let mut jobs = jobs.into_iter();
+                let mine = jobs.next();
+                let handles: Vec<_> = jobs.map(|job| scope.spawn(move || write(job))).collect();
+                mine.into_iter().for_each(write);
+                for handle in handles {
+                    handle
+                        .join()
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+                }
+            });
+        }
+        drop(staged);
+        for (&path, &record) in self.path_of.iter().zip(&self.record_of) {
+            path_order[path as usize] = U32::new(record);
         }
         let header = LookupHeader {
             magic: LOOKUP_MAGIC,
@@ -635,17 +805,9 @@ impl Built {
             image_digest,
             table_digest: [0; 32],
         };
-        let mut out = header.as_bytes().to_vec();
-        for built in [&self.entry_fn, &self.path_fn] {
-            out.extend_from_slice(built.slot_starts.as_bytes());
-            out.extend_from_slice(&built.pilots);
-            out.extend_from_slice(built.remap.as_bytes());
-        }
-        out.extend_from_slice(records.as_bytes());
-        out.extend_from_slice(path_order.as_bytes());
-        out.extend_from_slice(&names);
-        let digest = sha256(&[&out[..DIGESTED_HEADER], &out[size_of::<LookupHeader>()..]]);
-        out[DIGESTED_HEADER..size_of::<LookupHeader>()].copy_from_slice(&digest);
+        out[..header_len].copy_from_slice(header.as_bytes());
+        let digest = sha256(&[&out[..DIGESTED_HEADER], &out[header_len..]]);
+        out[DIGESTED_HEADER..header_len].copy_from_slice(&digest);
         out
     }
 }
@@ -853,6 +1015,45 @@ mod tests {
             );
             assert_eq!(rebuilt.unwrap(), table);
         }
+    }
+
+    /// A table large enough that several threads write its records gives
+    /// the same bytes on any number of threads, in any parent-first order.
+    #[test]
+    fn large_tables_do_not_depend_on_threads() {
+        let n = 140_000usize;
+        let names: Vec<Vec<u8>> = (0..n).map(|i| format!("n{i:x}").into_bytes()).collect();
+        // Entry `i` is nid `i + 100`; every tenth a directory of 20.
+        let entries: Vec<BuildEntry<'_>> = (0..n)
+            .map(|i| BuildEntry {
+                parent: match i / 20 {
+                    0 => 1,
+                    k => ((k - 1) * 10 + 100) as u64,
+                },
+                name: &names[i],
+                child: i as u64 + 100,
+                is_dir: i % 10 == 0,
+            })
+            .collect();
+        let params = MphfParams::default();
+        let one = build(1, [7; 32], entries.iter().copied(), &params, 1).unwrap();
+        for threads in [2, 3] {
+            let more = build(1, [7; 32], entries.iter().copied(), &params, threads).unwrap();
+            assert!(more == one, "{threads} threads");
+        }
+        // Directories stay before their entries when each directory's
+        // entries are reversed.
+        let reordered: Vec<BuildEntry<'_>> = entries
+            .chunks(20)
+            .flat_map(|c| c.iter().rev().copied())
+            .collect();
+        assert!(build(1, [7; 32], reordered, &params, 2).unwrap() == one);
+        let table = LookupTable::parse(&one).unwrap();
+        for e in &entries {
+            assert_eq!(table.lookup(e.parent, e.name), Some(e.child));
+        }
+        // 0x118 is in 0x82 (entry 130), in 0x32, in 0xa, in the root.
+        assert_eq!(table.lookup_path(b"na/n32/n82/n118"), Some(0x118 + 100));
     }
 
     #[test]
