@@ -399,6 +399,78 @@ fn lazy_fuse_mount_fills_on_read_and_equals_ociunpack() {
     again.unmount();
 }
 
+/// The `read_ahead_kb` of the FUSE mount at `mnt` (its bdi is named after
+/// its anonymous device).
+fn fuse_read_ahead_kb(mnt: &Path) -> u32 {
+    let dev = fs::metadata(mnt).unwrap().dev();
+    let bdi = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+    let path = Path::new("/sys/class/bdi").join(bdi).join("read_ahead_kb");
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.trim().parse().unwrap()
+}
+
+/// A lazy FUSE mount asked for `--readahead 0` (as when recording a trace
+/// or serving boot pages) has no readahead while blobs are missing, as the
+/// kernel path has: each page read ahead is a page fetched. Once every blob
+/// is complete (`--prefetch all`), the kernel's readahead is back.
+#[test]
+fn lazy_fuse_mount_lowers_readahead_until_complete() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("fuse-readahead");
+    let image = oci_ref(&t.join("out"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let cache = t.join("cache");
+    let args = [
+        "--mode",
+        "fuse",
+        "--lazy",
+        "--prefetch",
+        "none",
+        "--readahead",
+        "0",
+    ];
+    let m = Mount::with_args(&image, &t.join("mnt"), &cache, &args);
+    let started = std::time::Instant::now();
+    while fuse_read_ahead_kb(&m.path) != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "read_ahead_kb still {} while nothing is cached",
+            fuse_read_ahead_kb(&m.path)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    m.unmount();
+
+    let args = [
+        "--mode",
+        "fuse",
+        "--lazy",
+        "--prefetch",
+        "all",
+        "--readahead",
+        "0",
+    ];
+    let m = Mount::with_args(&image, &t.join("mnt2"), &cache.join("2"), &args);
+    let started = std::time::Instant::now();
+    loop {
+        let s = worker_status(&m);
+        let complete = s["blobs"]
+            .as_array()
+            .is_some_and(|b| !b.is_empty() && b.iter().all(|b| b["complete"] == true));
+        if complete && fuse_read_ahead_kb(&m.path) > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "complete: {complete}, read_ahead_kb {}: {s}",
+            fuse_read_ahead_kb(&m.path)
+        );
+    }
+    m.unmount();
+}
+
 /// `--mode auto` (the default) on this host: the kernel path with the cache
 /// on ext4; FUSE with the cache on a tmpfs the test mounts (file-backed
 /// EROFS refuses tmpfs files and tmpfs has no pre-content events), for a

@@ -91,6 +91,11 @@ impl Filler {
         })
     }
 
+    /// Whether every blob is complete in the cache: reads no longer ask.
+    pub fn all_complete(&self) -> bool {
+        self.complete.iter().all(|c| c.load(Ordering::Acquire))
+    }
+
     /// Whether blob `blob` is complete in the cache.
     pub fn blob_complete(&self, blob: u32) -> bool {
         self.complete

@@ -10,7 +10,6 @@
 //! on its own once the filesystem is unmounted.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -21,6 +20,7 @@ use std::time::Duration;
 use lamina_sys::{FanotifyGroup, Response};
 use rustix::event::{poll, PollFd, PollFlags};
 
+use crate::bdi::BdiReadahead;
 use crate::config::{write_atomic, DaemonConfig};
 use crate::protocol::{self, Message};
 use crate::relay::{Miss, Relay, Reply, Worker};
@@ -111,7 +111,7 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
                 None
             } else {
                 config.readahead_kb.and_then(|kb| {
-                    Readahead::lower(&config.mountpoint, kb)
+                    BdiReadahead::lower(&config.mountpoint, kb)
                         .map_err(|e| tracing::warn!("read_ahead_kb left as is: {e}"))
                         .ok()
                 })
@@ -146,36 +146,6 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
 }
 
 type Setup = (FanotifyGroup, Worker, HashMap<(u64, u64), u32>, OwnedFd);
-
-/// The mount's readahead, lowered while blobs are incomplete and put back
-/// when the last one completes (from then on reads never leave the kernel).
-#[derive(Debug)]
-struct Readahead {
-    path: PathBuf,
-    original: String,
-}
-
-impl Readahead {
-    fn lower(mountpoint: &Path, kb: u32) -> io::Result<Readahead> {
-        let root = File::open(mountpoint)?;
-        let name = lamina_sys::fs_sysfs_path(root.as_fd())?;
-        let bdi = name.rsplit('/').next().unwrap_or_default();
-        let path = Path::new("/sys/class/bdi").join(bdi).join("read_ahead_kb");
-        let original = std::fs::read_to_string(&path)?.trim().to_string();
-        std::fs::write(&path, kb.to_string())?;
-        tracing::info!(
-            "{} {original} -> {kb} until every blob is complete",
-            path.display()
-        );
-        Ok(Readahead { path, original })
-    }
-
-    fn restore(self) {
-        if let Err(e) = std::fs::write(&self.path, &self.original) {
-            tracing::warn!("restoring {}: {e}", self.path.display());
-        }
-    }
-}
 
 fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
     let group = FanotifyGroup::new().map_err(|e| {
@@ -256,7 +226,7 @@ fn serve(
     worker: Worker,
     mut watched: HashMap<(u64, u64), u32>,
     superblock: OwnedFd,
-    mut readahead: Option<Readahead>,
+    mut readahead: Option<BdiReadahead>,
 ) -> io::Result<()> {
     let group = Rc::new(group);
     let log = config.run_dir.join("worker.log");

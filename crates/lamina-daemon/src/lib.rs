@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bdi;
 pub mod config;
 pub mod filler;
 pub mod holder;

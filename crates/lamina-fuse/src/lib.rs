@@ -37,6 +37,7 @@ use fuser::{
 };
 use std::sync::Arc;
 
+use lamina_daemon::bdi::BdiReadahead;
 use lamina_daemon::config::write_atomic;
 use lamina_daemon::filler::Filler;
 use lamina_daemon::holder::Ready;
@@ -810,6 +811,9 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
     if let Some(path) = &config.status_path {
         write_status_while_serving(path.clone(), stats);
     }
+    if let Some(f) = &filler {
+        lower_readahead_while_incomplete(config, f.clone());
+    }
     tracing::info!(
         mountpoint = %config.mountpoint.display(),
         lazy = filler.is_some(),
@@ -844,6 +848,40 @@ fn write_status_while_serving(path: PathBuf, stats: Arc<Stats>) {
         });
     if let Err(e) = spawned {
         tracing::warn!("no status thread: {e}");
+    }
+}
+
+/// In a lazy mount whose worker config asks for it (`readahead_kb`: when
+/// recording a trace or serving boot pages), lowers the mount's readahead
+/// until every blob is complete, as the holder does for a kernel mount:
+/// each page read ahead is a page to fetch. On a thread, since opening the
+/// mount's root needs the session to be serving.
+fn lower_readahead_while_incomplete(config: &ServeConfig, filler: Arc<Filler>) {
+    let Some(path) = &config.worker_config else {
+        return;
+    };
+    let kb = match lamina_daemon::config::DaemonConfig::load(path) {
+        Ok(c) => c.readahead_kb,
+        Err(e) => return tracing::warn!("read_ahead_kb left as is: {e}"),
+    };
+    let (Some(kb), false) = (kb, filler.all_complete()) else {
+        return;
+    };
+    let mountpoint = config.mountpoint.clone();
+    let spawned = std::thread::Builder::new()
+        .name("readahead".into())
+        .spawn(move || {
+            let lowered = match BdiReadahead::lower(&mountpoint, kb) {
+                Ok(r) => r,
+                Err(e) => return tracing::warn!("read_ahead_kb left as is: {e}"),
+            };
+            while !filler.all_complete() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            lowered.restore();
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("read_ahead_kb left as is: {e}");
     }
 }
 
