@@ -50,6 +50,10 @@ mod objects;
 
 pub use objects::Objects;
 
+/// Most directory entries one readdir call parses: more than a reply
+/// buffer holds, and at most a few blocks.
+const LISTING_BATCH: usize = 512;
+
 /// Entries and attributes never change: the kernel may keep them for good
 /// (a year is "forever" without overflowing the kernel's jiffies).
 const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -58,6 +62,8 @@ const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 #[derive(Debug)]
 pub struct ImageFs {
     image: Image<'static>,
+    /// Bytes of the metadata image.
+    image_len: usize,
     /// Cache files of the data blobs, in device-table order.
     blobs: Vec<File>,
     /// A lazy mount's link to its worker; `None`: every blob is complete.
@@ -155,6 +161,7 @@ impl ImageFs {
         }
         Ok(ImageFs {
             image,
+            image_len: meta.len(),
             blobs,
             filler,
             lookup: None,
@@ -379,11 +386,38 @@ impl ImageFs {
 
     /// A directory's entries (`.` and `..` included).
     pub fn entries_of(&self, ino: u64) -> Result<Vec<Entry<'static>>, Errno> {
+        let entries = self.entries_at(ino, 0, usize::MAX)?;
+        Ok(entries.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// Up to `max` entries of a directory from listing position
+    /// `position` on, each with the position after it (the offset FUSE
+    /// hands back to resume): a listing read in many calls parses each
+    /// block once, not the whole directory per call.
+    pub fn entries_at(
+        &self,
+        ino: u64,
+        position: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Entry<'static>)>, Errno> {
         let dir = self.inode(ino)?;
         if dir.kind() != Some(Kind::Directory) {
             return Err(Errno::ENOTDIR);
         }
-        self.image.entries(&dir).map_err(|e| eio(&e))
+        self.image
+            .entries_from(&dir, position, max)
+            .map_err(|e| eio(&e))
+    }
+
+    /// Blocks of 4 KiB the image spans: its metadata and its blobs.
+    fn blocks(&self) -> u64 {
+        let data: u64 = self
+            .image
+            .devices()
+            .iter()
+            .map(|d| u64::from(d.blocks))
+            .sum();
+        (self.image_len as u64).div_ceil(4096) + data
     }
 
     /// Up to `size` bytes of a regular file from `offset`: holes as zeros,
@@ -631,18 +665,13 @@ impl Filesystem for ImageFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.entries_of(ino.0) {
+        let entries = match self.entries_at(ino.0, offset, LISTING_BATCH) {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        for (next, e) in entries {
             let name = OsStr::from_bytes(e.name);
-            if reply.add(
-                INodeNo(self.ino_of(e.nid)),
-                i as u64 + 1,
-                file_type(e.kind()),
-                name,
-            ) {
+            if reply.add(INodeNo(self.ino_of(e.nid)), next, file_type(e.kind()), name) {
                 break;
             }
         }
@@ -657,17 +686,17 @@ impl Filesystem for ImageFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.entries_of(ino.0) {
+        let entries = match self.entries_at(ino.0, offset, LISTING_BATCH) {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        for (next, e) in entries {
             let attr = match self.getattr_of(self.ino_of(e.nid)) {
                 Ok(a) => a,
                 Err(err) => return reply.error(err),
             };
             let name = OsStr::from_bytes(e.name);
-            if reply.add(attr.ino, i as u64 + 1, name, &FOREVER, &attr, Generation(0)) {
+            if reply.add(attr.ino, next, name, &FOREVER, &attr, Generation(0)) {
                 break;
             }
         }
@@ -675,7 +704,8 @@ impl Filesystem for ImageFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096);
+        // Read-only: everything is used, nothing is free.
+        reply.statfs(self.blocks(), 0, 0, 0, 0, 4096, 255, 4096);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

@@ -352,6 +352,40 @@ impl<'a> Image<'a> {
         Ok(out)
     }
 
+    /// Up to `max` entries of `dir` from `position` on, each with the
+    /// position of the entry after it: a listing resumed at any position
+    /// reads only the blocks it returns. Position 0 is the first entry; the
+    /// entry at index `i` of block `b` is at `b << 16 | i` (a block holds far
+    /// fewer than 2^16 entries), so positions grow along the listing.
+    pub fn entries_from(
+        &self,
+        dir: &Inode<'a>,
+        position: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Entry<'a>)>, ReadError> {
+        self.check_dir(dir)?;
+        let blocks = dir.size.div_ceil(BLOCK_SIZE as u64);
+        let (mut b, mut i) = (position >> 16, (position & 0xffff) as usize);
+        let mut out = Vec::new();
+        while b < blocks && out.len() < max {
+            let block = self.flat_block(dir, b)?;
+            let count = dirent_count(block, dir.nid)?;
+            while i < count && out.len() < max {
+                let next = if i + 1 < count {
+                    b << 16 | (i as u64 + 1)
+                } else {
+                    (b + 1) << 16
+                };
+                out.push((next, dirent(block, i, count, dir.nid)?));
+                i += 1;
+            }
+            if i >= count {
+                (b, i) = (b + 1, 0);
+            }
+        }
+        Ok(out)
+    }
+
     /// The entry `name` of `dir`, by binary search over its blocks and then
     /// within one block (names are stored sorted), or `None`.
     pub fn lookup(&self, dir: &Inode<'a>, name: &[u8]) -> Result<Option<Entry<'a>>, ReadError> {
@@ -742,6 +776,34 @@ mod tests {
             cur = img.inode(e.nid).unwrap();
         }
         cur
+    }
+
+    /// A listing resumed at every position it hands out, in steps of any
+    /// size, is the whole listing (a directory of many blocks).
+    #[test]
+    fn listings_resume_at_their_positions() {
+        let (tree, devices) = sample();
+        let (bytes, _) = write_image(&tree, &devices).unwrap();
+        let img = Image::new(&bytes).unwrap();
+        let big = resolve(&img, b"big");
+        let all = img.entries(&big).unwrap();
+        assert!(big.size > 4 * BLOCK_SIZE as u64, "spans several blocks");
+        for step in [1, 7, 100, 5000] {
+            let (mut got, mut position) = (Vec::new(), 0);
+            loop {
+                let batch = img.entries_from(&big, position, step).unwrap();
+                let Some(&(next, _)) = batch.last() else {
+                    break;
+                };
+                assert!(next > position, "positions grow");
+                got.extend(batch.into_iter().map(|(_, e)| e));
+                position = next;
+            }
+            assert_eq!(got, all, "in steps of {step}");
+        }
+        assert!(img.entries_from(&big, u64::MAX, 10).unwrap().is_empty());
+        let file = resolve(&img, b"big/entry-0000-");
+        assert!(img.entries_from(&file, 0, 10).is_err());
     }
 
     #[test]
