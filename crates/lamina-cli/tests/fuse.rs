@@ -56,6 +56,13 @@ fn worker_status(m: &Mount) -> serde_json::Value {
     }
 }
 
+/// The edge fixture converted into `t/out`: its reference.
+fn converted_edge(t: &TestDir) -> String {
+    let image = oci_ref(&t.join("out"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    image
+}
+
 /// The FUSE daemon's log of the mount at `mnt` served from `cache`.
 fn fuse_log(cache: &Path, mnt: &Path) -> String {
     let config = fs::read_dir(cache.join("mounts"))
@@ -79,49 +86,22 @@ const LOOKUP_TABLE_LINE: &str = "lookups through the lookup table";
 /// A copy of `tag` in the layout `dir`, tagged `new_tag`, as images were
 /// before lookup tables: no lookup layer, format version 2.
 fn without_lookup_layer(dir: &Path, tag: &str, new_tag: &str) {
-    let index_path = dir.join("index.json");
-    let mut index: serde_json::Value =
-        serde_json::from_slice(&fs::read(&index_path).unwrap()).unwrap();
-    let entries = index["manifests"].as_array_mut().unwrap();
-    let mut entry = entries
-        .iter()
-        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
-        .unwrap()
-        .clone();
-    let blob = |digest: &str| dir.join("blobs/sha256").join(&digest["sha256:".len()..]);
-    let mut manifest: serde_json::Value =
-        serde_json::from_slice(&fs::read(blob(entry["digest"].as_str().unwrap())).unwrap())
-            .unwrap();
+    let mut manifest = read_manifest(dir, tag);
     let layers = manifest["layers"].as_array_mut().unwrap();
     let lookup = "application/vnd.oci.image.layer.lamina.lookup.v1+zstd";
     let at = layers.iter().position(|l| l["mediaType"] == lookup);
     let removed = layers.remove(at.expect("the image has a lookup layer"));
     manifest["annotations"]["dev.lamina.format"] = "2".into();
     // The config lists the layers too.
-    let mut config: serde_json::Value = serde_json::from_slice(
-        &fs::read(blob(manifest["config"]["digest"].as_str().unwrap())).unwrap(),
-    )
-    .unwrap();
+    let config_path = blob_path(dir, manifest["config"]["digest"].as_str().unwrap());
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&fs::read(config_path).unwrap()).unwrap();
     let diff_ids = config["rootfs"]["diff_ids"].as_array_mut().unwrap();
     diff_ids.retain(|d| *d != removed["digest"]);
-    let write_blob = |bytes: &[u8]| {
-        use sha2::Digest as _;
-        let hex: String = sha2::Sha256::digest(bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        fs::write(dir.join("blobs/sha256").join(&hex), bytes).unwrap();
-        format!("sha256:{hex}")
-    };
     let config = serde_json::to_vec(&config).unwrap();
-    manifest["config"]["digest"] = write_blob(&config).into();
+    manifest["config"]["digest"] = put_blob(dir, &config).into();
     manifest["config"]["size"] = config.len().into();
-    let bytes = serde_json::to_vec(&manifest).unwrap();
-    entry["digest"] = write_blob(&bytes).into();
-    entry["size"] = bytes.len().into();
-    entry["annotations"]["org.opencontainers.image.ref.name"] = new_tag.into();
-    entries.push(entry);
-    fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+    tag_manifest(dir, tag, new_tag, &manifest);
 }
 
 /// convert oci:FIX/edge:edge, mount with --mode fuse, then:
@@ -139,8 +119,7 @@ fn fuse_mount_of_edge_matches_umoci_and_ociunpack() {
         return;
     }
     let t = TestDir::new("fuse-edge");
-    let image = oci_ref(&t.join("out"), "edge");
-    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let image = converted_edge(&t);
     let cache = t.join("cache");
     let m = Mount::with_args(&image, &t.join("mnt"), &cache, &["--mode", "fuse"]);
     assert_eq!(
@@ -248,8 +227,7 @@ fn fuse_passthrough_serves_big_complete_files_from_their_objects() {
         return;
     }
     let t = TestDir::new("fuse-passthrough");
-    let image = oci_ref(&t.join("out"), "edge");
-    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let image = converted_edge(&t);
     let cache = t.join("cache");
     let m = Mount::with_args(&image, &t.join("mnt"), &cache, &["--mode", "fuse"]);
     let reference = ociunpack(&edge_layout(), "edge");
@@ -359,8 +337,7 @@ fn lazy_fuse_mount_fills_on_read_and_equals_ociunpack() {
         return;
     }
     let t = TestDir::new("fuse-lazy");
-    let image = oci_ref(&t.join("out"), "edge");
-    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let image = converted_edge(&t);
     let cache = t.join("cache");
     let args = ["--mode", "fuse", "--lazy", "--prefetch", "none"];
     let m = Mount::with_args(&image, &t.join("mnt"), &cache, &args);
@@ -419,8 +396,7 @@ fn lazy_fuse_mount_lowers_readahead_until_complete() {
         return;
     }
     let t = TestDir::new("fuse-readahead");
-    let image = oci_ref(&t.join("out"), "edge");
-    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    let image = converted_edge(&t);
     let cache = t.join("cache");
     let args = [
         "--mode",

@@ -517,13 +517,8 @@ fn corrupt_data_blob_gives_eio_on_lazy_mount() {
 /// layer holding `blob` (zstd-compressed boot pages), whose uncompressed
 /// size annotation says `claimed`.
 fn add_boot_layer(dir: &Path, tag: &str, new_tag: &str, raw: &[u8], blob: &[u8], claimed: u64) {
-    let write_blob = |bytes: &[u8]| {
-        let digest = format!("sha256:{}", sha256_hex(bytes));
-        fs::write(blob_path(dir, &digest), bytes).unwrap();
-        digest
-    };
     let mut manifest = read_manifest(dir, tag);
-    let layer_digest = write_blob(blob);
+    let layer_digest = put_blob(dir, blob);
     // A lamina config lists every layer's digest as its diff_id.
     let config_digest = manifest["config"]["digest"].as_str().unwrap().to_string();
     let mut config: Value =
@@ -533,7 +528,7 @@ fn add_boot_layer(dir: &Path, tag: &str, new_tag: &str, raw: &[u8], blob: &[u8],
         .unwrap()
         .push(layer_digest.clone().into());
     let config = serde_json::to_vec(&config).unwrap();
-    manifest["config"]["digest"] = write_blob(&config).into();
+    manifest["config"]["digest"] = put_blob(dir, &config).into();
     manifest["config"]["size"] = config.len().into();
     let layer = serde_json::json!({
         "mediaType": "application/vnd.oci.image.layer.lamina.boot.v1+zstd",
@@ -545,29 +540,7 @@ fn add_boot_layer(dir: &Path, tag: &str, new_tag: &str, raw: &[u8], blob: &[u8],
         },
     });
     manifest["layers"].as_array_mut().unwrap().push(layer);
-    let bytes = serde_json::to_vec(&manifest).unwrap();
-    let digest = write_blob(&bytes);
-    let mut index: Value =
-        serde_json::from_slice(&fs::read(dir.join("index.json")).unwrap()).unwrap();
-    let entries = index["manifests"].as_array_mut().unwrap();
-    let mut entry = entries
-        .iter()
-        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
-        .unwrap()
-        .clone();
-    entry["digest"] = digest.into();
-    entry["size"] = bytes.len().into();
-    entry["annotations"]["org.opencontainers.image.ref.name"] = new_tag.into();
-    entries.push(entry);
-    fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    tag_manifest(dir, tag, new_tag, &manifest);
 }
 
 /// Issue 7: a boot-pages layer whose size annotation says 1 TiB made every

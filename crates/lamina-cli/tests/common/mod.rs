@@ -1195,6 +1195,42 @@ pub fn read_manifest(dir: &Path, tag: &str) -> Value {
     serde_json::from_slice(&fs::read(blob_path(dir, digest)).unwrap()).unwrap()
 }
 
+/// sha256 hex of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Writes `bytes` as a blob of the layout `dir`; its digest.
+pub fn put_blob(dir: &Path, bytes: &[u8]) -> String {
+    let digest = format!("sha256:{}", sha256_hex(bytes));
+    fs::write(blob_path(dir, &digest), bytes).unwrap();
+    digest
+}
+
+/// Writes `manifest` into the layout `dir` and tags it `new_tag`, with the
+/// index entry of `tag` (media type, platform) as its model.
+pub fn tag_manifest(dir: &Path, tag: &str, new_tag: &str, manifest: &Value) {
+    let bytes = serde_json::to_vec(manifest).unwrap();
+    let digest = put_blob(dir, &bytes);
+    let mut index: Value =
+        serde_json::from_slice(&fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let entries = index["manifests"].as_array_mut().unwrap();
+    let mut entry = entries
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .unwrap_or_else(|| panic!("tag {tag} not in {}/index.json", dir.display()))
+        .clone();
+    entry["digest"] = digest.into();
+    entry["size"] = bytes.len().into();
+    entry["annotations"]["org.opencontainers.image.ref.name"] = new_tag.into();
+    entries.push(entry);
+    fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
 /// sha256 hex of a file.
 pub fn sha256_file(p: &Path) -> String {
     let mut f = File::open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
