@@ -25,6 +25,10 @@
 #      serve; `lamina mount` (--mode auto) says so and serves it lazily through FUSE
 #      (the same worker fetches and verifies what is read), and the hello container
 #      runs on an overlay over that mount
+#  12. rootless podman: user nobody (subordinate ids from setup.sh) mounts the image
+#      lazily inside podman's user namespace (`podman unshare lamina mount`: FUSE, the
+#      cache in nobody's home) and `podman run --rootfs MNT:O` runs the hello command
+#      from it without root (skipped, and said so, when podman is not installed)
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -98,6 +102,7 @@ OVL="$TMP/overlay"
 CID="lamina-demo-$$"
 RUNC_STARTED=0
 CTD_PID="" SNAP_PID=""
+ROOTLESS="" FUSE_DEV_MODE=""
 CONTAINERD2_DIR=/var/cache/lamina-test/go/containerd-v2.4.2
 ctr() { "$CONTAINERD2_DIR/ctr" -a "$TMP/containerd/containerd.sock" "$@"; }
 
@@ -129,6 +134,14 @@ cleanup() {
         wait_gone "$CTD_PID"
     fi
     [ -n "$SNAP_PID" ] && kill "$SNAP_PID" 2>/dev/null
+    if [ -n "$ROOTLESS" ]; then
+        # podman's namespace goes with its pause process; lamina's daemons
+        # serving from nobody's cache with it
+        as_nobody podman system migrate >/dev/null 2>&1
+        pkill -f "$ROOTLESS" 2>/dev/null
+        rm -rf --one-file-system "$ROOTLESS"
+    fi
+    [ -n "$FUSE_DEV_MODE" ] && chmod "$FUSE_DEV_MODE" /dev/fuse
     # the overlay first, then the lamina mount through lamina (stops its lazy daemon)
     mountpoint -q "$BUNDLE/rootfs" 2>/dev/null && umount "$BUNDLE/rootfs"
     if mountpoint -q "$MNT" 2>/dev/null; then
@@ -386,6 +399,41 @@ run_container fuse
 FUSE_FETCHED=$(settled_status | jq -r '"\(.fetched_bytes) bytes in \(.requests) requests for \(.misses) misses"')
 log "  through FUSE, the container's reads fetched $FUSE_FETCHED"
 
+# ---- 12. rootless podman from a lamina mount ---------------------------------------------------
+# podman runs as nobody in its user namespace; the image is mounted in that
+# namespace, where its files belong to the container's users.
+as_nobody() {
+    setpriv --reuid=65534 --regid=65534 --clear-groups env -u LAMINA_CACHE_DIR \
+        HOME="$ROOTLESS/home" XDG_RUNTIME_DIR="$ROOTLESS/home/run" \
+        XDG_CONFIG_HOME="$ROOTLESS/home/config" XDG_DATA_HOME="$ROOTLESS/home/data" \
+        XDG_CACHE_HOME="$ROOTLESS/home/cache" "$@"
+}
+PODMAN_SAID="skipped: podman or nobody's subordinate ids missing (scripts/setup.sh installs them)"
+if command -v podman >/dev/null && grep -q '^nobody:' /etc/subuid 2>/dev/null; then
+    ROOTLESS=$(mktemp -d /tmp/lamina-demo-rootless.XXXXXX)
+    chmod 755 "$ROOTLESS"
+    mkdir -p "$ROOTLESS/home/run" "$ROOTLESS/mnt"
+    chmod 700 "$ROOTLESS/home/run"
+    chown -R 65534:65534 "$ROOTLESS/home" "$ROOTLESS/mnt"
+    # a normal host's /dev/fuse is 0666; open it up for the demo if it is not
+    mode=$(stat -c %a /dev/fuse)
+    if [ "$mode" != 666 ]; then FUSE_DEV_MODE=$mode; chmod 666 /dev/fuse; fi
+    log "as nobody: podman unshare lamina mount docker://$R/debian:bookworm-lamina $ROOTLESS/mnt"
+    t=$(now)
+    as_nobody podman unshare "$LAMINA" mount --json "docker://$R/debian:bookworm-lamina" "$ROOTLESS/mnt" \
+        2>/dev/null >"$TMP/mount-rootless.json"
+    step "lamina mount (rootless, podman ns)" "$t" "$(now)"
+    log "  $(jq -r '"\(.mode): \(.mode_reason)"' "$TMP/mount-rootless.json")"
+    t=$(now)
+    as_nobody podman --cgroup-manager=cgroupfs run --rm --network none --ulimit host \
+        --rootfs "$ROOTLESS/mnt:O" python3 -c 'print("hello from rootless podman on lamina")' \
+        2>/dev/null >"$TMP/podman.out"
+    step "podman run --rootfs (rootless)" "$t" "$(now)"
+    grep -qx "hello from rootless podman on lamina" "$TMP/podman.out" || die "unexpected podman output"
+    as_nobody podman unshare "$LAMINA" umount "$ROOTLESS/mnt" >/dev/null 2>&1
+    PODMAN_SAID=$(cat "$TMP/podman.out")
+fi
+
 # ---- summary ----------------------------------------------------------------------------------
 echo
 echo "lamina demo: $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
@@ -422,5 +470,6 @@ if [ "$READALL" = 1 ]; then
 fi
 printf '  %-36s %s\n' "cache on tmpfs: mount path" "$FUSE_MODE"
 printf '  %-36s %s\n' "cache on tmpfs: fetched on demand" "$FUSE_FETCHED"
+printf '  %-36s %s\n' "rootless podman" "$PODMAN_SAID"
 printf '  %-36s %8s\n' "files written by the container" "$WRITTEN"
 echo "  container said: $(cat "$TMP/container.out")"
