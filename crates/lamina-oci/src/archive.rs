@@ -19,6 +19,10 @@ use crate::types::{media_types as mt, Descriptor, Manifest};
 
 const MAX_ARCHIVE_MANIFEST: u64 = 16 << 20;
 const MAX_LINK_DEPTH: usize = 16;
+/// Most members (files and links) indexed from the outer tar: `docker save`
+/// writes a handful per layer, so this is far beyond any real archive and
+/// bounds the index a hostile one can make.
+const MAX_ARCHIVE_MEMBERS: usize = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Member {
@@ -78,6 +82,10 @@ fn normalize(name: &str) -> String {
 
 impl ArchiveIndex {
     fn build(path: &Path) -> Result<ArchiveIndex, OciError> {
+        Self::build_limited(path, MAX_ARCHIVE_MEMBERS)
+    }
+
+    fn build_limited(path: &Path, max_members: usize) -> Result<ArchiveIndex, OciError> {
         let file = File::open(path).map_err(|e| OciError::io("open", path, e))?;
         let mut archive = tar::Archive::new(file);
         let bad_tar = |e: io::Error| archive_err(path, format!("reading tar: {e}"));
@@ -89,6 +97,12 @@ impl ArchiveIndex {
                 continue;
             };
             let kind = entry.header().entry_type();
+            if index.files.len() + index.links.len() >= max_members {
+                return Err(archive_err(
+                    path,
+                    format!("more than {max_members} members: not a `docker save` archive"),
+                ));
+            }
             if kind.is_file() {
                 index.files.insert(
                     name,
@@ -398,5 +412,37 @@ impl ImageSource for DockerArchiveSource {
             desc.digest.clone(),
             Some(desc.size),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An outer tar of `n` empty files.
+    fn tar_of(dir: &Path, n: usize) -> std::path::PathBuf {
+        let path = dir.join("a.tar");
+        let mut b = tar::Builder::new(File::create(&path).unwrap());
+        for i in 0..n {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(0);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, format!("f{i}"), io::empty()).unwrap();
+        }
+        b.finish().unwrap();
+        path
+    }
+
+    #[test]
+    fn the_member_index_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = tar_of(dir.path(), 11);
+        assert_eq!(
+            ArchiveIndex::build_limited(&path, 11).unwrap().files.len(),
+            11
+        );
+        let err = ArchiveIndex::build_limited(&path, 10).unwrap_err();
+        assert!(err.to_string().contains("more than 10 members"), "{err}");
     }
 }
