@@ -3,12 +3,13 @@
 //! stdout, or exits non-zero saying "credentials not found".
 //!
 //! A helper is someone else's program: its output is bounded, it gets a
-//! deadline and is killed when it passes it (the helper process itself; a
-//! child it left behind is not tracked).
+//! deadline and is killed when it passes it, with every process it started
+//! (it runs in a process group of its own, and the group is killed).
 
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver};
@@ -172,6 +173,8 @@ fn run_bounded(program: &Path, input: &[u8], timeout: Duration) -> Result<Finish
     };
     let mut child = Command::new(program)
         .arg("get")
+        // Its own group: a child it leaves behind goes when it is killed.
+        .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -243,6 +246,9 @@ fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitSta
 }
 
 fn kill(child: &mut Child) {
+    if let Some(group) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    }
     let _ = child.kill();
     let _ = child.wait();
 }

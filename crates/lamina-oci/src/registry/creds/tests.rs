@@ -113,7 +113,11 @@ esac
             "broken",
             "#!/bin/sh\necho 'keyring is locked' >&2\nexit 3\n",
         ),
-        ("hang", "#!/bin/sh\nexec /bin/sleep 30\n"),
+        // Leaves a child behind, and says which.
+        (
+            "hang",
+            "#!/bin/sh\n/bin/sleep 30 &\necho $! > \"$(dirname \"$0\")/hang.child\"\nexec /bin/sleep 30\n",
+        ),
         ("big", "#!/bin/sh\nexec /usr/bin/head -c 200000 /dev/zero\n"),
         ("notjson", "#!/bin/sh\necho hello\n"),
     ];
@@ -183,6 +187,22 @@ fn credential_helpers() {
         start.elapsed() < Duration::from_secs(10),
         "{:?}",
         start.elapsed()
+    );
+    // The child it left went with it.
+    let child = std::fs::read_to_string(bin.join("hang.child")).expect("hang.child");
+    let proc = Path::new("/proc").join(child.trim());
+    let gone = (0..100).any(|_| {
+        let state = std::fs::read_to_string(proc.join("stat")).unwrap_or_default();
+        let dead = state.is_empty() || state.contains(") Z");
+        if !dead {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dead
+    });
+    assert!(
+        gone,
+        "the hanging helper's child {} outlived it",
+        child.trim()
     );
     let msg = helper_err("big.example.com", &env);
     assert!(
