@@ -214,6 +214,55 @@ fn fuse_counters(cache: &Path, ready: impl Fn(&serde_json::Value) -> bool) -> se
     }
 }
 
+/// An image whose manifest says no inode has extended attributes (misc's
+/// minimal): the daemon answers the first xattr request ENOSYS, and the
+/// kernel answers every later one itself (EOPNOTSUPP), so `ls -l`, which
+/// asks two per file, costs no round trips for them: however often the
+/// tree is listed, at most one getxattr and one listxattr reach the daemon.
+#[test]
+fn an_image_without_xattrs_costs_no_xattr_round_trips() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("fuse-noxattr");
+    let image = oci_ref(&t.join("out"), "minimal");
+    let misc = fixtures().join("misc");
+    let report = lamina(["convert", "--json", &oci_ref(&misc, "minimal"), &image])
+        .ok()
+        .json();
+    assert_eq!(report["stats"]["xattr_inodes"], 0, "{report}");
+    let cache = t.join("cache");
+    let m = Mount::with_args(&image, &t.join("mnt"), &cache, &["--mode", "fuse"]);
+    for _ in 0..3 {
+        run(
+            &mut command("ls", [OsStr::new("-lR"), m.path.as_os_str()]),
+            SHORT,
+        )
+        .ok();
+    }
+    let mut buf = [0u8; 64];
+    for file in ["hello", "etc/hostname"] {
+        let got = rustix::fs::lgetxattr(m.path.join(file), "user.x", &mut buf[..]);
+        assert_eq!(got, Err(rustix::io::Errno::NOTSUP), "{file}");
+    }
+    // The daemon rewrites its counters when they change: wait for the
+    // first request to show, then give any later one time to.
+    fuse_counters(&cache, |c| c["xattr_requests"].as_u64() > Some(0));
+    std::thread::sleep(Duration::from_millis(500));
+    let counters = fuse_counters(&cache, |_| true);
+    let asked = counters["xattr_requests"].as_u64().unwrap();
+    assert!(
+        (1..=2).contains(&asked),
+        "xattr requests reached the daemon: {counters}"
+    );
+    assert_eq!(
+        fs::read(m.path.join("hello")).unwrap(),
+        b"hello world\n",
+        "and the files read right"
+    );
+    m.unmount();
+}
+
 /// Passthrough (issue 9): an eager FUSE mount as root passes a big file
 /// through to its object under cache/objects/<metadata-hex>/<nid>, and it
 /// is the kernel that reads it: bytes written into the object while the

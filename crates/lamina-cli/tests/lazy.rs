@@ -2150,8 +2150,16 @@ fn cache_files(cache: &Path) -> BTreeSet<PathBuf> {
 fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
     let c: Value = serde_json::from_slice(&fs::read(rd.join("config.json")).unwrap()).unwrap();
     let mut out = BTreeSet::new();
-    out.insert(PathBuf::from(c["metadata_path"].as_str().unwrap()));
-    out.insert(PathBuf::from(c["index_path"].as_str().unwrap()));
+    for key in ["metadata_path", "index_path"] {
+        let p = PathBuf::from(c[key].as_str().unwrap());
+        // The fill record of a file cached whole: `<file>.fill`.
+        let mut record = p.clone().into_os_string();
+        record.push(".fill");
+        if Path::new(&record).exists() {
+            out.insert(PathBuf::from(record));
+        }
+        out.insert(p);
+    }
     for boot in c["boot_pages"].as_array().unwrap() {
         out.insert(PathBuf::from(boot["path"].as_str().unwrap()));
     }

@@ -71,6 +71,9 @@ pub struct ImageFs {
     /// The image's lookup table: names found with one hash, not a search
     /// of the directory. `None` in images converted before it.
     lookup: Option<LookupTable<'static>>,
+    /// The image may hold extended attributes (else xattr requests get
+    /// ENOSYS, and the kernel stops sending them).
+    xattrs: bool,
     /// Set when files may be passed through to the kernel.
     passthrough: Option<Passthrough>,
     stats: Arc<Stats>,
@@ -125,6 +128,8 @@ pub struct Stats {
     pub objects_created: AtomicU64,
     /// Objects found on disk and not trusted.
     pub objects_rejected: AtomicU64,
+    /// getxattr and listxattr requests that reached the daemon.
+    pub xattr_requests: AtomicU64,
 }
 
 impl Stats {
@@ -138,6 +143,7 @@ impl Stats {
             "daemon_reads": n(&self.daemon_reads),
             "objects_created": n(&self.objects_created),
             "objects_rejected": n(&self.objects_rejected),
+            "xattr_requests": n(&self.xattr_requests),
         })
     }
 }
@@ -165,9 +171,18 @@ impl ImageFs {
             blobs,
             filler,
             lookup: None,
+            xattrs: true,
             passthrough: None,
             stats: Arc::default(),
         })
+    }
+
+    /// For an image whose tree holds no extended attributes (its manifest
+    /// says so): every xattr request is answered ENOSYS, which makes the
+    /// kernel answer the next ones itself, with no round trip.
+    pub fn without_xattrs(mut self) -> Self {
+        self.xattrs = false;
+        self
     }
 
     /// Lets files of at least `min_size` bytes whose blobs are complete be
@@ -567,6 +582,12 @@ impl Filesystem for ImageFs {
         ] {
             let _ = config.add_capabilities(flag);
         }
+        if self.xattrs {
+            // The kernel then asks for an inode's ACL once and keeps it (a
+            // plain xattr it would ask for at every `ls -l`), and enforces
+            // it, as it does on EROFS.
+            let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL);
+        }
         if self.passthrough.is_some() {
             // Depth 1: backing files on a plain filesystem, and overlayfs
             // may still stack on this mount.
@@ -709,6 +730,10 @@ impl Filesystem for ImageFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.stats.xattr_requests.fetch_add(1, Ordering::Relaxed);
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         match self.xattrs_of(ino.0) {
             Ok(xattrs) => match xattrs.iter().find(|(n, _)| n == name.as_bytes()) {
                 Some((_, value)) => reply_sized(reply, size, value),
@@ -719,6 +744,10 @@ impl Filesystem for ImageFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.stats.xattr_requests.fetch_add(1, Ordering::Relaxed);
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         match self.xattrs_of(ino.0) {
             Ok(xattrs) => {
                 let mut names = Vec::new();
@@ -742,6 +771,12 @@ pub struct ServeConfig {
     /// for images converted before lookup tables.
     #[serde(default)]
     pub lookup_path: Option<PathBuf>,
+    /// Whether the image may hold extended attributes. `false` (its
+    /// manifest says no inode has any): xattr requests get ENOSYS, after
+    /// which the kernel answers them itself (EOPNOTSUPP) and stops asking:
+    /// `ls -l` asks two per file.
+    #[serde(default = "yes")]
+    pub xattrs: bool,
     /// Complete blob cache files, in device-table order.
     pub blob_paths: Vec<PathBuf>,
     /// Where to mount.
@@ -777,6 +812,10 @@ pub const DEFAULT_PASSTHROUGH_MIN_SIZE: u64 = 64 << 10;
 
 fn default_passthrough_min_size() -> u64 {
     DEFAULT_PASSTHROUGH_MIN_SIZE
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The FUSE daemon: mounts `config`'s image and serves it until unmounted.
@@ -949,6 +988,9 @@ fn open_session(
         .filter(|_| lamina_sys::is_host_root())
     {
         fs = fs.with_passthrough(dir, config.passthrough_min_size);
+    }
+    if !config.xattrs {
+        fs = fs.without_xattrs();
     }
     let stats = fs.stats();
     let fuse = fuse_config(config.threads);

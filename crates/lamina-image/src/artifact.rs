@@ -40,6 +40,8 @@ pub const ANNOTATION_STATS_FILES: &str = "dev.lamina.stats.files";
 pub const ANNOTATION_STATS_FILE_BYTES: &str = "dev.lamina.stats.file-bytes";
 /// Manifest annotation: bytes of the tree's files that live in blobs (holes excluded).
 pub const ANNOTATION_STATS_REFERENCED_BYTES: &str = "dev.lamina.stats.referenced-bytes";
+/// Manifest annotation: inodes with extended attributes in the image tree.
+pub const ANNOTATION_STATS_XATTR_INODES: &str = "dev.lamina.stats.xattr-inodes";
 /// Layer annotation: digest of the uncompressed content (metadata, index).
 pub const ANNOTATION_UNCOMPRESSED_DIGEST: &str = "dev.lamina.uncompressed.digest";
 /// Layer annotation: size of the uncompressed content; for blobs, the cache file size.
@@ -122,6 +124,16 @@ pub struct LaminaLayers {
     pub boot: Vec<Descriptor>,
     /// The lookup table, in images converted since format 3.
     pub lookup: Option<Descriptor>,
+}
+
+/// Whether the image's tree may hold extended attributes: `false` only
+/// when its manifest says no inode has any (images converted before that
+/// annotation may).
+pub fn may_have_xattrs(manifest: &Manifest) -> bool {
+    manifest
+        .annotations
+        .get(ANNOTATION_STATS_XATTR_INODES)
+        .is_none_or(|n| n != "0")
 }
 
 impl LaminaLayers {

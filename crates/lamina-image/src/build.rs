@@ -103,6 +103,9 @@ pub struct BuildStats {
     pub compact_inodes: u64,
     /// Chunks in the boot set (prefetch list).
     pub boot_set_chunks: u64,
+    /// Inodes with extended attributes (0: a FUSE daemon may tell the
+    /// kernel it has none, so `ls -l` stops asking for each file).
+    pub xattr_inodes: u64,
 }
 
 /// The result of a build.
@@ -397,9 +400,13 @@ impl<'a> ImageBuilder<'a> {
         stats.inodes = image_stats.inodes;
         stats.compact_inodes = image_stats.compact_inodes;
         let mut seen = std::collections::HashSet::new();
+        let mut with_xattrs = std::collections::HashSet::new();
         let tree = &self.tree;
         tree.walk(|_, id| {
             stats.entries += 1;
+            if !tree.nodes[id].meta.xattrs.is_empty() && with_xattrs.insert(id) {
+                stats.xattr_inodes += 1;
+            }
             if let NodeKind::Regular { size, content } = &tree.nodes[id].kind {
                 if seen.insert(id) {
                     stats.files += 1;

@@ -296,6 +296,10 @@ pub fn convert(
                 ANNOTATION_STATS_REFERENCED_BYTES.to_string(),
                 built.stats.referenced_bytes.to_string(),
             ),
+            (
+                ANNOTATION_STATS_XATTR_INODES.to_string(),
+                built.stats.xattr_inodes.to_string(),
+            ),
         ]
         .into(),
     };

@@ -37,40 +37,49 @@ pub fn mount_fuse(
     info.mountpoint = fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
     let run = crate::lazy::run_dir(&opts.cache_dir, mountpoint);
     private::private_dir(&run).map_err(io_err(&run))?;
-    start_fuse_daemon(
-        &opts.cache_dir,
-        &run,
-        &info.metadata_path,
-        info.lookup_path.as_deref(),
-        &info.blob_paths,
-        &info.mountpoint,
-        None,
-    )?;
+    let image = FuseImage {
+        metadata: &info.metadata_path,
+        lookup: info.lookup_path.as_deref(),
+        blobs: &info.blob_paths,
+        xattrs: info.xattrs,
+    };
+    start_fuse_daemon(&opts.cache_dir, &run, &image, &info.mountpoint, None)?;
     record_eager(opts, &info);
     Ok(info)
 }
 
-/// Starts the FUSE daemon serving `metadata` (in `cache_dir`, with its
-/// lookup table when the image has one) over the cache files `blobs` at
-/// `mountpoint`, with its files in the run dir `run`; a lazy mount passes
-/// its worker's config. Returns once it has mounted.
+/// What a FUSE daemon serves: files in the cache.
+pub(crate) struct FuseImage<'a> {
+    /// The verified metadata image.
+    pub metadata: &'a Path,
+    /// Its lookup table, when the image has one.
+    pub lookup: Option<&'a Path>,
+    /// The blobs' cache files, in device order.
+    pub blobs: &'a [PathBuf],
+    /// Whether the tree may hold extended attributes.
+    pub xattrs: bool,
+}
+
+/// Starts the FUSE daemon serving `image` (in `cache_dir`) at `mountpoint`,
+/// with its files in the run dir `run`; a lazy mount passes its worker's
+/// config. Returns once it has mounted.
 pub(crate) fn start_fuse_daemon(
     cache_dir: &Path,
     run: &Path,
-    metadata: &Path,
-    lookup: Option<&Path>,
-    blobs: &[PathBuf],
+    image: &FuseImage<'_>,
     mountpoint: &Path,
     worker_config: Option<PathBuf>,
 ) -> Result<(), MountError> {
+    let metadata = image.metadata;
     // Whatever an earlier mount at this point left must not be read as ours.
     for stale in ["ready", "fuse.json", "fuse.log", "eager.json", FUSE_STATUS] {
         let _ = fs::remove_file(run.join(stale));
     }
     let config = ServeConfig {
         metadata_path: metadata.to_path_buf(),
-        lookup_path: lookup.map(Path::to_path_buf),
-        blob_paths: blobs.to_vec(),
+        lookup_path: image.lookup.map(Path::to_path_buf),
+        xattrs: image.xattrs,
+        blob_paths: image.blobs.to_vec(),
         mountpoint: mountpoint.to_path_buf(),
         worker_config,
         threads: FUSE_THREADS,

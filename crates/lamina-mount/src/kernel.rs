@@ -82,6 +82,9 @@ pub struct MountInfo {
     pub blob_paths: Vec<PathBuf>,
     /// The lookup table: FUSE mounts of images that carry one.
     pub lookup_path: Option<PathBuf>,
+    /// Whether the image's tree may hold extended attributes (false when
+    /// its manifest says no inode has any).
+    pub xattrs: bool,
     /// Bytes of blobs read from the source (0 when all were cached).
     pub fetched_bytes: u64,
 }
@@ -273,6 +276,7 @@ pub(crate) fn fill_cache(
         metadata_path: meta_path,
         blob_paths,
         lookup_path,
+        xattrs: artifact::may_have_xattrs(&img.manifest),
         fetched_bytes: fetched,
     })
 }

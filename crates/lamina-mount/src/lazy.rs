@@ -287,19 +287,17 @@ fn mount_lazy_with(
             &run.join("holder.log"),
             "holder",
         )?,
-        Mode::Fuse => crate::fuse::start_fuse_daemon(
-            &opts.cache_dir,
-            &run,
-            &meta_path,
-            lookup_path.as_deref(),
-            &config
-                .blobs
-                .iter()
-                .map(|b| b.cache_path.clone())
-                .collect::<Vec<_>>(),
-            &mountpoint,
-            Some(config_path.clone()),
-        )?,
+        Mode::Fuse => {
+            let blobs: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
+            let image = crate::fuse::FuseImage {
+                metadata: &meta_path,
+                lookup: lookup_path.as_deref(),
+                blobs: &blobs,
+                xattrs: artifact::may_have_xattrs(&img.manifest),
+            };
+            let worker = Some(config_path.clone());
+            crate::fuse::start_fuse_daemon(&opts.cache_dir, &run, &image, &mountpoint, worker)?
+        }
     }
     Ok(MountInfo {
         mountpoint,
@@ -307,6 +305,7 @@ fn mount_lazy_with(
         metadata_path: meta_path,
         blob_paths: blobs.iter().map(|b| b.cache_path.clone()).collect(),
         lookup_path,
+        xattrs: artifact::may_have_xattrs(&img.manifest),
         fetched_bytes: 0,
     })
 }
