@@ -121,14 +121,20 @@ def render(r):
         w("")
         w(f"Sequential: the whole file; random: {f['rand']['io_mib']} MiB of it. {f['cold']}.")
         w("")
-        w("| file | sequential | / ext4 | random | / ext4 |")
-        w("|---|---:|---:|---:|---:|")
+        w("| file | sequential | / ext4 | disk read, MiB | random | / ext4 | disk read, MiB |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+
+        def mib(x):
+            return f"{x:.0f}" if x is not None else "–"
         for n in ("ext4", "lamina-fuse", "lamina-kernel"):
             s, q = f["seq"][n], f["rand"][n]
             w(f"| {FIO_LABEL[n]} | {s['mb_s']:.1f} ({min(s['runs_mb_s']):.1f}–{max(s['runs_mb_s']):.1f}) | "
-              f"{s['mb_s'] / f['seq']['ext4']['mb_s']:.3f} | "
+              f"{s['mb_s'] / f['seq']['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
               f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
-              f"{q['mb_s'] / f['rand']['ext4']['mb_s']:.3f} |")
+              f"{q['mb_s'] / f['rand']['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
+        w("")
+        w("Disk read: median MiB read from the work directory's block device during a run "
+          "(`/sys/dev/block/M:m/stat`; every process's reads, not only fio's).")
         w("")
         w(f"Lines of the FUSE daemon's log (`fuse.log`) mentioning passthrough: "
           f"{f['fuse_log_passthrough_lines']}.")

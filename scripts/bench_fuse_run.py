@@ -196,15 +196,28 @@ def stat_open_pass(mnt, paths, repeat):
     return time.perf_counter() - t0
 
 
-def fio(path, rw, size_mib, io_mib):
+def disk_read_bytes(path):
+    """Bytes read so far from the block device holding `path` (/sys/dev/block/M:m/stat; every
+    process's reads, so a noisy figure on a shared machine), None if unknown."""
+    st = os.stat(path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(st)}:{os.minor(st)}/stat") as f:
+            return int(f.read().split()[2]) * 512
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def fio(path, rw, size_mib, io_mib, disk_of):
     cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", "--bs=4k", "--ioengine=psync",
            "--direct=0", "--readonly", "--invalidate=1", "--randrepeat=1", f"--size={size_mib}m",
            f"--io_size={io_mib}m", "--output-format=json"]
+    d0 = disk_read_bytes(disk_of)
     dt, cpu, out = timed(cmd, capture=True)
+    d1 = disk_read_bytes(disk_of)
     j = json.loads(out[out.index("{"):])["jobs"][0]["read"]
     return {"mb_s": j["bw_bytes"] / 1e6, "iops": j["iops"], "bytes": j["io_bytes"],
             "runtime_ms": j["runtime"], "clat_mean_us": j["clat_ns"]["mean"] / 1000,
-            "wall_s": dt, "cpu_s": cpu}
+            "wall_s": dt, "cpu_s": cpu, "disk_read_bytes": d1 - d0 if d0 is not None and d1 is not None else None}
 
 
 def time_v(cmd):
@@ -251,8 +264,10 @@ def part_debian(a, lamina, work, result):
         log(f"debian: {n} mounted in {dt:.3f}s (mode {j.get('mode')})")
     run(["squashfuse", P("squashfs.img"), targets["squashfuse"]])
     SQUASHFUSE_MOUNTS.append(targets["squashfuse"])
-    result["nydusd"] = "measured" if shutil.which("nydusd") else "not on PATH"
-    # nydusd would need nydus-image and a config; not on this machine, so not wired up.
+    # nydusd would need nydus-image, a bootstrap and a daemon config; neither is on this
+    # machine, so it is not wired up: the result says which of the two applies.
+    result["nydusd"] = ("on PATH, but this script does not measure it yet" if shutil.which("nydusd")
+                        else "not on PATH")
     targets["ext4"] = rootfs
     result["debian"] = {
         "image": image_info(layout, tag),
@@ -364,11 +379,14 @@ def part_fio(a, lamina, work, result):
             k = i % len(names)
             for n in names[k:] + names[:k]:
                 drop_caches()
-                out[n].append(fio(files[n], rw, a.fio_mib, io))
+                out[n].append(fio(files[n], rw, a.fio_mib, io, work))
             log(f"fio {key}: run {i + 1}/{a.fio_runs}: " + ", ".join(f"{n} {out[n][-1]['mb_s']:.1f} MB/s"
                                                                       for n in names))
         res[key] = {"io_mib": io, **{n: {"mb_s": med([r["mb_s"] for r in v]),
-                                         "runs_mb_s": [round(r["mb_s"], 2) for r in v], "runs": v}
+                                         "runs_mb_s": [round(r["mb_s"], 2) for r in v],
+                                         "disk_read_mib": med([r["disk_read_bytes"] / 2**20 for r in v
+                                                               if r["disk_read_bytes"] is not None]),
+                                         "runs": v}
                                      for n, v in out.items()}}
     log_text = fuse_logs(caches["lamina-fuse"])
     res["fuse_log_passthrough_lines"] = sum(1 for line in log_text.splitlines() if "passthrough" in line.lower())
@@ -523,8 +541,8 @@ def main():
                    "statistic": "median"},
         "not_measured": {},
     }
-    if shutil.which("nydusd") is None:
-        result["not_measured"]["nydusd"] = "nydusd not on PATH"
+    result["not_measured"]["nydusd"] = ("nydusd not on PATH" if shutil.which("nydusd") is None
+                                        else "on PATH, but this script does not measure it yet")
     part_debian(a, lamina, work, result)
     for t in [t for t in SQUASHFUSE_MOUNTS]:
         sys_umount(t)
