@@ -174,6 +174,10 @@ def render(r):
             f"{x['files']:,} files {'yes' if x['fuse_log_lookup_table'] else 'no'}" for x in b["by_files"].values())
           + f"; Debian image {'yes' if r['debian'].get('fuse_log_lookup_table') else 'no'}.")
 
+    an = r.get("anomalies") or []
+    w("")
+    w("Anomalies during the run (worked around, see `anomalies` in the JSON): "
+      + ("; ".join(an) if an else "none") + ".")
     nm = r.get("not_measured") or {}
     if nm:
         w("")
