@@ -1,6 +1,8 @@
-# Shared by scripts/bench.sh and scripts/coldstart.sh (sourced, not run).
-# Expects ROOT, PY, NO_PLOT and the log/die functions; sets LAMINA and
-# IMAGE_DIR: the release binary (built by cargo, or LAMINA_BIN=PATH to
+# shellcheck shell=bash
+# Shared by scripts/bench.sh, scripts/bench_fuse.sh and scripts/coldstart.sh
+# (sourced, not run). Expects ROOT, PY, NO_PLOT and the log/die functions;
+# sets LAMINA and IMAGE_DIR: the release binary (built by cargo into
+# $CARGO_TARGET_DIR, else target/; or LAMINA_BIN=PATH to
 # measure a given build), matplotlib for the plot (installed if missing and
 # wanted) and the reference Debian image (built once per machine).
 bench_prereqs() {
@@ -10,7 +12,7 @@ bench_prereqs() {
         [ -x "$LAMINA" ] || die "LAMINA_BIN=$LAMINA_BIN is not an executable"
         log "measuring $LAMINA (LAMINA_BIN)"
     else
-        LAMINA="$ROOT/target/release/lamina"
+        LAMINA="${CARGO_TARGET_DIR:-$ROOT/target}/release/lamina"
         # Always through cargo: a binary older than the sources would
         # measure code that is gone (a no-op when it is up to date).
         log "building lamina (release)"

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Markdown tables of a scripts/bench_fuse.sh result file.
+
+Usage: bench_fuse_report.py RESULTS.json                 (prints the tables)
+       bench_fuse_report.py RESULTS.json --update DOC.md (replaces the text between
+                                                          <!-- bench-tables:begin --> and
+                                                          <!-- bench-tables:end --> in DOC.md)
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_report import BEGIN, END, report_main  # noqa: E402
+
+FS_LABEL = {
+    "erofs": "kernel EROFS (mkfs.erofs, file-backed; reference)",
+    "lamina-kernel": "lamina, kernel path (`--mode kernel`, eager)",
+    "lamina-fuse": "lamina FUSE (`--mode fuse`, eager)",
+    "lamina-fuse-fresh": "lamina FUSE, new daemon before each cold run (umount, drop_caches, mount)",
+    "squashfuse": "squashfuse (mksquashfs zstd image)",
+    "ext4": "ext4 directory (umoci rootfs)",
+}
+FIO_LABEL = {
+    "ext4": "ext4 file (reference)",
+    "lamina-fuse": "lamina FUSE (`--mode fuse`, eager)",
+    "lamina-kernel": "lamina, kernel path (`--mode kernel`, eager)",
+}
+
+
+def ms(x):
+    return f"{x * 1000:.1f}"
+
+
+def spread_ms(d):
+    return f"{ms(d['median_s'])} ({ms(min(d['runs_s']))}–{ms(max(d['runs_s']))})"
+
+
+def kib_mib(k):
+    return f"{k / 1024:.1f}" if k is not None else "–"
+
+
+def met_cell(x):
+    if x["met"] is None:
+        return ""
+    return "yes" if x["met"] else "**no**"
+
+
+def render(r):
+    out = []
+    w = out.append
+    m, cfg, rt = r["machine"], r["config"], r["ratios"]
+    w(f"Measured {m['date']} on {m['nproc']} vCPUs ({m.get('cpu', '?')}), kernel {m['kernel']}, "
+      f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}. Medians of {cfg['runs']} runs of mounts, fio "
+      f"and lookup_bench, {cfg['warm_runs']} warm and {cfg['cold_runs']} cold runs of `ls -lR` and stat+open. "
+      f"While the bench ran ({r['bench_seconds']:.0f} s), other processes on the machine used "
+      f"{m.get('other_cpu_s_during_bench')} CPU-seconds (load {' '.join(m.get('loadavg_at_start', []))} → "
+      f"{' '.join(m.get('loadavg_at_end', []))}).")
+    lb = m.get("lamina_binary", {})
+    w("")
+    w(f"lamina binary sha256 `{lb.get('sha256', '?')[:16]}…`, built {lb.get('built_at', '?')} "
+      f"from commit `{lb.get('git_head', '?')[:10]}`"
+      f"{' (working tree had uncommitted changes)' if lb.get('git_tree_dirty') else ''}; "
+      f"{', '.join(f'{k} {v}' for k, v in m.get('versions', {}).items() if v and k != 'lamina')}.")
+    w("")
+    w("### Targets")
+    w("")
+    w("| figure | value | target | met |")
+    w("|---|---:|---:|---|")
+    for k, x in rt.items():
+        if x["target"]:
+            w(f"| `{k}` | {x['value']:.3f} | {x['target']} | {met_cell(x)} |")
+    w("")
+    w("Ratios are FUSE / reference for times (lower is better) and for throughputs "
+      "(MB/s, paths/s: higher is better).")
+
+    d = r["debian"]
+    w("")
+    w("### `ls -lR` of the Debian tree (ms; median, min–max in parentheses)")
+    w("")
+    ls = r["ls_lR"]
+    w(f"{d['entries']['erofs']:,} entries on every filesystem"
+      if len(set(d["entries"].values())) == 1 else f"entries differ: {d['entries']}")
+    w("")
+    w("| filesystem | warm | cold | warm / EROFS | cold / EROFS |")
+    w("|---|---:|---:|---:|---:|")
+    for n in ls["cold"]:
+        rc = ls["cold"][n]["median_s"] / ls["cold"]["erofs"]["median_s"]
+        if n in ls["warm"]:
+            rw = ls["warm"][n]["median_s"] / ls["warm"]["erofs"]["median_s"]
+            w(f"| {FS_LABEL.get(n, n)} | {spread_ms(ls['warm'][n])} | {spread_ms(ls['cold'][n])} | "
+              f"{rw:.3f} | {rc:.3f} |")
+        else:
+            w(f"| {FS_LABEL.get(n, n)} | – | {spread_ms(ls['cold'][n])} | – | {rc:.3f} |")
+    w("")
+    w(f"nydusd: {r.get('nydusd')}.")
+
+    so = r["stat_open"]
+    w("")
+    w(f"### stat + open + close of the {so['paths']} deepest files (paths per second)")
+    w("")
+    w(f"Depth {so['depth_min']}–{so['depth_max']} components (mean {so['depth_mean']}), e.g. "
+      f"`{so['sample'][0]}`. Warm: {so['repeat_warm']} passes per run after a warm-up pass; "
+      f"cold: one pass after drop_caches.")
+    w("")
+    w("| filesystem | warm paths/s | cold paths/s | warm / EROFS | cold / EROFS |")
+    w("|---|---:|---:|---:|---:|")
+    for n in so["cold"]:
+        cv = so["cold"][n]["paths_per_s"]
+        if n in so["warm"]:
+            wv = so["warm"][n]["paths_per_s"]
+            w(f"| {FS_LABEL.get(n, n)} | {wv:,.0f} | {cv:,.0f} | {wv / so['warm']['erofs']['paths_per_s']:.3f} | "
+              f"{cv / so['cold']['erofs']['paths_per_s']:.3f} |")
+        else:
+            w(f"| {FS_LABEL.get(n, n)} | – | {cv:,.0f} | – | {cv / so['cold']['erofs']['paths_per_s']:.3f} |")
+
+    f = r.get("fio")
+    if f:
+        w("")
+        w(f"### fio, 4 KiB buffered reads of a {f['file_bytes'] / 2**20:.0f} MiB file, cold (MB/s)")
+        w("")
+        w(f"Sequential: the whole file; random: {f['rand']['io_mib']} MiB of it. {f['cold']}.")
+        w("")
+        w("| file | sequential | / ext4 | disk read, MiB | random | / ext4 | disk read, MiB |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+
+        def mib(x):
+            return f"{x:.0f}" if x is not None else "–"
+        for n in ("ext4", "lamina-fuse", "lamina-kernel"):
+            s, q = f["seq"][n], f["rand"][n]
+            w(f"| {FIO_LABEL[n]} | {s['mb_s']:.1f} ({min(s['runs_mb_s']):.1f}–{max(s['runs_mb_s']):.1f}) | "
+              f"{s['mb_s'] / f['seq']['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
+              f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
+              f"{q['mb_s'] / f['rand']['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
+        w("")
+        w("Disk read: median MiB read from the work directory's block device during a run "
+          "(`/sys/dev/block/M:m/stat`; every process's reads, not only fio's).")
+        w("")
+        w(f"Lines of the FUSE daemon's log (`fuse.log`) mentioning passthrough: "
+          f"{f['fuse_log_passthrough_lines']}.")
+
+    mp = r.get("mphf")
+    if mp:
+        w("")
+        w("### Perfect-hash build (`lookup_bench`)")
+        w("")
+        w("| keys | threads | hash function build s | s per million keys | bits per key | "
+          "whole table build s | table bytes per key | peak RSS MiB |")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for x in mp["by_keys"].values():
+            w(f"| {x['keys']:,} | {x['threads']} | {x['build_s']:.3f} | {x['build_s_per_million_keys']:.3f} | "
+              f"{x['bits_per_key']:.3f} | {x['table_build_s']:.3f} | {x['table_bytes_per_key']:.2f} | "
+              f"{kib_mib(x['peak_rss_kib'])} |")
+
+    b = r.get("big")
+    if b:
+        w("")
+        w("### Many small files: convert, mount, FUSE daemon RSS")
+        w("")
+        w("| files | convert s | convert peak RSS MiB | eager FUSE mount, filled cache, ms | lazy FUSE mount, "
+          "fresh cache, ms | daemon RSS after mount MiB (anon / file) | `ls -lR` s | daemon RSS after "
+          "`ls -lR` MiB (anon / file) |")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for x in b["by_files"].values():
+            ra, rl = x["rss_after_mount"] or {}, x["rss_after_ls"] or {}
+            w(f"| {x['files']:,} | {x['convert']['wall_s']:.1f} | {kib_mib(x['convert']['peak_rss_kib'])} | "
+              f"{x['fuse_mount']['median_s'] * 1000:.1f} | {x['fuse_lazy_mount']['median_s'] * 1000:.1f} | "
+              f"{kib_mib(ra.get('VmRSS_kib'))} ({kib_mib(ra.get('RssAnon_kib'))} / "
+              f"{kib_mib(ra.get('RssFile_kib'))}) | {x['ls_lR_s']:.2f} | "
+              f"{kib_mib(rl.get('VmRSS_kib'))} ({kib_mib(rl.get('RssAnon_kib'))} / "
+              f"{kib_mib(rl.get('RssFile_kib'))}) |")
+        w("")
+        w("Lookup table in use (the daemon logged \"lookups through the lookup table\"): " + ", ".join(
+            f"{x['files']:,} files {'yes' if x['fuse_log_lookup_table'] else 'no'}" for x in b["by_files"].values())
+          + f"; Debian image {'yes' if r['debian'].get('fuse_log_lookup_table') else 'no'}.")
+
+    an = r.get("anomalies") or []
+    w("")
+    w("Anomalies during the run (worked around, see `anomalies` in the JSON): "
+      + ("; ".join(an) if an else "none") + ".")
+    nm = r.get("not_measured") or {}
+    if nm:
+        w("")
+        w("Not measured: " + "; ".join(f"{k} ({v})" for k, v in nm.items()) + ".")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    report_main(render, BEGIN, END, __doc__)
+
+
+if __name__ == "__main__":
+    main()

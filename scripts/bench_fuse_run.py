@@ -1,0 +1,653 @@
+#!/usr/bin/env python3
+"""Measurement engine of scripts/bench_fuse.sh (standard library only).
+
+bench_fuse.sh builds lamina and lookup_bench, unpacks the Debian image and
+calls:
+
+  bench_fuse_run.py --lamina BIN --image LAYOUT:TAG --rootfs DIR --work DIR
+                    --images-dir DIR [--lookup-bench BIN] [--runs N]
+                    [--warm-runs W] [--cold-runs C] [--fio-mib M]
+                    [--fio-rand-mib R] [--files N] [--small-files K]
+                    [--mphf-keys 1000000,10000000] [--no-big] [--no-mphf]
+                    --out FILE.json
+
+Parts, in this order (docs/bench-fuse.md has the method):
+
+1. Debian tree, side by side: kernel EROFS (mkfs.erofs image of ROOTFS,
+   file-backed mount(2), the reference), lamina's kernel path (`lamina mount
+   --mode kernel`, eager), lamina FUSE (`lamina mount --mode fuse`, eager, so
+   the cache is complete), squashfuse of a mksquashfs (zstd) image, the ext4
+   ROOTFS, and nydusd when it is on PATH (otherwise recorded as such).
+   `ls -lR MNT` warm and cold (drop_caches before every cold run).
+2. stat+open+close of the deepest regular files of the tree, in-process
+   (os.stat, os.open, os.close), warm (after a warm-up pass, --stat-repeat
+   passes per run) and cold (drop_caches, one pass): paths per second.
+3. fio, 4 KiB buffered reads (psync), sequential and random, of one file of
+   --fio-mib MiB of random bytes: on ext4 (a copy in the work dir, the
+   reference), through lamina FUSE (eager, complete cache) and lamina's
+   kernel path; drop_caches before every run. MB/s. The FUSE daemon's log is
+   grepped for "passthrough" afterwards.
+4. lookup_bench (the perfect-hash build) at each --mphf-keys, under
+   /usr/bin/time -v: build s per million keys, bits per key, peak RSS.
+5. Images of --small-files and --files small files: `lamina convert` (wall,
+   peak RSS), then `lamina mount --mode fuse` eager (first mount fills the
+   cache; the following ones are timed), `--mode fuse --lazy` (fresh cache
+   each run, timed), and the FUSE daemon's RSS right after the mount and
+   after `ls -lR`.
+
+Timed commands are single subprocesses timed with perf_counter around them;
+runs are interleaved round-robin with a rotating order (bench_run.py).
+Mounts made here are unmounted on exit.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_run import (  # noqa: E402
+    LAMINA_MOUNTS, MOUNTED, cpu_stat, dir_bytes, drop_caches, file_size, image_info, is_mountpoint,
+    log, machine_info, own_cpu, round_robin, run, summary, sys_mount, sys_umount, timed,
+)
+
+# name -> (comparison, bound): "<=" for times, ratios and sizes, ">=" for throughput ratios.
+TARGETS = {
+    "ls_warm_lamina-fuse_vs_erofs": ("<=", 1.2),
+    "ls_cold_lamina-fuse_vs_erofs": ("<=", 1.5),
+    "ls_cold_lamina-fuse-fresh_vs_erofs": ("<=", 1.5),
+    "fio_seq_lamina-fuse_vs_ext4": (">=", 0.95),
+    "fio_rand_lamina-fuse_vs_ext4": (">=", 0.95),
+    "mphf_build_s_per_million_keys": ("<=", 0.15),
+    "mphf_bits_per_key": ("<=", 3.5),
+    "big_fuse_mount_ms": ("<=", 50.0),
+    "big_fuse_lazy_mount_ms": ("<=", 50.0),
+    # "RSS flat": this script's reading is at most 1.25 x the RSS at --small-files.
+    "big_fuse_rss_after_mount_vs_small": ("<=", 1.25),
+    "big_fuse_rss_after_ls_vs_small": ("<=", 1.25),
+    "big_fuse_rss_anon_after_mount_vs_small": ("<=", 1.25),
+    "big_fuse_rss_anon_after_ls_vs_small": ("<=", 1.25),
+}
+
+SQUASHFUSE_MOUNTS = []  # fuse mounts of squashfuse/nydusd, unmounted with umount(2)
+
+
+def lamina_mount(lamina, ref, mnt, cache, mode, lazy=False):
+    """`lamina mount --json`; returns (wall s, cpu s, its JSON)."""
+    cmd = [lamina, "mount", "--json", "--mode", mode] + (["--lazy"] if lazy else []) + [
+        ref, mnt, "--cache-dir", cache]
+    dt, cpu, out = timed(cmd, capture=True)
+    LAMINA_MOUNTS.append((lamina, mnt, cache))
+    return dt, cpu, json.loads(out)
+
+
+def daemon_pids(cache, what="internal-fuse"):
+    """Pids of lamina daemons (`lamina internal-fuse CACHE/...`) serving from `cache`."""
+    needle = f"{what}\0{os.path.realpath(cache)}/".encode()
+    pids = []
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        pids.append(int(e))
+            except OSError:
+                pass
+    return pids
+
+
+def procs_of(cache):
+    """{pid: {"cmd": argv[1], VmRSS/RssAnon/RssFile KiB}} of every process whose argv names `cache`."""
+    needle = os.path.realpath(cache).encode()
+    out = {}
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if not any(needle in a for a in argv):
+                continue
+            out[int(e)] = dict(cmd=argv[1].decode(errors="replace") if len(argv) > 1 else "", **rss(int(e)))
+        except OSError:
+            pass
+    return out
+
+
+def rss(pid):
+    """VmRSS, RssAnon, RssFile, VmHWM of `pid` in KiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k = line.split(":", 1)[0]
+            if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                out[k + "_kib"] = int(line.split()[1])
+    return out
+
+
+ANOMALIES = []  # things that went wrong during the bench and were worked around (kept in the results)
+
+
+def wait_gone(pids, timeout=30):
+    t0 = time.monotonic()
+    while pids and time.monotonic() - t0 < timeout:
+        pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        time.sleep(0.02)
+    if pids:
+        log(f"warning: processes {pids} still running {timeout} s after lamina umount")
+        ANOMALIES.append(f"lamina daemon(s) {pids} still running {timeout} s after lamina umount")
+    elif time.monotonic() - t0 > 2:
+        ANOMALIES.append(f"lamina daemon(s) took {time.monotonic() - t0:.1f} s to exit after lamina umount")
+
+
+def lamina_umount_wait(lamina, mnt, cache):
+    """`lamina umount`, then wait until every daemon of `cache` has exited."""
+    pids = list(procs_of(cache))
+    if is_mountpoint(mnt):
+        p = subprocess.run([lamina, "umount", mnt, "--cache-dir", cache], capture_output=True, text=True)
+        if p.returncode != 0:
+            log(f"warning: lamina umount {mnt}: {p.stderr.strip()}")
+            sys_umount(mnt)
+    if (lamina, mnt, cache) in LAMINA_MOUNTS:
+        LAMINA_MOUNTS.remove((lamina, mnt, cache))
+    wait_gone(pids)
+
+
+def fuse_logs(cache):
+    """Text of every fuse.log under CACHE/mounts/."""
+    text = ""
+    mounts = os.path.join(cache, "mounts")
+    for d in sorted(os.listdir(mounts)) if os.path.isdir(mounts) else []:
+        p = os.path.join(mounts, d, "fuse.log")
+        if os.path.exists(p):
+            with open(p, errors="replace") as f:
+                text += f.read()
+    return text
+
+
+def count_entries(path):
+    n = 1
+    for _root, dirs, files in os.walk(path):
+        n += len(dirs) + len(files)
+    return n
+
+
+def deepest_files(rootfs, n):
+    """The `n` regular files of `rootfs` with the most path components (ties by path), as relative paths."""
+    files = []
+    for root, _dirs, names in os.walk(rootfs):
+        rel = os.path.relpath(root, rootfs)
+        depth = 0 if rel == "." else rel.count("/") + 1
+        for name in names:
+            p = os.path.join(root, name)
+            if os.path.isfile(p) and not os.path.islink(p) and os.access(p, os.R_OK):
+                files.append((-depth, os.path.join(rel, name) if rel != "." else name))
+    files.sort()
+    return [p for _d, p in files[:n]]
+
+
+def stat_open_pass(mnt, paths, repeat):
+    """stat + open(O_RDONLY) + close of every path, `repeat` times; returns seconds."""
+    full = [os.path.join(mnt, p) for p in paths]
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        for p in full:
+            os.stat(p)
+            os.close(os.open(p, os.O_RDONLY | os.O_NOFOLLOW))
+    return time.perf_counter() - t0
+
+
+def disk_read_bytes(path):
+    """Bytes read so far from the block device holding `path` (/sys/dev/block/M:m/stat; every
+    process's reads, so a noisy figure on a shared machine), None if unknown."""
+    st = os.stat(path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(st)}:{os.minor(st)}/stat") as f:
+            return int(f.read().split()[2]) * 512
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def fio(path, rw, size_mib, io_mib, disk_of):
+    cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", "--bs=4k", "--ioengine=psync",
+           "--direct=0", "--readonly", "--invalidate=1", "--randrepeat=1", f"--size={size_mib}m",
+           f"--io_size={io_mib}m", "--output-format=json"]
+    d0 = disk_read_bytes(disk_of)
+    dt, cpu, out = timed(cmd, capture=True)
+    d1 = disk_read_bytes(disk_of)
+    j = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    return {"mb_s": j["bw_bytes"] / 1e6, "iops": j["iops"], "bytes": j["io_bytes"],
+            "runtime_ms": j["runtime"], "clat_mean_us": j["clat_ns"]["mean"] / 1000,
+            "wall_s": dt, "cpu_s": cpu, "disk_read_bytes": d1 - d0 if d0 is not None and d1 is not None else None}
+
+
+def time_v(cmd):
+    """Run cmd under /usr/bin/time -v; returns (wall s, stdout, peak RSS KiB)."""
+    t0 = time.perf_counter()
+    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    return dt, p.stdout, int(m.group(1)) if m else None
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+# ------------------------------------------------------------------ part 1-2
+def part_debian(a, lamina, work, result):
+    layout, tag = a.image.rsplit(":", 1)
+    rootfs = os.path.abspath(a.rootfs)
+    conv = os.path.join(work, "debian")
+    os.makedirs(conv, exist_ok=True)
+    P = lambda *x: os.path.join(conv, *x)  # noqa: E731
+    log("debian: lamina convert, mkfs.erofs, mksquashfs (untimed set-up)")
+    run([lamina, "convert", f"oci:{layout}:{tag}", f"oci:{P('lamina-oci')}:x"])
+    run(["mkfs.erofs", P("erofs.img"), rootfs])
+    run(["mksquashfs", rootfs, P("squashfs.img"), "-comp", "zstd", "-noappend", "-quiet"])
+    ref = f"oci:{P('lamina-oci')}:x"
+    mnt = os.path.join(work, "mnt")
+    targets = {n: os.path.join(mnt, n) for n in ("erofs", "lamina-kernel", "lamina-fuse", "squashfuse")}
+    for p in targets.values():
+        os.makedirs(p, exist_ok=True)
+    sys_mount(P("erofs.img"), targets["erofs"])
+    modes = {}
+    for n, mode in (("lamina-kernel", "kernel"), ("lamina-fuse", "fuse")):
+        dt, _cpu, j = lamina_mount(lamina, ref, targets[n], P(f"cache-{mode}"), mode)
+        modes[n] = {"mode": j.get("mode"), "mode_reason": j.get("mode_reason"), "mount_s": round(dt, 4),
+                    "cmd": f"lamina mount --mode {mode} oci:$WORK/debian/lamina-oci:x MNT --cache-dir C"}
+        log(f"debian: {n} mounted in {dt:.3f}s (mode {j.get('mode')})")
+    run(["squashfuse", P("squashfs.img"), targets["squashfuse"]])
+    SQUASHFUSE_MOUNTS.append(targets["squashfuse"])
+    # nydusd would need nydus-image, a bootstrap and a daemon config; neither is on this
+    # machine, so it is not wired up: the result says which of the two applies.
+    result["nydusd"] = ("on PATH, but this script does not measure it yet" if shutil.which("nydusd")
+                        else "not on PATH")
+    targets["ext4"] = rootfs
+    result["debian"] = {
+        "image": image_info(layout, tag),
+        "lamina_mounts": modes,
+        "entries": {n: count_entries(p) for n, p in targets.items()},
+        "sizes": {"erofs_image_bytes": file_size(P("erofs.img")),
+                  "squashfs_image_bytes": file_size(P("squashfs.img")),
+                  "lamina_cache_bytes": dir_bytes(P("cache-fuse"))},
+        "mounts": [],
+    }
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            m = line.split()[:4]
+            if m[1].startswith(mnt + "/"):
+                result["debian"]["mounts"].append([x.replace(work, "$WORK") for x in m])
+    ents = result["debian"]["entries"]
+    if len(set(ents.values())) != 1:
+        log(f"warning: entry counts differ between filesystems: {ents}")
+    result["debian"]["fuse_log_lookup_table"] = "lookups through the lookup table" in fuse_logs(P("cache-fuse"))
+
+    env_c = dict(os.environ, LC_ALL="C")
+    names = list(targets)
+    ls = lambda p: ["ls", "-lR", p]  # noqa: E731
+    res = {"cmd": "ls -lR MNT > /dev/null"}
+    for n in names:
+        run(ls(targets[n]), env=env_c)
+    res["warm"] = round_robin(names, a.warm_runs, lambda n: timed(ls(targets[n]), env=env_c)[:2], "ls -lR warm")
+
+    fuse_cache = P("cache-fuse")
+
+    def fresh_fuse_mount():
+        """lamina-fuse-fresh: a new FUSE daemon (umount, drop_caches, eager mount of the complete
+        cache): drop_caches cannot evict pages a running daemon has mapped (its metadata image),
+        so the plain cold figure of lamina-fuse is cold for the kernel but not for the daemon."""
+        lamina_umount_wait(lamina, targets["lamina-fuse"], fuse_cache)
+        drop_caches()
+        lamina_mount(lamina, ref, targets["lamina-fuse"], fuse_cache, "fuse")
+
+    def ensure_fuse_mounted(n):
+        """A FUSE mount that is gone (seen once: an old daemon exiting late after a remount)
+        would make an empty directory's listing look like a fast run: remount, and record it."""
+        if n.startswith("lamina-fuse") and not is_mountpoint(targets[n]):
+            log(f"warning: {targets[n]} is not mounted before a {n} run; mounting again")
+            ANOMALIES.append(f"{n}: mountpoint found unmounted before a cold run; mounted again (untimed)")
+            lamina_mount(lamina, ref, targets["lamina-fuse"], fuse_cache, "fuse")
+
+    def cold(n):
+        ensure_fuse_mounted(n)
+        if n == "lamina-fuse-fresh":
+            fresh_fuse_mount()
+        else:
+            drop_caches()
+        return timed(ls(targets[n]), env=env_c)[:2]
+    targets["lamina-fuse-fresh"] = targets["lamina-fuse"]
+    cold_names = names[:3] + ["lamina-fuse-fresh"] + names[3:]
+    res["cold"] = round_robin(cold_names, a.cold_runs, cold, "ls -lR cold")
+    result["ls_lR"] = res
+
+    # stat + open of the deepest files
+    paths = deepest_files(rootfs, a.stat_paths)
+    depths = [p.count("/") + 1 for p in paths]
+    so = {"paths": len(paths), "repeat_warm": a.stat_repeat, "depth_min": min(depths), "depth_max": max(depths),
+          "depth_mean": round(sum(depths) / len(depths), 2), "sample": paths[:3],
+          "op": "os.stat(p); os.close(os.open(p, O_RDONLY|O_NOFOLLOW))"}
+    for n in names:
+        stat_open_pass(targets[n], paths, 1)
+
+    def warm_so(n):
+        dt = stat_open_pass(targets[n], paths, a.stat_repeat)
+        return dt, 0.0
+
+    def cold_so(n):
+        ensure_fuse_mounted(n)
+        if n == "lamina-fuse-fresh":
+            fresh_fuse_mount()
+        else:
+            drop_caches()
+        return stat_open_pass(targets[n], paths, 1), 0.0
+    for kind, fn, reps, ns in (("warm", warm_so, a.stat_repeat, names), ("cold", cold_so, 1, cold_names)):
+        r = round_robin(ns, a.warm_runs if kind == "warm" else a.cold_runs, fn, f"stat+open {kind}")
+        so[kind] = {n: {"paths_per_s": len(paths) * reps / v["median_s"], "median_s": v["median_s"],
+                        "runs_s": v["runs_s"]} for n, v in r.items()}
+    result["stat_open"] = so
+    return targets
+
+
+# -------------------------------------------------------------------- part 3
+def part_fio(a, lamina, work, result):
+    layout = os.path.join(a.images_dir, f"big-file-{a.fio_mib}m")
+    run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_fuse_image.py"), "big-file",
+         "--mib", str(a.fio_mib), "--out", layout], stdout=None)
+    d = os.path.join(work, "fio")
+    os.makedirs(d, exist_ok=True)
+    run([lamina, "convert", f"oci:{layout}:bench", f"oci:{d}/lamina-oci:x"])
+    ref = f"oci:{d}/lamina-oci:x"
+    mnts = {"lamina-fuse": os.path.join(d, "mnt-fuse"), "lamina-kernel": os.path.join(d, "mnt-kernel")}
+    caches = {"lamina-fuse": os.path.join(d, "cache-fuse"), "lamina-kernel": os.path.join(d, "cache-kernel")}
+    for n, mode in (("lamina-fuse", "fuse"), ("lamina-kernel", "kernel")):
+        os.makedirs(mnts[n], exist_ok=True)
+        lamina_mount(lamina, ref, mnts[n], caches[n], mode)
+    rel = "data/random.bin"
+    os.makedirs(os.path.join(d, "ext4"), exist_ok=True)
+    ext4 = os.path.join(d, "ext4", "random.bin")
+    shutil.copyfile(os.path.join(mnts["lamina-kernel"], rel), ext4)
+    os.sync()
+    files = {"ext4": ext4, **{n: os.path.join(m, rel) for n, m in mnts.items()}}
+    size = file_size(ext4)
+    for n, p in files.items():
+        if file_size(p) != size:
+            raise RuntimeError(f"{p}: size {file_size(p)} != {size}")
+    names = list(files)
+    res = {"file_bytes": size, "bs": "4k", "ioengine": "psync", "direct": 0,
+           "cold": "sync; echo 3 > /proc/sys/vm/drop_caches before every run",
+           "cmd": f"fio --rw=read|randread --bs=4k --ioengine=psync --direct=0 --readonly --invalidate=1 "
+                  f"--size={a.fio_mib}m --io_size=IO"}
+    for rw, key, io in (("read", "seq", a.fio_mib), ("randread", "rand", a.fio_rand_mib)):
+        out = {n: [] for n in names}
+        for i in range(a.fio_runs):
+            k = i % len(names)
+            for n in names[k:] + names[:k]:
+                drop_caches()
+                out[n].append(fio(files[n], rw, a.fio_mib, io, work))
+            log(f"fio {key}: run {i + 1}/{a.fio_runs}: " + ", ".join(f"{n} {out[n][-1]['mb_s']:.1f} MB/s"
+                                                                      for n in names))
+        res[key] = {"io_mib": io, **{n: {"mb_s": med([r["mb_s"] for r in v]),
+                                         "runs_mb_s": [round(r["mb_s"], 2) for r in v],
+                                         "disk_read_mib": med([r["disk_read_bytes"] / 2**20 for r in v
+                                                               if r["disk_read_bytes"] is not None]),
+                                         "runs": v}
+                                     for n, v in out.items()}}
+    log_text = fuse_logs(caches["lamina-fuse"])
+    res["fuse_log_passthrough_lines"] = sum(1 for line in log_text.splitlines() if "passthrough" in line.lower())
+    res["fuse_log_passthrough_sample"] = [line for line in log_text.splitlines()
+                                          if "passthrough" in line.lower()][:3]
+    for n in mnts:
+        lamina_umount_wait(lamina, mnts[n], caches[n])
+    os.unlink(ext4)
+    result["fio"] = res
+
+
+# -------------------------------------------------------------------- part 4
+def part_mphf(a, result):
+    out = {}
+    for keys in a.mphf_keys:
+        runs = []
+        for i in range(a.mphf_runs if keys <= 1_000_000 else max(1, a.mphf_runs - 1)):
+            dt, stdout, peak = time_v([a.lookup_bench, "--keys", str(keys)])
+            lines = {j["what"]: j for j in (json.loads(x) for x in stdout.splitlines() if x.strip())}
+            runs.append({"wall_s": dt, "peak_rss_kib": peak, **lines})
+            h = lines["hash function"]
+            log(f"lookup_bench {keys:,} keys: run {i + 1}: build {h['build_s']:.3f}s, "
+                f"{h['bits_per_key']:.3f} bits/key, peak RSS {peak} KiB")
+        h = [r["hash function"] for r in runs]
+        out[str(keys)] = {
+            "keys": keys, "threads": h[0]["threads"],
+            "build_s": med([x["build_s"] for x in h]),
+            "build_s_per_million_keys": med([x["build_s"] for x in h]) / (keys / 1e6),
+            "bits_per_key": med([x["bits_per_key"] for x in h]),
+            "table_build_s": med([r["table"]["build_s"] for r in runs]),
+            "table_bytes_per_key": med([r["table"]["bytes_per_key"] for r in runs]),
+            "lookup_hit_ns": med([r["lookups"]["hit_ns"] for r in runs]),
+            "path_lookup_hit_ns": med([r["lookups"]["path_hit_ns"] for r in runs]),
+            "peak_rss_kib": med([r["peak_rss_kib"] for r in runs]),
+            "runs": runs,
+        }
+    result["mphf"] = {"cmd": "lookup_bench --keys K (crates/lamina-format/examples/lookup_bench.rs), "
+                             "under /usr/bin/time -v", "by_keys": out}
+
+
+# -------------------------------------------------------------------- part 5
+def part_big(a, lamina, work, result):
+    out = {}
+    env_c = dict(os.environ, LC_ALL="C")
+    for n_files in dict.fromkeys([a.small_files, a.files]):
+        layout = os.path.join(a.images_dir, f"small-files-{n_files}")
+        log(f"{n_files:,} files: image {layout}")
+        run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_fuse_image.py"), "small-files",
+             "--files", str(n_files), "--out", layout], stdout=None)
+        d = os.path.join(work, f"files-{n_files}")
+        os.makedirs(d, exist_ok=True)
+        dst = os.path.join(d, "lamina-oci")
+        os.sync()
+        dt, stdout, peak = time_v([lamina, "convert", "--json", f"oci:{layout}:bench", f"oci:{dst}:x"])
+        cj = json.loads(stdout)
+        r = {"files": n_files, "source_layer_bytes": image_info(layout, "bench")["layer_bytes"],
+             "convert": {"wall_s": dt, "peak_rss_kib": peak, "metadata_bytes": cj.get("metadata_bytes"),
+                         "entries": cj.get("stats", {}).get("entries")}}
+        log(f"{n_files:,} files: convert {dt:.1f}s, peak RSS {peak} KiB")
+        ref = f"oci:{dst}:x"
+        mnt = os.path.join(d, "mnt")
+        os.makedirs(mnt, exist_ok=True)
+        cache = os.path.join(d, "cache")
+        dt, _c, _j = lamina_mount(lamina, ref, mnt, cache, "fuse")
+        r["first_mount_fill_s"] = dt
+        log(f"{n_files:,} files: first eager FUSE mount (fills the cache) {dt:.2f}s")
+        mounts = []
+        for i in range(a.runs):
+            lamina_umount_wait(lamina, mnt, cache)
+            os.sync()
+            dt, cpu, _j = lamina_mount(lamina, ref, mnt, cache, "fuse")
+            mounts.append((dt, cpu))
+            log(f"{n_files:,} files: eager FUSE mount, filled cache: run {i + 1}/{a.runs}: {dt * 1000:.1f} ms")
+        r["fuse_mount"] = summary(mounts)
+        pids = daemon_pids(cache)
+        r["daemon_pids_found"] = len(pids)
+        r["rss_after_mount"] = rss(pids[0]) if pids else None
+        ls_dt = timed(["ls", "-lR", mnt], env=env_c)[0]
+        r["ls_lR_s"] = ls_dt
+        r["rss_after_ls"] = rss(pids[0]) if pids else None
+        r["fuse_log_lookup_table"] = "lookups through the lookup table" in fuse_logs(cache)
+        log(f"{n_files:,} files: ls -lR {ls_dt:.2f}s, daemon RSS {r['rss_after_mount']} -> {r['rss_after_ls']}")
+        lamina_umount_wait(lamina, mnt, cache)
+        r["cache_bytes"] = dir_bytes(cache)
+        shutil.rmtree(cache)
+
+        lazy = []
+        lcache = os.path.join(d, "cache-lazy")
+        for i in range(a.runs):
+            if os.path.exists(lcache):
+                lamina_umount_wait(lamina, mnt, lcache)
+                shutil.rmtree(lcache)
+            os.sync()
+            dt, cpu, _j = lamina_mount(lamina, ref, mnt, lcache, "fuse", lazy=True)
+            lazy.append((dt, cpu))
+            log(f"{n_files:,} files: lazy FUSE mount, fresh cache: run {i + 1}/{a.runs}: {dt * 1000:.1f} ms")
+        r["fuse_lazy_mount"] = summary(lazy)
+        r["lazy_procs_after_mount"] = list(procs_of(lcache).values())
+        lamina_umount_wait(lamina, mnt, lcache)
+        shutil.rmtree(d)
+        out[str(n_files)] = r
+    result["big"] = {"small": str(a.small_files), "big": str(a.files), "by_files": out,
+                     "mount_cmd": "lamina mount --mode fuse [--lazy] oci:LAYOUT:x MNT --cache-dir C"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lamina", required=True)
+    ap.add_argument("--lookup-bench")
+    ap.add_argument("--image", required=True, help="LAYOUT:TAG of the Debian image")
+    ap.add_argument("--rootfs", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--images-dir", required=True, help="where generated images are kept between runs")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warm-runs", type=int)
+    ap.add_argument("--cold-runs", type=int)
+    ap.add_argument("--stat-paths", type=int, default=300)
+    ap.add_argument("--stat-repeat", type=int, default=20)
+    ap.add_argument("--fio-mib", type=int, default=512)
+    ap.add_argument("--fio-rand-mib", type=int, default=128)
+    ap.add_argument("--fio-runs", type=int)
+    ap.add_argument("--mphf-keys", default="1000000,10000000")
+    ap.add_argument("--mphf-runs", type=int)
+    ap.add_argument("--files", type=int, default=1_000_000)
+    ap.add_argument("--small-files", type=int, default=10_000)
+    ap.add_argument("--no-big", action="store_true")
+    ap.add_argument("--no-mphf", action="store_true")
+    ap.add_argument("--no-fio", action="store_true")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    a.warm_runs = a.warm_runs or 5 * a.runs
+    a.cold_runs = a.cold_runs or 3 * a.runs
+    a.fio_runs = a.fio_runs or a.runs
+    a.mphf_runs = a.mphf_runs or a.runs
+    a.mphf_keys = [int(k) for k in a.mphf_keys.split(",") if k]
+    if not a.no_mphf and not a.lookup_bench:
+        sys.exit("--lookup-bench is needed unless --no-mphf")
+    lamina = os.path.abspath(a.lamina)
+    work = os.path.abspath(a.work)
+    os.makedirs(a.images_dir, exist_ok=True)
+
+    t_start = time.perf_counter()
+    busy0, _steal0 = cpu_stat()
+    own0 = own_cpu()
+    result = {
+        "schema": 1,
+        "machine": machine_info(lamina, packages=("erofs-utils", "squashfs-tools", "squashfuse", "fio", "fuse3")),
+        "config": {"runs": a.runs, "warm_runs": a.warm_runs, "cold_runs": a.cold_runs, "fio_runs": a.fio_runs,
+                   "fio_mib": a.fio_mib, "fio_rand_mib": a.fio_rand_mib, "stat_paths": a.stat_paths,
+                   "stat_repeat": a.stat_repeat, "mphf_keys": a.mphf_keys, "mphf_runs": a.mphf_runs,
+                   "files": None if a.no_big else a.files, "small_files": None if a.no_big else a.small_files,
+                   "statistic": "median"},
+        "not_measured": {},
+    }
+    result["not_measured"]["nydusd"] = ("nydusd not on PATH" if shutil.which("nydusd") is None
+                                        else "on PATH, but this script does not measure it yet")
+    part_debian(a, lamina, work, result)
+    for t in [t for t in SQUASHFUSE_MOUNTS]:
+        sys_umount(t)
+        SQUASHFUSE_MOUNTS.remove(t)
+    for entry in reversed(list(LAMINA_MOUNTS)):
+        lamina_umount_wait(*entry)
+    for t in reversed(list(MOUNTED)):
+        sys_umount(t)
+    if a.no_fio:
+        result["not_measured"]["fio"] = "--no-fio"
+    else:
+        part_fio(a, lamina, work, result)
+    if a.no_mphf:
+        result["not_measured"]["mphf"] = "--no-mphf"
+    else:
+        part_mphf(a, result)
+    if a.no_big:
+        result["not_measured"]["big"] = "--no-big"
+    else:
+        part_big(a, lamina, work, result)
+
+    # ---------------------------------------------------------------- targets
+    ls = result["ls_lR"]
+    so = result["stat_open"]
+    v = {}
+    for fs in ("lamina-fuse", "lamina-fuse-fresh", "lamina-kernel", "squashfuse", "ext4"):
+        for t in ("warm", "cold") if fs != "lamina-fuse-fresh" else ("cold",):
+            v[f"ls_{t}_{fs}_vs_erofs"] = ratio(ls[t][fs]["median_s"], ls[t]["erofs"]["median_s"])
+            v[f"stat_open_{t}_{fs}_vs_erofs"] = ratio(so[t][fs]["paths_per_s"], so[t]["erofs"]["paths_per_s"])
+    if "fio" in result:
+        for k in ("seq", "rand"):
+            for fs in ("lamina-fuse", "lamina-kernel"):
+                v[f"fio_{k}_{fs}_vs_ext4"] = ratio(result["fio"][k][fs]["mb_s"], result["fio"][k]["ext4"]["mb_s"])
+    if "mphf" in result:
+        by = result["mphf"]["by_keys"]
+        for k, x in by.items():
+            v[f"mphf_build_s_per_million_keys@{k}"] = x["build_s_per_million_keys"]
+            v[f"mphf_bits_per_key@{k}"] = x["bits_per_key"]
+    if "big" in result:
+        b = result["big"]["by_files"]
+        big, small = b[result["big"]["big"]], b[result["big"]["small"]]
+        for k, x in b.items():
+            v[f"big_fuse_mount_ms@{k}"] = x["fuse_mount"]["median_s"] * 1000
+            v[f"big_fuse_lazy_mount_ms@{k}"] = x["fuse_lazy_mount"]["median_s"] * 1000
+        if big is not small and big["rss_after_mount"] and small["rss_after_mount"]:
+            v["big_fuse_rss_after_mount_vs_small"] = ratio(big["rss_after_mount"]["VmRSS_kib"],
+                                                           small["rss_after_mount"]["VmRSS_kib"])
+            v["big_fuse_rss_after_ls_vs_small"] = ratio(big["rss_after_ls"]["VmRSS_kib"],
+                                                        small["rss_after_ls"]["VmRSS_kib"])
+            # RssAnon: the daemon's own memory, without the pages of the metadata image it maps
+            v["big_fuse_rss_anon_after_mount_vs_small"] = ratio(big["rss_after_mount"]["RssAnon_kib"],
+                                                                small["rss_after_mount"]["RssAnon_kib"])
+            v["big_fuse_rss_anon_after_ls_vs_small"] = ratio(big["rss_after_ls"]["RssAnon_kib"],
+                                                             small["rss_after_ls"]["RssAnon_kib"])
+    ratios = {}
+    for k, val in v.items():
+        op, bound = TARGETS.get(k.split("@")[0], (None, None))
+        met = None
+        if op and val is not None:
+            met = val <= bound if op == "<=" else val >= bound
+        ratios[k] = {"value": val, "target": f"{op} {bound}" if op else None, "met": met}
+    result["ratios"] = ratios
+    result["anomalies"] = ANOMALIES
+
+    with open("/proc/loadavg") as f:
+        result["machine"]["loadavg_at_end"] = f.read().split()[:3]
+    result["bench_seconds"] = round(time.perf_counter() - t_start, 1)
+    busy1, _steal1 = cpu_stat()
+    result["machine"]["other_cpu_s_during_bench"] = round(busy1 - busy0 - (own_cpu() - own0), 1)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    for k, x in ratios.items():
+        met = "" if x["met"] is None else ("met" if x["met"] else "NOT MET")
+        print(f"  {k:<48}{x['value']:10.3f}  {x['target'] or '':>9}  {met}")
+    print(f"bench took {result['bench_seconds']} s")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        for t in reversed(list(SQUASHFUSE_MOUNTS)):
+            sys_umount(t)
+        for entry in reversed(list(LAMINA_MOUNTS)):
+            try:
+                lamina_umount_wait(*entry)
+            except Exception as e:  # noqa: BLE001 - cleanup goes on
+                log(f"warning: {e}")
+        for t in reversed(list(MOUNTED)):
+            if is_mountpoint(t):
+                sys_umount(t)
