@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use lamina_format::fill::{FileIdentity, FillRecord};
-use lamina_format::index::IndexBlob;
+use lamina_format::index::{BlobSummary, IndexBlob};
 use lamina_oci::sha256;
 
 use crate::private;
@@ -335,7 +335,7 @@ impl BlobStore {
     /// to it says every chunk is there. Creates nothing: an eager mount asks
     /// this before it fetches, and a blob that turns out corrupt must leave
     /// no cache file behind.
-    pub fn recorded_complete(dir: &Path, blob: &IndexBlob) -> io::Result<bool> {
+    pub fn recorded_complete(dir: &Path, blob: &BlobSummary) -> io::Result<bool> {
         let (cache_path, record_path) = store_paths(dir, &hex::encode(blob.digest));
         let cache = match private::open_existing(&cache_path) {
             Ok(f) => f,
@@ -348,7 +348,7 @@ impl BlobStore {
         let Some(id) = identity(&cache)? else {
             return Ok(false);
         };
-        let n = blob.chunks.len();
+        let n = blob.chunk_count;
         Ok(read_record(&record_path).is_some_and(|r| {
             r.describes(&blob.digest, blob.cache_size, n, id) && r.filled.iter().all(|f| *f)
         }))
@@ -696,10 +696,10 @@ mod tests {
         f.write_all_at(b"x", 0).unwrap();
         f.set_len(4096).unwrap();
         assert!(!open(dir.path(), &data).is_complete());
-        assert!(!BlobStore::recorded_complete(dir.path(), &b).unwrap());
+        assert!(!BlobStore::recorded_complete(dir.path(), &b.summary()).unwrap());
         BlobStore::record_complete(dir.path(), &b, &f).unwrap();
         assert!(open(dir.path(), &data).is_complete());
-        assert!(BlobStore::recorded_complete(dir.path(), &b).unwrap());
+        assert!(BlobStore::recorded_complete(dir.path(), &b.summary()).unwrap());
     }
 
     #[test]

@@ -120,6 +120,32 @@ pub struct IndexBlob {
     pub chunks: Vec<ChunkEntry>,
 }
 
+/// One data blob as the index's blob table has it, without its chunks
+/// ([`ChunkIndex::read_blob_table`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobSummary {
+    /// sha256 of the compressed blob.
+    pub digest: [u8; 32],
+    /// Compressed size.
+    pub compressed_size: u64,
+    /// Cache file size.
+    pub cache_size: u64,
+    /// Chunks in the blob.
+    pub chunk_count: usize,
+}
+
+impl IndexBlob {
+    /// What the blob table says of this blob.
+    pub fn summary(&self) -> BlobSummary {
+        BlobSummary {
+            digest: self.digest,
+            compressed_size: self.compressed_size,
+            cache_size: self.cache_size,
+            chunk_count: self.chunks.len(),
+        }
+    }
+}
+
 /// A malformed index.
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
@@ -185,6 +211,57 @@ impl ChunkIndex {
             out.extend_from_slice(&global.to_le_bytes());
         }
         out
+    }
+
+    /// The blob table alone, read from the start of an index: its header
+    /// and blob entries, not its chunks. What a mount over complete cache
+    /// files needs (the full index is the largest metadata of an image of
+    /// many files). The index's bytes must have been verified (its content
+    /// digest); the counts are checked against the limits, and the blobs'
+    /// chunk runs against the chunk count, before anything is allocated.
+    pub fn read_blob_table(mut index: impl std::io::Read) -> Result<Vec<BlobSummary>, IndexError> {
+        let mut header = [0u8; size_of::<IndexHeader>()];
+        index
+            .read_exact(&mut header)
+            .map_err(|_| IndexError::Truncated)?;
+        let header = IndexHeader::read_from_bytes(&header).map_err(|_| IndexError::Truncated)?;
+        if header.magic != INDEX_MAGIC || header.version.get() != INDEX_VERSION {
+            return Err(IndexError::BadMagic);
+        }
+        let (blob_count, chunk_count) = (header.blob_count.get(), header.chunk_count.get());
+        for (what, count, limit) in [
+            ("blobs", blob_count, MAX_BLOBS),
+            ("chunks", chunk_count, MAX_CHUNKS),
+        ] {
+            if count > limit {
+                return Err(IndexError::TooLarge { what, count, limit });
+            }
+        }
+        let mut table = vec![0u8; blob_count as usize * size_of::<BlobEntry>()];
+        index
+            .read_exact(&mut table)
+            .map_err(|_| IndexError::Truncated)?;
+        let mut next = 0u64;
+        let mut blobs = Vec::with_capacity(blob_count as usize);
+        for raw in table.chunks_exact(size_of::<BlobEntry>()) {
+            let b = BlobEntry::read_from_bytes(raw).map_err(|_| IndexError::Truncated)?;
+            if u64::from(b.first_chunk.get()) != next {
+                return Err(IndexError::Inconsistent("blob chunk range".into()));
+            }
+            next += u64::from(b.chunk_count.get());
+            blobs.push(BlobSummary {
+                digest: b.digest,
+                compressed_size: b.compressed_size.get(),
+                cache_size: b.cache_size.get(),
+                chunk_count: b.chunk_count.get() as usize,
+            });
+        }
+        if next != u64::from(chunk_count) {
+            return Err(IndexError::Inconsistent(
+                "blobs do not cover every chunk".into(),
+            ));
+        }
+        Ok(blobs)
     }
 
     /// Parses and validates an index: counts within [`MAX_BLOBS`] and
@@ -409,6 +486,41 @@ mod tests {
         }
         .as_bytes()
         .to_vec()
+    }
+
+    /// The blob table read alone agrees with the whole index; a prefix too
+    /// short for it, or counts past the limits, are refused.
+    #[test]
+    fn the_blob_table_reads_alone() {
+        let index = sample();
+        let bytes = index.to_bytes();
+        let table = ChunkIndex::read_blob_table(&bytes[..]).unwrap();
+        let want: Vec<BlobSummary> = index
+            .blobs
+            .iter()
+            .map(|b| BlobSummary {
+                digest: b.digest,
+                compressed_size: b.compressed_size,
+                cache_size: b.cache_size,
+                chunk_count: b.chunks.len(),
+            })
+            .collect();
+        assert_eq!(table, want);
+        let header_and_table = size_of::<IndexHeader>() + want.len() * size_of::<BlobEntry>();
+        assert!(ChunkIndex::read_blob_table(&bytes[..header_and_table]).is_ok());
+        assert!(matches!(
+            ChunkIndex::read_blob_table(&bytes[..header_and_table - 1]),
+            Err(IndexError::Truncated)
+        ));
+        assert!(matches!(
+            ChunkIndex::read_blob_table(&header(18, u32::MAX, 0, 0)[..]),
+            Err(IndexError::TooLarge { .. })
+        ));
+        // Blobs that do not cover the chunks exactly.
+        let mut short = bytes.clone();
+        let count = size_of::<IndexHeader>() + 32 + 8 + 8 + 4;
+        short[count] ^= 1;
+        assert!(ChunkIndex::read_blob_table(&short[..]).is_err());
     }
 
     /// Counts are checked against the limits and the input's length before

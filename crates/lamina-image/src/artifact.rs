@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 
 use lamina_format::boot::{BootExtent, BootHeader, BOOT_PAGE};
-use lamina_format::index::{ChunkIndex, MAX_INDEX_SIZE};
+use lamina_format::index::{BlobSummary, ChunkIndex, MAX_INDEX_SIZE};
 use lamina_format::lookup::LookupTable;
 use lamina_format::zstd_bound;
 use lamina_oci::{Descriptor, Digest, ImageSource, Manifest};
@@ -369,17 +369,24 @@ pub fn read_index(
 /// name the manifest's blobs.
 pub fn parse_index(bytes: &[u8], layers: &LaminaLayers) -> Result<ChunkIndex, ArtifactError> {
     let index = ChunkIndex::from_bytes(bytes)?;
-    if index.blobs.len() != layers.blobs.len() {
+    let table: Vec<BlobSummary> = index.blobs.iter().map(|b| b.summary()).collect();
+    check_blob_table(&table, layers)?;
+    Ok(index)
+}
+
+/// Checks an index's blob table names the manifest's blobs, in order.
+pub fn check_blob_table(table: &[BlobSummary], layers: &LaminaLayers) -> Result<(), ArtifactError> {
+    if table.len() != layers.blobs.len() {
         return Err(ArtifactError::Corrupt {
             what: "chunk index",
             reason: format!(
                 "{} blobs in the index, {} in the manifest",
-                index.blobs.len(),
+                table.len(),
                 layers.blobs.len()
             ),
         });
     }
-    for (entry, desc) in index.blobs.iter().zip(&layers.blobs) {
+    for (entry, desc) in table.iter().zip(&layers.blobs) {
         if hex::encode(entry.digest) != desc.digest.hex() || entry.compressed_size != desc.size {
             return Err(ArtifactError::Corrupt {
                 what: "chunk index",
@@ -387,7 +394,7 @@ pub fn parse_index(bytes: &[u8], layers: &LaminaLayers) -> Result<ChunkIndex, Ar
             });
         }
     }
-    Ok(index)
+    Ok(())
 }
 
 /// Checks that a lookup table, of which `header` holds at least the first

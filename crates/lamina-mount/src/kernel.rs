@@ -9,6 +9,7 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use lamina_format::index::ChunkIndex;
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, SourceOptions};
@@ -235,13 +236,24 @@ pub(crate) fn fill_cache(
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
     let meta_dir = opts.cache_dir.join("meta");
-    let index_bytes = cached_layer(
+    let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
+    cache_layer_file(
         source.as_ref(),
         &layers.index,
         "chunk index",
-        &meta_dir.join(format!("{}.index", layers.index.digest.hex())),
+        &index_path,
+        false,
     )?;
-    let index = artifact::parse_index(&index_bytes, &layers)?;
+    // The blob table alone says which blobs are cached: the chunks (most
+    // of the index of an image of many files) are read only for a blob to
+    // fetch.
+    let table = fs::File::open(&index_path)
+        .map_err(io_err(&index_path))
+        .and_then(|f| {
+            ChunkIndex::read_blob_table(std::io::BufReader::new(f))
+                .map_err(|e| ArtifactError::from(e).into())
+        })?;
+    artifact::check_blob_table(&table, &layers)?;
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     cache_layer_file(
         source.as_ref(),
@@ -255,20 +267,29 @@ pub(crate) fn fill_cache(
         false => None,
     };
 
+    // Complete only if a fill record bound to the cache file says so: a
+    // lazy mount's sparse file has the full length too.
+    let blob_dir = opts.cache_dir.join("blobs");
+    let mut missing = Vec::new();
     let mut blob_paths = Vec::new();
-    let mut fetched = 0;
-    for (desc, blob) in layers.blobs.iter().zip(&index.blobs) {
-        // Complete only if a fill record bound to this cache file says so:
-        // a lazy mount's sparse file has the full length too.
-        let blob_dir = opts.cache_dir.join("blobs");
+    for (i, blob) in table.iter().enumerate() {
         let (path, _) = lamina_fetch::store::store_paths(&blob_dir, &hex::encode(blob.digest));
         if !BlobStore::recorded_complete(&blob_dir, blob).map_err(io_err(&path))? {
-            let reader = source.open_blob(desc)?;
-            let file = materialize_blob(&path, blob, reader)?;
-            BlobStore::record_complete(&blob_dir, blob, &file).map_err(io_err(&path))?;
-            fetched += desc.size;
+            missing.push(i);
         }
         blob_paths.push(path);
+    }
+    let mut fetched = 0;
+    if !missing.is_empty() {
+        let index_bytes = fs::read(&index_path).map_err(io_err(&index_path))?;
+        let index = artifact::parse_index(&index_bytes, &layers)?;
+        for i in missing {
+            let (desc, blob, path) = (&layers.blobs[i], &index.blobs[i], &blob_paths[i]);
+            let reader = source.open_blob(desc)?;
+            let file = materialize_blob(path, blob, reader)?;
+            BlobStore::record_complete(&blob_dir, blob, &file).map_err(io_err(path))?;
+            fetched += desc.size;
+        }
     }
     Ok(MountInfo {
         mountpoint: mountpoint.to_path_buf(),
