@@ -5,7 +5,8 @@
 # tests/snapshotter-suite starts one snapshotter per test root.
 #
 # Usage: scripts/snapshotter-suite.sh [LAMINA_BIN]   (as root: the suite mounts)
-#        LAMINA_BIN defaults to target/debug/lamina (built when missing).
+#        LAMINA_BIN defaults to $CARGO_TARGET_DIR/debug/lamina, else
+#        target/debug/lamina (built when missing).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ die() { log "ERROR: $*"; exit 1; }
 GO=${GO:-/usr/local/go/bin/go}
 [ -x "$GO" ] || command -v "$GO" >/dev/null || die "Go not found at $GO (set GO=/path/to/go)"
 
-bin=${1:-target/debug/lamina}
+bin=${1:-${CARGO_TARGET_DIR:-target}/debug/lamina}
 if [ ! -x "$bin" ]; then
     # shellcheck disable=SC1091
     if [ -f "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi
