@@ -1,7 +1,7 @@
 //! Mounting through FUSE: a daemon (`lamina internal-fuse CONFIG`, see
 //! `lamina_fuse`) mounts the image and serves it from the cache until it is
 //! unmounted. An eager mount fills and verifies the cache first, as for a
-//! kernel mount; a lazy one ([`crate::mount_lazy_fuse`]) gives the daemon
+//! kernel mount; a lazy one ([`crate::mount`] with lazy options) gives the daemon
 //! a worker that fills it on demand.
 
 use std::fs;

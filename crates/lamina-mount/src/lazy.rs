@@ -79,16 +79,6 @@ pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
     cache_dir.join("mounts").join(hex::encode(&digest[..8]))
 }
 
-/// Mounts `image` at `mountpoint` lazily.
-pub fn mount_lazy(
-    image: &ImageRef,
-    mountpoint: &Path,
-    opts: &MountOptions,
-    lazy: &LazyOptions,
-) -> Result<MountInfo, MountError> {
-    open_and_mount(image, mountpoint, opts, lazy, Mode::Kernel)
-}
-
 /// Opens `image` and mounts it lazily in `mode`; a bad mount point fails
 /// before anything is fetched.
 fn open_and_mount(
@@ -100,7 +90,7 @@ fn open_and_mount(
 ) -> Result<MountInfo, MountError> {
     mountpoint_dir(mountpoint)?;
     let source = open_source(image, &opts.source)?;
-    mount_lazy_with(source, image, mountpoint, opts, lazy, mode)
+    mount_lazy_from(source, image, mountpoint, opts, lazy, mode)
 }
 
 /// `mountpoint`, resolved, when it is a directory.
@@ -111,20 +101,6 @@ fn mountpoint_dir(mountpoint: &Path) -> Result<PathBuf, MountError> {
         return Err(MountError::Mountpoint(dir, "not a directory".into()));
     }
     Ok(dir)
-}
-
-/// A lazy mount in `mode` (as [`mount_lazy`] or [`mount_lazy_fuse`]), with
-/// `image` already opened as `source` (a caller that has just resolved it
-/// saves the manifest and config round trips).
-pub fn mount_lazy_from(
-    source: Box<dyn ImageSource>,
-    image: &ImageRef,
-    mountpoint: &Path,
-    opts: &MountOptions,
-    lazy: &LazyOptions,
-    mode: Mode,
-) -> Result<MountInfo, MountError> {
-    mount_lazy_with(source, image, mountpoint, opts, lazy, mode)
 }
 
 /// Mounts `image` at `mountpoint` in `mode`: lazily with `lazy`, else
@@ -144,19 +120,12 @@ pub fn mount(
     }
 }
 
-/// Mounts `image` at `mountpoint` lazily through FUSE: the same cache,
-/// worker and verification as the kernel path; the FUSE daemon asks the
-/// worker for the bytes a read needs.
-pub fn mount_lazy_fuse(
-    image: &ImageRef,
-    mountpoint: &Path,
-    opts: &MountOptions,
-    lazy: &LazyOptions,
-) -> Result<MountInfo, MountError> {
-    open_and_mount(image, mountpoint, opts, lazy, Mode::Fuse)
-}
-
-fn mount_lazy_with(
+/// A lazy mount of `image` at `mountpoint` in `mode`, with `image` already
+/// opened as `source` (a caller that has just resolved it saves the
+/// manifest and config round trips). Through FUSE, the same cache, worker
+/// and verification as the kernel path: the FUSE daemon asks the worker
+/// for the bytes a read needs.
+pub fn mount_lazy_from(
     source: Box<dyn ImageSource>,
     image: &ImageRef,
     mountpoint: &Path,

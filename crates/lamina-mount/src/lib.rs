@@ -37,7 +37,6 @@ pub use fuse::{mount_fuse, FUSE_STATUS, FUSE_THREADS};
 pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
 pub use lazy::{
-    finish_unmount, last_status, mount, mount_lazy, mount_lazy_from, mount_lazy_fuse, run_dir,
-    LazyOptions, Prefetch, Unmounted,
+    finish_unmount, last_status, mount, mount_lazy_from, run_dir, LazyOptions, Prefetch, Unmounted,
 };
 pub use mode::{choose as choose_mode, host_facts, HostFacts, Mode};
