@@ -219,8 +219,10 @@ fn fuse_counters(cache: &Path, ready: impl Fn(&serde_json::Value) -> bool) -> se
 /// kernel answers every later one itself (EOPNOTSUPP), so `ls -l`, which
 /// asks two per file, costs no round trips for them: however often the
 /// tree is listed, at most one getxattr and one listxattr reach the daemon.
+/// Directories are opened without asking (FUSE_NO_OPENDIR_SUPPORT): one
+/// opendir reaches the daemon, not one per directory and listing.
 #[test]
-fn an_image_without_xattrs_costs_no_xattr_round_trips() {
+fn an_image_without_xattrs_costs_no_xattr_or_opendir_round_trips() {
     if !require(&[]) {
         return;
     }
@@ -254,6 +256,10 @@ fn an_image_without_xattrs_costs_no_xattr_round_trips() {
     assert!(
         (1..=2).contains(&asked),
         "xattr requests reached the daemon: {counters}"
+    );
+    assert_eq!(
+        counters["opendir_requests"], 1,
+        "three listings of a tree of several directories: {counters}"
     );
     assert_eq!(
         fs::read(m.path.join("hello")).unwrap(),
