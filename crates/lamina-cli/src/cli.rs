@@ -82,6 +82,10 @@ pub(crate) enum Command {
         /// zstd level for data chunks.
         #[arg(long, default_value = "3")]
         zstd_level: i32,
+        /// Files of at most this size are packed together into shared
+        /// chunks (one fetch for neighbours); 0 gives every file its own.
+        #[arg(long, default_value = "16K", value_parser = parse_size)]
+        pack_limit: u64,
         /// Directory for blobs while they are built (default: system temp dir).
         #[arg(long)]
         work_dir: Option<PathBuf>,
@@ -438,6 +442,7 @@ pub fn run(args: Args) -> Result<u8> {
             dst,
             chunk_size,
             zstd_level,
+            pack_limit,
             work_dir,
             prefetch,
         } => {
@@ -445,6 +450,7 @@ pub fn run(args: Args) -> Result<u8> {
                 build: BuildOptions {
                     chunk_bits: chunk_size.trailing_zeros() as u8,
                     zstd_level,
+                    pack_limit,
                 },
                 source,
                 work_dir,

@@ -82,20 +82,17 @@ pub fn boot_chunks(trace: &[TraceEntry]) -> Vec<[u8; 32]> {
 /// blobs and checked against their digests. Trace lines naming chunks this
 /// image does not store are skipped.
 pub fn build_boot_pages(image: &BuiltImage, trace: &[TraceEntry]) -> io::Result<BootPages> {
-    let mut position = HashMap::new();
-    for (b, blob) in image.blobs.iter().enumerate() {
-        for (i, c) in blob.chunks.iter().enumerate() {
-            position.entry(c.digest).or_insert((b, i));
-        }
-    }
     // (blob, page, chunk) in first-read order.
     let mut pages: Vec<(usize, u64, usize)> = Vec::new();
     let mut seen = HashSet::new();
     for entry in trace {
-        let (Some(&(b, i)), Some((offset, len))) = (position.get(&entry.digest), entry.range)
+        let (Some((b, i, within)), Some((offset, len))) =
+            (image.locate(&entry.digest), entry.range)
         else {
             continue;
         };
+        // A packed file's digest names content inside its pack.
+        let offset = within.saturating_add(offset);
         let chunk = &image.blobs[b].chunks[i];
         let base = chunk.cache_offset.get();
         let size = u64::from(chunk.size.get());
@@ -166,10 +163,15 @@ fn read_chunk(file: &File, chunk: &lamina_format::index::ChunkEntry) -> io::Resu
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::build::tests::layer;
     use crate::build::{BuildOptions, ImageBuilder};
+
+    /// A chunk's bytes, read back from its blob and checked.
+    pub(crate) fn chunk_bytes(file: &File, chunk: &lamina_format::index::ChunkEntry) -> Vec<u8> {
+        read_chunk(file, chunk).unwrap()
+    }
 
     #[test]
     fn boot_pages_hold_exactly_the_traced_pages_in_order() {
@@ -177,6 +179,7 @@ mod tests {
         let opts = BuildOptions {
             chunk_bits: 14, // 16 KiB chunks: 4 pages each
             zstd_level: 1,
+            pack_limit: 0,
         };
         let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
         let data: Vec<u8> = (0..40_000u32).map(|i| (i / 4096 + 1) as u8).collect();

@@ -24,13 +24,21 @@ pub struct BuildOptions {
     pub chunk_bits: u8,
     /// zstd level for data chunks.
     pub zstd_level: i32,
+    /// Files of at most this many bytes are packed together, in the order
+    /// they come, into chunks of up to the chunk size (0: every file gets
+    /// chunks of its own). Must be below the chunk size.
+    pub pack_limit: u64,
 }
+
+/// Default [`BuildOptions::pack_limit`] (docs/format.md, "Small files").
+pub const DEFAULT_PACK_LIMIT: u64 = 16 * 1024;
 
 impl Default for BuildOptions {
     fn default() -> Self {
         BuildOptions {
             chunk_bits: 18,
             zstd_level: 3,
+            pack_limit: DEFAULT_PACK_LIMIT,
         }
     }
 }
@@ -106,6 +114,10 @@ pub struct BuildStats {
     /// Inodes with extended attributes (0: a FUSE daemon may tell the
     /// kernel it has none, so `ls -l` stops asking for each file).
     pub xattr_inodes: u64,
+    /// Small files stored in packs (each counted once, as stored).
+    pub packed_files: u64,
+    /// Chunks that are packs of small files.
+    pub packs: u64,
 }
 
 /// The result of a build.
@@ -119,6 +131,36 @@ pub struct BuiltImage {
     pub blobs: Vec<BuiltBlob>,
     /// Figures.
     pub stats: BuildStats,
+    /// Where each stored content lives: a chunk's digest gives the chunk's
+    /// place, a packed small file's content digest the file's place.
+    addresses: HashMap<[u8; 32], ChunkAddr>,
+}
+
+impl BuiltImage {
+    /// The chunk holding the content with this digest, and the content's
+    /// offset in it: (blob, chunk, offset). A whole small file's digest is
+    /// the digest its own chunk had before packing, so traces recorded on
+    /// an image without packs still find their files in one with them.
+    pub fn locate(&self, digest: &[u8; 32]) -> Option<(usize, usize, u64)> {
+        locate(&self.blobs, &self.addresses, digest)
+    }
+}
+
+fn locate(
+    blobs: &[BuiltBlob],
+    addresses: &HashMap<[u8; 32], ChunkAddr>,
+    digest: &[u8; 32],
+) -> Option<(usize, usize, u64)> {
+    let ChunkAddr::Data { device, blkaddr } = addresses.get(digest)? else {
+        return None;
+    };
+    let blob = usize::from(*device).checked_sub(1)?;
+    let chunks = &blobs.get(blob)?.chunks;
+    let at = u64::from(*blkaddr) * 4096;
+    let i = chunks
+        .partition_point(|c| c.cache_offset.get() <= at)
+        .checked_sub(1)?;
+    Some((blob, i, at - chunks[i].cache_offset.get()))
 }
 
 /// A chunk on its way to the blob's compression thread.
@@ -231,6 +273,10 @@ struct ChunkStore<'a> {
     dedup: HashMap<[u8; 32], ChunkAddr>,
     finished: Vec<BuiltBlob>,
     current: Option<BlobWriter>,
+    /// Small files waiting to become one chunk, each at a 4 KiB boundary
+    /// (zeros between), at the current blob's end: any other chunk stored
+    /// first stores the pack before it, so that place stays theirs.
+    pack: Vec<u8>,
     stats: BuildStats,
 }
 
@@ -247,9 +293,18 @@ impl ChunkStore<'_> {
         self.finished.len() + usize::from(self.current.is_some())
     }
 
-    /// Cuts one file into chunks, storing the ones not seen before.
+    /// Cuts one file into chunks, storing the ones not seen before; a small
+    /// file goes into the current pack instead.
     fn add_file(&mut self, reader: &mut dyn Read, size: u64, layer: u32) -> io::Result<FileChunks> {
         let chunk_size = 1usize << self.opts.chunk_bits;
+        if size > 0 && size <= self.opts.pack_limit.min(chunk_size as u64) {
+            let mut data = vec![0u8; size as usize];
+            reader.read_exact(&mut data)?;
+            return Ok(FileChunks {
+                chunk_bits: self.opts.chunk_bits,
+                chunks: vec![self.pack_file(data, layer)?],
+            });
+        }
         let mut chunks = Vec::with_capacity(size.div_ceil(chunk_size as u64) as usize);
         let mut remaining = size;
         while remaining > 0 {
@@ -265,6 +320,59 @@ impl ChunkStore<'_> {
         })
     }
 
+    /// A small file's place in the current pack (or wherever its content
+    /// already is).
+    fn pack_file(&mut self, data: Vec<u8>, layer: u32) -> io::Result<ChunkAddr> {
+        if data.iter().all(|&b| b == 0) {
+            self.stats.holes += 1;
+            return Ok(ChunkAddr::Hole);
+        }
+        let digest = sha256(&data);
+        if let Some(addr) = self.dedup.get(&digest) {
+            return Ok(*addr);
+        }
+        let chunk_size = 1usize << self.opts.chunk_bits;
+        let mut offset = self.pack.len().next_multiple_of(4096);
+        if !self.pack.is_empty() && offset + data.len() > chunk_size {
+            self.store_pack(layer)?;
+            offset = 0;
+        }
+        self.open_blob(layer)?;
+        let device = self.device_count() as u16;
+        let start = self.current.as_ref().map_or(0, |b| b.cache_len) + offset as u64;
+        let blkaddr = u32::try_from(start / 4096)
+            .map_err(|_| io::Error::other("data blob larger than 16 TiB"))?;
+        self.pack.resize(offset, 0);
+        self.pack.extend_from_slice(&data);
+        self.stats.packed_files += 1;
+        let addr = ChunkAddr::Data { device, blkaddr };
+        self.dedup.insert(digest, addr);
+        Ok(addr)
+    }
+
+    /// Stores the current pack as one chunk, at the place its files were
+    /// given. Never deduplicated: its files already point there.
+    fn store_pack(&mut self, layer: u32) -> io::Result<()> {
+        if self.pack.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::take(&mut self.pack);
+        let digest = sha256(&data);
+        self.stats.packs += 1;
+        let addr = self.append_chunk(data, digest, layer)?;
+        // Traces recorded on this image name the pack.
+        self.dedup.entry(digest).or_insert(addr);
+        Ok(())
+    }
+
+    fn open_blob(&mut self, layer: u32) -> io::Result<()> {
+        if self.current.is_none() {
+            let path = self.work_dir.join(format!("blob-{}", self.finished.len()));
+            self.current = Some(BlobWriter::create(path, self.opts.zstd_level, layer)?);
+        }
+        Ok(())
+    }
+
     fn store_chunk(&mut self, data: Vec<u8>, layer: u32) -> io::Result<ChunkAddr> {
         if data.iter().all(|&b| b == 0) {
             self.stats.holes += 1;
@@ -274,10 +382,20 @@ impl ChunkStore<'_> {
         if let Some(addr) = self.dedup.get(&digest) {
             return Ok(*addr);
         }
-        if self.current.is_none() {
-            let path = self.work_dir.join(format!("blob-{}", self.finished.len()));
-            self.current = Some(BlobWriter::create(path, self.opts.zstd_level, layer)?);
-        }
+        self.store_pack(layer)?;
+        let addr = self.append_chunk(data, digest, layer)?;
+        self.dedup.entry(digest).or_insert(addr);
+        Ok(addr)
+    }
+
+    /// Appends a chunk to the current blob (opened if need be).
+    fn append_chunk(
+        &mut self,
+        data: Vec<u8>,
+        digest: [u8; 32],
+        layer: u32,
+    ) -> io::Result<ChunkAddr> {
+        self.open_blob(layer)?;
         let device = self.device_count() as u16;
         let Some(blob) = self.current.as_mut() else {
             return Err(io::Error::other("no open data blob"));
@@ -301,12 +419,13 @@ impl ChunkStore<'_> {
                 _ => io::Error::other("compression thread stopped"),
             });
         }
-        let addr = ChunkAddr::Data { device, blkaddr };
-        self.dedup.insert(digest, addr);
-        Ok(addr)
+        Ok(ChunkAddr::Data { device, blkaddr })
     }
 
     fn finish_blob(&mut self) -> io::Result<()> {
+        if let Some(layer) = self.current.as_ref().map(|b| b.layer) {
+            self.store_pack(layer)?;
+        }
         if let Some(blob) = self.current.take() {
             let blob = blob.finish()?;
             self.stats.compressed_bytes += blob.size;
@@ -348,6 +467,7 @@ impl<'a> ImageBuilder<'a> {
                 dedup: HashMap::new(),
                 finished: Vec::new(),
                 current: None,
+                pack: Vec::new(),
                 stats: BuildStats::default(),
             },
             layers: 0,
@@ -422,16 +542,11 @@ impl<'a> ImageBuilder<'a> {
             }
         });
         stats.entries -= 1; // the root
-        let mut position = HashMap::new();
-        for (b, blob) in self.store.finished.iter().enumerate() {
-            for (i, c) in blob.chunks.iter().enumerate() {
-                position.entry(c.digest).or_insert((b as u32, i as u32));
-            }
-        }
         let mut seen = std::collections::HashSet::new();
         let prefetch: Vec<(u32, u32)> = boot_set
             .iter()
-            .filter_map(|d| position.get(d).copied())
+            .filter_map(|d| locate(&self.store.finished, &self.store.dedup, d))
+            .map(|(b, i, _)| (b as u32, i as u32))
             .filter(|p| seen.insert(*p))
             .collect();
         stats.boot_set_chunks = prefetch.len() as u64;
@@ -455,6 +570,7 @@ impl<'a> ImageBuilder<'a> {
             index,
             blobs: self.store.finished,
             stats,
+            addresses: self.store.dedup,
         })
     }
 }
@@ -496,6 +612,7 @@ pub(crate) mod tests {
         let opts = BuildOptions {
             chunk_bits: 16,
             zstd_level: 1,
+            pack_limit: 0,
         };
         let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
         let a = noise(1 << 16, 1);
@@ -521,6 +638,134 @@ pub(crate) mod tests {
         // The blob on disk hashes to its recorded digest.
         let bytes = std::fs::read(&img.blobs[0].path).unwrap();
         assert_eq!(sha256(&bytes), img.blobs[0].digest);
+    }
+
+    /// Each blob's cache file, rebuilt from its chunks (checked against
+    /// their digests).
+    fn cache_files(img: &BuiltImage) -> Vec<Vec<u8>> {
+        img.blobs
+            .iter()
+            .map(|blob| {
+                let file = File::open(&blob.path).unwrap();
+                let mut cache = vec![0u8; blob.cache_size as usize];
+                for c in &blob.chunks {
+                    let data = crate::boot::tests::chunk_bytes(&file, c);
+                    let at = c.cache_offset.get() as usize;
+                    cache[at..at + data.len()].copy_from_slice(&data);
+                }
+                cache
+            })
+            .collect()
+    }
+
+    /// A file's bytes as the EROFS image maps them onto the cache files.
+    fn read_file(img: &BuiltImage, caches: &[Vec<u8>], path: &str) -> Vec<u8> {
+        let image = erofs::Image::new(&img.metadata).unwrap();
+        let mut inode = image.inode(image.root_nid()).unwrap();
+        for name in path.split('/') {
+            let e = image.lookup(&inode, name.as_bytes()).unwrap().unwrap();
+            inode = image.inode(e.nid).unwrap();
+        }
+        let chunks = image.chunks(&inode).unwrap();
+        let cs = 1u64 << chunks.chunk_bits;
+        let mut out = Vec::new();
+        for i in 0..chunks.len() {
+            let len = cs.min(inode.size - i as u64 * cs) as usize;
+            match chunks.get(i).unwrap() {
+                erofs::Chunk::Hole => out.resize(out.len() + len, 0),
+                erofs::Chunk::Data { device, offset } => {
+                    let cache = &caches[usize::from(device) - 1];
+                    out.extend_from_slice(&cache[offset as usize..offset as usize + len]);
+                }
+            }
+        }
+        out
+    }
+
+    /// Small files share chunks, each at a 4 KiB boundary in order; a
+    /// bigger file in between closes the pack (its chunks follow it); a
+    /// pack never passes the chunk size; a small file seen before, in this
+    /// layer or an earlier one, is not stored again; every file reads back
+    /// right, and `locate` finds a packed file by its content digest.
+    #[test]
+    fn small_files_are_packed_into_shared_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = BuildOptions {
+            chunk_bits: 16,
+            zstd_level: 1,
+            pack_limit: 12 * 1024,
+        };
+        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
+        let mut files: Vec<(String, Vec<u8>)> = vec![
+            ("a".into(), noise(100, 1)),
+            ("b".into(), noise(5000, 2)),
+            ("c".into(), noise(9000, 3)),
+            ("big".into(), noise(70_000, 4)),
+            ("d".into(), noise(12 * 1024, 5)),
+            ("zero".into(), vec![0; 3000]),
+        ];
+        // 20 files of 12 KiB: 16 KiB each in a pack, so 4 per 64 KiB pack.
+        for i in 0..20 {
+            files.push((format!("many/{i:02}"), noise(12 * 1024, 100 + i)));
+        }
+        let refs: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect();
+        b.add_layer(&layer(&refs)[..]).unwrap();
+        let again = noise(9000, 3);
+        b.add_layer(&layer(&[("copy-of-c", again.clone()), ("e", noise(200, 6))])[..])
+            .unwrap();
+        let img = b.finish(&[]).unwrap();
+
+        let caches = cache_files(&img);
+        for (path, data) in files
+            .iter()
+            .chain([("copy-of-c".to_string(), again)].iter())
+        {
+            assert_eq!(&read_file(&img, &caches, path), data, "{path}");
+        }
+        // Layer 0: [a b c] (blocks 0, 1-2, 3-5), big (2 chunks), then
+        // [d many/00..03] (zero is a hole) and 4 packs of 4.
+        let chunks = &img.blobs[0].chunks;
+        assert_eq!(chunks[0].size.get(), 3 * 4096 + 9000, "a, b, c in one pack");
+        assert_eq!(chunks.len(), 1 + 2 + 1 + 4);
+        assert!(chunks.iter().all(|c| c.size.get() <= 1 << 16));
+        assert_eq!(img.stats.packed_files, 3 + 1 + 20 + 1);
+        assert_eq!(img.stats.packs, 1 + 1 + 4 + 1);
+        assert_eq!(img.stats.holes, 1);
+        // Layer 1 stores only "e": the copy of c points into layer 0's pack.
+        assert_eq!(img.blobs[1].chunks.len(), 1);
+        assert_eq!(img.locate(&sha256(&noise(9000, 3))), Some((0, 0, 3 * 4096)));
+        assert_eq!(
+            img.locate(&sha256(&noise(70_000, 4)[..1 << 16])),
+            Some((0, 1, 0))
+        );
+        assert_eq!(img.locate(&chunks[0].digest), Some((0, 0, 0)));
+    }
+
+    /// A trace recorded on an image without packs (its small files' chunk
+    /// digests are their content digests) still names them in one with
+    /// packs: they join the boot set and their pages become boot pages.
+    #[test]
+    fn traces_find_small_files_inside_packs() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = BuildOptions {
+            chunk_bits: 16,
+            zstd_level: 1,
+            pack_limit: 12 * 1024,
+        };
+        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
+        let (a, c) = (noise(100, 1), noise(9000, 3));
+        b.add_layer(&layer(&[("a", a.clone()), ("b", noise(5000, 2)), ("c", c.clone())])[..])
+            .unwrap();
+        let img = b.finish(&[sha256(&c), sha256(&a)]).unwrap();
+        assert_eq!(img.index.prefetch, vec![(0, 0)], "one pack holds both");
+        let text = format!("{} 4096 100\n", hex::encode(sha256(&c)));
+        let trace = crate::boot::parse_trace(Path::new("t"), &text).unwrap();
+        let boot = crate::boot::build_boot_pages(&img, &trace).unwrap();
+        // c starts at block 3 of the pack; its bytes 4096.. are block 4.
+        assert_eq!(boot.extents.len(), 1);
+        assert_eq!(boot.extents[0].cache_offset.get(), 4 * 4096);
+        assert_eq!(&boot.data[..100], &c[4096..4196]);
     }
 
     #[test]

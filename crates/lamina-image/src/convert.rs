@@ -281,6 +281,10 @@ pub fn convert(
                 (1u64 << opts.build.chunk_bits).to_string(),
             ),
             (
+                ANNOTATION_PACK_LIMIT.to_string(),
+                opts.build.pack_limit.to_string(),
+            ),
+            (
                 ANNOTATION_STATS_ENTRIES.to_string(),
                 built.stats.entries.to_string(),
             ),
