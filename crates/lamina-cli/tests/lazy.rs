@@ -2152,12 +2152,21 @@ fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
     let mut out = BTreeSet::new();
     for key in ["metadata_path", "index_path"] {
         let p = PathBuf::from(c[key].as_str().unwrap());
-        // The fill record of a file cached whole: `<file>.fill`.
+        // The fill record of a file cached whole, `<file>.fill`: a lazy
+        // mount leaves it to its worker, which writes it in the background.
         let mut record = p.clone().into_os_string();
         record.push(".fill");
-        if Path::new(&record).exists() {
-            out.insert(PathBuf::from(record));
+        let record = PathBuf::from(record);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !record.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the worker did not record {} within 30 s",
+                p.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
+        out.insert(record);
         out.insert(p);
     }
     for boot in c["boot_pages"].as_array().unwrap() {

@@ -95,6 +95,20 @@ pub struct DaemonConfig {
     /// window of misses that must all be fetched.
     #[serde(default)]
     pub readahead_kb: Option<u32>,
+    /// Layer files (metadata, chunk index, lookup table) this mount wrote
+    /// verified but neither synced nor recorded: the worker hashes, syncs
+    /// and records them in the background (`lamina_fetch::store::adopt_whole`).
+    #[serde(default)]
+    pub adopt: Vec<AdoptSpec>,
+}
+
+/// A layer file for the worker to adopt: its path and content digest.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct AdoptSpec {
+    /// The file in the cache's `meta` directory.
+    pub path: PathBuf,
+    /// Its content digest (`sha256:<hex>`).
+    pub digest: String,
 }
 
 /// One segment of the image's boot pages: fetched (or found in the cache)

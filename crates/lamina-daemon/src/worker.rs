@@ -22,7 +22,7 @@ use lamina_format::index::ChunkIndex;
 use lamina_oci::{Digest, HostsConfig, RegistryClient, SourceOptions};
 use lamina_sys::{FanotifyGroup, Response};
 
-use crate::config::{write_atomic, BootPagesSpec, DaemonConfig, SourceSpec};
+use crate::config::{write_atomic, AdoptSpec, BootPagesSpec, DaemonConfig, SourceSpec};
 use crate::latency::{Histogram, Recorder};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
@@ -147,6 +147,7 @@ struct Shared {
 /// Runs the worker on the socket `sock` from the holder.
 pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let config = DaemonConfig::load(config_path)?;
+    adopt_in_background(config.adopt.clone());
     let index =
         ChunkIndex::from_bytes(&std::fs::read(&config.index_path)?).map_err(io::Error::other)?;
     let boot_set = index.prefetch.clone();
@@ -434,6 +435,40 @@ struct Job {
     response_fd: i32,
     /// When the miss reached the worker: its wait is measured from here.
     received: Instant,
+}
+
+/// Hashes, syncs and records the layer files the mount wrote without a
+/// record, off the mount's path; a failure only means a later mount hashes
+/// them again.
+fn adopt_in_background(files: Vec<AdoptSpec>) {
+    if files.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("lamina-adopt".into())
+        .spawn(move || {
+            for f in files {
+                let digest = Digest::parse(&f.digest)
+                    .ok()
+                    .and_then(|d| <[u8; 32]>::try_from(hex::decode(d.hex()).ok()?).ok());
+                let Some(digest) = digest else {
+                    tracing::warn!("{}: bad digest {:?}, not recorded", f.path.display(), f.digest);
+                    continue;
+                };
+                match lamina_fetch::store::adopt_whole(&f.path, &digest) {
+                    Ok(true) => tracing::debug!("{} synced and recorded", f.path.display()),
+                    Ok(false) => tracing::error!(
+                        "{} no longer hashes to {}: not recorded (it was replaced after the mount checked it)",
+                        f.path.display(),
+                        f.digest
+                    ),
+                    Err(e) => tracing::warn!("{}: not recorded: {e}", f.path.display()),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the thread that records layer files: {e}");
+    }
 }
 
 fn add_stats(to: &FetchStats, from: &FetchStats) {

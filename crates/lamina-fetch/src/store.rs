@@ -122,6 +122,33 @@ pub fn record_whole(file: &File, path: &Path, digest: &[u8; 32]) -> io::Result<(
     private::write_atomic(&whole_record_path(path), &record.to_bytes(), true)
 }
 
+/// Trusts `path`'s content from now on if it hashes to `digest`: synced,
+/// then recorded (true). False when it does not hash so (left unrecorded).
+/// Streams the file: a lazy mount's worker adopts the metadata it wrote
+/// without a record, in the background, without holding it in memory.
+pub fn adopt_whole(path: &Path, digest: &[u8; 32]) -> io::Result<bool> {
+    use std::io::Read;
+    let mut file = private::open_existing(path)?;
+    if recorded_whole(&file, path, digest)? {
+        return Ok(true);
+    }
+    let mut hasher = lamina_oci::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    if hasher.finalize() != *digest {
+        return Ok(false);
+    }
+    file.sync_data()?;
+    record_whole(&file, path, digest)?;
+    Ok(true)
+}
+
 /// The identity a fill record is bound to: inode number and birth time;
 /// `None` where the filesystem keeps no birth time (nothing can be bound).
 pub fn identity(file: &File) -> io::Result<Option<FileIdentity>> {
@@ -684,6 +711,28 @@ mod tests {
         assert!(other.try_lock_chunk(1).unwrap());
         s.unlock_chunk(0).unwrap();
         assert!(other.try_lock_chunk(0).unwrap());
+    }
+
+    /// What a lazy mount's worker does with the layer files the mount
+    /// wrote unrecorded: a file that hashes right is recorded, one that
+    /// does not (replaced since) is left unrecorded, never trusted.
+    #[test]
+    fn adopt_whole_records_only_the_right_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (good, bad) = (dir.path().join("good"), dir.path().join("bad"));
+        let bytes = vec![7u8; 3 << 20];
+        let digest = sha256(&bytes);
+        std::fs::write(&good, &bytes).unwrap();
+        std::fs::write(&bad, &bytes[1..]).unwrap();
+        let recorded = |p: &Path| recorded_whole(&File::open(p).unwrap(), p, &digest).unwrap();
+        assert!(!recorded(&good));
+        assert!(adopt_whole(&good, &digest).unwrap());
+        assert!(recorded(&good));
+        assert!(adopt_whole(&good, &digest).unwrap(), "already recorded");
+        assert!(!adopt_whole(&bad, &digest).unwrap());
+        assert!(!recorded(&bad));
+        assert!(!whole_record_path(&bad).exists());
+        assert!(adopt_whole(&dir.path().join("gone"), &digest).is_err());
     }
 
     #[test]

@@ -60,6 +60,17 @@ pub fn store_metadata(path: &Path, bytes: &[u8], digest: &[u8; 32]) -> Result<()
     lamina_fetch::store::record_whole(&file, path, digest).map_err(io_err(path))
 }
 
+/// Writes `bytes`, verified, to `path` atomically (exclusive temp file,
+/// rename), 0600 in a private directory, neither synced nor recorded: not
+/// trusted by a later mount until `lamina_fetch::store::adopt_whole` has
+/// hashed, synced and recorded it.
+pub fn store_unrecorded(path: &Path, bytes: &[u8]) -> Result<(), CacheError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    private::private_dir(dir).map_err(io_err(dir))?;
+    private::write_atomic_file(path, bytes, false).map_err(io_err(path))?;
+    Ok(())
+}
+
 /// Fills the cache file `path` for `blob` from `reader` (the blob's bytes,
 /// in order, digest-checked by the reader at EOF). Each chunk is decompressed
 /// and checked against its digest before it is written; the file appears

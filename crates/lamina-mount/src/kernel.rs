@@ -15,7 +15,7 @@ use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, SourceOptions};
 use rustix::mount::{MountFlags, UnmountFlags};
 
-use crate::cache::{materialize_blob, store_metadata, CacheError};
+use crate::cache::{materialize_blob, store_metadata, store_unrecorded, CacheError};
 use lamina_fetch::store::BlobStore;
 
 /// Local I/O on `path` failed.
@@ -97,12 +97,13 @@ pub(crate) fn cached_lookup(
     source: &dyn lamina_oci::ImageSource,
     layers: &LaminaLayers,
     meta_dir: &Path,
+    record: Record,
 ) -> Result<Option<PathBuf>, MountError> {
     let Some(desc) = &layers.lookup else {
         return Ok(None);
     };
     let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
-    cache_layer_file(source, desc, "lookup table", &path, false)?;
+    cache_layer_file(source, desc, "lookup table", &path, false, record)?;
     // The binding is in the header: the table is not read here.
     let mut header = [0; LOOKUP_HEADER_LEN];
     fs::File::open(&path)
@@ -119,9 +120,24 @@ pub(crate) fn cached_layer(
     desc: &lamina_oci::Descriptor,
     what: &'static str,
     path: &Path,
+    record: Record,
 ) -> Result<Vec<u8>, MountError> {
     // Asked to read, it always returns the bytes.
-    Ok(cache_layer_file(source, desc, what, path, true)?.unwrap_or_default())
+    Ok(cache_layer_file(source, desc, what, path, true, record)?.unwrap_or_default())
+}
+
+/// When a layer file fetched for a mount is synced and given its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// Before the mount goes on.
+    Now,
+    /// By the lazy mount's worker, in the background
+    /// (`lamina_fetch::store::adopt_whole`): this mount uses the bytes it
+    /// verified and wrote; the sync (some 150 ms for the 85 MB metadata of
+    /// a 1M-file image) is off its path. Until the record is written, a
+    /// later mount hashes the file again, so a crash costs a re-hash, never
+    /// trust in bytes that were not synced.
+    Later,
 }
 
 /// Makes `path` hold a zstd-compressed lamina layer's content, verified;
@@ -129,13 +145,15 @@ pub(crate) fn cached_layer(
 /// record (`lamina_fetch::store::recorded_whole`) says so, without hashing
 /// it; one without a record (from before records) is hashed once, synced
 /// and recorded; anything else is fetched, checked and stored atomically
-/// with its record. Both mount paths go through here.
+/// with its record (or for the record later, see [`Record`]). Both mount
+/// paths go through here.
 pub(crate) fn cache_layer_file(
     source: &dyn lamina_oci::ImageSource,
     desc: &lamina_oci::Descriptor,
     what: &'static str,
     path: &Path,
     read: bool,
+    record: Record,
 ) -> Result<Option<Vec<u8>>, MountError> {
     let expected = content_digest(desc, what)?;
     if let Ok(mut file) = lamina_fetch::private::open_existing(path) {
@@ -157,12 +175,18 @@ pub(crate) fn cache_layer_file(
         }
     }
     let bytes = artifact::read_compressed_layer(source, desc, what)?;
-    store_metadata(path, &bytes, &expected)?;
+    match record {
+        Record::Now => store_metadata(path, &bytes, &expected)?,
+        Record::Later => store_unrecorded(path, &bytes)?,
+    }
     Ok(read.then_some(bytes))
 }
 
 /// A zstd lamina layer's content digest (SHA-256) from its annotation.
-fn content_digest(desc: &lamina_oci::Descriptor, what: &str) -> Result<[u8; 32], MountError> {
+pub(crate) fn content_digest(
+    desc: &lamina_oci::Descriptor,
+    what: &str,
+) -> Result<[u8; 32], MountError> {
     let missing =
         || ArtifactError::NotLamina(format!("{what} layer has no SHA-256 content digest"));
     let annotation = desc
@@ -243,6 +267,7 @@ pub(crate) fn fill_cache(
         "chunk index",
         &index_path,
         false,
+        Record::Now,
     )?;
     // The blob table alone says which blobs are cached: the chunks (most
     // of the index of an image of many files) are read only for a blob to
@@ -261,9 +286,10 @@ pub(crate) fn fill_cache(
         "metadata",
         &meta_path,
         false,
+        Record::Now,
     )?;
     let lookup_path = match lookup {
-        true => cached_lookup(source.as_ref(), &layers, &meta_dir)?,
+        true => cached_lookup(source.as_ref(), &layers, &meta_dir, Record::Now)?,
         false => None,
     };
 
@@ -438,7 +464,7 @@ mod tests {
         let raw = b"metadata bytes".repeat(100);
         let (source, desc) = OneLayer::new(&raw);
         let fetches = || source.fetches.load(Ordering::Relaxed);
-        let get = || cached_layer(&source, &desc, "metadata", &path).unwrap();
+        let get = || cached_layer(&source, &desc, "metadata", &path, Record::Now).unwrap();
 
         assert_eq!(get(), raw);
         assert_eq!(fetches(), 1);
@@ -463,7 +489,7 @@ mod tests {
 
         // Another layer's record at this path does not count either.
         let (other, other_desc) = OneLayer::new(b"other layer");
-        let bytes = cached_layer(&other, &other_desc, "metadata", &path).unwrap();
+        let bytes = cached_layer(&other, &other_desc, "metadata", &path, Record::Now).unwrap();
         assert_eq!(bytes, b"other layer");
         assert_eq!(other.fetches.load(Ordering::Relaxed), 1);
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lamina_daemon::config::{BlobSpec, BootPagesSpec, DaemonConfig, SourceSpec};
+use lamina_daemon::config::{AdoptSpec, BlobSpec, BootPagesSpec, DaemonConfig, SourceSpec};
 use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
 use lamina_fetch::store::BlobStore;
@@ -17,7 +17,8 @@ use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
 use crate::kernel::{
-    cache_layer_file, cached_layer, cached_lookup, io_err, MountError, MountInfo, MountOptions,
+    cache_layer_file, cached_layer, cached_lookup, content_digest, io_err, MountError, MountInfo,
+    MountOptions, Record,
 };
 use crate::mode::Mode;
 
@@ -103,6 +104,30 @@ fn mountpoint_dir(mountpoint: &Path) -> Result<PathBuf, MountError> {
     Ok(dir)
 }
 
+/// The layer files a lazy mount's worker is to sync and record
+/// ([`Record::Later`]): those already recorded it finds so and skips.
+fn adopt_specs(
+    layers: &LaminaLayers,
+    meta_path: &Path,
+    index_path: &Path,
+    lookup_path: Option<&Path>,
+) -> Result<Vec<AdoptSpec>, MountError> {
+    let spec = |path: &Path, desc: &lamina_oci::Descriptor, what| -> Result<_, MountError> {
+        Ok(AdoptSpec {
+            path: path.to_path_buf(),
+            digest: format!("sha256:{}", hex::encode(content_digest(desc, what)?)),
+        })
+    };
+    let mut specs = vec![
+        spec(meta_path, &layers.metadata, "metadata")?,
+        spec(index_path, &layers.index, "chunk index")?,
+    ];
+    if let (Some(path), Some(desc)) = (lookup_path, &layers.lookup) {
+        specs.push(spec(path, desc, "lookup table")?);
+    }
+    Ok(specs)
+}
+
 /// Mounts `image` at `mountpoint` in `mode`: lazily with `lazy`, else
 /// with the cache filled first. What `lamina mount`, `lamina run` and the
 /// snapshotter do.
@@ -145,13 +170,28 @@ pub fn mount_lazy_from(
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     let src = source.as_ref();
     let (index_bytes, metadata, lookup_path) = std::thread::scope(|scope| {
-        let index = scope.spawn(|| cached_layer(src, &layers.index, "chunk index", &index_path));
+        let index = scope.spawn(|| {
+            cached_layer(
+                src,
+                &layers.index,
+                "chunk index",
+                &index_path,
+                Record::Later,
+            )
+        });
         // Only the FUSE daemon reads the lookup table.
         let lookup = scope.spawn(|| match mode {
-            Mode::Fuse => cached_lookup(src, &layers, &meta_dir),
+            Mode::Fuse => cached_lookup(src, &layers, &meta_dir, Record::Later),
             Mode::Kernel => Ok(None),
         });
-        let metadata = cache_layer_file(src, &layers.metadata, "metadata", &meta_path, false);
+        let metadata = cache_layer_file(
+            src,
+            &layers.metadata,
+            "metadata",
+            &meta_path,
+            false,
+            Record::Later,
+        );
         let panicked = |what: &str| MountError::Daemon(format!("{what} fetch panicked"));
         let index = index.join().unwrap_or_else(|_| Err(panicked("index")));
         let lookup = lookup
@@ -225,7 +265,7 @@ pub fn mount_lazy_from(
         manifest_digest: img.manifest_digest.to_string(),
         mountpoint: mountpoint.clone(),
         metadata_path: meta_path.clone(),
-        index_path,
+        index_path: index_path.clone(),
         blob_dir,
         blobs: blobs.clone(),
         source: spec,
@@ -245,6 +285,7 @@ pub fn mount_lazy_from(
             || (!boot_pages.is_empty() && lazy.prefetch != Prefetch::None))
             .then_some(0)),
         boot_pages,
+        adopt: adopt_specs(&layers, &meta_path, &index_path, lookup_path.as_deref())?,
     };
     let config_path = run.join("config.json");
     config.save(&config_path).map_err(io_err(&config_path))?;
