@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -380,8 +380,10 @@ fn fuse_passthrough_serves_big_complete_files_from_their_objects() {
     m.unmount();
 }
 
-/// A lazy FUSE mount of a local image: nothing is filled at mount time;
-/// reading the tree fills it through the worker (misses counted in
+/// A lazy FUSE mount of a local image: nothing is filled at mount time,
+/// and the lookup table is not fetched before the mount either: the worker
+/// fetches it after, and the daemon takes it up once it is recorded;
+/// reading the tree then fills it through the worker (misses counted in
 /// `lamina status`), and it equals ociunpack.py's; `lamina umount` stops
 /// the FUSE daemon and its worker, which leaves what it filled recorded as
 /// verified: a second lazy mount of the same cache reads the tree without
@@ -399,6 +401,24 @@ fn lazy_fuse_mount_fills_on_read_and_equals_ociunpack() {
     assert_eq!(fs_type(&m.path).as_deref(), Some("fuse"));
     let before = worker_status(&m);
     assert_eq!(before["cached_bytes"], 0, "filled at mount time: {before}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let log = loop {
+        let log = fuse_log(&cache, &m.path);
+        if log.contains("lookups through the lookup table from now on") {
+            break log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no lookup table after 30 s:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let at_start =
+        |l: &&str| l.contains("lookups through the lookup table") && !l.contains("from now on");
+    assert!(
+        !log.lines().any(|l| at_start(&l)),
+        "the daemon started with the table, fetched before the mount:\n{log}"
+    );
 
     treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
     let after = worker_status(&m);

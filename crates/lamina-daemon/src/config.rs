@@ -100,6 +100,28 @@ pub struct DaemonConfig {
     /// and records them in the background (`lamina_fetch::store::adopt_whole`).
     #[serde(default)]
     pub adopt: Vec<AdoptSpec>,
+    /// Layers this mount needs soon but not before its first read (a FUSE
+    /// mount's lookup table): the worker fetches each after the boot pages,
+    /// checks it, and stores it synced and recorded.
+    #[serde(default)]
+    pub later_layers: Vec<LayerSpec>,
+}
+
+/// A zstd lamina layer for the worker to fetch whole and store.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LayerSpec {
+    /// What it is, for logs.
+    pub what: String,
+    /// The compressed layer's digest (`sha256:<hex>`).
+    pub layer_digest: String,
+    /// The compressed layer's size (bounded at mount).
+    pub layer_size: u64,
+    /// Digest of its content (`sha256:<hex>`).
+    pub digest: String,
+    /// Size of its content (bounded at mount).
+    pub size: u64,
+    /// Where it is stored.
+    pub path: PathBuf,
 }
 
 /// A layer file for the worker to adopt: its path and content digest.

@@ -22,7 +22,7 @@ use lamina_format::index::ChunkIndex;
 use lamina_oci::{Digest, HostsConfig, RegistryClient, SourceOptions};
 use lamina_sys::{FanotifyGroup, Response};
 
-use crate::config::{write_atomic, AdoptSpec, BootPagesSpec, DaemonConfig, SourceSpec};
+use crate::config::{write_atomic, AdoptSpec, BootPagesSpec, DaemonConfig, LayerSpec, SourceSpec};
 use crate::latency::{Histogram, Recorder};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
@@ -265,6 +265,10 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             .store(shared.config.boot_pages.len(), Ordering::SeqCst);
         let shared = shared.clone();
         std::thread::spawn(move || shared.load_boot_pages());
+    }
+    if !shared.config.later_layers.is_empty() {
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.store_later_layers());
     }
     // Quiet periods count from now: misses queued in the holder arrive next.
     shared.last_miss_ms.store(
@@ -777,45 +781,7 @@ impl Shared {
         let raw = match cached {
             Some(raw) => raw,
             None => {
-                let layer = Digest::parse(&spec.layer_digest).map_err(io::Error::other)?;
-                let mut attempt = 0;
-                let compressed = loop {
-                    let read = if attempt == 0 {
-                        self.source.read_range(&layer, 0, spec.layer_size)
-                    } else {
-                        self.source.read_range_again(&layer, 0, spec.layer_size)
-                    };
-                    match read {
-                        Ok(bytes) => break bytes,
-                        Err(e) if attempt < 3 => {
-                            tracing::warn!("boot pages: {e}; retrying");
-                            std::thread::sleep(Duration::from_millis(100 << attempt));
-                            attempt += 1;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                };
-                self.stats
-                    .bytes
-                    .fetch_add(compressed.len() as u64, Ordering::Relaxed);
-                self.stats.requests.fetch_add(1, Ordering::Relaxed);
-                if Digest::of_bytes(&compressed) != layer {
-                    return Err(io::Error::other(format!(
-                        "boot pages layer does not match its digest {layer}"
-                    )));
-                }
-                // Streamed and cut at the expected size (bounded at mount):
-                // nothing is allocated for what a frame header claims.
-                let decoder = zstd::stream::read::Decoder::new(&compressed[..])?;
-                let mut raw = Vec::new();
-                io::copy(
-                    &mut io::Read::take(decoder, spec.size.saturating_add(1)),
-                    &mut raw,
-                )?;
-                if raw.len() as u64 != spec.size {
-                    return Err(io::Error::other("boot pages: wrong uncompressed size"));
-                }
-                raw
+                self.fetch_layer("boot pages", &spec.layer_digest, spec.layer_size, spec.size)?
             }
         };
         let sizes: Vec<u64> = self
@@ -842,6 +808,90 @@ impl Shared {
             let _ = write_atomic(&spec.path, &raw);
         }
         Ok(())
+    }
+
+    /// A zstd lamina layer, fetched whole (one request, retried), checked
+    /// against its digest and decompressed to exactly `size` bytes (bounded
+    /// at mount: nothing is allocated for what a frame header claims).
+    fn fetch_layer(
+        &self,
+        what: &str,
+        digest: &str,
+        layer_size: u64,
+        size: u64,
+    ) -> io::Result<Vec<u8>> {
+        let layer = Digest::parse(digest).map_err(io::Error::other)?;
+        let mut attempt = 0;
+        let compressed = loop {
+            let read = if attempt == 0 {
+                self.source.read_range(&layer, 0, layer_size)
+            } else {
+                self.source.read_range_again(&layer, 0, layer_size)
+            };
+            match read {
+                Ok(bytes) => break bytes,
+                Err(e) if attempt < 3 => {
+                    tracing::warn!("{what}: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(100 << attempt));
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.stats
+            .bytes
+            .fetch_add(compressed.len() as u64, Ordering::Relaxed);
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if Digest::of_bytes(&compressed) != layer {
+            return Err(io::Error::other(format!(
+                "{what} layer does not match its digest {layer}"
+            )));
+        }
+        let decoder = zstd::stream::read::Decoder::new(&compressed[..])?;
+        let mut raw = Vec::with_capacity(size as usize);
+        io::copy(
+            &mut io::Read::take(decoder, size.saturating_add(1)),
+            &mut raw,
+        )?;
+        if raw.len() as u64 != size {
+            return Err(io::Error::other(format!("{what}: wrong uncompressed size")));
+        }
+        Ok(raw)
+    }
+
+    /// Fetches the layers the mount left for later (after the boot pages:
+    /// the start comes first), each stored synced with its fill record.
+    fn store_later_layers(&self) {
+        while self.boot_pending.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for spec in &self.config.later_layers {
+            match self.store_layer(spec) {
+                Ok(()) => tracing::info!(
+                    "{} stored {:.0} ms after the worker started",
+                    spec.what,
+                    self.started.elapsed().as_secs_f64() * 1e3
+                ),
+                Err(e) => tracing::error!("{}: {e}; not stored", spec.what),
+            }
+        }
+    }
+
+    fn store_layer(&self, spec: &LayerSpec) -> io::Result<()> {
+        let digest = Digest::parse(&spec.digest).map_err(io::Error::other)?;
+        let content = <[u8; 32]>::try_from(hex::decode(digest.hex()).map_err(io::Error::other)?)
+            .map_err(|_| io::Error::other("not a SHA-256 digest"))?;
+        if lamina_fetch::store::adopt_whole(&spec.path, &content).unwrap_or(false) {
+            return Ok(()); // another mount stored it
+        }
+        let raw = self.fetch_layer(&spec.what, &spec.layer_digest, spec.layer_size, spec.size)?;
+        if lamina_oci::sha256(&raw) != content {
+            return Err(io::Error::other(format!(
+                "content does not match its digest {digest}"
+            )));
+        }
+        let file = lamina_fetch::private::write_atomic_file(&spec.path, &raw, true)?;
+        lamina_fetch::store::record_whole(&file, &spec.path, &content)
     }
 
     /// Makes the chunks among `chunks` that nobody is fetching ours: in

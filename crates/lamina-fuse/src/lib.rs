@@ -27,7 +27,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
@@ -69,8 +69,9 @@ pub struct ImageFs {
     /// A lazy mount's link to its worker; `None`: every blob is complete.
     filler: Option<Arc<Filler>>,
     /// The image's lookup table: names found with one hash, not a search
-    /// of the directory. `None` in images converted before it.
-    lookup: Option<LookupTable<'static>>,
+    /// of the directory. Unset in images converted before it, and in a lazy
+    /// mount until its worker has fetched it ([`LookupLater`]).
+    lookup: Arc<OnceLock<LookupTable<'static>>>,
     /// The image may hold extended attributes (else xattr requests get
     /// ENOSYS, and the kernel stops sending them).
     xattrs: bool,
@@ -178,7 +179,7 @@ impl ImageFs {
             image_len: meta.len(),
             blobs,
             filler,
-            lookup: None,
+            lookup: Arc::default(),
             xattrs: true,
             no_opendir: false,
             passthrough: None,
@@ -308,17 +309,10 @@ impl ImageFs {
     /// digest must have been checked, and the table's binding to this
     /// image (see `lamina_image::artifact::check_lookup`): this checks only
     /// its shape and root, so nothing is read in proportion to its size.
-    pub fn with_lookup(mut self, table: &'static [u8]) -> Result<Self, ReadError> {
-        let table = LookupTable::parse_without_digest(table)
-            .map_err(|e| ReadError::Corrupt(format!("lookup table: {e}")))?;
-        if table.root_nid() != self.image.root_nid() {
-            return Err(ReadError::Corrupt(format!(
-                "lookup table: root nid {}, the image's is {}",
-                table.root_nid(),
-                self.image.root_nid()
-            )));
-        }
-        self.lookup = Some(table);
+    pub fn with_lookup(self, table: &'static [u8]) -> Result<Self, ReadError> {
+        let _ = self
+            .lookup
+            .set(checked_table(table, self.image.root_nid())?);
         Ok(self)
     }
 
@@ -383,7 +377,7 @@ impl ImageFs {
         if dir.kind() != Some(Kind::Directory) {
             return Err(Errno::ENOTDIR);
         }
-        let nid = match &self.lookup {
+        let nid = match self.lookup.get() {
             // The table holds no `.` and `..` (the kernel resolves them
             // itself; only an NFS export would ask).
             Some(table) if name != b"." && name != b".." => table.lookup(dir.nid, name),
@@ -780,6 +774,35 @@ impl Filesystem for ImageFs {
     }
 }
 
+/// `table` as the lookup table of an image whose root is `root_nid`: its
+/// shape and root checked (its digest and binding are the caller's).
+fn checked_table(table: &'static [u8], root_nid: u64) -> Result<LookupTable<'static>, ReadError> {
+    let table = LookupTable::parse_without_digest(table)
+        .map_err(|e| ReadError::Corrupt(format!("lookup table: {e}")))?;
+    if table.root_nid() != root_nid {
+        return Err(ReadError::Corrupt(format!(
+            "lookup table: root nid {}, the image's is {root_nid}",
+            table.root_nid()
+        )));
+    }
+    Ok(table)
+}
+
+/// A lookup table a lazy mount's worker fetches after the mount: the
+/// daemon searches directories until the file at `path` is recorded
+/// (synced, its content digest checked), then checks that it was built for
+/// this metadata and answers lookups from it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LookupLater {
+    /// Where the worker stores it.
+    pub path: PathBuf,
+    /// Its content digest (`sha256:<hex>`).
+    pub digest: String,
+    /// The metadata's content digest (`sha256:<hex>`), which its header
+    /// must name.
+    pub metadata_digest: String,
+}
+
 /// What the FUSE daemon serves, written by `lamina mount --mode fuse`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServeConfig {
@@ -789,6 +812,9 @@ pub struct ServeConfig {
     /// for images converted before lookup tables.
     #[serde(default)]
     pub lookup_path: Option<PathBuf>,
+    /// Or its lookup table, to be fetched by the worker after the mount.
+    #[serde(default)]
+    pub lookup_later: Option<LookupLater>,
     /// Whether the image may hold extended attributes. `false` (its
     /// manifest says no inode has any): xattr requests get ENOSYS, after
     /// which the kernel answers them itself (EOPNOTSUPP) and stops asking:
@@ -998,6 +1024,8 @@ fn open_session(
             .with_lookup(table)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         tracing::info!(bytes = table.len(), "lookups through the lookup table");
+    } else if let Some(later) = &config.lookup_later {
+        await_lookup(later.clone(), fs.lookup.clone(), fs.image.root_nid());
     }
     // Backing files need CAP_SYS_ADMIN in the initial user namespace.
     if let Some(dir) = config
@@ -1018,6 +1046,57 @@ fn open_session(
     }
     .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))?;
     Ok((session, stats))
+}
+
+/// Watches for the lookup table a worker fetches (see [`LookupLater`]) and
+/// puts it in `slot` once recorded and checked. Lookups search the
+/// directories until then; a table that fails a check is never used.
+fn await_lookup(later: LookupLater, slot: Arc<OnceLock<LookupTable<'static>>>, root_nid: u64) {
+    let digest = |s: &str| -> Option<[u8; 32]> {
+        let hex = s.strip_prefix("sha256:")?;
+        <[u8; 32]>::try_from(hex::decode(hex).ok()?).ok()
+    };
+    let (Some(content), Some(metadata)) = (digest(&later.digest), digest(&later.metadata_digest))
+    else {
+        return tracing::error!("lookup table: bad digests in the config; directories searched");
+    };
+    let started = std::time::Instant::now();
+    let spawned = std::thread::Builder::new()
+        .name("lamina-lookup".into())
+        .spawn(move || loop {
+            let recorded = File::open(&later.path).ok().filter(|f| {
+                lamina_fetch::store::recorded_whole(f, &later.path, &content).unwrap_or(false)
+            });
+            let Some(file) = recorded else {
+                // Soon after the start, when it is due; seldom once late.
+                let late = started.elapsed() > Duration::from_secs(30);
+                std::thread::sleep(Duration::from_millis(if late { 1000 } else { 100 }));
+                continue;
+            };
+            let checked = lamina_sys::map_file_forever(&file)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| {
+                    let header = LookupTable::header(bytes).map_err(|e| e.to_string())?;
+                    if header.image_digest != metadata {
+                        return Err("built for another metadata image".to_string());
+                    }
+                    checked_table(bytes, root_nid).map_err(|e| e.to_string())
+                });
+            match checked {
+                Ok(table) => {
+                    let _ = slot.set(table);
+                    tracing::info!("lookups through the lookup table from now on");
+                }
+                Err(e) => tracing::error!(
+                    "lookup table {}: {e}; directories searched",
+                    later.path.display()
+                ),
+            }
+            return;
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("lookup table not awaited ({e}); directories searched");
+    }
 }
 
 /// The file at `path`, mapped read-only for the daemon's life.
@@ -1243,7 +1322,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let searched = fixture(tmp.path());
         let hashed = fixture_with_table(tmp.path());
-        assert!(hashed.lookup.is_some() && searched.lookup.is_none());
+        assert!(hashed.lookup.get().is_some() && searched.lookup.get().is_none());
         let sub = searched.lookup_entry(1, b"sub").unwrap().ino.0;
         let file = searched.lookup_entry(1, b"file").unwrap().ino.0;
         let names: [&[u8]; 9] = [
@@ -1256,6 +1335,54 @@ mod tests {
                 assert_eq!(got, want, "{dir}/{}", String::from_utf8_lossy(name));
             }
         }
+    }
+
+    /// A table fetched after the mount is taken up only once recorded, and
+    /// only if built for this metadata: one for other metadata, recorded
+    /// all the same, is never used.
+    #[test]
+    fn a_later_table_is_used_once_recorded_and_bound() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (fs, meta) = fixture_bytes(tmp.path());
+        let table = lamina_format::lookup::build_from_image(meta).unwrap();
+        let digest = |b: &[u8]| format!("sha256:{}", hex::encode(sha256_of(b)));
+        let later = |name: &str, metadata: &[u8]| LookupLater {
+            path: tmp.path().join(name),
+            digest: digest(&table),
+            metadata_digest: digest(metadata),
+        };
+        let wait_set = |slot: &Arc<OnceLock<LookupTable<'static>>>| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while slot.get().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            slot.get().is_some()
+        };
+        let bound = later("bound", meta);
+        await_lookup(bound.clone(), fs.lookup.clone(), fs.image.root_nid());
+        std::fs::write(&bound.path, &table).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(fs.lookup.get().is_none(), "taken up before its record");
+        let file = File::open(&bound.path).unwrap();
+        lamina_fetch::store::record_whole(&file, &bound.path, &sha256_of(&table)).unwrap();
+        assert!(wait_set(&fs.lookup), "not taken up once recorded");
+        assert!(fs.lookup_entry(1, b"file").is_ok());
+
+        let other = later("other", b"some other metadata");
+        let slot = Arc::new(OnceLock::new());
+        std::fs::write(&other.path, &table).unwrap();
+        let file = File::open(&other.path).unwrap();
+        lamina_fetch::store::record_whole(&file, &other.path, &sha256_of(&table)).unwrap();
+        await_lookup(other, slot.clone(), fs.image.root_nid());
+        assert!(
+            !wait_set(&slot),
+            "a table built for other metadata was used"
+        );
+    }
+
+    fn sha256_of(bytes: &[u8]) -> [u8; 32] {
+        let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+        d.as_ref().try_into().unwrap()
     }
 
     /// The fixture with passthrough for every size, objects in `dir`;

@@ -427,6 +427,21 @@ pub fn check_lookup(header: &[u8], layers: &LaminaLayers) -> Result<(), Artifact
     Ok(())
 }
 
+/// Checks a lookup-table layer's descriptor before a worker fetches it:
+/// its annotated size within [`MAX_LOOKUP_SIZE`] (required: the worker
+/// decompresses to exactly it), the compressed size within zstd's bound of
+/// that. Returns the size.
+pub fn check_lookup_layer(desc: &Descriptor) -> Result<u64, ArtifactError> {
+    const WHAT: &str = "lookup table";
+    let size = annotated_size(desc, WHAT)?.ok_or_else(|| ArtifactError::Corrupt {
+        what: WHAT,
+        reason: format!("layer has no {ANNOTATION_UNCOMPRESSED_SIZE} annotation"),
+    })?;
+    too_large(WHAT, size, MAX_LOOKUP_SIZE)?;
+    too_large(WHAT, desc.size, compressed_limit(size))?;
+    Ok(size)
+}
+
 /// Layer annotations for a zstd-compressed layer with content `raw`.
 pub fn content_annotations(raw: &[u8]) -> BTreeMap<String, String> {
     BTreeMap::from([

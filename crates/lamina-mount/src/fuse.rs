@@ -40,6 +40,7 @@ pub fn mount_fuse(
     let image = FuseImage {
         metadata: &info.metadata_path,
         lookup: info.lookup_path.as_deref(),
+        lookup_later: None,
         blobs: &info.blob_paths,
         xattrs: info.xattrs,
     };
@@ -54,6 +55,8 @@ pub(crate) struct FuseImage<'a> {
     pub metadata: &'a Path,
     /// Its lookup table, when the image has one.
     pub lookup: Option<&'a Path>,
+    /// Or the lookup table a lazy mount's worker fetches after the mount.
+    pub lookup_later: Option<lamina_fuse::LookupLater>,
     /// The blobs' cache files, in device order.
     pub blobs: &'a [PathBuf],
     /// Whether the tree may hold extended attributes.
@@ -78,6 +81,7 @@ pub(crate) fn start_fuse_daemon(
     let config = ServeConfig {
         metadata_path: metadata.to_path_buf(),
         lookup_path: image.lookup.map(Path::to_path_buf),
+        lookup_later: image.lookup_later.clone(),
         xattrs: image.xattrs,
         blob_paths: image.blobs.to_vec(),
         mountpoint: mountpoint.to_path_buf(),

@@ -55,11 +55,13 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
         // A lazy FUSE mount's daemon reads the lookup table too.
         if let Ok(config) = lamina_fuse::load_config(&run.join("fuse.json")) {
             used.extend(config.lookup_path);
+            used.extend(config.lookup_later.map(|l| l.path));
         }
         if let Ok(config) = lamina_daemon::config::DaemonConfig::load(&run.join("config.json")) {
             used.insert(config.metadata_path);
             used.insert(config.index_path);
             used.extend(config.boot_pages.into_iter().map(|b| b.path));
+            used.extend(config.later_layers.into_iter().map(|l| l.path));
             for b in config.blobs {
                 used.insert(b.cache_path.with_extension("fill"));
                 used.insert(b.cache_path);

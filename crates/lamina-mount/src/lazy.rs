@@ -9,16 +9,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lamina_daemon::config::{AdoptSpec, BlobSpec, BootPagesSpec, DaemonConfig, SourceSpec};
+use lamina_daemon::config::{
+    AdoptSpec, BlobSpec, BootPagesSpec, DaemonConfig, LayerSpec, SourceSpec,
+};
 use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
 use lamina_fetch::store::BlobStore;
+use lamina_format::lookup::LOOKUP_HEADER_LEN;
+use lamina_fuse::LookupLater;
 use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
 use crate::kernel::{
-    cache_layer_file, cached_layer, cached_lookup, content_digest, io_err, MountError, MountInfo,
-    MountOptions, Record,
+    cache_layer_file, cached_layer, content_digest, io_err, MountError, MountInfo, MountOptions,
+    Record,
 };
 use crate::mode::Mode;
 
@@ -128,6 +132,49 @@ fn adopt_specs(
     Ok(specs)
 }
 
+/// A lazy FUSE mount's lookup table: its path when cached and recorded
+/// (checked to be built for this metadata), else what the worker is to
+/// fetch after the mount and the daemon to wait for. The mount then moves
+/// no bytes for it: 14 MB for an image of a million files.
+#[allow(clippy::type_complexity)]
+fn lookup_now_or_later(
+    layers: &LaminaLayers,
+    meta_dir: &Path,
+) -> Result<(Option<PathBuf>, Option<(LayerSpec, LookupLater)>), MountError> {
+    let Some(desc) = &layers.lookup else {
+        return Ok((None, None));
+    };
+    let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
+    let content = content_digest(desc, "lookup table")?;
+    if let Ok(mut file) = private::open_existing(&path) {
+        if lamina_fetch::store::recorded_whole(&file, &path, &content).unwrap_or(false) {
+            let mut header = [0; LOOKUP_HEADER_LEN];
+            std::io::Read::read_exact(&mut file, &mut header).map_err(io_err(&path))?;
+            artifact::check_lookup(&header, layers)?;
+            return Ok((Some(path), None));
+        }
+    }
+    let size = artifact::check_lookup_layer(desc)?;
+    let digest = format!("sha256:{}", hex::encode(content));
+    let spec = LayerSpec {
+        what: "lookup table".into(),
+        layer_digest: desc.digest.to_string(),
+        layer_size: desc.size,
+        digest: digest.clone(),
+        size,
+        path: path.clone(),
+    };
+    let later = LookupLater {
+        path,
+        digest,
+        metadata_digest: format!(
+            "sha256:{}",
+            hex::encode(content_digest(&layers.metadata, "metadata")?)
+        ),
+    };
+    Ok((None, Some((spec, later))))
+}
+
 /// Mounts `image` at `mountpoint` in `mode`: lazily with `lazy`, else
 /// with the cache filled first. What `lamina mount`, `lamina run` and the
 /// snapshotter do.
@@ -179,10 +226,11 @@ pub fn mount_lazy_from(
                 Record::Later,
             )
         });
-        // Only the FUSE daemon reads the lookup table.
+        // Only the FUSE daemon reads the lookup table, and only once its
+        // worker has fetched it, unless it is cached already.
         let lookup = scope.spawn(|| match mode {
-            Mode::Fuse => cached_lookup(src, &layers, &meta_dir, Record::Later),
-            Mode::Kernel => Ok(None),
+            Mode::Fuse => lookup_now_or_later(&layers, &meta_dir),
+            Mode::Kernel => Ok((None, None)),
         });
         let metadata = cache_layer_file(
             src,
@@ -201,7 +249,7 @@ pub fn mount_lazy_from(
     });
     let index = artifact::parse_index(&index_bytes?, &layers)?;
     metadata?;
-    let lookup_path = lookup_path?;
+    let (lookup_path, lookup_later) = lookup_path?;
     // Sizes bounded here, before the worker allocates for them.
     let boot_pages = artifact::boot_layers(&layers.boot, &index)?
         .into_iter()
@@ -286,6 +334,7 @@ pub fn mount_lazy_from(
             .then_some(0)),
         boot_pages,
         adopt: adopt_specs(&layers, &meta_path, &index_path, lookup_path.as_deref())?,
+        later_layers: lookup_later.iter().map(|(spec, _)| spec.clone()).collect(),
     };
     let config_path = run.join("config.json");
     config.save(&config_path).map_err(io_err(&config_path))?;
@@ -302,6 +351,7 @@ pub fn mount_lazy_from(
             let image = crate::fuse::FuseImage {
                 metadata: &meta_path,
                 lookup: lookup_path.as_deref(),
+                lookup_later: lookup_later.map(|(_, later)| later),
                 blobs: &blobs,
                 xattrs: artifact::may_have_xattrs(&img.manifest),
             };
