@@ -166,7 +166,9 @@ fn locate(
 /// A chunk on its way to the blob's compression thread.
 struct PendingChunk {
     data: Vec<u8>,
-    digest: [u8; 32],
+    /// `None`: hashed on that thread (a pack, whose digest nothing here
+    /// waits for).
+    digest: Option<[u8; 32]>,
     cache_offset: u64,
 }
 
@@ -253,7 +255,7 @@ fn compress_blob(
             size: (data.len() as u32).into(),
             flags: flags.into(),
             reserved: 0.into(),
-            digest: chunk.digest,
+            digest: chunk.digest.unwrap_or_else(|| sha256(data)),
         });
         compressed_len += stored.len() as u64;
     }
@@ -357,11 +359,10 @@ impl ChunkStore<'_> {
             return Ok(());
         }
         let data = std::mem::take(&mut self.pack);
-        let digest = sha256(&data);
         self.stats.packs += 1;
-        let addr = self.append_chunk(data, digest, layer)?;
-        // Traces recorded on this image name the pack.
-        self.dedup.entry(digest).or_insert(addr);
+        // Hashed on the compression thread; `finish` makes it locatable
+        // (traces recorded on this image name the pack).
+        self.append_chunk(data, None, layer)?;
         Ok(())
     }
 
@@ -383,7 +384,7 @@ impl ChunkStore<'_> {
             return Ok(*addr);
         }
         self.store_pack(layer)?;
-        let addr = self.append_chunk(data, digest, layer)?;
+        let addr = self.append_chunk(data, Some(digest), layer)?;
         self.dedup.entry(digest).or_insert(addr);
         Ok(addr)
     }
@@ -392,7 +393,7 @@ impl ChunkStore<'_> {
     fn append_chunk(
         &mut self,
         data: Vec<u8>,
-        digest: [u8; 32],
+        digest: Option<[u8; 32]>,
         layer: u32,
     ) -> io::Result<ChunkAddr> {
         self.open_blob(layer)?;
@@ -542,6 +543,14 @@ impl<'a> ImageBuilder<'a> {
             }
         });
         stats.entries -= 1; // the root
+        for (b, blob) in self.store.finished.iter().enumerate() {
+            for c in &blob.chunks {
+                self.store.dedup.entry(c.digest).or_insert(ChunkAddr::Data {
+                    device: b as u16 + 1,
+                    blkaddr: (c.cache_offset.get() / 4096) as u32,
+                });
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         let prefetch: Vec<(u32, u32)> = boot_set
             .iter()
