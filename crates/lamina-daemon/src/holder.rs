@@ -77,6 +77,71 @@ pub fn device_options<'a>(
     std::ffi::CString::new(data).map_err(|_| PathBuf::new())
 }
 
+/// The longest string fsconfig(2) takes as a value (it copies 256 bytes at
+/// most, the NUL included).
+const FSCONFIG_VALUE_MAX: usize = 255;
+
+/// Mounts the EROFS metadata image `metadata` (a regular file: file-backed
+/// mode) read-only at `mountpoint`, with `devices`, the cache files in device
+/// order, as its extra devices.
+///
+/// Through fsopen(2), one fsconfig(2) `device` parameter per cache file, and
+/// fsmount(2): mount(2) copies at most one page of options, so its
+/// `device=` list is cut short past ~35 cache paths and the kernel refuses an
+/// image of more data blobs ("extra devices don't match"). mount(2) remains
+/// the way where fsopen(2) is missing or a path is longer than fsconfig(2)
+/// takes; its options must then fit the page. The caller has checked the
+/// paths with [`device_options`].
+pub fn mount_erofs(
+    metadata: &Path,
+    mountpoint: &Path,
+    devices: &[&Path],
+) -> Result<(), rustix::io::Errno> {
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen, move_mount,
+        FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags,
+    };
+    let short = |p: &Path| p.as_os_str().len() <= FSCONFIG_VALUE_MAX;
+    if short(metadata) && devices.iter().all(|d| short(d)) {
+        match fsopen("erofs", FsOpenFlags::FSOPEN_CLOEXEC) {
+            Ok(fs) => {
+                fsconfig_set_string(&fs, "source", metadata)?;
+                for d in devices {
+                    fsconfig_set_string(&fs, "device", *d)?;
+                }
+                fsconfig_set_flag(&fs, "ro")?;
+                fsconfig_create(&fs)?;
+                let mnt = fsmount(
+                    &fs,
+                    FsMountFlags::FSMOUNT_CLOEXEC,
+                    MountAttrFlags::MOUNT_ATTR_RDONLY,
+                )?;
+                return move_mount(
+                    &mnt,
+                    "",
+                    rustix::fs::CWD,
+                    mountpoint,
+                    MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+                );
+            }
+            Err(rustix::io::Errno::NOSYS) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let data = device_options(devices.iter().copied()).map_err(|_| rustix::io::Errno::INVAL)?;
+    // The kernel reads one page of options and drops the rest unseen.
+    if data.as_bytes().len() >= 4096 {
+        return Err(rustix::io::Errno::TOOBIG);
+    }
+    rustix::mount::mount(
+        metadata,
+        mountpoint,
+        "erofs",
+        rustix::mount::MountFlags::RDONLY,
+        Some(data.as_c_str()),
+    )
+}
+
 fn mount_options(config: &DaemonConfig) -> io::Result<std::ffi::CString> {
     device_options(config.blobs.iter().map(|b| b.cache_path.as_path()))
         .map_err(|p| io::Error::other(format!("cache path {} contains a comma", p.display())))
@@ -169,14 +234,13 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
     }
     let exe = std::env::current_exe()?;
     let worker = Worker::spawn(&exe, config_path, &config.run_dir.join("worker.log"))?;
-    let data = mount_options(config)?;
-    let mounted = rustix::mount::mount(
-        config.metadata_path.as_path(),
-        config.mountpoint.as_path(),
-        "erofs",
-        rustix::mount::MountFlags::RDONLY,
-        Some(data.as_c_str()),
-    );
+    mount_options(config)?;
+    let devices: Vec<&Path> = config
+        .blobs
+        .iter()
+        .map(|b| b.cache_path.as_path())
+        .collect();
+    let mounted = mount_erofs(&config.metadata_path, &config.mountpoint, &devices);
     if let Err(e) = mounted {
         worker.kill();
         return Err(io::Error::other(format!(
@@ -363,5 +427,92 @@ fn hand_over(sock: BorrowedFd<'_>, group: &FanotifyGroup, superblock: &OwnedFd) 
 fn answer(group: &FanotifyGroup, fd: i32, response: Response) {
     if let Err(e) = group.respond(fd, response) {
         tracing::error!("answering event fd {fd}: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_format::erofs::{write_image, ChunkAddr, Device, FileChunks};
+    use lamina_tree::{DirEntry, Metadata, Node, NodeKind, Tree};
+
+    /// Unmounts on drop, so a failed assertion leaves nothing mounted.
+    struct Unmount(PathBuf);
+
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+
+    /// 120 cache files under a long directory name: as `device=` options
+    /// they take ~20 KB, five times the page mount(2) reads, and the kernel
+    /// saw only the first ~25 ("extra devices don't match"). Every device
+    /// reaches it, and each file reads its own device's bytes (issue 10).
+    #[test]
+    fn mount_erofs_takes_more_devices_than_a_page_of_options() {
+        if !rustix::process::geteuid().is_root() {
+            if std::env::var("LAMINA_SKIP_PRIVILEGED").as_deref() == Ok("1") {
+                println!("skipped: mounting EROFS needs root");
+                return;
+            }
+            panic!("this test mounts EROFS: run it as root, or set LAMINA_SKIP_PRIVILEGED=1");
+        }
+        const N: u16 = 120;
+        let tmp = tempfile::tempdir().unwrap();
+        let blobs = tmp.path().join("b".repeat(140));
+        std::fs::create_dir(&blobs).unwrap();
+        let mut tree: Tree<FileChunks> = Tree::new();
+        let mut devices = Vec::new();
+        let mut paths = Vec::new();
+        for i in 0..N {
+            let path = blobs.join(format!("{i:03}.cache"));
+            std::fs::write(&path, vec![i as u8 + 1; 4096]).unwrap();
+            paths.push(path);
+            devices.push(Device {
+                tag: format!("{i:064}"),
+                blocks: 1,
+            });
+            let node = tree.add_node(Node {
+                meta: Metadata {
+                    mode: 0o644,
+                    ..Metadata::default()
+                },
+                kind: NodeKind::Regular {
+                    size: 4096,
+                    content: FileChunks {
+                        chunk_bits: 12,
+                        chunks: vec![ChunkAddr::Data {
+                            device: i + 1,
+                            blkaddr: 0,
+                        }],
+                    },
+                },
+            });
+            let root = tree.root;
+            if let NodeKind::Directory { entries } = &mut tree.nodes[root].kind {
+                entries.insert(format!("f{i:03}").into_bytes(), DirEntry { node, layer: 0 });
+            }
+        }
+        let (image, _) = write_image(&tree, &devices).unwrap();
+        let meta = tmp.path().join("meta.erofs");
+        std::fs::write(&meta, image).unwrap();
+        let mnt = tmp.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let devices: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        let options = device_options(devices.iter().copied()).unwrap();
+        assert!(
+            options.as_bytes().len() > 4 * 4096,
+            "{} bytes",
+            options.as_bytes().len()
+        );
+
+        mount_erofs(&meta, &mnt, &devices).unwrap();
+        let _guard = Unmount(mnt.clone());
+        for i in 0..N {
+            let got = std::fs::read(mnt.join(format!("f{i:03}"))).unwrap();
+            assert_eq!(got, vec![i as u8 + 1; 4096], "f{i:03}");
+        }
+        rustix::mount::unmount(&mnt, rustix::mount::UnmountFlags::empty()).unwrap();
     }
 }

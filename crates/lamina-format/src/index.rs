@@ -453,6 +453,43 @@ mod tests {
         assert_eq!(ChunkIndex::from_bytes(&index.to_bytes()).unwrap(), index);
     }
 
+    /// A blob whose cache file and compressed bytes pass 4 GiB (issue 10):
+    /// 400 raw chunks of 16 MiB; offsets past 2^32 survive the round trip
+    /// and the reader's checks, and lookups past 4 GiB find their chunk.
+    #[test]
+    fn offsets_past_32_bits() {
+        const SIZE: u32 = 1 << 24;
+        let chunks: Vec<ChunkEntry> = (0..400u64)
+            .map(|i| {
+                let mut c = chunk(i * u64::from(SIZE), i * u64::from(SIZE), SIZE, SIZE);
+                c.flags = 0.into();
+                c.digest = [i as u8; 32];
+                c
+            })
+            .collect();
+        let total = 400 * u64::from(SIZE);
+        let index = ChunkIndex {
+            prefetch: vec![(0, 399), (0, 256)],
+            chunk_bits: 24,
+            blobs: vec![IndexBlob {
+                digest: [7; 32],
+                compressed_size: total,
+                cache_size: total,
+                chunks,
+            }],
+        };
+        let back = ChunkIndex::from_bytes(&index.to_bytes()).unwrap();
+        assert_eq!(back, index);
+        let blob = &back.blobs[0];
+        assert_eq!(blob.cache_size, 6400 << 20);
+        assert_eq!(blob.chunks[256].cache_offset.get(), 1 << 32);
+        assert_eq!(blob.chunks[399].compressed_offset.get(), 399 << 24);
+        let at = blob.chunks_covering((5 << 30) + 12345, 1);
+        assert_eq!(at.len(), 1);
+        assert_eq!(at[0].cache_offset.get(), 5 << 30);
+        assert_eq!(blob.chunks_covering((1 << 32) - 1, 2).len(), 2);
+    }
+
     #[test]
     fn rejects_corruption() {
         let bytes = sample().to_bytes();

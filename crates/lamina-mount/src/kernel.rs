@@ -13,7 +13,7 @@ use lamina_format::index::ChunkIndex;
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, SourceOptions};
-use rustix::mount::{MountFlags, UnmountFlags};
+use rustix::mount::UnmountFlags;
 
 use crate::cache::{materialize_blob, store_metadata, store_unrecorded, CacheError};
 use lamina_fetch::store::BlobStore;
@@ -209,31 +209,30 @@ pub fn mount_image(
     opts: &MountOptions,
 ) -> Result<MountInfo, MountError> {
     let info = fill_cache(image, mountpoint, opts, false)?;
-    let data_c =
-        lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
-            .map_err(MountError::BadCachePath)?;
-    rustix::mount::mount(
-        info.metadata_path.as_path(),
-        mountpoint,
-        "erofs",
-        MountFlags::RDONLY,
-        Some(data_c.as_c_str()),
-    )
-    .map_err(|errno| MountError::Syscall {
-        op: "mount",
-        path: mountpoint.to_path_buf(),
-        errno,
-        hint: match errno {
-            rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => " (mounting needs root)",
-            rustix::io::Errno::NODEV => " (the kernel has no EROFS support: modprobe erofs)",
-            rustix::io::Errno::NOTBLK | rustix::io::Errno::INVAL => {
-                " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later, and \
+    lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
+        .map_err(MountError::BadCachePath)?;
+    let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
+    lamina_daemon::holder::mount_erofs(&info.metadata_path, mountpoint, &devices).map_err(
+        |errno| MountError::Syscall {
+            op: "mount",
+            path: mountpoint.to_path_buf(),
+            errno,
+            hint: match errno {
+                rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => " (mounting needs root)",
+                rustix::io::Errno::NODEV => " (the kernel has no EROFS support: modprobe erofs)",
+                rustix::io::Errno::TOOBIG => {
+                    " (a cache path is longer than fsconfig(2) takes, and the cache paths \
+                 together longer than mount(2)'s options: choose a shorter --cache-dir)"
+                }
+                rustix::io::Errno::NOTBLK | rustix::io::Errno::INVAL => {
+                    " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later, and \
                  the cache dir on a disk filesystem: it refuses tmpfs files; --mode auto \
                  serves through FUSE there)"
-            }
-            _ => "",
+                }
+                _ => "",
+            },
         },
-    })?;
+    )?;
     record_eager(opts, &info);
     Ok(info)
 }

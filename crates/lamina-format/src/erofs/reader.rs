@@ -780,6 +780,75 @@ mod tests {
 
     /// A listing resumed at every position it hands out, in steps of any
     /// size, is the whole listing (a directory of many blocks).
+    /// Offsets past 32 bits (issue 10): a file of 6 GiB (its size in an
+    /// extended inode, chunks past 2^32 in the file) whose chunks lie in
+    /// their cache files beyond 4 GiB (block addresses past 2^20) and at the
+    /// last block a 32-bit address reaches; written and read back exactly.
+    #[test]
+    fn sizes_and_cache_offsets_past_32_bits() {
+        let mut t: Tree<FileChunks> = Tree::new();
+        let root = t.root;
+        let size = (6u64 << 30) + 12345;
+        let chunk_bits = 18;
+        let count = size.div_ceil(1 << chunk_bits) as usize;
+        let data = |i: usize| match i {
+            0 => Some((1, 7)),
+            // Chunk 16384 starts at 4 GiB; cache blocks past 2^20 are past
+            // 4 GiB into the cache file.
+            16384 => Some((2, (1 << 20) + 3)),
+            20000 => Some((2, u32::MAX - 1)),
+            _ if i == count - 1 => Some((1, 5 << 20)),
+            _ => None,
+        };
+        let chunks = (0..count)
+            .map(|i| match data(i) {
+                Some((device, blkaddr)) => ChunkAddr::Data { device, blkaddr },
+                None => ChunkAddr::Hole,
+            })
+            .collect();
+        add(
+            &mut t,
+            root,
+            b"huge",
+            file(meta(0o644, 7), size, chunk_bits, chunks),
+        );
+        let devices = vec![
+            Device {
+                tag: "a".into(),
+                blocks: (5 << 20) + 1,
+            },
+            Device {
+                tag: "b".into(),
+                blocks: u32::MAX,
+            },
+        ];
+        let (bytes, _) = write_image(&t, &devices).unwrap();
+        let img = Image::new(&bytes).unwrap();
+        let root = img.inode(img.root_nid()).unwrap();
+        let e = img.lookup(&root, b"huge").unwrap().unwrap();
+        let inode = img.inode(e.nid).unwrap();
+        assert_eq!(inode.size, size);
+        let got = img.chunks(&inode).unwrap();
+        assert_eq!(got.len(), count);
+        for i in 0..count {
+            let want = match data(i) {
+                Some((device, blkaddr)) => Chunk::Data {
+                    device,
+                    offset: u64::from(blkaddr) * 4096,
+                },
+                None => Chunk::Hole,
+            };
+            assert_eq!(got.get(i), Some(want), "chunk {i}");
+        }
+        assert_eq!(
+            got.get(16384),
+            Some(Chunk::Data {
+                device: 2,
+                offset: (4 << 30) + 3 * 4096
+            })
+        );
+    }
+
     #[test]
     fn listings_resume_at_their_positions() {
         let (tree, devices) = sample();
