@@ -790,6 +790,7 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         "manifest_digest": img.manifest_digest.to_string(),
         "source_manifest_digest": ann.get(artifact::ANNOTATION_SOURCE),
         "chunk_size": num(artifact::ANNOTATION_CHUNK_SIZE),
+        "pack_limit": num(artifact::ANNOTATION_PACK_LIMIT),
         "entries": num(artifact::ANNOTATION_STATS_ENTRIES),
         "files": num(artifact::ANNOTATION_STATS_FILES),
         "file_bytes": file_bytes,

@@ -205,8 +205,14 @@ fn build_debian() -> Debian {
     let script = dir.join("chunk-model.py");
     fs::write(&script, CHUNK_MODEL).unwrap();
     let mut c = command(tool("python3"), [script.as_os_str(), source.as_os_str()]);
-    c.args([SRC_TAG.to_string(), chunk_size.to_string()])
-        .arg(&rootfs);
+    // Images converted before packing carry no pack limit: 0.
+    let pack_limit = inspect["pack_limit"].as_u64().unwrap_or(0);
+    c.args([
+        SRC_TAG.to_string(),
+        chunk_size.to_string(),
+        pack_limit.to_string(),
+    ])
+    .arg(&rootfs);
     let out = run(&mut c, TIMEOUT).ok();
     let model: Vec<BlobModel> = out
         .json()
@@ -256,7 +262,9 @@ fn build_debian() -> Debian {
 /// the final tree (argv[4], the umoci unpack) contains.
 const CHUNK_MODEL: &str = r#"
 import hashlib, json, os, sys, tarfile
-layout, tag, chunk, rootfs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+layout, tag, chunk, pack_limit, rootfs = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                                          int(sys.argv[4]), sys.argv[5])
+pack_limit = min(pack_limit, chunk)
 def blob(d):
     return os.path.join(layout, "blobs", *d.split(":"))
 with open(os.path.join(layout, "index.json")) as f:
@@ -274,16 +282,44 @@ def chunks(f, size):
         left -= len(b)
         if b.strip(b"\0"):
             yield hashlib.sha256(b).digest(), len(b)
+# docs/format.md, "Small files": files of at most the pack limit share
+# chunks (packs), each at a 4 KiB boundary; a pack is stored when the next
+# file would carry it past the chunk size, before a larger file's new chunk,
+# and at the layer's end; small files are deduplicated by content.
 seen, layers = set(), []
 for layer in manifest["layers"]:
-    new = {}
+    new = []  # (digests the chunk serves, bytes)
+    pack, members = b"", []
+    def store_pack():
+        global pack, members
+        if pack:
+            seen.add(hashlib.sha256(pack).digest())
+            new.append((members + [hashlib.sha256(pack).digest()], len(pack)))
+        pack, members = b"", []
     with tarfile.open(blob(layer["digest"]), "r:*") as t:
         for ti in t:
-            if ti.isreg():
-                for d, n in chunks(t.extractfile(ti), ti.size):
-                    if d not in seen:
-                        seen.add(d)
-                        new[d] = n
+            if not ti.isreg():
+                continue
+            f = t.extractfile(ti)
+            if 0 < ti.size <= pack_limit:
+                data = f.read()
+                d = hashlib.sha256(data).digest()
+                if not data.strip(b"\0") or d in seen:
+                    continue
+                at = -len(pack) % 4096 + len(pack)
+                if pack and at + len(data) > chunk:
+                    store_pack()
+                    at = 0
+                pack = pack.ljust(at, b"\0") + data
+                members.append(d)
+                seen.add(d)
+                continue
+            for d, n in chunks(f, ti.size):
+                if d not in seen:
+                    store_pack()
+                    seen.add(d)
+                    new.append(([d], n))
+    store_pack()
     layers.append(new)
 final = set()
 for top, dirs, files in os.walk(rootfs):
@@ -292,9 +328,10 @@ for top, dirs, files in os.walk(rootfs):
         if os.path.isfile(p) and not os.path.islink(p):
             with open(p, "rb") as f:
                 final.update(d for d, _ in chunks(f, os.path.getsize(p)))
-print(json.dumps([{"chunks": len(new), "bytes": sum(new.values()),
-                   "dead": sum(1 for d in new if d not in final),
-                   "dead_bytes": sum(n for d, n in new.items() if d not in final)}
+dead = lambda serves: not any(d in final for d in serves)
+print(json.dumps([{"chunks": len(new), "bytes": sum(n for _, n in new),
+                   "dead": sum(1 for s, _ in new if dead(s)),
+                   "dead_bytes": sum(n for s, n in new if dead(s))}
                   for new in layers]))
 "#;
 
