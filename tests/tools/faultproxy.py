@@ -28,8 +28,8 @@ MODE says what happens to an eligible request that is faulted:
               entries are the modes above (`ok` = none), e.g. flip,ok,reset
 
 --every N faults the N-th, 2N-th, ... eligible request (default 1: all of
-them). Counters (requests, eligible, faults per kind, upstream errors) are
-rewritten as JSON to --stats after every request.
+them). Counters (requests, eligible, faults per kind, upstream errors, bytes
+of answer bodies sent) are rewritten as JSON to --stats after every request.
 
 The proxy bounds its own life: it exits after --lifetime seconds (default
 600), when its parent process goes away, or on SIGTERM/SIGINT.
@@ -89,6 +89,7 @@ class Plan:
             "faulted": 0,
             "faults": {k: 0 for k in FAULTS},
             "upstream_errors": 0,
+            "body_bytes": 0,
         }
 
     def next_fault(self, eligible):
@@ -106,9 +107,9 @@ class Plan:
             self.stats["faults"][fault] += 1
             return fault
 
-    def count(self, key):
+    def count(self, key, n=1):
         with self.lock:
-            self.stats[key] += 1
+            self.stats[key] += n
 
     def write(self):
         if not self.stats_path:
@@ -171,6 +172,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if send_body:
             self.wfile.write(body)
+            self.server.plan.count("body_bytes", len(body))
         self.wfile.flush()
 
     def proxy(self):
