@@ -187,7 +187,7 @@ t=$(now)
 log "lamina convert docker://$R/debian:bookworm docker://$R/debian:bookworm-lamina"
 "$LAMINA" convert --json "docker://$R/debian:bookworm" "docker://$R/debian:bookworm-lamina" >"$TMP/convert.json"
 step "lamina convert (pull+convert+push)" "$t" "$(now)"
-jq -r '"  source layers \(.source_layer_bytes) B -> metadata \(.metadata_bytes) B (zstd \(.metadata_compressed_bytes) B), chunk index \(.index_bytes) B, \(.blobs | length) blobs \([.blobs[].size] | add) B; \(.stats.entries) entries, \(.stats.chunks_stored) chunks, dedup \(.dedup_ratio * 1000 | round / 1000)"' \
+jq -r '"  source layers \(.source_layer_bytes) B -> metadata \(.metadata_bytes) B (zstd \(.metadata_compressed_bytes) B), chunk index \(.index_bytes) B, \(.blobs | length) blobs \([.blobs[].size] | add) B; \(.stats.entries) entries, \(.stats.chunks_stored) chunks (\(.stats.packed_files) small files packed into \(.stats.packs) of them), dedup \(.dedup_ratio * 1000 | round / 1000)"' \
     "$TMP/convert.json" >&2
 
 # ---- 5. mount ------------------------------------------------------------------------------
