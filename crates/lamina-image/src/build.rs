@@ -691,6 +691,13 @@ pub(crate) mod tests {
         out
     }
 
+    /// 64 KiB chunks, files of up to 12 KiB packed.
+    const PACKING: BuildOptions = BuildOptions {
+        chunk_bits: 16,
+        zstd_level: 1,
+        pack_limit: 12 * 1024,
+    };
+
     /// Small files share chunks, each at a 4 KiB boundary in order; a
     /// bigger file in between closes the pack (its chunks follow it); a
     /// pack never passes the chunk size; a small file seen before, in this
@@ -699,12 +706,7 @@ pub(crate) mod tests {
     #[test]
     fn small_files_are_packed_into_shared_chunks() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = BuildOptions {
-            chunk_bits: 16,
-            zstd_level: 1,
-            pack_limit: 12 * 1024,
-        };
-        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
+        let mut b = ImageBuilder::new(&PACKING, dir.path()).unwrap();
         let mut files: Vec<(String, Vec<u8>)> = vec![
             ("a".into(), noise(100, 1)),
             ("b".into(), noise(5000, 2)),
@@ -757,12 +759,7 @@ pub(crate) mod tests {
     #[test]
     fn traces_find_small_files_inside_packs() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = BuildOptions {
-            chunk_bits: 16,
-            zstd_level: 1,
-            pack_limit: 12 * 1024,
-        };
-        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
+        let mut b = ImageBuilder::new(&PACKING, dir.path()).unwrap();
         let (a, c) = (noise(100, 1), noise(9000, 3));
         b.add_layer(&layer(&[("a", a.clone()), ("b", noise(5000, 2)), ("c", c.clone())])[..])
             .unwrap();
