@@ -74,8 +74,10 @@ def main():
     lines(ax[3], xs, [(f"lamina {m}", [by[k]["lazy"][m]["mount"]["median_s"] * 1000 for k in ks],
                        LAMINA if m == "kernel" else FUSE, "-") for m in ("kernel", "fuse")],
           "ms (median)", "lazy mount time (target ≤ 300 ms)")
-    lines(ax[4], xs, [(f"lamina {m}", [by[k]["lazy"][m]["rss_max_kib"] / 1024 for k in ks],
-                       LAMINA if m == "kernel" else FUSE, "-") for m in ("kernel", "fuse")],
+    lines(ax[4], xs, [(f"lamina {m} VmRSS", [by[k]["lazy"][m]["rss_max_kib"] / 1024 for k in ks],
+                       LAMINA if m == "kernel" else FUSE, "-") for m in ("kernel", "fuse")]
+          + [(f"lamina {m} RssAnon", [by[k]["lazy"][m]["rss_anon_max_kib"] / 1024 for k in ks],
+              LAMINA if m == "kernel" else FUSE, ":") for m in ("kernel", "fuse")],
           "MiB", "daemons' RSS (sum, highest of mount/read/ls; target ≤ 32)")
     ax[4].set_ylim(bottom=0)
     series = []

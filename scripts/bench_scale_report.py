@@ -25,6 +25,7 @@ TARGET_TEXT = {
     "lazy_mount_s": "lazy mount, s",
     "daemon_rss_mib": "daemons' RSS (sum of VmRSS, highest of after mount / read / `ls -lR`), MiB",
     "daemon_rss_vs_smallest": "daemons' RSS / the same at the smallest size",
+    "daemon_rss_anon_vs_smallest": "daemons' RssAnon (highest of the three) / the same at the smallest size",
     "convert_lamina_vs_mkfs_erofs": "convert time, lamina / mkfs.erofs",
     "ls_warm_vs_erofs": "`ls -lR` warm, lamina / kernel EROFS",
     "ls_cold_vs_erofs": "`ls -lR` cold, lamina / kernel EROFS",
@@ -50,6 +51,12 @@ def render(r):
       f"starts per variant. While the bench ran ({r['bench_seconds']:.0f} s), other processes on the machine "
       f"used {m.get('other_cpu_s_during_bench')} CPU-seconds (load {' '.join(m.get('loadavg_at_start', []))} → "
       f"{' '.join(m.get('loadavg_at_end', []))}).")
+    load = [float(x) for x in m.get("loadavg_at_start", []) + m.get("loadavg_at_end", [])[:1]]
+    if load and max(load) >= 1.5:
+        w("")
+        w(f"The machine was shared and busy during this run (1-minute load average up to {max(load):.1f} on "
+          f"{m['nproc']} vCPUs): the times below (convert, mount, `ls -lR`) are noisy; bytes, requests and RSS "
+          "depend far less on the load.")
     lb = m.get("lamina_binary", {})
     w("")
     w(f"lamina binary sha256 `{lb.get('sha256', '?')[:16]}…`, built {lb.get('built_at', '?')} "
@@ -98,7 +105,7 @@ def render(r):
     w("")
     w("| files | path | bytes before first read (compressed layers) | mkfs.erofs metadata bytes | ratio | "
       "C/meta layers (uncompressed bytes) | lazy mount ms | read one file: bytes, requests | "
-      "daemons' RSS MiB after mount / read / `ls -lR` (anon after mount) |")
+      "daemons' VmRSS MiB after mount / read / `ls -lR` (highest RssAnon) |")
     w("|---:|---|---:|---:|---:|---|---:|---:|---:|")
     for k, x in by.items():
         em = x["erofs_metadata"]["metadata_bytes"]
@@ -109,7 +116,7 @@ def render(r):
               f" ({lz['meta_files_bytes']:,}){'' if lz['meta_files_match_wire_layers'] else ' **mismatch**'} | "
               f"{lz['mount']['median_s'] * 1000:.1f} | {lz['read_one_file_bytes']:,}, {lz['read_one_file_requests']} | "
               f"{kib_mib(lz['rss_after_mount_kib'])} / {kib_mib(lz['rss_after_read_kib'])} / "
-              f"{kib_mib(x['rss_after_ls'][mode]['VmRSS_kib'])} ({kib_mib(lz['rss_anon_after_mount_kib'])}) |")
+              f"{kib_mib(x['rss_after_ls'][mode]['VmRSS_kib'])} ({kib_mib(lz['rss_anon_max_kib'])}) |")
     w("")
     w("mkfs.erofs metadata: the image of `mkfs.erofs --chunksize=1048576 --blobdev=BLOB` (file data in BLOB), "
       "what an EROFS client must have before its first read. Bytes before the first read: the compressed "
@@ -119,7 +126,8 @@ def render(r):
       "fetched_bytes and requests before and after reading "
       + ", ".join(f"`{x['one_file']}`" for x in list(by.values())[:1]) + " (and the same file position at "
       "every size). Daemons: every process whose command line names the mount's cache dir (kernel path: "
-      "`internal-holder` + `internal-worker`; FUSE: `internal-fuse` + `internal-worker`), VmRSS summed.")
+      "`internal-holder` + `internal-worker`; FUSE: `internal-fuse` + `internal-worker`), VmRSS and RssAnon "
+      "summed over them (the JSON has every process's VmRSS, RssAnon, RssFile and VmHWM).")
 
     w("")
     w("### `ls -lR` (ms; median, min–max in parentheses)")
