@@ -54,9 +54,9 @@ def render(r):
     load = [float(x) for x in m.get("loadavg_at_start", []) + m.get("loadavg_at_end", [])[:1]]
     if load and max(load) >= 1.5:
         w("")
-        w(f"The machine was shared and busy during this run (1-minute load average up to {max(load):.1f} on "
-          f"{m['nproc']} vCPUs): the times below (convert, mount, `ls -lR`) are noisy; bytes, requests and RSS "
-          "depend far less on the load.")
+        w(f"The machine was shared and busy during this run (load average up to {max(load):.1f} on "
+          f"{m['nproc']} vCPUs at its start and end): the times below (convert, mount, `ls -lR`) include "
+          "waiting for the CPU behind other processes.")
     lb = m.get("lamina_binary", {})
     w("")
     w(f"lamina binary sha256 `{lb.get('sha256', '?')[:16]}…`, built {lb.get('built_at', '?')} "
