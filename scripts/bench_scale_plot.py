@@ -64,7 +64,7 @@ def main():
           "peak RSS, MiB", "convert peak RSS", log=True)
     lines(ax[2], xs, [("lamina kernel path", [by[k]["lazy"]["kernel"]["wire_before_first_read_bytes"] / 1e6
                                                for k in ks], LAMINA, "-"),
-                      ("lamina FUSE (+ lookup table)", [by[k]["lazy"]["fuse"]["wire_before_first_read_bytes"] / 1e6
+                      ("lamina FUSE", [by[k]["lazy"]["fuse"]["wire_before_first_read_bytes"] / 1e6
                                                          for k in ks], FUSE, "-"),
                       ("mkfs.erofs metadata", [by[k]["erofs_metadata"]["metadata_bytes"] / 1e6 for k in ks],
                        EROFS, "--"),

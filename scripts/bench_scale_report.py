@@ -120,8 +120,8 @@ def render(r):
     w("")
     w("mkfs.erofs metadata: the image of `mkfs.erofs --chunksize=1048576 --blobdev=BLOB` (file data in BLOB), "
       "what an EROFS client must have before its first read. Bytes before the first read: the compressed "
-      "sizes, from the manifest, of the layers lamina fetches at mount (index and EROFS metadata; FUSE also "
-      "the lookup table); the C/meta column lists the layer files found in the cache dir after the mount, "
+      "sizes, from the manifest, of the layers lamina fetches at mount (index and EROFS metadata; a lazy FUSE mount "
+      "fetches the lookup table after it, in the background, waited for before the one-file read); the C/meta column lists the layer files found in the cache dir after the mount, "
       "each checked against the manifest's digest and uncompressed size. Read one file: `lamina status` "
       "fetched_bytes and requests before and after reading "
       + ", ".join(f"`{x['one_file']}`" for x in list(by.values())[:1]) + " (and the same file position at "
