@@ -63,34 +63,7 @@ done
 . "$ROOT/scripts/bench_common.sh"
 bench_prereqs
 
-WORK=$(mktemp -d /tmp/lamina-bench.XXXXXX)
-cleanup() {
-    local rc=$? m
-    trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
-    # lamina mounts through lamina (stops a lazy mount's daemon), then wait for
-    # any process still using $WORK (such a daemon) to exit
-    for m in "$WORK/mnt/lamina" "$WORK/mnt/lamina-lazy"; do
-        if mountpoint -q "$m" 2>/dev/null; then
-            "$WORK/lamina" umount "$m" >/dev/null 2>&1 || log "warning: lamina umount $m failed"
-        fi
-    done
-    for _ in $(seq 100); do
-        pgrep -f "$WORK/" >/dev/null || break
-        sleep 0.1
-    done
-    # unmount everything below $WORK (deepest first), then remove it
-    while read -r m; do
-        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
-    done < <(awk -v p="$WORK/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
-    if ! awk -v p="$WORK/" 'index($2, p) == 1 { found = 1 } END { exit !found }' /proc/self/mounts; then
-        rm -rf --one-file-system "$WORK"
-    else
-        log "warning: something is still mounted under $WORK; left in place"
-    fi
-    [ $rc -eq 0 ] || log "FAILED (rc=$rc)"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_work_dir lamina-bench
 
 log "work dir $WORK"
 # measure a private copy: a rebuild of target/release/lamina during the bench

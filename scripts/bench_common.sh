@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by scripts/bench.sh, scripts/bench_fuse.sh and scripts/coldstart.sh
+# Shared by scripts/bench.sh, bench_fuse.sh, bench_scale.sh and coldstart.sh
 # (sourced, not run). Expects ROOT, PY, NO_PLOT and the log/die functions;
 # sets LAMINA and IMAGE_DIR: the release binary (built by cargo into
 # $CARGO_TARGET_DIR, else target/; or LAMINA_BIN=PATH to
@@ -31,4 +31,36 @@ bench_prereqs() {
 
     IMAGE_DIR=/var/cache/lamina-test/debian-oci
     bash "$ROOT/scripts/debian-image.sh" "$IMAGE_DIR"
+}
+
+# A private work dir, WORK=/tmp/PREFIX.XXXXXX, removed on exit with
+# everything mounted below it: lamina's mounts through lamina (which stops
+# their daemons), then anything else (EROFS, tmpfs, squashfuse), deepest
+# first; left in place, with a warning, if something stays mounted.
+bench_work_dir() { # prefix
+    WORK=$(mktemp -d "/tmp/$1.XXXXXX")
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+
+bench_cleanup() {
+    local rc=$? m
+    trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
+    while read -r m; do
+        "$WORK/lamina" umount "$m" >/dev/null 2>&1 || true
+    done < <(awk -v p="$WORK/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
+    while read -r m; do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
+    done < <(awk -v p="$WORK/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
+    # wait for any daemon still using $WORK to exit
+    for _ in $(seq 100); do
+        pgrep -f "$WORK/" >/dev/null || break
+        sleep 0.1
+    done
+    if ! awk -v p="$WORK/" 'index($2, p) == 1 { found = 1 } END { exit !found }' /proc/self/mounts; then
+        rm -rf --one-file-system "$WORK"
+    else
+        log "warning: something is still mounted under $WORK; left in place"
+    fi
+    [ $rc -eq 0 ] || log "FAILED (rc=$rc)"
 }

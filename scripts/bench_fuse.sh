@@ -111,32 +111,7 @@ if [ "$NO_MPHF" = 0 ]; then
     [ -x "$LOOKUP_BENCH" ] || die "no $LOOKUP_BENCH after the build"
 fi
 
-WORK=$(mktemp -d /tmp/lamina-bench-fuse.XXXXXX)
-cleanup() {
-    local rc=$? m
-    trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
-    # lamina's own mounts through lamina (stops their daemons), then anything
-    # else mounted below $WORK (squashfuse, EROFS), deepest first
-    while read -r m; do
-        "$WORK/lamina" umount "$m" >/dev/null 2>&1 || true
-    done < <(awk -v p="$WORK/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
-    while read -r m; do
-        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
-    done < <(awk -v p="$WORK/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
-    # wait for any daemon still using $WORK to exit
-    for _ in $(seq 100); do
-        pgrep -f "$WORK/" >/dev/null || break
-        sleep 0.1
-    done
-    if ! awk -v p="$WORK/" 'index($2, p) == 1 { found = 1 } END { exit !found }' /proc/self/mounts; then
-        rm -rf --one-file-system "$WORK"
-    else
-        log "warning: something is still mounted under $WORK; left in place"
-    fi
-    [ $rc -eq 0 ] || log "FAILED (rc=$rc)"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_work_dir lamina-bench-fuse
 
 log "work dir $WORK"
 # measure a private copy: a rebuild during the bench must not change it

@@ -89,31 +89,7 @@ done
 . "$ROOT/scripts/bench_common.sh"
 bench_prereqs
 
-WORK=$(mktemp -d /tmp/lamina-bench-scale.XXXXXX)
-cleanup() {
-    local rc=$? m
-    trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
-    # lamina's mounts through lamina (stops their daemons), then the rest
-    # (EROFS images, tmpfs), deepest first
-    while read -r m; do
-        "$WORK/lamina" umount "$m" >/dev/null 2>&1 || true
-    done < <(awk -v p="$WORK/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
-    while read -r m; do
-        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
-    done < <(awk -v p="$WORK/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r)
-    for _ in $(seq 100); do
-        pgrep -f "$WORK/" >/dev/null || break
-        sleep 0.1
-    done
-    if ! awk -v p="$WORK/" 'index($2, p) == 1 { found = 1 } END { exit !found }' /proc/self/mounts; then
-        rm -rf --one-file-system "$WORK"
-    else
-        log "warning: something is still mounted under $WORK; left in place"
-    fi
-    [ $rc -eq 0 ] || log "FAILED (rc=$rc)"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_work_dir lamina-bench-scale
 
 log "work dir $WORK"
 # measure a private copy: a rebuild during the bench must not change it
