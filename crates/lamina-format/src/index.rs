@@ -8,15 +8,25 @@
 //! ChunkEntry  x chunk_count    (64 bytes each, grouped by blob, by cache offset)
 //! u32         x prefetch_count (the boot set: chunk numbers, in the order to fetch them)
 //! ```
-//! All integers little-endian. Version 1.
+//! All integers little-endian. That is version 1. Version 2 (*paged*) leaves
+//! the chunk entries out: each blob's entries, its *chunk table*, are the
+//! last `chunk_count * 64` bytes of the blob itself, at most
+//! [`MAX_TABLE_CHUNKS`] of them, and `BlobEntry::table_digest` is their
+//! sha256. So the index a mount fetches holds 96 bytes per blob, and a
+//! blob's table is fetched (and verified) when the blob is first read.
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// `IndexHeader::magic`.
 pub const INDEX_MAGIC: [u8; 8] = *b"LAMINDX\x01";
-/// The only version this code reads and writes.
+/// The version with the chunk entries in the index.
 pub const INDEX_VERSION: u32 = 1;
+/// The version with each blob's chunk entries at the blob's end.
+pub const INDEX_VERSION_PAGED: u32 = 2;
+/// Most chunks in one blob of a paged index: its chunk table is at most
+/// 64 KiB, one range request, whatever the image's size.
+pub const MAX_TABLE_CHUNKS: u32 = 1024;
 /// `ChunkEntry::flags`: the stored bytes are one zstd frame (else raw).
 pub const CHUNK_ZSTD: u32 = 1;
 /// Chunk sizes lamina writes and reads, as log2: 4 KiB to 16 MiB.
@@ -67,8 +77,11 @@ pub struct BlobEntry {
     pub first_chunk: U32,
     /// Number of chunks in this blob.
     pub chunk_count: U32,
+    /// Version 2: sha256 of the blob's chunk table (its last
+    /// `chunk_count * 64` bytes). Version 1: zero.
+    pub table_digest: [u8; 32],
     /// Zero.
-    pub reserved: [u8; 40],
+    pub reserved: [u8; 8],
 }
 
 /// One stored chunk.
@@ -132,6 +145,40 @@ pub struct BlobSummary {
     pub cache_size: u64,
     /// Chunks in the blob.
     pub chunk_count: usize,
+    /// A paged index: sha256 of the chunk table at the blob's end. `None`:
+    /// the index holds the chunks.
+    pub table_digest: Option<[u8; 32]>,
+}
+
+impl BlobSummary {
+    /// Where the blob's chunk table is in the blob (offset, length), for a
+    /// paged index. [`ChunkIndex::parse_top`] checked it fits.
+    pub fn table_range(&self) -> Option<(u64, u64)> {
+        self.table_digest?;
+        let len = self.chunk_count as u64 * size_of::<ChunkEntry>() as u64;
+        Some((self.compressed_size.saturating_sub(len), len))
+    }
+
+    /// Where chunks may be in the blob: all of it but the chunk table.
+    fn data_end(&self) -> u64 {
+        self.table_range()
+            .map_or(self.compressed_size, |(at, _)| at)
+    }
+}
+
+/// An index as a mount reads it: the blob table and the boot set, and
+/// (version 1) every blob's chunks. With a paged index (version 2) each
+/// blob's chunks come from its table ([`IndexBlob::from_table`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexTop {
+    /// log2 of the chunk size.
+    pub chunk_bits: u8,
+    /// Blobs in device order.
+    pub blobs: Vec<BlobSummary>,
+    /// The boot set, as (blob, chunk) positions.
+    pub prefetch: Vec<(u32, u32)>,
+    /// Version 1: the blobs with their chunks. Empty for a paged index.
+    pub inline: Vec<IndexBlob>,
 }
 
 impl IndexBlob {
@@ -142,7 +189,49 @@ impl IndexBlob {
             compressed_size: self.compressed_size,
             cache_size: self.cache_size,
             chunk_count: self.chunks.len(),
+            table_digest: None,
         }
+    }
+
+    /// The blob's chunk table, as a paged index keeps it at the blob's end.
+    pub fn table_bytes(&self) -> Vec<u8> {
+        self.chunks.as_bytes().to_vec()
+    }
+
+    /// Parses and validates the chunk table `table` of the blob `summary`
+    /// describes (paged index): its length and sha256 must be the ones the
+    /// (verified) index gives, and its chunks must pass the checks of
+    /// [`ChunkIndex::from_bytes`], inside the blob before the table.
+    pub fn from_table(
+        summary: &BlobSummary,
+        chunk_bits: u8,
+        table: &[u8],
+    ) -> Result<IndexBlob, IndexError> {
+        let (Some(want), Some((_, len))) = (summary.table_digest, summary.table_range()) else {
+            return Err(IndexError::Inconsistent(
+                "the index holds this blob's chunks".into(),
+            ));
+        };
+        if table.len() as u64 != len {
+            return Err(IndexError::Truncated);
+        }
+        if ring::digest::digest(&ring::digest::SHA256, table).as_ref() != want {
+            return Err(IndexError::Inconsistent(
+                "chunk table digest mismatch".into(),
+            ));
+        }
+        let chunks = table
+            .chunks_exact(size_of::<ChunkEntry>())
+            .map(|c| ChunkEntry::read_from_bytes(c).map_err(|_| IndexError::Truncated))
+            .collect::<Result<_, _>>()?;
+        let blob = IndexBlob {
+            digest: summary.digest,
+            compressed_size: summary.compressed_size,
+            cache_size: summary.cache_size,
+            chunks,
+        };
+        blob.validate(chunk_bits, summary.data_end())?;
+        Ok(blob)
     }
 }
 
@@ -192,7 +281,8 @@ impl ChunkIndex {
                 cache_size: blob.cache_size.into(),
                 first_chunk: first.into(),
                 chunk_count: (blob.chunks.len() as u32).into(),
-                reserved: [0; 40],
+                table_digest: [0; 32],
+                reserved: [0; 8],
             };
             first += blob.chunks.len() as u32;
             out.extend_from_slice(entry.as_bytes());
@@ -213,6 +303,85 @@ impl ChunkIndex {
         out
     }
 
+    /// Serialises the index as version 2 (paged): no chunk entries, each
+    /// blob's table digest instead. Each blob must end with its
+    /// [`IndexBlob::table_bytes`] (counted in `compressed_size`) and hold
+    /// at most [`MAX_TABLE_CHUNKS`] chunks.
+    pub fn to_paged_bytes(&self) -> Vec<u8> {
+        let chunk_count: usize = self.blobs.iter().map(|b| b.chunks.len()).sum();
+        let header = IndexHeader {
+            magic: INDEX_MAGIC,
+            version: INDEX_VERSION_PAGED.into(),
+            chunk_bits: u32::from(self.chunk_bits).into(),
+            blob_count: (self.blobs.len() as u32).into(),
+            chunk_count: (chunk_count as u32).into(),
+            prefetch_count: (self.prefetch.len() as u32).into(),
+            reserved: [0; 4],
+        };
+        let mut out = header.as_bytes().to_vec();
+        let mut firsts = Vec::with_capacity(self.blobs.len());
+        let mut first = 0u32;
+        for blob in &self.blobs {
+            let table = ring::digest::digest(&ring::digest::SHA256, &blob.table_bytes());
+            let entry = BlobEntry {
+                digest: blob.digest,
+                compressed_size: blob.compressed_size.into(),
+                cache_size: blob.cache_size.into(),
+                first_chunk: first.into(),
+                chunk_count: (blob.chunks.len() as u32).into(),
+                table_digest: table.as_ref().try_into().unwrap_or([0; 32]),
+                reserved: [0; 8],
+            };
+            firsts.push(first);
+            first += blob.chunks.len() as u32;
+            out.extend_from_slice(entry.as_bytes());
+        }
+        for &(blob, chunk) in &self.prefetch {
+            let global = firsts.get(blob as usize).copied().unwrap_or(u32::MAX) + chunk;
+            out.extend_from_slice(&global.to_le_bytes());
+        }
+        out
+    }
+
+    /// Parses an index of either version for a mount: version 1 whole (as
+    /// [`from_bytes`](Self::from_bytes)), version 2 as its blob table and
+    /// boot set, with each blob's table bounded by [`MAX_TABLE_CHUNKS`] and
+    /// inside its blob.
+    pub fn parse_top(bytes: &[u8]) -> Result<IndexTop, IndexError> {
+        let (header, rest) =
+            IndexHeader::read_from_prefix(bytes).map_err(|_| IndexError::Truncated)?;
+        if header.magic == INDEX_MAGIC && header.version.get() == INDEX_VERSION {
+            let index = Self::from_bytes(bytes)?;
+            return Ok(IndexTop {
+                chunk_bits: index.chunk_bits,
+                blobs: index.blobs.iter().map(IndexBlob::summary).collect(),
+                prefetch: index.prefetch,
+                inline: index.blobs,
+            });
+        }
+        let chunk_bits = check_header(&header, INDEX_VERSION_PAGED)?;
+        let (blob_count, prefetch_count) = (header.blob_count.get(), header.prefetch_count.get());
+        let blob_bytes = blob_count as usize * size_of::<BlobEntry>();
+        if rest.len() != blob_bytes + prefetch_count as usize * 4 {
+            return Err(IndexError::Truncated);
+        }
+        let (blob_area, prefetch_area) = rest.split_at(blob_bytes);
+        let blobs = read_blob_entries(blob_area, header.chunk_count.get(), true)?;
+        let mut firsts = Vec::with_capacity(blobs.len());
+        let mut first = 0usize;
+        for b in &blobs {
+            firsts.push(first);
+            first += b.chunk_count;
+        }
+        let prefetch = read_prefetch(prefetch_area, &firsts, first)?;
+        Ok(IndexTop {
+            chunk_bits,
+            blobs,
+            prefetch,
+            inline: Vec::new(),
+        })
+    }
+
     /// The blob table alone, read from the start of an index: its header
     /// and blob entries, not its chunks. What a mount over complete cache
     /// files needs (the full index is the largest metadata of an image of
@@ -225,78 +394,37 @@ impl ChunkIndex {
             .read_exact(&mut header)
             .map_err(|_| IndexError::Truncated)?;
         let header = IndexHeader::read_from_bytes(&header).map_err(|_| IndexError::Truncated)?;
-        if header.magic != INDEX_MAGIC || header.version.get() != INDEX_VERSION {
+        let version = header.version.get();
+        if version != INDEX_VERSION && version != INDEX_VERSION_PAGED {
             return Err(IndexError::BadMagic);
         }
-        let (blob_count, chunk_count) = (header.blob_count.get(), header.chunk_count.get());
-        for (what, count, limit) in [
-            ("blobs", blob_count, MAX_BLOBS),
-            ("chunks", chunk_count, MAX_CHUNKS),
-        ] {
-            if count > limit {
-                return Err(IndexError::TooLarge { what, count, limit });
-            }
-        }
+        check_header(&header, version)?;
+        let blob_count = header.blob_count.get();
         let mut table = vec![0u8; blob_count as usize * size_of::<BlobEntry>()];
         index
             .read_exact(&mut table)
             .map_err(|_| IndexError::Truncated)?;
-        let mut next = 0u64;
-        let mut blobs = Vec::with_capacity(blob_count as usize);
-        for raw in table.chunks_exact(size_of::<BlobEntry>()) {
-            let b = BlobEntry::read_from_bytes(raw).map_err(|_| IndexError::Truncated)?;
-            if u64::from(b.first_chunk.get()) != next {
-                return Err(IndexError::Inconsistent("blob chunk range".into()));
-            }
-            next += u64::from(b.chunk_count.get());
-            blobs.push(BlobSummary {
-                digest: b.digest,
-                compressed_size: b.compressed_size.get(),
-                cache_size: b.cache_size.get(),
-                chunk_count: b.chunk_count.get() as usize,
-            });
-        }
-        if next != u64::from(chunk_count) {
-            return Err(IndexError::Inconsistent(
-                "blobs do not cover every chunk".into(),
-            ));
-        }
-        Ok(blobs)
+        read_blob_entries(
+            &table,
+            header.chunk_count.get(),
+            version == INDEX_VERSION_PAGED,
+        )
     }
 
-    /// Parses and validates an index: counts within [`MAX_BLOBS`] and
-    /// [`MAX_CHUNKS`] and matching the input's length (checked before
+    /// Parses and validates a version 1 index: counts within [`MAX_BLOBS`]
+    /// and [`MAX_CHUNKS`] and matching the input's length (checked before
     /// anything is allocated), every chunk of exactly one blob, inside its
     /// blob and cache file, and every boot-set entry naming a chunk.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, IndexError> {
         let (header, rest) =
             IndexHeader::read_from_prefix(bytes).map_err(|_| IndexError::Truncated)?;
-        if header.magic != INDEX_MAGIC || header.version.get() != INDEX_VERSION {
-            return Err(IndexError::BadMagic);
-        }
-        let chunk_bits = u8::try_from(header.chunk_bits.get())
-            .ok()
-            .filter(|b| CHUNK_BITS.contains(b))
-            .ok_or_else(|| IndexError::Inconsistent("chunk bits".into()))?;
+        let chunk_bits = check_header(&header, INDEX_VERSION)?;
         let (blob_count, chunk_count, prefetch_count) = (
             header.blob_count.get(),
             header.chunk_count.get(),
             header.prefetch_count.get(),
         );
-        for (what, count, limit) in [
-            ("blobs", blob_count, MAX_BLOBS),
-            ("chunks", chunk_count, MAX_CHUNKS),
-        ] {
-            if count > limit {
-                return Err(IndexError::TooLarge { what, count, limit });
-            }
-        }
-        if prefetch_count > chunk_count {
-            return Err(IndexError::Inconsistent(
-                "more boot-set entries than chunks".into(),
-            ));
-        }
-        // Within the limits above these cannot overflow, even on 32 bits.
+        // Within the limits checked these cannot overflow, even on 32 bits.
         let blob_bytes = blob_count as usize * size_of::<BlobEntry>();
         let chunk_bytes = chunk_count as usize * size_of::<ChunkEntry>();
         if rest.len() != blob_bytes + chunk_bytes + prefetch_count as usize * 4 {
@@ -304,18 +432,12 @@ impl ChunkIndex {
         }
         let (blob_area, rest) = rest.split_at(blob_bytes);
         let (chunk_area, prefetch_area) = rest.split_at(chunk_bytes);
-        let mut blobs = Vec::with_capacity(blob_count as usize);
-        let mut firsts = Vec::with_capacity(blob_count as usize);
-        let mut next = 0usize;
-        for raw in blob_area.chunks_exact(size_of::<BlobEntry>()) {
-            let b = BlobEntry::read_from_bytes(raw).map_err(|_| IndexError::Truncated)?;
-            // Blobs own consecutive runs of the chunk array, so no chunk is
-            // copied twice (overlapping runs would multiply the memory used).
-            let first = b.first_chunk.get() as usize;
-            let end = first
-                .checked_add(b.chunk_count.get() as usize)
-                .filter(|&e| first == next && e <= chunk_count as usize)
-                .ok_or_else(|| IndexError::Inconsistent("blob chunk range".into()))?;
+        let summaries = read_blob_entries(blob_area, chunk_count, false)?;
+        let mut blobs = Vec::with_capacity(summaries.len());
+        let mut firsts = Vec::with_capacity(summaries.len());
+        let mut first = 0usize;
+        for b in summaries {
+            let end = first + b.chunk_count;
             let chunks = chunk_area
                 .get(first * size_of::<ChunkEntry>()..end * size_of::<ChunkEntry>())
                 .ok_or(IndexError::Truncated)?
@@ -324,32 +446,16 @@ impl ChunkIndex {
                 .collect::<Result<_, _>>()?;
             let blob = IndexBlob {
                 digest: b.digest,
-                compressed_size: b.compressed_size.get(),
-                cache_size: b.cache_size.get(),
+                compressed_size: b.compressed_size,
+                cache_size: b.cache_size,
                 chunks,
             };
-            blob.validate(chunk_bits)?;
+            blob.validate(chunk_bits, b.compressed_size)?;
             firsts.push(first);
             blobs.push(blob);
-            next = end;
+            first = end;
         }
-        if next != chunk_count as usize {
-            return Err(IndexError::Inconsistent(
-                "chunks that belong to no blob".into(),
-            ));
-        }
-        let mut prefetch = Vec::with_capacity(prefetch_count as usize);
-        for raw in prefetch_area.chunks_exact(4) {
-            let global = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize;
-            // The blob whose run holds `global`: the last one starting at or
-            // before it (runs are consecutive; empty ones share a start).
-            let blob = firsts
-                .partition_point(|&f| f <= global)
-                .checked_sub(1)
-                .filter(|_| global < chunk_count as usize)
-                .ok_or_else(|| IndexError::Inconsistent("boot-set entry names no chunk".into()))?;
-            prefetch.push((blob as u32, (global - firsts[blob]) as u32));
-        }
+        let prefetch = read_prefetch(prefetch_area, &firsts, chunk_count as usize)?;
         Ok(ChunkIndex {
             chunk_bits,
             blobs,
@@ -358,13 +464,102 @@ impl ChunkIndex {
     }
 }
 
+/// Checks a header's magic, `version`, chunk size and counts (within the
+/// limits; no more boot-set entries than chunks); returns the chunk bits.
+fn check_header(header: &IndexHeader, version: u32) -> Result<u8, IndexError> {
+    if header.magic != INDEX_MAGIC || header.version.get() != version {
+        return Err(IndexError::BadMagic);
+    }
+    let (blob_count, chunk_count) = (header.blob_count.get(), header.chunk_count.get());
+    for (what, count, limit) in [
+        ("blobs", blob_count, MAX_BLOBS),
+        ("chunks", chunk_count, MAX_CHUNKS),
+    ] {
+        if count > limit {
+            return Err(IndexError::TooLarge { what, count, limit });
+        }
+    }
+    if header.prefetch_count.get() > chunk_count {
+        return Err(IndexError::Inconsistent(
+            "more boot-set entries than chunks".into(),
+        ));
+    }
+    u8::try_from(header.chunk_bits.get())
+        .ok()
+        .filter(|b| CHUNK_BITS.contains(b))
+        .ok_or_else(|| IndexError::Inconsistent("chunk bits".into()))
+}
+
+/// The blob entries of `area`: their chunk runs consecutive (so no chunk
+/// is read twice: overlapping runs would multiply the memory used) and
+/// covering all `chunk_count` chunks. `paged`: each table within
+/// [`MAX_TABLE_CHUNKS`] and inside its blob.
+fn read_blob_entries(
+    area: &[u8],
+    chunk_count: u32,
+    paged: bool,
+) -> Result<Vec<BlobSummary>, IndexError> {
+    let mut next = 0u64;
+    let mut blobs = Vec::with_capacity(area.len() / size_of::<BlobEntry>());
+    for raw in area.chunks_exact(size_of::<BlobEntry>()) {
+        let b = BlobEntry::read_from_bytes(raw).map_err(|_| IndexError::Truncated)?;
+        let count = b.chunk_count.get();
+        if u64::from(b.first_chunk.get()) != next {
+            return Err(IndexError::Inconsistent("blob chunk range".into()));
+        }
+        next += u64::from(count);
+        if next > u64::from(chunk_count) {
+            return Err(IndexError::Inconsistent("blob chunk range".into()));
+        }
+        let table_len = u64::from(count) * size_of::<ChunkEntry>() as u64;
+        if paged && (count > MAX_TABLE_CHUNKS || b.compressed_size.get() < table_len) {
+            return Err(IndexError::Inconsistent("blob chunk table".into()));
+        }
+        blobs.push(BlobSummary {
+            digest: b.digest,
+            compressed_size: b.compressed_size.get(),
+            cache_size: b.cache_size.get(),
+            chunk_count: count as usize,
+            table_digest: paged.then_some(b.table_digest),
+        });
+    }
+    if next != u64::from(chunk_count) {
+        return Err(IndexError::Inconsistent(
+            "chunks that belong to no blob".into(),
+        ));
+    }
+    Ok(blobs)
+}
+
+/// The boot set: `u32` chunk numbers as (blob, chunk), each naming one of
+/// `chunk_count` chunks; `firsts` are the blobs' first chunks.
+fn read_prefetch(
+    area: &[u8],
+    firsts: &[usize],
+    chunk_count: usize,
+) -> Result<Vec<(u32, u32)>, IndexError> {
+    let mut prefetch = Vec::with_capacity(area.len() / 4);
+    for raw in area.chunks_exact(4) {
+        let global = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize;
+        // The blob whose run holds `global`: the last one starting at or
+        // before it (runs are consecutive; empty ones share a start).
+        let blob = firsts
+            .partition_point(|&f| f <= global)
+            .checked_sub(1)
+            .filter(|_| global < chunk_count)
+            .ok_or_else(|| IndexError::Inconsistent("boot-set entry names no chunk".into()))?;
+        prefetch.push((blob as u32, (global - firsts[blob]) as u32));
+    }
+    Ok(prefetch)
+}
+
 impl IndexBlob {
     /// Chunks are packed in the cache file as the writer lays them out (each
     /// at the next 4 KiB boundary, the file ending with the last one), and
     /// in order and apart in the blob; sizes within the chunk size, stored
     /// sizes within zstd's bound. So every offset and size is bounded, and
     /// no sum overflows.
-    fn validate(&self, chunk_bits: u8) -> Result<(), IndexError> {
+    fn validate(&self, chunk_bits: u8, data_end: u64) -> Result<(), IndexError> {
         let bad = |what: &str| Err(IndexError::Inconsistent(what.into()));
         let mut cache_end = 0u64;
         let mut blob_end = 0u64;
@@ -389,7 +584,7 @@ impl IndexBlob {
             }
             let offset = c.compressed_offset.get();
             match offset.checked_add(stored) {
-                Some(end) if offset >= blob_end && end <= self.compressed_size => blob_end = end,
+                Some(end) if offset >= blob_end && end <= data_end => blob_end = end,
                 _ => return bad("chunk beyond blob size or out of order"),
             }
         }
@@ -540,6 +735,7 @@ mod tests {
                 compressed_size: b.compressed_size,
                 cache_size: b.cache_size,
                 chunk_count: b.chunks.len(),
+                table_digest: None,
             })
             .collect();
         assert_eq!(table, want);
@@ -687,5 +883,101 @@ mod tests {
         assert_eq!(b.chunks_covering(4096, 4096).len(), 1); // tail of chunk 0
         assert_eq!(b.chunks_covering(5000, 3000).len(), 0); // gap
         assert_eq!(b.chunks_covering(0, 9000).len(), 2);
+    }
+
+    /// `sample()` as a paged index has it: each blob ends with its table.
+    fn paged_sample() -> ChunkIndex {
+        let mut index = sample();
+        for b in &mut index.blobs {
+            b.compressed_size += b.table_bytes().len() as u64;
+        }
+        index
+    }
+
+    #[test]
+    fn paged_round_trip() {
+        let index = paged_sample();
+        let top = ChunkIndex::parse_top(&index.to_paged_bytes()).unwrap();
+        assert_eq!(top.chunk_bits, index.chunk_bits);
+        assert_eq!(top.prefetch, index.prefetch);
+        assert!(top.inline.is_empty());
+        for (summary, blob) in top.blobs.iter().zip(&index.blobs) {
+            let table = blob.table_bytes();
+            let (at, len) = summary.table_range().unwrap();
+            assert_eq!((at + len, len), (blob.compressed_size, table.len() as u64));
+            let parsed = IndexBlob::from_table(summary, top.chunk_bits, &table).unwrap();
+            assert_eq!(&parsed, blob);
+        }
+        // The blob table reads alone from either version.
+        let alone = ChunkIndex::read_blob_table(&index.to_paged_bytes()[..]).unwrap();
+        assert_eq!(alone, top.blobs);
+        // Version 1 parses whole, its chunks inline.
+        let v1 = ChunkIndex::parse_top(&sample().to_bytes()).unwrap();
+        assert_eq!(v1.inline, sample().blobs);
+        assert!(v1.blobs.iter().all(|b| b.table_digest.is_none()));
+    }
+
+    #[test]
+    fn a_chunk_table_must_be_the_one_the_index_names() {
+        let index = paged_sample();
+        let top = ChunkIndex::parse_top(&index.to_paged_bytes()).unwrap();
+        let (summary, table) = (&top.blobs[0], index.blobs[0].table_bytes());
+        let mut flipped = table.clone();
+        flipped[3] ^= 1;
+        for bad in [
+            &flipped[..],
+            &table[..table.len() - 1],
+            &index.blobs[1].table_bytes(),
+        ] {
+            assert!(IndexBlob::from_table(summary, top.chunk_bits, bad).is_err());
+        }
+        // A chunk reaching into the table is refused even with the right
+        // digest (an index written so).
+        let mut over = paged_sample();
+        let table_at = over.blobs[0].compressed_size - over.blobs[0].table_bytes().len() as u64;
+        over.blobs[0].chunks[1].compressed_offset = (table_at - 10).into();
+        let top = ChunkIndex::parse_top(&over.to_paged_bytes()).unwrap();
+        assert!(matches!(
+            IndexBlob::from_table(&top.blobs[0], top.chunk_bits, &over.blobs[0].table_bytes()),
+            Err(IndexError::Inconsistent(_))
+        ));
+        // A version 1 summary has no table.
+        let v1 = sample().blobs[0].summary();
+        assert!(IndexBlob::from_table(&v1, 20, &table).is_err());
+    }
+
+    #[test]
+    fn paged_tables_are_bounded_and_inside_their_blob() {
+        let mut big = paged_sample();
+        let c = big.blobs[1].chunks[0].clone();
+        big.blobs[1].chunks = (0..=MAX_TABLE_CHUNKS as u64)
+            .map(|i| {
+                let mut c = c.clone();
+                c.cache_offset = (i * 4096).into();
+                c.compressed_offset = (i * 50).into();
+                c
+            })
+            .collect();
+        big.blobs[1].cache_size = (MAX_TABLE_CHUNKS as u64 + 1) * 4096;
+        big.blobs[1].compressed_size = 1 << 30;
+        assert!(matches!(
+            ChunkIndex::parse_top(&big.to_paged_bytes()),
+            Err(IndexError::Inconsistent(_))
+        ));
+        let mut short = paged_sample();
+        short.blobs[1].compressed_size = 63; // less than its one-entry table
+        assert!(ChunkIndex::parse_top(&short.to_paged_bytes()).is_err());
+        let mut bytes = paged_sample().to_paged_bytes();
+        bytes.push(0);
+        assert!(matches!(
+            ChunkIndex::parse_top(&bytes),
+            Err(IndexError::Truncated)
+        ));
+        let mut bytes = paged_sample().to_paged_bytes();
+        bytes[8] = 3; // version 3
+        assert!(matches!(
+            ChunkIndex::parse_top(&bytes),
+            Err(IndexError::BadMagic)
+        ));
     }
 }
