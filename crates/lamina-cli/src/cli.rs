@@ -752,13 +752,10 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         }
     };
     let index = artifact::read_index(src.as_ref(), &layers)?;
-    let chunks: usize = index.blobs.iter().map(|b| b.chunks.len()).sum();
-    let stored: u64 = index
-        .blobs
-        .iter()
-        .flat_map(|b| &b.chunks)
-        .map(|c| u64::from(c.size.get()))
-        .sum();
+    let chunks: usize = index.blobs.iter().map(|b| b.chunk_count).sum();
+    // Both index versions give each blob's data size (a paged one in its
+    // blob table).
+    let stored: u64 = index.blobs.iter().filter_map(|b| b.data_size).sum();
     let compressed: u64 = index.blobs.iter().map(|b| b.compressed_size).sum();
     let metadata_bytes = layers
         .metadata
@@ -808,7 +805,7 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         "dedup_ratio": referenced.map(|f| if stored == 0 { 1.0 } else { f as f64 / stored as f64 }),
         "blobs": index.blobs.iter().zip(&layers.blobs).map(|(b, d)| serde_json::json!({
             "digest": d.digest.to_string(), "compressed_bytes": b.compressed_size,
-            "cache_bytes": b.cache_size, "chunks": b.chunks.len(),
+            "cache_bytes": b.cache_size, "chunks": b.chunk_count,
         })).collect::<Vec<_>>(),
     });
     if json {
@@ -839,10 +836,7 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
     for (b, d) in index.blobs.iter().zip(&layers.blobs) {
         println!(
             "  blob      {} {} bytes, {} chunks, cache {} bytes",
-            d.digest,
-            b.compressed_size,
-            b.chunks.len(),
-            b.cache_size
+            d.digest, b.compressed_size, b.chunk_count, b.cache_size
         );
     }
     Ok(())

@@ -257,9 +257,10 @@ fn build_debian() -> Debian {
 
 /// An independent model of what `lamina convert` stores (docs/format.md):
 /// each layer's regular files cut into chunks of the chunk size, all-zero
-/// chunks left out, a chunk stored once, in the first layer that has it.
-/// Prints, per source layer, the chunks it brings and those that no file of
-/// the final tree (argv[4], the umoci unpack) contains.
+/// chunks left out, a chunk stored once, in the first layer that has it;
+/// a layer's new chunks make blobs of at most 1,024 chunks (the paged
+/// index's table). Prints, per data blob, the chunks it holds and those
+/// that no file of the final tree (argv[5], the umoci unpack) contains.
 const CHUNK_MODEL: &str = r#"
 import hashlib, json, os, sys, tarfile
 layout, tag, chunk, pack_limit, rootfs = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
@@ -329,10 +330,12 @@ for top, dirs, files in os.walk(rootfs):
             with open(p, "rb") as f:
                 final.update(d for d, _ in chunks(f, os.path.getsize(p)))
 dead = lambda serves: not any(d in final for d in serves)
+# docs/format.md, "The chunk index": a blob holds at most 1,024 chunks.
+blobs = [new[i:i + 1024] for new in layers for i in range(0, len(new), 1024)]
 print(json.dumps([{"chunks": len(new), "bytes": sum(n for _, n in new),
                    "dead": sum(1 for s, _ in new if dead(s)),
                    "dead_bytes": sum(n for s, n in new if dead(s))}
-                  for new in layers]))
+                  for new in blobs]))
 "#;
 
 // ---------------------------------------------------------------------------

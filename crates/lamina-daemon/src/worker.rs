@@ -16,9 +16,9 @@ use lamina_fetch::fetch::{
     attempt_timeout, fetch_chunks, FetchOptions, FetchStats, LayoutSource, RangeSource,
     RegistrySource,
 };
-use lamina_fetch::store::{BlobStore, SAVE_INTERVAL};
+use lamina_fetch::store::{load_table, save_table, BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
-use lamina_format::index::ChunkIndex;
+use lamina_format::index::{BlobSummary, ChunkIndex, IndexBlob};
 use lamina_oci::{Digest, HostsConfig, RegistryClient, SourceOptions};
 use lamina_sys::{FanotifyGroup, Response};
 
@@ -92,10 +92,52 @@ pub struct BlobStatus {
     pub complete: bool,
 }
 
+/// A blob's store. With a paged index it is opened when the blob is first
+/// needed: its chunk table is loaded from the cache, or fetched, then.
+struct LazyStore {
+    summary: BlobSummary,
+    /// The mount found the cache file complete.
+    complete: bool,
+    store: Mutex<Option<BlobStore>>,
+}
+
+/// A locked, opened store.
+struct StoreGuard<'a>(std::sync::MutexGuard<'a, Option<BlobStore>>);
+
+impl std::ops::Deref for StoreGuard<'_> {
+    type Target = BlobStore;
+    fn deref(&self) -> &BlobStore {
+        // Made only over an opened store (`Shared::lock_store`).
+        self.0.as_ref().expect("an opened store")
+    }
+}
+
+impl std::ops::DerefMut for StoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut BlobStore {
+        self.0.as_mut().expect("an opened store")
+    }
+}
+
+/// Opens the store of `blob` in `dir`; fills it through a quiet fd.
+fn open_store(dir: &Path, blob: IndexBlob) -> io::Result<BlobStore> {
+    let mut store = BlobStore::open(dir, blob)?;
+    if !store.is_complete() {
+        // Background fills must not become misses in other mounts
+        // that share this cache file: write them through a quiet fd.
+        match lamina_sys::open_quiet(&store.cache_path).and_then(|f| store.set_writer(f)) {
+            Ok(()) => {}
+            Err(e) => tracing::warn!("quiet fd for {}: {e}", store.cache_path.display()),
+        }
+    }
+    Ok(store)
+}
+
 struct Shared {
     config: DaemonConfig,
     digests: Vec<Digest>,
-    stores: Vec<Mutex<BlobStore>>,
+    /// log2 of the chunk size (to check fetched chunk tables).
+    chunk_bits: u8,
+    stores: Vec<LazyStore>,
     source: Box<dyn RangeSource>,
     fetch: FetchOptions,
     /// Boot-set requests: gaps up to 128 KiB are fetched rather than split.
@@ -149,22 +191,30 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let config = DaemonConfig::load(config_path)?;
     adopt_in_background(config.adopt.clone());
     let index =
-        ChunkIndex::from_bytes(&std::fs::read(&config.index_path)?).map_err(io::Error::other)?;
+        ChunkIndex::parse_top(&std::fs::read(&config.index_path)?).map_err(io::Error::other)?;
     let boot_set = index.prefetch.clone();
     let mut stores = Vec::new();
     let mut digests = Vec::new();
-    for (spec, blob) in config.blobs.iter().zip(index.blobs) {
+    let mut inline = index.inline.into_iter();
+    for (spec, summary) in config.blobs.iter().zip(index.blobs) {
         digests.push(Digest::parse(&spec.digest).map_err(io::Error::other)?);
-        let mut store = BlobStore::open(&config.blob_dir, blob)?;
-        if !store.is_complete() {
-            // Background fills must not become misses in other mounts
-            // that share this cache file: write them through a quiet fd.
-            match lamina_sys::open_quiet(&store.cache_path).and_then(|f| store.set_writer(f)) {
-                Ok(()) => {}
-                Err(e) => tracing::warn!("quiet fd for {}: {e}", store.cache_path.display()),
+        // A paged blob whose table is cached opens now (its fill record
+        // counts); one that no mount has read yet, at its first read.
+        let table = match summary.table_digest {
+            None => inline.next(),
+            Some(_) => {
+                load_table(&config.blob_dir, &summary, index.chunk_bits).unwrap_or_else(|e| {
+                    tracing::warn!("{e}; fetching it again");
+                    None
+                })
             }
-        }
-        stores.push(Mutex::new(store));
+        };
+        let store = table.map(|t| open_store(&config.blob_dir, t)).transpose()?;
+        stores.push(LazyStore {
+            summary,
+            complete: spec.complete,
+            store: Mutex::new(store),
+        });
     }
     let source: Box<dyn RangeSource> = match &config.source {
         SourceSpec::Registry {
@@ -227,6 +277,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         },
         config,
         digests,
+        chunk_bits: index.chunk_bits,
         stores,
         source,
         stats: FetchStats::default(),
@@ -486,10 +537,72 @@ fn add_stats(to: &FetchStats, from: &FetchStats) {
 }
 
 impl Shared {
-    fn lock_store(&self, blob: u32) -> io::Result<std::sync::MutexGuard<'_, BlobStore>> {
-        self.stores[blob as usize]
+    /// The store of `blob`, opened first if need be (its chunk table
+    /// fetched: other users of the blob wait for it, as they need it too).
+    fn lock_store(&self, blob: u32) -> io::Result<StoreGuard<'_>> {
+        let mut slot = self.stores[blob as usize]
+            .store
             .lock()
-            .map_err(|_| io::Error::other("store lock poisoned"))
+            .map_err(|_| io::Error::other("store lock poisoned"))?;
+        if slot.is_none() {
+            let table = self.fetch_table(blob)?;
+            *slot = Some(open_store(&self.config.blob_dir, table)?);
+        }
+        Ok(StoreGuard(slot))
+    }
+
+    /// The store of `blob` if it is open (status and records never fetch).
+    fn opened_store(&self, blob: u32) -> io::Result<Option<StoreGuard<'_>>> {
+        let slot = self.stores[blob as usize]
+            .store
+            .lock()
+            .map_err(|_| io::Error::other("store lock poisoned"))?;
+        Ok(slot.is_some().then_some(StoreGuard(slot)))
+    }
+
+    /// Fetches the chunk table at the end of `blob` (paged index): one
+    /// range request, checked against the digest the index gives, retried
+    /// on a fresh connection; kept beside the cache file for later mounts.
+    fn fetch_table(&self, blob: u32) -> io::Result<IndexBlob> {
+        let summary = &self.stores[blob as usize].summary;
+        let Some((at, len)) = summary.table_range() else {
+            return Err(io::Error::other("a version 1 blob without its chunks"));
+        };
+        let digest = &self.digests[blob as usize];
+        let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
+        let mut attempt = 0u32;
+        loop {
+            let read = match attempt {
+                0 => self.source.read_range(digest, at, len),
+                _ => self.source.read_range_again(digest, at, len),
+            };
+            let checked = read.and_then(|bytes| {
+                self.stats
+                    .bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                self.stats.requests.fetch_add(1, Ordering::Relaxed);
+                let table = IndexBlob::from_table(summary, self.chunk_bits, &bytes)
+                    .map_err(io::Error::other)?;
+                Ok((bytes, table))
+            });
+            match checked {
+                Ok((bytes, table)) => {
+                    if let Err(e) = save_table(&self.config.blob_dir, summary, &bytes) {
+                        tracing::warn!("keeping the chunk table of blob {blob}: {e}");
+                    }
+                    return Ok(table);
+                }
+                Err(e) if attempt < 3 && Instant::now() < deadline => {
+                    tracing::warn!("chunk table of blob {blob}: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(100 << attempt));
+                    attempt += 1;
+                }
+                Err(e) => {
+                    tracing::error!("chunk table of blob {blob}: {e}; failing its reads");
+                    return Err(e);
+                }
+            }
+        }
     }
 
     /// Answers a served miss: to the holder, or, once the holder is gone,
@@ -562,14 +675,17 @@ impl Shared {
     /// Saves the fill records whose chunks have waited `interval`: the
     /// cache file is synced without the store's lock, so fills go on.
     fn save_records(&self, interval: Duration) {
-        for (b, store) in self.stores.iter().enumerate() {
+        for b in 0..self.stores.len() as u32 {
             let saved = (|| {
-                let lock = || store.lock().map_err(|_| io::Error::other("lock poisoned"));
-                let Some(pending) = lock()?.begin_save(interval)? else {
+                let Some(pending) = self.opened_store(b)?.map(|mut s| s.begin_save(interval))
+                else {
+                    return Ok(());
+                };
+                let Some(pending) = pending? else {
                     return Ok(());
                 };
                 pending.sync()?;
-                lock()?.finish_save(pending)
+                self.lock_store(b)?.finish_save(pending)
             })();
             if let Err(e) = saved {
                 tracing::warn!("saving the fill record of blob {b}: {e}");
@@ -784,11 +900,7 @@ impl Shared {
                 self.fetch_layer("boot pages", &spec.layer_digest, spec.layer_size, spec.size)?
             }
         };
-        let sizes: Vec<u64> = self
-            .stores
-            .iter()
-            .map(|s| s.lock().map(|s| s.blob.cache_size).unwrap_or(0))
-            .collect();
+        let sizes: Vec<u64> = self.stores.iter().map(|s| s.summary.cache_size).collect();
         let boot = BootPages::from_bytes(&raw, &sizes).map_err(io::Error::other)?;
         let mut written = 0;
         for (extent, bytes) in boot.iter() {
@@ -981,10 +1093,11 @@ impl Shared {
     }
 
     fn check_complete(&self, blob: u32) {
-        let complete = self
-            .lock_store(blob)
-            .map(|s| s.is_complete())
-            .unwrap_or(false);
+        let complete = match self.opened_store(blob) {
+            Ok(Some(s)) => s.is_complete(),
+            Ok(None) => self.stores[blob as usize].complete,
+            Err(_) => false,
+        };
         if complete && !self.complete_sent[blob as usize].swap(true, Ordering::Relaxed) {
             let _ = protocol::send_owned(&self.sock, Message::Complete { blob }, None);
         }
@@ -1030,12 +1143,11 @@ impl Shared {
             rest.sort_unstable();
         }
         if self.config.prefetch_all {
-            for (b, store) in self.stores.iter().enumerate() {
-                if let Ok(s) = store.lock() {
-                    for i in 0..s.blob.chunks.len() {
-                        if planned.insert((b as u32, i)) {
-                            rest.push((b as u32, i));
-                        }
+            for b in 0..self.stores.len() {
+                let chunks = self.stores[b].summary.chunk_count;
+                for i in 0..chunks {
+                    if planned.insert((b as u32, i)) {
+                        rest.push((b as u32, i));
                     }
                 }
             }
@@ -1143,10 +1255,22 @@ impl Shared {
             miss_latency: self.miss_latency.snapshot(),
             ..Status::default()
         };
-        for (store, digest) in self.stores.iter().zip(&self.digests) {
-            let s = store
-                .lock()
-                .map_err(|_| io::Error::other("lock poisoned"))?;
+        for (b, digest) in self.digests.iter().enumerate() {
+            let lazy = &self.stores[b];
+            let Some(s) = self.opened_store(b as u32)? else {
+                // No chunk table yet: nothing was filled (fills need it),
+                // unless the mount found the blob complete.
+                let (count, size) = (lazy.summary.chunk_count, lazy.summary.data_size);
+                status.total_bytes += size.unwrap_or(0);
+                status.cached_bytes += if lazy.complete { size.unwrap_or(0) } else { 0 };
+                status.blobs.push(BlobStatus {
+                    digest: digest.to_string(),
+                    filled_chunks: if lazy.complete { count } else { 0 },
+                    chunks: count,
+                    complete: lazy.complete,
+                });
+                continue;
+            };
             let (filled, bytes) = s.filled();
             status.cached_bytes += bytes;
             status.boot_page_bytes += s.boot_bytes();

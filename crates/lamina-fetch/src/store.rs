@@ -87,6 +87,35 @@ pub fn store_paths(dir: &Path, blob_hex: &str) -> (PathBuf, PathBuf) {
     )
 }
 
+/// Where a blob's chunk table (paged index) is kept: `<hex>.table`, beside
+/// its cache file.
+pub fn table_path(dir: &Path, blob: &BlobSummary) -> PathBuf {
+    dir.join(format!("{}.table", hex::encode(blob.digest)))
+}
+
+/// The chunk table of `blob` kept in `dir`, if there is one and it is the
+/// one the (verified) index names: it is verified on every load (64 KiB at
+/// most), so it needs no fill record. `Ok(None)`: none kept; an error: the
+/// kept one is not that table (the caller fetches it again).
+pub fn load_table(dir: &Path, blob: &BlobSummary, chunk_bits: u8) -> io::Result<Option<IndexBlob>> {
+    let path = table_path(dir, blob);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    IndexBlob::from_table(blob, chunk_bits, &bytes)
+        .map(Some)
+        .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))
+}
+
+/// Keeps a verified chunk table beside its cache file (private, replaced
+/// atomically).
+pub fn save_table(dir: &Path, blob: &BlobSummary, table: &[u8]) -> io::Result<()> {
+    private::private_dir(dir)?;
+    private::write_atomic(&table_path(dir, blob), table, false)
+}
+
 /// The fill record of a file cached whole (metadata, chunk index, lookup
 /// table): `<path>.fill`.
 pub fn whole_record_path(path: &Path) -> PathBuf {
@@ -356,6 +385,17 @@ impl BlobStore {
             filled: synced,
         };
         private::write_atomic(&self.record_path, &record.to_bytes(), true)
+    }
+
+    /// Creates `blob`'s cache file in `dir` at its size if need be, before
+    /// its chunks are known (paged index: the table comes with the first
+    /// read); returns its path and whether a record says it is complete.
+    pub fn prepare(dir: &Path, blob: &BlobSummary) -> io::Result<(PathBuf, bool)> {
+        private::private_dir(dir)?;
+        let (cache_path, _) = store_paths(dir, &hex::encode(blob.digest));
+        open_cache_file(&cache_path, blob.cache_size)?;
+        let complete = Self::recorded_complete(dir, blob)?;
+        Ok((cache_path, complete))
     }
 
     /// Whether `blob`'s cache file in `dir` exists and a fill record bound

@@ -80,8 +80,9 @@ pub struct BlobEntry {
     /// Version 2: sha256 of the blob's chunk table (its last
     /// `chunk_count * 64` bytes). Version 1: zero.
     pub table_digest: [u8; 32],
-    /// Zero.
-    pub reserved: [u8; 8],
+    /// Version 2: the sum of the chunks' sizes (what a complete cache file
+    /// holds, without the gaps). Version 1: zero.
+    pub data_size: U64,
 }
 
 /// One stored chunk.
@@ -148,6 +149,9 @@ pub struct BlobSummary {
     /// A paged index: sha256 of the chunk table at the blob's end. `None`:
     /// the index holds the chunks.
     pub table_digest: Option<[u8; 32]>,
+    /// The sum of the chunks' sizes; `None` for a version 1 blob table read
+    /// alone ([`ChunkIndex::read_blob_table`]).
+    pub data_size: Option<u64>,
 }
 
 impl BlobSummary {
@@ -190,12 +194,18 @@ impl IndexBlob {
             cache_size: self.cache_size,
             chunk_count: self.chunks.len(),
             table_digest: None,
+            data_size: Some(self.data_size()),
         }
+    }
+
+    /// The sum of the chunks' sizes.
+    pub fn data_size(&self) -> u64 {
+        self.chunks.iter().map(|c| u64::from(c.size.get())).sum()
     }
 
     /// The blob's chunk table, as a paged index keeps it at the blob's end.
     pub fn table_bytes(&self) -> Vec<u8> {
-        self.chunks.as_bytes().to_vec()
+        chunk_table_bytes(&self.chunks)
     }
 
     /// Parses and validates the chunk table `table` of the blob `summary`
@@ -231,6 +241,9 @@ impl IndexBlob {
             chunks,
         };
         blob.validate(chunk_bits, summary.data_end())?;
+        if summary.data_size != Some(blob.data_size()) {
+            return Err(IndexError::Inconsistent("blob data size".into()));
+        }
         Ok(blob)
     }
 }
@@ -282,7 +295,7 @@ impl ChunkIndex {
                 first_chunk: first.into(),
                 chunk_count: (blob.chunks.len() as u32).into(),
                 table_digest: [0; 32],
-                reserved: [0; 8],
+                data_size: 0.into(),
             };
             first += blob.chunks.len() as u32;
             out.extend_from_slice(entry.as_bytes());
@@ -330,7 +343,7 @@ impl ChunkIndex {
                 first_chunk: first.into(),
                 chunk_count: (blob.chunks.len() as u32).into(),
                 table_digest: table.as_ref().try_into().unwrap_or([0; 32]),
-                reserved: [0; 8],
+                data_size: blob.data_size().into(),
             };
             firsts.push(first);
             first += blob.chunks.len() as u32;
@@ -464,6 +477,12 @@ impl ChunkIndex {
     }
 }
 
+/// A blob's chunk table: its chunk entries, as a paged index has them at
+/// the blob's end.
+pub fn chunk_table_bytes(chunks: &[ChunkEntry]) -> Vec<u8> {
+    chunks.as_bytes().to_vec()
+}
+
 /// Checks a header's magic, `version`, chunk size and counts (within the
 /// limits; no more boot-set entries than chunks); returns the chunk bits.
 fn check_header(header: &IndexHeader, version: u32) -> Result<u8, IndexError> {
@@ -521,6 +540,7 @@ fn read_blob_entries(
             cache_size: b.cache_size.get(),
             chunk_count: count as usize,
             table_digest: paged.then_some(b.table_digest),
+            data_size: paged.then_some(b.data_size.get()),
         });
     }
     if next != u64::from(chunk_count) {
@@ -736,6 +756,7 @@ mod tests {
                 cache_size: b.cache_size,
                 chunk_count: b.chunks.len(),
                 table_digest: None,
+                data_size: None,
             })
             .collect();
         assert_eq!(table, want);

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 
 use lamina_format::boot::{BootExtent, BootHeader, BOOT_PAGE};
-use lamina_format::index::{BlobSummary, ChunkIndex, MAX_INDEX_SIZE};
+use lamina_format::index::{BlobSummary, ChunkIndex, IndexTop, MAX_INDEX_SIZE};
 use lamina_format::lookup::LookupTable;
 use lamina_format::zstd_bound;
 use lamina_oci::{Descriptor, Digest, ImageSource, Manifest};
@@ -296,7 +296,7 @@ pub struct BootLayer {
 /// as one (a header each).
 pub fn boot_layers(
     descs: &[Descriptor],
-    index: &ChunkIndex,
+    index: &[BlobSummary],
 ) -> Result<Vec<BootLayer>, ArtifactError> {
     let layers = descs
         .iter()
@@ -314,9 +314,8 @@ pub fn boot_layers(
 
 /// The most boot-pages bytes, uncompressed, without the header, the image's
 /// cache files allow: one extent per page at most, each page once.
-fn boot_pages_bound(index: &ChunkIndex) -> u64 {
+fn boot_pages_bound(index: &[BlobSummary]) -> u64 {
     let pages: u64 = index
-        .blobs
         .iter()
         .map(|b| b.cache_size / BOOT_PAGE)
         .fold(0, u64::saturating_add);
@@ -328,7 +327,7 @@ fn boot_pages_bound(index: &ChunkIndex) -> u64 {
 /// uncompressed size must fit what boot pages over the index's cache files
 /// can be (header, one extent per page at most, each page once) and
 /// [`MAX_BOOT_PAGES_SIZE`]; the compressed size must fit zstd's bound of it.
-pub fn boot_layer(desc: &Descriptor, index: &ChunkIndex) -> Result<BootLayer, ArtifactError> {
+pub fn boot_layer(desc: &Descriptor, index: &[BlobSummary]) -> Result<BootLayer, ArtifactError> {
     const WHAT: &str = "boot pages";
     let missing = |key: &str| ArtifactError::Corrupt {
         what: WHAT,
@@ -361,21 +360,21 @@ pub fn boot_layer(desc: &Descriptor, index: &ChunkIndex) -> Result<BootLayer, Ar
     })
 }
 
-/// Loads and validates the chunk index, and checks it names the manifest's blobs.
+/// Loads and validates the chunk index (either version: see
+/// [`ChunkIndex::parse_top`]), and checks it names the manifest's blobs.
 pub fn read_index(
     source: &dyn ImageSource,
     layers: &LaminaLayers,
-) -> Result<ChunkIndex, ArtifactError> {
+) -> Result<IndexTop, ArtifactError> {
     let bytes = read_compressed_layer(source, &layers.index, "chunk index")?;
     parse_index(&bytes, layers)
 }
 
 /// Parses index bytes (already read and digest-checked) and checks they
 /// name the manifest's blobs.
-pub fn parse_index(bytes: &[u8], layers: &LaminaLayers) -> Result<ChunkIndex, ArtifactError> {
-    let index = ChunkIndex::from_bytes(bytes)?;
-    let table: Vec<BlobSummary> = index.blobs.iter().map(|b| b.summary()).collect();
-    check_blob_table(&table, layers)?;
+pub fn parse_index(bytes: &[u8], layers: &LaminaLayers) -> Result<IndexTop, ArtifactError> {
+    let index = ChunkIndex::parse_top(bytes)?;
+    check_blob_table(&index.blobs, layers)?;
     Ok(index)
 }
 
@@ -568,17 +567,14 @@ mod tests {
         assert!(read_compressed_layer(&src, &blob, "metadata").is_err());
     }
 
-    fn index_with_cache(cache_size: u64) -> ChunkIndex {
-        ChunkIndex {
-            chunk_bits: 18,
-            blobs: vec![IndexBlob {
-                digest: [0; 32],
-                compressed_size: 0,
-                cache_size,
-                chunks: Vec::new(),
-            }],
-            prefetch: Vec::new(),
+    fn index_with_cache(cache_size: u64) -> Vec<BlobSummary> {
+        vec![IndexBlob {
+            digest: [0; 32],
+            compressed_size: 0,
+            cache_size,
+            chunks: Vec::new(),
         }
+        .summary()]
     }
 
     /// Issue 7: a boot-pages annotation of 1 TiB made every worker start
@@ -593,7 +589,7 @@ mod tests {
         assert_eq!((boot.size, boot.compressed_size), (64, z.len() as u64));
         assert_eq!(boot.digest, Digest::of_bytes(&raw));
 
-        let too_large = |desc: &Descriptor, index: &ChunkIndex| {
+        let too_large = |desc: &Descriptor, index: &[BlobSummary]| {
             let err = boot_layer(desc, index).unwrap_err();
             assert!(matches!(err, ArtifactError::TooLarge { .. }), "{err}");
         };

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use lamina_format::erofs::{self, ChunkAddr, Device, FileChunks};
-use lamina_format::index::{ChunkEntry, ChunkIndex, IndexBlob, CHUNK_ZSTD, MAX_CHUNKS};
+use lamina_format::index::{
+    chunk_table_bytes, ChunkEntry, ChunkIndex, IndexBlob, CHUNK_ZSTD, MAX_BLOBS, MAX_CHUNKS,
+    MAX_TABLE_CHUNKS,
+};
 use lamina_oci::{sha256, Sha256};
 use lamina_tree::{apply_layer, ApplyError, LayerStats, NodeKind, Tree};
 
@@ -188,6 +191,8 @@ struct BlobWriter {
     sender: mpsc::SyncSender<PendingChunk>,
     thread: std::thread::JoinHandle<io::Result<WrittenBlob>>,
     cache_len: u64,
+    /// Chunks sent to the thread.
+    chunk_count: u32,
     layer: u32,
 }
 
@@ -206,6 +211,7 @@ impl BlobWriter {
             sender,
             thread,
             cache_len: 0,
+            chunk_count: 0,
             layer,
         })
     }
@@ -229,7 +235,8 @@ impl BlobWriter {
 }
 
 /// The compression thread: compresses each chunk (kept raw when zstd does
-/// not make it smaller), appends it to the blob and hashes the blob.
+/// not make it smaller), appends it to the blob and hashes the blob; the
+/// blob ends with its chunk table (the paged index, docs/format.md).
 fn compress_blob(
     mut file: BufWriter<File>,
     compressor: &mut zstd::bulk::Compressor<'static>,
@@ -259,6 +266,10 @@ fn compress_blob(
         });
         compressed_len += stored.len() as u64;
     }
+    let table = chunk_table_bytes(&chunks);
+    file.write_all(&table)?;
+    hasher.update(&table);
+    compressed_len += table.len() as u64;
     let file = file.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     Ok(WrittenBlob {
@@ -339,6 +350,9 @@ impl ChunkStore<'_> {
             self.store_pack(layer)?;
             offset = 0;
         }
+        if self.pack.is_empty() {
+            self.make_room()?;
+        }
         self.open_blob(layer)?;
         let device = self.device_count() as u16;
         let start = self.current.as_ref().map_or(0, |b| b.cache_len) + offset as u64;
@@ -366,7 +380,26 @@ impl ChunkStore<'_> {
         Ok(())
     }
 
+    /// Finishes the current blob if its chunk table is full: the next chunk
+    /// (or pack, whose place is decided when it opens) starts a new blob.
+    /// The pack must be empty.
+    fn make_room(&mut self) -> io::Result<()> {
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|b| b.chunk_count >= MAX_TABLE_CHUNKS)
+        {
+            self.finish_blob()?;
+        }
+        Ok(())
+    }
+
     fn open_blob(&mut self, layer: u32) -> io::Result<()> {
+        if self.current.is_none() && self.finished.len() >= MAX_BLOBS as usize {
+            return Err(io::Error::other(format!(
+                "more than {MAX_BLOBS} data blobs (use a larger --chunk-size)"
+            )));
+        }
         if self.current.is_none() {
             let path = self.work_dir.join(format!("blob-{}", self.finished.len()));
             self.current = Some(BlobWriter::create(path, self.opts.zstd_level, layer)?);
@@ -384,6 +417,7 @@ impl ChunkStore<'_> {
             return Ok(*addr);
         }
         self.store_pack(layer)?;
+        self.make_room()?;
         let addr = self.append_chunk(data, Some(digest), layer)?;
         self.dedup.entry(digest).or_insert(addr);
         Ok(addr)
@@ -405,6 +439,7 @@ impl ChunkStore<'_> {
         let blkaddr = u32::try_from(cache_offset / 4096)
             .map_err(|_| io::Error::other("data blob larger than 16 TiB"))?;
         blob.cache_len += (data.len() as u64).next_multiple_of(4096);
+        blob.chunk_count += 1;
         self.stats.chunks_stored += 1;
         self.stats.stored_bytes += data.len() as u64;
         let pending = PendingChunk {
@@ -647,6 +682,48 @@ pub(crate) mod tests {
         // The blob on disk hashes to its recorded digest.
         let bytes = std::fs::read(&img.blobs[0].path).unwrap();
         assert_eq!(sha256(&bytes), img.blobs[0].digest);
+    }
+
+    /// A paged index's blobs hold at most MAX_TABLE_CHUNKS chunks each and
+    /// end with their chunk table; a layer with more makes more blobs, and
+    /// every file (small ones packed across the split too) reads back.
+    #[test]
+    fn blobs_split_at_a_full_chunk_table_and_end_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = BuildOptions {
+            chunk_bits: 12,
+            zstd_level: 1,
+            pack_limit: 1024,
+        };
+        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
+        let big = noise(1500 << 12, 3); // 1,500 distinct chunks
+        let small: Vec<(String, Vec<u8>)> = (0..700)
+            .map(|i| (format!("s{i}"), noise(900, 100 + i)))
+            .collect();
+        let mut files: Vec<(&str, Vec<u8>)> = vec![("big", big.clone())];
+        files.extend(small.iter().map(|(n, d)| (n.as_str(), d.clone())));
+        b.add_layer(&layer(&files)[..]).unwrap();
+        let img = b.finish(&[]).unwrap();
+        assert_eq!(
+            img.blobs.len(),
+            3,
+            "1,500 chunks and 700 packs of one file each"
+        );
+        let top = ChunkIndex::parse_top(&img.index.to_paged_bytes()).unwrap();
+        for (blob, summary) in img.blobs.iter().zip(&top.blobs) {
+            assert!(blob.chunks.len() <= MAX_TABLE_CHUNKS as usize);
+            let bytes = std::fs::read(&blob.path).unwrap();
+            assert_eq!(bytes.len() as u64, blob.size);
+            let (at, len) = summary.table_range().unwrap();
+            let table = &bytes[at as usize..(at + len) as usize];
+            let parsed = IndexBlob::from_table(summary, 12, table).unwrap();
+            assert_eq!(parsed.chunks, blob.chunks);
+        }
+        let caches = cache_files(&img);
+        assert_eq!(read_file(&img, &caches, "big"), big);
+        for (name, data) in &small {
+            assert_eq!(&read_file(&img, &caches, name), data, "{name}");
+        }
     }
 
     /// Each blob's cache file, rebuilt from its chunks (checked against

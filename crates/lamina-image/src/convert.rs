@@ -168,7 +168,7 @@ pub fn convert(
     let (metadata_z, tables) = std::thread::scope(|scope| {
         let metadata = scope.spawn(|| zstd::bulk::compress(&built.metadata, 12));
         let tables = (|| -> Result<_, ConvertError> {
-            let index_raw = built.index.to_bytes();
+            let index_raw = built.index.to_paged_bytes();
             let index_z = zstd::bulk::compress(&index_raw, 12)?;
             let lookup_raw = lamina_format::lookup::build_from_image(&built.metadata)?;
             // Hashes and nids barely compress: a fast level keeps convert quick.

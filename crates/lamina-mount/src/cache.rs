@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use lamina_fetch::fetch::decode_chunk;
 use lamina_fetch::private;
-use lamina_format::index::IndexBlob;
+use lamina_format::index::{BlobSummary, IndexBlob};
 
 /// Why the cache could not be filled.
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +124,45 @@ pub fn materialize_blob(
         let _ = fs::remove_file(&tmp);
     }
     result.map(|()| file)
+}
+
+/// [`materialize_blob`] for a blob of a paged index, whose chunk table is
+/// at its end: the blob is first copied to a temporary file beside `path`
+/// (`reader` checks its digest at EOF), then its table is read, verified
+/// against the index and kept (`store::save_table`), then its chunks are
+/// decompressed from the copy. Returns the cache file and the table.
+pub fn materialize_paged_blob(
+    path: &Path,
+    summary: &BlobSummary,
+    chunk_bits: u8,
+    mut reader: impl Read,
+) -> Result<(File, IndexBlob), CacheError> {
+    let name = hex::encode(summary.digest);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    private::private_dir(dir).map_err(io_err(dir))?;
+    let tmp = private::temp_name(path, "download");
+    let result = (|| {
+        let mut copy = private::create_new(&tmp).map_err(io_err(&tmp))?;
+        io::copy(&mut reader, &mut copy).map_err(|source| CacheError::Read {
+            blob: name.clone(),
+            source,
+        })?;
+        let (at, len) = summary.table_range().unwrap_or((0, 0));
+        let mut table = vec![0u8; len as usize];
+        copy.read_exact_at(&mut table, at).map_err(io_err(&tmp))?;
+        let blob = IndexBlob::from_table(summary, chunk_bits, &table).map_err(|e| {
+            CacheError::BadChunk {
+                blob: name.clone(),
+                offset: at,
+                reason: e.to_string(),
+            }
+        })?;
+        let file = materialize_blob(path, &blob, File::open(&tmp).map_err(io_err(&tmp))?)?;
+        lamina_fetch::store::save_table(dir, summary, &table).map_err(io_err(dir))?;
+        Ok((file, blob))
+    })();
+    let _ = fs::remove_file(&tmp);
+    result
 }
 
 #[cfg(test)]

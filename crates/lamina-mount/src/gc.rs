@@ -64,6 +64,7 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
             used.extend(config.later_layers.into_iter().map(|l| l.path));
             for b in config.blobs {
                 used.insert(b.cache_path.with_extension("fill"));
+                used.insert(b.cache_path.with_extension("table"));
                 used.insert(b.cache_path);
             }
         }
@@ -120,7 +121,10 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             let Ok(meta) = entry.metadata() else { continue };
             let size = meta.blocks() * 512;
             total += size;
-            if path.extension().is_some_and(|e| e == "fill") {
+            if path
+                .extension()
+                .is_some_and(|e| e == "fill" || e == "table")
+            {
                 continue; // goes with its cache file
             }
             if used.contains(&path) {
@@ -136,9 +140,16 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             } else {
                 lamina_fetch::store::whole_record_path(&path)
             };
-            if let Ok(m) = fs::metadata(&state) {
-                bytes += m.blocks() * 512;
-                group.push(state);
+            // A blob's chunk table (paged index) goes with it too.
+            let table = path
+                .extension()
+                .is_some_and(|e| e == "cache")
+                .then(|| path.with_extension("table"));
+            for extra in std::iter::once(state).chain(table) {
+                if let Ok(m) = fs::metadata(&extra) {
+                    bytes += m.blocks() * 512;
+                    group.push(extra);
+                }
             }
             candidates.push((meta.mtime(), bytes, group));
         }

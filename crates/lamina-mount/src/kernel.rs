@@ -15,7 +15,9 @@ use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, SourceOptions};
 use rustix::mount::UnmountFlags;
 
-use crate::cache::{materialize_blob, store_metadata, store_unrecorded, CacheError};
+use crate::cache::{
+    materialize_blob, materialize_paged_blob, store_metadata, store_unrecorded, CacheError,
+};
 use lamina_fetch::store::BlobStore;
 
 /// Local I/O on `path` failed.
@@ -309,10 +311,13 @@ pub(crate) fn fill_cache(
         let index_bytes = fs::read(&index_path).map_err(io_err(&index_path))?;
         let index = artifact::parse_index(&index_bytes, &layers)?;
         for i in missing {
-            let (desc, blob, path) = (&layers.blobs[i], &index.blobs[i], &blob_paths[i]);
+            let (desc, path) = (&layers.blobs[i], &blob_paths[i]);
             let reader = source.open_blob(desc)?;
-            let file = materialize_blob(path, blob, reader)?;
-            BlobStore::record_complete(&blob_dir, blob, &file).map_err(io_err(path))?;
+            let (file, blob) = match index.inline.get(i) {
+                Some(blob) => (materialize_blob(path, blob, reader)?, blob.clone()),
+                None => materialize_paged_blob(path, &index.blobs[i], index.chunk_bits, reader)?,
+            };
+            BlobStore::record_complete(&blob_dir, &blob, &file).map_err(io_err(path))?;
             fetched += desc.size;
         }
     }

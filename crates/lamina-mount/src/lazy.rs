@@ -251,7 +251,7 @@ pub fn mount_lazy_from(
     metadata?;
     let (lookup_path, lookup_later) = lookup_path?;
     // Sizes bounded here, before the worker allocates for them.
-    let boot_pages = artifact::boot_layers(&layers.boot, &index)?
+    let boot_pages = artifact::boot_layers(&layers.boot, &index.blobs)?
         .into_iter()
         .zip(&layers.boot)
         .map(|(boot, desc)| BootPagesSpec {
@@ -265,12 +265,19 @@ pub fn mount_lazy_from(
 
     let blob_dir = opts.cache_dir.join("blobs");
     let mut blobs = Vec::new();
-    for (desc, blob) in layers.blobs.iter().zip(index.blobs) {
-        let store = BlobStore::open(&blob_dir, blob).map_err(io_err(&blob_dir))?;
+    for (i, desc) in layers.blobs.iter().enumerate() {
+        // A paged index's chunk tables come with the first read of their
+        // blob (the worker's); the cache file is made now, for the kernel.
+        let (cache_path, complete) = match index.inline.get(i) {
+            Some(blob) => BlobStore::open(&blob_dir, blob.clone())
+                .map(|s| (s.cache_path.clone(), s.is_complete())),
+            None => BlobStore::prepare(&blob_dir, &index.blobs[i]),
+        }
+        .map_err(io_err(&blob_dir))?;
         blobs.push(BlobSpec {
             digest: desc.digest.to_string(),
-            cache_path: store.cache_path.clone(),
-            complete: store.is_complete(),
+            cache_path,
+            complete,
         });
     }
 
