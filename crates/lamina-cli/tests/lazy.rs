@@ -2214,9 +2214,12 @@ fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
     }
     for b in c["blobs"].as_array().unwrap() {
         let p = PathBuf::from(b["cache_path"].as_str().unwrap());
-        // The fill record exists once the worker saved verified chunks.
-        if p.with_extension("fill").exists() {
-            out.insert(p.with_extension("fill"));
+        // The fill record exists once the worker saved verified chunks,
+        // the chunk table once a read needed the blob (paged index).
+        for kept in ["fill", "table"] {
+            if p.with_extension(kept).exists() {
+                out.insert(p.with_extension(kept));
+            }
         }
         out.insert(p);
     }

@@ -551,6 +551,25 @@ impl Shared {
         Ok(StoreGuard(slot))
     }
 
+    /// Opens the store of `blob` with `table`, its chunk table as boot pages
+    /// carry it (checked against the index), unless it is open already.
+    fn take_table(&self, blob: u32, table: &[u8]) -> io::Result<()> {
+        let lazy = &self.stores[blob as usize];
+        let mut slot = lazy
+            .store
+            .lock()
+            .map_err(|_| io::Error::other("store lock poisoned"))?;
+        if slot.is_none() {
+            let parsed = IndexBlob::from_table(&lazy.summary, self.chunk_bits, table)
+                .map_err(io::Error::other)?;
+            if let Err(e) = save_table(&self.config.blob_dir, &lazy.summary, table) {
+                tracing::warn!("keeping the chunk table of blob {blob}: {e}");
+            }
+            *slot = Some(open_store(&self.config.blob_dir, parsed)?);
+        }
+        Ok(())
+    }
+
     /// The store of `blob` if it is open (status and records never fetch).
     fn opened_store(&self, blob: u32) -> io::Result<Option<StoreGuard<'_>>> {
         let slot = self.stores[blob as usize]
@@ -581,8 +600,13 @@ impl Shared {
                     .bytes
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 self.stats.requests.fetch_add(1, Ordering::Relaxed);
-                let table = IndexBlob::from_table(summary, self.chunk_bits, &bytes)
-                    .map_err(io::Error::other)?;
+                let table =
+                    IndexBlob::from_table(summary, self.chunk_bits, &bytes).map_err(|e| {
+                        // Counted with bad chunks: per-chunk data that
+                        // failed its digest.
+                        self.stats.bad_chunks.fetch_add(1, Ordering::Relaxed);
+                        io::Error::other(e)
+                    })?;
                 Ok((bytes, table))
             });
             match checked {
@@ -901,7 +925,15 @@ impl Shared {
             }
         };
         let sizes: Vec<u64> = self.stores.iter().map(|s| s.summary.cache_size).collect();
-        let boot = BootPages::from_bytes(&raw, &sizes).map_err(io::Error::other)?;
+        let table_lens: Vec<u64> = self
+            .stores
+            .iter()
+            .map(|s| s.summary.table_range().map_or(0, |(_, len)| len))
+            .collect();
+        let boot = BootPages::from_bytes(&raw, &sizes, &table_lens).map_err(io::Error::other)?;
+        for (blob, table) in &boot.tables {
+            self.take_table(*blob, table)?;
+        }
         let mut written = 0;
         for (extent, bytes) in boot.iter() {
             written += self

@@ -12,9 +12,17 @@
 //! ```text
 //! BootHeader  (16 bytes)
 //! BootExtent  x extent_count  (16 bytes each)
+//! BootTable   x table_count   (16 bytes each)
 //! page data   (4096 x the sum of extent pages, in extent order)
+//! table data  (the tables' bytes, in table order)
 //! ```
 //! All integers little-endian. The blob in the registry is this, zstd-compressed.
+//!
+//! With a paged chunk index (docs/format.md), boot pages also carry the
+//! chunk tables of the blobs their pages are in, so that the pages can be
+//! accounted to chunks without a request per blob; each table goes in the
+//! segment with its blob's first pages. Boot pages written before tables
+//! have `table_count` 0 (the field was reserved, zero).
 //!
 //! An image may carry its boot pages as several such blobs, *segments*, each
 //! a complete boot-pages blob of its own (its own extents and digest), in
@@ -43,8 +51,20 @@ pub struct BootHeader {
     pub magic: [u8; 8],
     /// Number of [`BootExtent`] records.
     pub extent_count: U32,
+    /// Number of [`BootTable`] records.
+    pub table_count: U32,
+}
+
+/// A blob's chunk table carried with the pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct BootTable {
+    /// Data blob (device order, 0-based).
+    pub blob: U32,
     /// Zero.
     pub reserved: U32,
+    /// Length in bytes: the blob's table length in the index.
+    pub len: U64,
 }
 
 /// A run of pages of one cache file.
@@ -61,6 +81,7 @@ pub struct BootExtent {
 
 const _: () = assert!(size_of::<BootHeader>() == 16);
 const _: () = assert!(size_of::<BootExtent>() == 16);
+const _: () = assert!(size_of::<BootTable>() == 16);
 
 /// Why boot pages were refused.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +104,8 @@ pub struct BootPages {
     pub extents: Vec<BootExtent>,
     /// Their pages, concatenated in extent order.
     pub data: Vec<u8>,
+    /// Chunk tables carried (paged index): (blob, the table's bytes).
+    pub tables: Vec<(u32, Vec<u8>)>,
 }
 
 impl BootPages {
@@ -91,31 +114,50 @@ impl BootPages {
         let header = BootHeader {
             magic: BOOT_MAGIC,
             extent_count: (self.extents.len() as u32).into(),
-            reserved: 0.into(),
+            table_count: (self.tables.len() as u32).into(),
         };
         let mut out = header.as_bytes().to_vec();
         for e in &self.extents {
             out.extend_from_slice(e.as_bytes());
         }
+        for (blob, table) in &self.tables {
+            let record = BootTable {
+                blob: (*blob).into(),
+                reserved: 0.into(),
+                len: (table.len() as u64).into(),
+            };
+            out.extend_from_slice(record.as_bytes());
+        }
         out.extend_from_slice(&self.data);
+        for (_, table) in &self.tables {
+            out.extend_from_slice(table);
+        }
         out
     }
 
-    /// Parses and checks against the cache file sizes of the image's blobs:
-    /// every extent aligned, inside its cache file, not overlapping another.
-    pub fn from_bytes(bytes: &[u8], cache_sizes: &[u64]) -> Result<BootPages, BootError> {
+    /// Parses and checks against the image's blobs, given as their cache
+    /// file sizes and chunk table lengths (0: none, a version 1 index):
+    /// every extent aligned, inside its cache file, not overlapping another;
+    /// each table for a blob that has one, once, of its length.
+    pub fn from_bytes(
+        bytes: &[u8],
+        cache_sizes: &[u64],
+        table_lens: &[u64],
+    ) -> Result<BootPages, BootError> {
         let (header, rest) =
             BootHeader::read_from_prefix(bytes).map_err(|_| BootError::Truncated)?;
-        if header.magic != BOOT_MAGIC || header.reserved.get() != 0 {
+        if header.magic != BOOT_MAGIC {
             return Err(BootError::BadMagic);
         }
-        // The extent table must fit in the input before it is allocated.
+        // The extent and table records must fit in the input before they
+        // are allocated.
         let count = header.extent_count.get() as usize;
         let table = count
             .checked_mul(size_of::<BootExtent>())
             .filter(|&n| n <= rest.len())
             .ok_or(BootError::Truncated)?;
-        let (table, data) = rest.split_at(table);
+        let (table, rest) = rest.split_at(table);
+        let (records, data) = split_table_records(rest, header.table_count.get(), table_lens)?;
         let extents: Vec<BootExtent> = table
             .chunks_exact(size_of::<BootExtent>())
             .map(|raw| BootExtent::read_from_bytes(raw).map_err(|_| BootError::Truncated))
@@ -146,11 +188,19 @@ impl BootPages {
                 .ok_or_else(|| BootError::Inconsistent("extents overflow".into()))?;
             ranges.push((blob, start, end));
         }
-        if total != data.len() as u64 {
+        let table_bytes: u64 = records.iter().map(|r| r.len.get()).sum();
+        if total.checked_add(table_bytes) != Some(data.len() as u64) {
             return bad(format!(
-                "extents cover {total} bytes, data has {}",
+                "extents cover {total} bytes and tables {table_bytes}, data has {}",
                 data.len()
             ));
+        }
+        let (data, mut table_data) = data.split_at(total as usize);
+        let mut tables = Vec::with_capacity(records.len());
+        for r in &records {
+            let (table, rest) = table_data.split_at(r.len.get() as usize);
+            tables.push((r.blob.get(), table.to_vec()));
+            table_data = rest;
         }
         ranges.sort_unstable();
         if ranges
@@ -162,6 +212,7 @@ impl BootPages {
         Ok(BootPages {
             extents,
             data: data.to_vec(),
+            tables,
         })
     }
 
@@ -200,6 +251,16 @@ impl BootPages {
         if !current.extents.is_empty() {
             out.push(current);
         }
+        // Each table with its blob's first pages (else in the first segment).
+        for (blob, table) in &self.tables {
+            let at = out
+                .iter()
+                .position(|s| s.extents.iter().any(|e| e.blob.get() == *blob))
+                .unwrap_or(0);
+            if let Some(segment) = out.get_mut(at) {
+                segment.tables.push((*blob, table.clone()));
+            }
+        }
         out
     }
 
@@ -213,6 +274,44 @@ impl BootPages {
             (e, bytes)
         })
     }
+}
+
+/// Reads `count` table records from the front of `rest`: each for a blob
+/// with a table (`table_lens`, by blob), once, of that table's length.
+/// Returns them and the bytes after them.
+fn split_table_records<'a>(
+    rest: &'a [u8],
+    count: u32,
+    table_lens: &[u64],
+) -> Result<(Vec<BootTable>, &'a [u8]), BootError> {
+    // At most one table per blob: bounded before anything is allocated.
+    if count as usize > table_lens.len() {
+        return Err(BootError::Inconsistent(format!(
+            "{count} chunk tables for {} blobs",
+            table_lens.len()
+        )));
+    }
+    let len = count as usize * size_of::<BootTable>();
+    if len > rest.len() {
+        return Err(BootError::Truncated);
+    }
+    let (raw, rest) = rest.split_at(len);
+    let mut seen = vec![false; table_lens.len()];
+    let mut records = Vec::with_capacity(count as usize);
+    for raw in raw.chunks_exact(size_of::<BootTable>()) {
+        let r = BootTable::read_from_bytes(raw).map_err(|_| BootError::Truncated)?;
+        let blob = r.blob.get() as usize;
+        let want = table_lens.get(blob).copied().unwrap_or(0);
+        if want == 0 || r.len.get() != want || r.reserved.get() != 0 || seen[blob] {
+            return Err(BootError::Inconsistent(format!(
+                "chunk table of blob {blob}: {} bytes, the index says {want}",
+                r.len.get()
+            )));
+        }
+        seen[blob] = true;
+        records.push(r);
+    }
+    Ok((records, rest))
 }
 
 #[cfg(test)]
@@ -234,9 +333,10 @@ mod tests {
             data: (0..3 * BOOT_PAGE as usize)
                 .map(|i| (i / 4096) as u8)
                 .collect(),
+            tables: Vec::new(),
         };
         let bytes = boot.to_bytes();
-        let back = BootPages::from_bytes(&bytes, &[4096, 5 * 4096]).unwrap();
+        let back = BootPages::from_bytes(&bytes, &[4096, 5 * 4096], &[]).unwrap();
         assert_eq!(back, boot);
         let parts: Vec<(u32, u8, usize)> = back
             .iter()
@@ -270,7 +370,11 @@ mod tests {
         let data: Vec<u8> = (0..400 * BOOT_PAGE as usize)
             .map(|i| (i / 4096 % 251) as u8)
             .collect();
-        let boot = BootPages { extents, data };
+        let boot = BootPages {
+            extents,
+            data,
+            tables: Vec::new(),
+        };
         let segments = boot.segments();
         let pages: Vec<u64> = segments
             .iter()
@@ -282,7 +386,7 @@ mod tests {
         assert_eq!(flat, pages_of(&boot));
         // Each segment is valid boot pages on its own.
         for s in &segments {
-            BootPages::from_bytes(&s.to_bytes(), &[30 * 4096, 450 * 4096]).unwrap();
+            BootPages::from_bytes(&s.to_bytes(), &[30 * 4096, 450 * 4096], &[]).unwrap();
         }
         assert!(BootPages::default().segments().is_empty());
     }
@@ -292,20 +396,21 @@ mod tests {
         let ok = BootPages {
             extents: vec![extent(0, 1, 1)],
             data: vec![7; 4096],
+            tables: Vec::new(),
         };
         let sizes = [2 * 4096];
-        assert!(BootPages::from_bytes(&ok.to_bytes(), &sizes).is_ok());
+        assert!(BootPages::from_bytes(&ok.to_bytes(), &sizes, &[]).is_ok());
         let mut truncated = ok.to_bytes();
         truncated.pop();
-        assert!(BootPages::from_bytes(&truncated, &sizes).is_err());
+        assert!(BootPages::from_bytes(&truncated, &sizes, &[]).is_err());
         assert!(matches!(
-            BootPages::from_bytes(&ok.to_bytes()[..10], &sizes),
+            BootPages::from_bytes(&ok.to_bytes()[..10], &sizes, &[]),
             Err(BootError::Truncated)
         ));
         let mut magic = ok.to_bytes();
         magic[0] ^= 1;
         assert!(matches!(
-            BootPages::from_bytes(&magic, &sizes),
+            BootPages::from_bytes(&magic, &sizes, &[]),
             Err(BootError::BadMagic)
         ));
         for extents in [
@@ -318,10 +423,11 @@ mod tests {
             let b = BootPages {
                 extents,
                 data: vec![0; (pages * BOOT_PAGE) as usize],
+                tables: Vec::new(),
             };
             assert!(
                 matches!(
-                    BootPages::from_bytes(&b.to_bytes(), &sizes),
+                    BootPages::from_bytes(&b.to_bytes(), &sizes, &[]),
                     Err(BootError::Inconsistent(_))
                 ),
                 "{b:?}"
@@ -329,7 +435,7 @@ mod tests {
         }
         let mut misaligned = ok.clone();
         misaligned.extents[0].cache_offset = 100.into();
-        assert!(BootPages::from_bytes(&misaligned.to_bytes(), &[1 << 20]).is_err());
+        assert!(BootPages::from_bytes(&misaligned.to_bytes(), &[1 << 20], &[]).is_err());
     }
 
     /// Hostile counts and sizes: an extent table larger than the input is
@@ -340,13 +446,13 @@ mod tests {
         let mut huge = BootHeader {
             magic: BOOT_MAGIC,
             extent_count: u32::MAX.into(),
-            reserved: 0.into(),
+            table_count: 0.into(),
         }
         .as_bytes()
         .to_vec();
         huge.extend_from_slice(&[0; 64]);
         assert!(matches!(
-            BootPages::from_bytes(&huge, &[u64::MAX]),
+            BootPages::from_bytes(&huge, &[u64::MAX], &[]),
             Err(BootError::Truncated)
         ));
         let near_end = u64::MAX - u64::MAX % BOOT_PAGE - BOOT_PAGE;
@@ -357,19 +463,70 @@ mod tests {
                 pages: u32::MAX.into(),
             }],
             data: Vec::new(),
+            tables: Vec::new(),
         };
         assert!(matches!(
-            BootPages::from_bytes(&b.to_bytes(), &[u64::MAX]),
+            BootPages::from_bytes(&b.to_bytes(), &[u64::MAX], &[]),
             Err(BootError::Inconsistent(_))
         ));
         // Overlapping extents of 2^32-1 pages each: their sum passes 2^64.
         let b = BootPages {
             extents: vec![extent(0, 0, u32::MAX); (1 << 20) + 1],
             data: Vec::new(),
+            tables: Vec::new(),
         };
         assert!(matches!(
-            BootPages::from_bytes(&b.to_bytes(), &[u64::MAX]),
+            BootPages::from_bytes(&b.to_bytes(), &[u64::MAX], &[]),
             Err(BootError::Inconsistent(_))
         ));
+    }
+
+    /// Chunk tables (paged index) travel after the pages, each in the
+    /// segment with its blob's first pages, and are refused unless the
+    /// index gives that blob a table of that length, once.
+    #[test]
+    fn chunk_tables_ride_with_their_blobs_first_pages() {
+        let mut extents = vec![extent(0, 0, 64)];
+        extents.push(extent(1, 0, 10)); // blob 1 starts in segment 1
+        let boot = BootPages {
+            extents,
+            data: vec![5; 74 * BOOT_PAGE as usize],
+            tables: vec![(1, vec![1; 128]), (0, vec![9; 64])],
+        };
+        let (sizes, lens) = ([64 * 4096, 10 * 4096], [64, 128]);
+        let back = BootPages::from_bytes(&boot.to_bytes(), &sizes, &lens).unwrap();
+        assert_eq!(back, boot);
+        let segments = boot.segments();
+        assert_eq!(segments.len(), 2);
+        assert_eq!(segments[0].tables, vec![(0, vec![9; 64])]);
+        assert_eq!(segments[1].tables, vec![(1, vec![1; 128])]);
+        for s in &segments {
+            assert_eq!(
+                BootPages::from_bytes(&s.to_bytes(), &sizes, &lens).unwrap(),
+                *s
+            );
+        }
+        for (tables, lens) in [
+            (vec![(0, vec![9; 64])], [0, 128]),  // blob 0 has no table
+            (vec![(0, vec![9; 63])], [64, 128]), // wrong length
+            (vec![(0, vec![9; 64]), (0, vec![9; 64])], [64, 128]), // twice
+            (vec![(2, vec![9; 64])], [64, 128]), // no such blob
+        ] {
+            let b = BootPages {
+                tables,
+                ..boot.clone()
+            };
+            assert!(
+                BootPages::from_bytes(&b.to_bytes(), &sizes, &lens).is_err(),
+                "{:?}",
+                b.tables
+                    .iter()
+                    .map(|t| (t.0, t.1.len()))
+                    .collect::<Vec<_>>()
+            );
+        }
+        let mut cut = boot.to_bytes();
+        cut.pop();
+        assert!(BootPages::from_bytes(&cut, &sizes, &lens).is_err());
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
-use lamina_format::boot::{BootExtent, BootHeader, BOOT_PAGE};
+use lamina_format::boot::{BootExtent, BootHeader, BootTable, BOOT_PAGE};
 use lamina_format::index::{BlobSummary, ChunkIndex, IndexTop, MAX_INDEX_SIZE};
 use lamina_format::lookup::LookupTable;
 use lamina_format::zstd_bound;
@@ -58,13 +58,18 @@ pub const FORMAT_VERSION: &str = "1";
 pub const FORMAT_VERSION_SEGMENTED: &str = "2";
 
 /// The format version of an image with a lookup-table layer: builds from
-/// before it refuse such an image by its version. This build reads all three
-/// and writes this one.
+/// before it refuse such an image by its version.
 pub const FORMAT_VERSION_LOOKUP: &str = "3";
+
+/// The format version of an image with a paged chunk index (each blob ends
+/// with its chunk table; boot pages carry tables): builds from before it
+/// refuse such an image by its version. This build reads all four and
+/// writes this one.
+pub const FORMAT_VERSION_PAGED: &str = "4";
 
 /// The format version this build writes.
 pub fn format_version() -> &'static str {
-    FORMAT_VERSION_LOOKUP
+    FORMAT_VERSION_PAGED
 }
 
 /// Largest EROFS metadata image lamina writes or reads, uncompressed.
@@ -143,11 +148,17 @@ impl LaminaLayers {
     /// Sorts a manifest's layers by role; refuses anything else.
     pub fn from_manifest(manifest: &Manifest) -> Result<Self, ArtifactError> {
         match manifest.annotations.get(ANNOTATION_FORMAT) {
-            Some(v) if [FORMAT_VERSION, FORMAT_VERSION_SEGMENTED, FORMAT_VERSION_LOOKUP]
+            Some(v)
+                if [
+                    FORMAT_VERSION,
+                    FORMAT_VERSION_SEGMENTED,
+                    FORMAT_VERSION_LOOKUP,
+                    FORMAT_VERSION_PAGED,
+                ]
                 .contains(&v.as_str()) => {}
             Some(v) => {
                 return Err(ArtifactError::NotLamina(format!(
-                    "format version {v}, this build reads {FORMAT_VERSION} to {FORMAT_VERSION_LOOKUP}"
+                    "format version {v}, this build reads {FORMAT_VERSION} to {FORMAT_VERSION_PAGED}"
                 )))
             }
             None => {
@@ -320,7 +331,16 @@ fn boot_pages_bound(index: &[BlobSummary]) -> u64 {
         .map(|b| b.cache_size / BOOT_PAGE)
         .fold(0, u64::saturating_add);
     let per_page = BOOT_PAGE + size_of::<BootExtent>() as u64;
-    pages.saturating_mul(per_page).min(MAX_BOOT_PAGES_SIZE)
+    // And each blob's chunk table at most once (paged index).
+    let tables: u64 = index
+        .iter()
+        .filter_map(|b| b.table_range())
+        .map(|(_, len)| len + size_of::<BootTable>() as u64)
+        .fold(0, u64::saturating_add);
+    pages
+        .saturating_mul(per_page)
+        .saturating_add(tables)
+        .min(MAX_BOOT_PAGES_SIZE)
 }
 
 /// Checks a boot-pages layer's descriptor before anything is fetched: the
@@ -665,11 +685,18 @@ mod tests {
         let err = LaminaLayers::from_manifest(&manifest).unwrap_err();
         assert!(err.to_string().contains("boot-pages layers"), "{err}");
 
-        // Segmented images and images with a lookup table say so in their
-        // version; this build reads all three, and nothing newer.
+        // Segmented images, images with a lookup table and paged images
+        // say so in their version; this build reads all four, and nothing
+        // newer.
         manifest.layers.pop();
-        assert_eq!(format_version(), FORMAT_VERSION_LOOKUP);
-        for (version, ok) in [("1", true), ("2", true), ("3", true), ("4", false)] {
+        assert_eq!(format_version(), FORMAT_VERSION_PAGED);
+        for (version, ok) in [
+            ("1", true),
+            ("2", true),
+            ("3", true),
+            ("4", true),
+            ("5", false),
+        ] {
             manifest
                 .annotations
                 .insert(ANNOTATION_FORMAT.into(), version.into());

@@ -13,6 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use lamina_format::boot::{BootExtent, BootPages, BOOT_PAGE};
+use lamina_format::index::chunk_table_bytes;
 use lamina_format::index::CHUNK_ZSTD;
 
 use crate::build::BuiltImage;
@@ -142,6 +143,16 @@ pub fn build_boot_pages(image: &BuiltImage, trace: &[TraceEntry]) -> io::Result<
         }
         boot.data.extend_from_slice(&bytes);
     }
+    // The chunk tables of the blobs the pages are in (paged index), so the
+    // start needs no table request for them.
+    let mut carried = HashSet::new();
+    for e in &boot.extents {
+        let b = e.blob.get();
+        if carried.insert(b) {
+            boot.tables
+                .push((b, chunk_table_bytes(&image.blobs[b as usize].chunks)));
+        }
+    }
     Ok(boot)
 }
 
@@ -226,8 +237,10 @@ pub(crate) mod tests {
         assert!(page9[40_000 - 36_864..].iter().all(|&b| b == 0));
         assert_eq!(&boot.data[4096..], &data[..8192]);
         let sizes = [img.blobs[0].cache_size];
+        let lens = [img.blobs[0].chunks.len() as u64 * 64];
+        assert_eq!(boot.tables.len(), 1, "the table of the one blob read");
         assert_eq!(
-            BootPages::from_bytes(&boot.to_bytes(), &sizes).unwrap(),
+            BootPages::from_bytes(&boot.to_bytes(), &sizes, &lens).unwrap(),
             boot
         );
     }
