@@ -86,6 +86,10 @@ pub(crate) enum Command {
         /// chunks (one fetch for neighbours); 0 gives every file its own.
         #[arg(long, default_value = "16K", value_parser = parse_size)]
         pack_limit: u64,
+        /// Image format to write: 4 (a paged chunk index) or 3 (every chunk
+        /// in the index, for lamina builds from before the paged index).
+        #[arg(long, default_value = "4", value_parser = clap::builder::PossibleValuesParser::new(["3", "4"]))]
+        format_version: String,
         /// Directory for blobs while they are built (default: system temp dir).
         #[arg(long)]
         work_dir: Option<PathBuf>,
@@ -443,6 +447,7 @@ pub fn run(args: Args) -> Result<u8> {
             chunk_size,
             zstd_level,
             pack_limit,
+            format_version,
             work_dir,
             prefetch,
         } => {
@@ -451,6 +456,7 @@ pub fn run(args: Args) -> Result<u8> {
                     chunk_bits: chunk_size.trailing_zeros() as u8,
                     zstd_level,
                     pack_limit,
+                    paged: format_version == "4",
                 },
                 source,
                 work_dir,
@@ -786,6 +792,9 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         "lamina": true,
         "manifest_digest": img.manifest_digest.to_string(),
         "source_manifest_digest": ann.get(artifact::ANNOTATION_SOURCE),
+        "format": num(artifact::ANNOTATION_FORMAT),
+        // Version 2: each blob ends with its chunk table.
+        "paged_index": index.inline.is_empty() && !index.blobs.is_empty(),
         "chunk_size": num(artifact::ANNOTATION_CHUNK_SIZE),
         "pack_limit": num(artifact::ANNOTATION_PACK_LIMIT),
         "entries": num(artifact::ANNOTATION_STATS_ENTRIES),

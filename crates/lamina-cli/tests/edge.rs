@@ -94,6 +94,68 @@ fn edge_with_4k_chunks_matches_ociunpack() {
     m.unmount();
 }
 
+/// Images of format 3 (every chunk in the index: what lamina wrote before
+/// the paged index, and `convert --format-version 3` still writes) and of
+/// format 4 with 4 KiB chunks (many blobs, each ending with its chunk
+/// table) mount lazily through the kernel and FUSE, and eagerly, and read
+/// as ociunpack.py unpacks them.
+#[test]
+fn paged_and_unpaged_indexes_mount_every_way() {
+    if !require(&["zstd"]) {
+        return;
+    }
+    let t = TestDir::new("edge-formats");
+    for (label, flags, format, paged) in [
+        ("v3", &["--format-version", "3"][..], 3, false),
+        ("v4-4k", &["--chunk-size", "4096"][..], 4, true),
+    ] {
+        let image = oci_ref(&t.join(label), "edge");
+        let mut args = vec!["convert"];
+        args.extend(flags);
+        let src = oci_ref(&edge_layout(), "edge");
+        args.extend([src.as_str(), image.as_str()]);
+        lamina(args).ok();
+        let inspect = lamina(["inspect", "--json", &image]).ok().json();
+        assert_eq!(inspect["format"], format, "{label}: {inspect}");
+        assert_eq!(inspect["paged_index"], paged, "{label}: {inspect}");
+        if paged {
+            let blobs = inspect["blobs"].as_array().unwrap();
+            assert!(
+                blobs.len() > 1,
+                "{label}: 4 KiB chunks fill more than one blob: {inspect}"
+            );
+            assert!(blobs.iter().all(|b| b["chunks"].as_u64().unwrap() <= 1024));
+        }
+        let reference = ociunpack(&edge_layout(), "edge");
+        for (how, extra) in [
+            ("lazy-kernel", &["--lazy", "--mode", "kernel"][..]),
+            ("lazy-fuse", &["--lazy", "--mode", "fuse"][..]),
+            ("eager", &["--mode", "kernel"][..]),
+        ] {
+            let cache = t.join(&format!("cache-{label}-{how}"));
+            let m = Mount::with_args(
+                &image,
+                &t.join(&format!("mnt-{label}-{how}")),
+                &cache,
+                extra,
+            );
+            treecmp(&[], &reference, &m.path);
+            m.unmount();
+            // A paged image's tables are kept beside the blobs read.
+            let tables = std::fs::read_dir(cache.join("blobs"))
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "table"))
+                .count();
+            assert_eq!(
+                tables > 0,
+                paged,
+                "{label} {how}: {tables} chunk tables kept"
+            );
+        }
+    }
+}
+
 /// misc: minimal, empty (no layers), implicit parents, whiteouts with
 /// implicit parents; each compared with ociunpack.py (no ignores).
 #[test]

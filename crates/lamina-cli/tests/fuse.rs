@@ -610,6 +610,11 @@ fn lamina_as_nobody(home: &Path, args: &[&OsStr]) -> Output {
 /// Puts /dev/fuse's mode back when dropped.
 struct DevFuseMode(u32);
 
+/// The rootless tests open /dev/fuse to everyone for their run: one at a
+/// time, or the first to end puts the mode back under the other (seen: the
+/// podman test's mount failed with EACCES).
+static DEV_FUSE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 impl Drop for DevFuseMode {
     fn drop(&mut self) {
         let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.0));
@@ -631,6 +636,7 @@ fn rootless_lazy_fuse_mount_through_fusermount3() {
     if !require(&["setpriv", "fusermount3", "unshare"]) {
         return;
     }
+    let _one_at_a_time = DEV_FUSE.lock().unwrap_or_else(|e| e.into_inner());
     let mode = fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777;
     let _restore = DevFuseMode(mode);
     fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).unwrap();
@@ -800,6 +806,7 @@ fn rootless_podman_runs_python3_from_a_lamina_mount() {
         subuid.lines().any(|l| l.starts_with("nobody:")),
         "nobody has no subordinate uids: scripts/setup.sh adds them"
     );
+    let _one_at_a_time = DEV_FUSE.lock().unwrap_or_else(|e| e.into_inner());
     let mode = fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777;
     let _restore = DevFuseMode(mode);
     fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).unwrap();

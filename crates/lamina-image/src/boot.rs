@@ -146,7 +146,7 @@ pub fn build_boot_pages(image: &BuiltImage, trace: &[TraceEntry]) -> io::Result<
     // The chunk tables of the blobs the pages are in (paged index), so the
     // start needs no table request for them.
     let mut carried = HashSet::new();
-    for e in &boot.extents {
+    for e in boot.extents.iter().filter(|_| image.paged) {
         let b = e.blob.get();
         if carried.insert(b) {
             boot.tables
@@ -191,6 +191,7 @@ pub(crate) mod tests {
             chunk_bits: 14, // 16 KiB chunks: 4 pages each
             zstd_level: 1,
             pack_limit: 0,
+            paged: true,
         };
         let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
         let data: Vec<u8> = (0..40_000u32).map(|i| (i / 4096 + 1) as u8).collect();

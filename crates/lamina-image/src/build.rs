@@ -31,6 +31,10 @@ pub struct BuildOptions {
     /// they come, into chunks of up to the chunk size (0: every file gets
     /// chunks of its own). Must be below the chunk size.
     pub pack_limit: u64,
+    /// A paged chunk index (format 4): blobs of at most
+    /// [`MAX_TABLE_CHUNKS`] chunks, each ending with its chunk table. Off:
+    /// the index holds every chunk (format 3, for older readers).
+    pub paged: bool,
 }
 
 /// Default [`BuildOptions::pack_limit`] (docs/format.md, "Small files").
@@ -42,6 +46,7 @@ impl Default for BuildOptions {
             chunk_bits: 18,
             zstd_level: 3,
             pack_limit: DEFAULT_PACK_LIMIT,
+            paged: true,
         }
     }
 }
@@ -134,6 +139,8 @@ pub struct BuiltImage {
     pub blobs: Vec<BuiltBlob>,
     /// Figures.
     pub stats: BuildStats,
+    /// Whether the index is paged ([`BuildOptions::paged`]).
+    pub paged: bool,
     /// Where each stored content lives: a chunk's digest gives the chunk's
     /// place, a packed small file's content digest the file's place.
     addresses: HashMap<[u8; 32], ChunkAddr>,
@@ -197,7 +204,7 @@ struct BlobWriter {
 }
 
 impl BlobWriter {
-    fn create(path: PathBuf, zstd_level: i32, layer: u32) -> io::Result<BlobWriter> {
+    fn create(path: PathBuf, zstd_level: i32, layer: u32, paged: bool) -> io::Result<BlobWriter> {
         let file = BufWriter::with_capacity(1 << 20, File::create(&path)?);
         let mut compressor = zstd::bulk::Compressor::new(zstd_level)?;
         // A few chunks in flight keep both threads busy without holding
@@ -205,7 +212,7 @@ impl BlobWriter {
         let (sender, receiver) = mpsc::sync_channel::<PendingChunk>(8);
         let thread = std::thread::Builder::new()
             .name("lamina-compress".into())
-            .spawn(move || compress_blob(file, &mut compressor, receiver))?;
+            .spawn(move || compress_blob(file, &mut compressor, receiver, paged))?;
         Ok(BlobWriter {
             path,
             sender,
@@ -241,6 +248,7 @@ fn compress_blob(
     mut file: BufWriter<File>,
     compressor: &mut zstd::bulk::Compressor<'static>,
     receiver: mpsc::Receiver<PendingChunk>,
+    paged: bool,
 ) -> io::Result<WrittenBlob> {
     let mut hasher = Sha256::new();
     let mut compressed_len = 0u64;
@@ -266,10 +274,12 @@ fn compress_blob(
         });
         compressed_len += stored.len() as u64;
     }
-    let table = chunk_table_bytes(&chunks);
-    file.write_all(&table)?;
-    hasher.update(&table);
-    compressed_len += table.len() as u64;
+    if paged {
+        let table = chunk_table_bytes(&chunks);
+        file.write_all(&table)?;
+        hasher.update(&table);
+        compressed_len += table.len() as u64;
+    }
     let file = file.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     Ok(WrittenBlob {
@@ -384,10 +394,11 @@ impl ChunkStore<'_> {
     /// (or pack, whose place is decided when it opens) starts a new blob.
     /// The pack must be empty.
     fn make_room(&mut self) -> io::Result<()> {
-        if self
-            .current
-            .as_ref()
-            .is_some_and(|b| b.chunk_count >= MAX_TABLE_CHUNKS)
+        if self.opts.paged
+            && self
+                .current
+                .as_ref()
+                .is_some_and(|b| b.chunk_count >= MAX_TABLE_CHUNKS)
         {
             self.finish_blob()?;
         }
@@ -402,7 +413,12 @@ impl ChunkStore<'_> {
         }
         if self.current.is_none() {
             let path = self.work_dir.join(format!("blob-{}", self.finished.len()));
-            self.current = Some(BlobWriter::create(path, self.opts.zstd_level, layer)?);
+            self.current = Some(BlobWriter::create(
+                path,
+                self.opts.zstd_level,
+                layer,
+                self.opts.paged,
+            )?);
         }
         Ok(())
     }
@@ -614,6 +630,7 @@ impl<'a> ImageBuilder<'a> {
             index,
             blobs: self.store.finished,
             stats,
+            paged: self.store.opts.paged,
             addresses: self.store.dedup,
         })
     }
@@ -657,6 +674,7 @@ pub(crate) mod tests {
             chunk_bits: 16,
             zstd_level: 1,
             pack_limit: 0,
+            paged: true,
         };
         let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
         let a = noise(1 << 16, 1);
@@ -694,6 +712,7 @@ pub(crate) mod tests {
             chunk_bits: 12,
             zstd_level: 1,
             pack_limit: 1024,
+            paged: true,
         };
         let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
         let big = noise(1500 << 12, 3); // 1,500 distinct chunks
@@ -773,6 +792,7 @@ pub(crate) mod tests {
         chunk_bits: 16,
         zstd_level: 1,
         pack_limit: 12 * 1024,
+        paged: true,
     };
 
     /// Small files share chunks, each at a 4 KiB boundary in order; a

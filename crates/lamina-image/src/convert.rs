@@ -168,7 +168,10 @@ pub fn convert(
     let (metadata_z, tables) = std::thread::scope(|scope| {
         let metadata = scope.spawn(|| zstd::bulk::compress(&built.metadata, 12));
         let tables = (|| -> Result<_, ConvertError> {
-            let index_raw = built.index.to_paged_bytes();
+            let index_raw = match built.paged {
+                true => built.index.to_paged_bytes(),
+                false => built.index.to_bytes(),
+            };
             let index_z = zstd::bulk::compress(&index_raw, 12)?;
             let lookup_raw = lamina_format::lookup::build_from_image(&built.metadata)?;
             // Hashes and nids barely compress: a fast level keeps convert quick.
@@ -284,7 +287,14 @@ pub fn convert(
         config: config_desc,
         layers,
         annotations: [
-            (ANNOTATION_FORMAT.to_string(), format_version().to_string()),
+            (
+                ANNOTATION_FORMAT.to_string(),
+                match built.paged {
+                    true => format_version(),
+                    false => FORMAT_VERSION_LOOKUP,
+                }
+                .to_string(),
+            ),
             (
                 ANNOTATION_SOURCE.to_string(),
                 image.manifest_digest.to_string(),
