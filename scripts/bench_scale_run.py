@@ -84,6 +84,20 @@ def status_of(lamina, cache, mnt):
                                   "ahead_requests", "ahead_fetched_bytes", "cached_bytes", "boot_page_bytes")}
 
 
+def settled_after(lamina, cache, mnt, before, most_s=3.0):
+    """The status once the worker's file shows requests after `before` and
+    two reads 50 ms apart agree (the file lags the worker by its write
+    interval and any fill-record sync), or after `most_s` seconds."""
+    t0, last = time.perf_counter(), None
+    while True:
+        s = status_of(lamina, cache, mnt)
+        moved = (s["requests"] or 0) > (before["requests"] or 0)
+        if (moved and s == last) or time.perf_counter() - t0 > most_s:
+            return s
+        last = s
+        time.sleep(0.05)
+
+
 def daemons_rss(cache):
     """RSS of every process naming `cache` (the lamina daemons of that mount) and their sums, KiB."""
     procs = procs_of(cache)
@@ -249,8 +263,7 @@ def part_size(a, lamina, work, n_files):
                 nbytes = len(f.read())
             x["read_s"] = time.perf_counter() - t0
             x["read_bytes"] = nbytes
-            time.sleep(0.2)
-            x["status_after_read"] = status_of(lamina, cache, mnt)
+            x["status_after_read"] = settled_after(lamina, cache, mnt, x["status_after_mount"])
             x["rss_after_read"] = daemons_rss(cache)
             sa, sr = x["status_after_mount"], x["status_after_read"]
             x["read_fetched_bytes"] = (sr["fetched_bytes"] or 0) - (sa["fetched_bytes"] or 0)
@@ -360,8 +373,7 @@ def part_python(a, lamina, work):
             p = subprocess.run(["chroot", mnt, "/usr/bin/python3", "-c", 'print("hello")'],
                                capture_output=True, text=True)
             dt = time.perf_counter() - t0
-            time.sleep(0.2)
-            s1 = status_of(lamina, cache, mnt)
+            s1 = settled_after(lamina, cache, mnt, s0)
             lamina_umount_wait(lamina, mnt, cache)
             if p.stdout.strip() != "hello":
                 raise RuntimeError(f"python3 in {v}: {p.returncode} {p.stdout!r} {p.stderr[-500:]!r}")

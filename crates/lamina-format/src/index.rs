@@ -273,47 +273,9 @@ pub enum IndexError {
 }
 
 impl ChunkIndex {
-    /// Serialises the index.
+    /// Serialises the index (version 1: every chunk entry in it).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let chunk_count: usize = self.blobs.iter().map(|b| b.chunks.len()).sum();
-        let header = IndexHeader {
-            magic: INDEX_MAGIC,
-            version: INDEX_VERSION.into(),
-            chunk_bits: u32::from(self.chunk_bits).into(),
-            blob_count: (self.blobs.len() as u32).into(),
-            chunk_count: (chunk_count as u32).into(),
-            prefetch_count: (self.prefetch.len() as u32).into(),
-            reserved: [0; 4],
-        };
-        let mut out = header.as_bytes().to_vec();
-        let mut first = 0u32;
-        for blob in &self.blobs {
-            let entry = BlobEntry {
-                digest: blob.digest,
-                compressed_size: blob.compressed_size.into(),
-                cache_size: blob.cache_size.into(),
-                first_chunk: first.into(),
-                chunk_count: (blob.chunks.len() as u32).into(),
-                table_digest: [0; 32],
-                data_size: 0.into(),
-            };
-            first += blob.chunks.len() as u32;
-            out.extend_from_slice(entry.as_bytes());
-        }
-        let mut firsts = Vec::with_capacity(self.blobs.len());
-        let mut first = 0u32;
-        for blob in &self.blobs {
-            firsts.push(first);
-            first += blob.chunks.len() as u32;
-            for chunk in &blob.chunks {
-                out.extend_from_slice(chunk.as_bytes());
-            }
-        }
-        for &(blob, chunk) in &self.prefetch {
-            let global = firsts.get(blob as usize).copied().unwrap_or(u32::MAX) + chunk;
-            out.extend_from_slice(&global.to_le_bytes());
-        }
-        out
+        self.serialise(false)
     }
 
     /// Serialises the index as version 2 (paged): no chunk entries, each
@@ -321,10 +283,19 @@ impl ChunkIndex {
     /// [`IndexBlob::table_bytes`] (counted in `compressed_size`) and hold
     /// at most [`MAX_TABLE_CHUNKS`] chunks.
     pub fn to_paged_bytes(&self) -> Vec<u8> {
+        self.serialise(true)
+    }
+
+    fn serialise(&self, paged: bool) -> Vec<u8> {
         let chunk_count: usize = self.blobs.iter().map(|b| b.chunks.len()).sum();
+        let version = if paged {
+            INDEX_VERSION_PAGED
+        } else {
+            INDEX_VERSION
+        };
         let header = IndexHeader {
             magic: INDEX_MAGIC,
-            version: INDEX_VERSION_PAGED.into(),
+            version: version.into(),
             chunk_bits: u32::from(self.chunk_bits).into(),
             blob_count: (self.blobs.len() as u32).into(),
             chunk_count: (chunk_count as u32).into(),
@@ -335,19 +306,33 @@ impl ChunkIndex {
         let mut firsts = Vec::with_capacity(self.blobs.len());
         let mut first = 0u32;
         for blob in &self.blobs {
-            let table = ring::digest::digest(&ring::digest::SHA256, &blob.table_bytes());
+            let (table_digest, data_size) = match paged {
+                true => {
+                    let table = ring::digest::digest(&ring::digest::SHA256, &blob.table_bytes());
+                    (
+                        table.as_ref().try_into().unwrap_or([0; 32]),
+                        blob.data_size(),
+                    )
+                }
+                false => ([0; 32], 0),
+            };
             let entry = BlobEntry {
                 digest: blob.digest,
                 compressed_size: blob.compressed_size.into(),
                 cache_size: blob.cache_size.into(),
                 first_chunk: first.into(),
                 chunk_count: (blob.chunks.len() as u32).into(),
-                table_digest: table.as_ref().try_into().unwrap_or([0; 32]),
-                data_size: blob.data_size().into(),
+                table_digest,
+                data_size: data_size.into(),
             };
             firsts.push(first);
             first += blob.chunks.len() as u32;
             out.extend_from_slice(entry.as_bytes());
+        }
+        if !paged {
+            for chunk in self.blobs.iter().flat_map(|b| &b.chunks) {
+                out.extend_from_slice(chunk.as_bytes());
+            }
         }
         for &(blob, chunk) in &self.prefetch {
             let global = firsts.get(blob as usize).copied().unwrap_or(u32::MAX) + chunk;
