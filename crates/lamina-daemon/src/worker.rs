@@ -562,9 +562,7 @@ impl Shared {
         if slot.is_none() {
             let parsed = IndexBlob::from_table(&lazy.summary, self.chunk_bits, table)
                 .map_err(io::Error::other)?;
-            if let Err(e) = save_table(&self.config.blob_dir, &lazy.summary, table) {
-                tracing::warn!("keeping the chunk table of blob {blob}: {e}");
-            }
+            self.keep_table(blob, table);
             *slot = Some(open_store(&self.config.blob_dir, parsed)?);
         }
         Ok(())
@@ -588,43 +586,65 @@ impl Shared {
             return Err(io::Error::other("a version 1 blob without its chunks"));
         };
         let digest = &self.digests[blob as usize];
+        let what = format!("chunk table of blob {blob}");
         let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
-        let mut attempt = 0u32;
+        let fetched = self.retried(&what, Some(deadline), |fresh| {
+            let bytes = match fresh {
+                false => self.source.read_range(digest, at, len),
+                true => self.source.read_range_again(digest, at, len),
+            }?;
+            self.stats
+                .bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            let table = IndexBlob::from_table(summary, self.chunk_bits, &bytes).map_err(|e| {
+                // Counted with bad chunks: per-chunk data that failed its
+                // digest.
+                self.stats.bad_chunks.fetch_add(1, Ordering::Relaxed);
+                io::Error::other(e)
+            })?;
+            Ok((bytes, table))
+        });
+        match fetched {
+            Ok((bytes, table)) => {
+                self.keep_table(blob, &bytes);
+                Ok(table)
+            }
+            Err(e) => {
+                tracing::error!("{what}: {e}; failing its reads");
+                Err(e)
+            }
+        }
+    }
+
+    /// Keeps a verified chunk table beside its blob's cache file, for later
+    /// workers; one that cannot be kept is only fetched again.
+    fn keep_table(&self, blob: u32, table: &[u8]) {
+        let summary = &self.stores[blob as usize].summary;
+        if let Err(e) = save_table(&self.config.blob_dir, summary, table) {
+            tracing::warn!("keeping the chunk table of blob {blob}: {e}");
+        }
+    }
+
+    /// Runs `attempt` (given whether to use a fresh connection) until it
+    /// succeeds: at most 4 times, 100, 200 and 400 ms apart, and with a
+    /// `deadline` none starts after it.
+    fn retried<T>(
+        &self,
+        what: &str,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut(bool) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut tries = 0u32;
         loop {
-            let read = match attempt {
-                0 => self.source.read_range(digest, at, len),
-                _ => self.source.read_range_again(digest, at, len),
-            };
-            let checked = read.and_then(|bytes| {
-                self.stats
-                    .bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                self.stats.requests.fetch_add(1, Ordering::Relaxed);
-                let table =
-                    IndexBlob::from_table(summary, self.chunk_bits, &bytes).map_err(|e| {
-                        // Counted with bad chunks: per-chunk data that
-                        // failed its digest.
-                        self.stats.bad_chunks.fetch_add(1, Ordering::Relaxed);
-                        io::Error::other(e)
-                    })?;
-                Ok((bytes, table))
-            });
-            match checked {
-                Ok((bytes, table)) => {
-                    if let Err(e) = save_table(&self.config.blob_dir, summary, &bytes) {
-                        tracing::warn!("keeping the chunk table of blob {blob}: {e}");
-                    }
-                    return Ok(table);
+            match attempt(tries > 0) {
+                Ok(value) => return Ok(value),
+                Err(e) if tries < 3 && deadline.is_none_or(|d| Instant::now() < d) => {
+                    tracing::warn!("{what}: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(100 << tries));
+                    tries += 1;
                 }
-                Err(e) if attempt < 3 && Instant::now() < deadline => {
-                    tracing::warn!("chunk table of blob {blob}: {e}; retrying");
-                    std::thread::sleep(Duration::from_millis(100 << attempt));
-                    attempt += 1;
-                }
-                Err(e) => {
-                    tracing::error!("chunk table of blob {blob}: {e}; failing its reads");
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -965,23 +985,10 @@ impl Shared {
         size: u64,
     ) -> io::Result<Vec<u8>> {
         let layer = Digest::parse(digest).map_err(io::Error::other)?;
-        let mut attempt = 0;
-        let compressed = loop {
-            let read = if attempt == 0 {
-                self.source.read_range(&layer, 0, layer_size)
-            } else {
-                self.source.read_range_again(&layer, 0, layer_size)
-            };
-            match read {
-                Ok(bytes) => break bytes,
-                Err(e) if attempt < 3 => {
-                    tracing::warn!("{what}: {e}; retrying");
-                    std::thread::sleep(Duration::from_millis(100 << attempt));
-                    attempt += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let compressed = self.retried(what, None, |fresh| match fresh {
+            false => self.source.read_range(&layer, 0, layer_size),
+            true => self.source.read_range_again(&layer, 0, layer_size),
+        })?;
         self.stats
             .bytes
             .fetch_add(compressed.len() as u64, Ordering::Relaxed);
