@@ -189,6 +189,24 @@ fn check_chunk_table(m: &Mount, desc: &Value) -> usize {
     data
 }
 
+/// `image` mounted lazily in `mode` (no prefetch) under `t`: the mount
+/// took that path and is in `lamina status`.
+#[track_caller]
+fn lazy_mount(t: &TestDir, image: &str, mode: &str) -> Mount {
+    let m = Mount::with_args(
+        image,
+        &t.join(&format!("mnt-{mode}")),
+        &t.join(&format!("cache-{mode}")),
+        &["--mode", mode, "--prefetch", "none"],
+    );
+    assert_eq!(m.info["mode"], mode, "mount report {}", m.info);
+    assert!(
+        m.status().is_some(),
+        "{mode}: a lazy mount is in `lamina status`"
+    );
+    m
+}
+
 /// A 6 GiB file (regions past 4 GiB, the last bytes of the file), converted
 /// from an OCI layout into a registry, mounted lazily with the kernel and
 /// then with FUSE; on each mount:
@@ -240,18 +258,7 @@ fn file_of_6_gib_mounts_lazily_and_reads_right() {
     let twin = umoci_unpack(&format!("{}:twin", layout.display()), &t.join("umoci-twin"));
 
     for mode in ["kernel", "fuse"] {
-        let cache = t.join(&format!("cache-{mode}"));
-        let m = Mount::with_args(
-            &image,
-            &t.join(&format!("mnt-{mode}")),
-            &cache,
-            &["--mode", mode, "--prefetch", "none"],
-        );
-        assert_eq!(m.info["mode"], mode, "mount report {}", m.info);
-        assert!(
-            m.status().is_some(),
-            "{mode}: a docker:// mount is lazy and in `lamina status`"
-        );
+        let m = lazy_mount(&t, &image, mode);
         let big = m.path.join("data/huge.bin");
         check_big_file(&big, &desc);
         let data_chunks = check_chunk_table(&m, &desc);
@@ -352,16 +359,8 @@ fn image_of_120_layers_mounts_lazily_and_matches_umoci() {
     assert_eq!(fs::read(rootfs.join("shared/counter")).unwrap(), b"120\n");
 
     for mode in ["kernel", "fuse"] {
-        let cache = t.join(&format!("cache-{mode}"));
-        let m = Mount::with_args(
-            &image,
-            &t.join(&format!("mnt-{mode}")),
-            &cache,
-            &["--mode", mode, "--prefetch", "none"],
-        );
-        assert_eq!(m.info["mode"], mode, "mount report {}", m.info);
+        let m = lazy_mount(&t, &image, mode);
         assert_eq!(m.blob_paths().len(), 120, "devices of {}", m.info);
-        assert!(m.status().is_some(), "{mode}: the mount is lazy");
         let n = treecmp(&[], &rootfs, &m.path);
         assert!(n >= 150, "compared only {n} entries");
         if mode == "kernel" {
