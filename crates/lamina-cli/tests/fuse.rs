@@ -270,10 +270,12 @@ fn an_image_without_xattrs_costs_no_xattr_or_opendir_round_trips() {
 }
 
 /// Passthrough (issue 9): an eager FUSE mount as root passes a big file
-/// through to its object under cache/objects/<metadata-hex>/<nid>, and it
-/// is the kernel that reads it: bytes written into the object while the
-/// file is open show through the mount (the daemon would read the blob
-/// cache instead); the daemon counts the passthrough open. A small file is
+/// through to its object under cache/objects/<metadata-hex>/<nid>. The
+/// first open does not wait for the object: the daemon serves it while the
+/// object is made; the next open is passed through, and it is the kernel
+/// that reads it: bytes written into the object while the file is open
+/// show through the mount (the daemon would read the blob cache instead);
+/// the daemon counts the passthrough open. A small file is
 /// read through the daemon and gets no object. An overlay on the mount
 /// (stack depth 1) reads the big file's bytes and takes writes.
 #[test]
@@ -289,6 +291,16 @@ fn fuse_passthrough_serves_big_complete_files_from_their_objects() {
     let (big, small) = ("files/big-1m5", "files/size-4097");
     let want = fs::read(reference.join(big)).unwrap();
     assert!(want.len() >= 64 << 10, "{big} is not big");
+
+    // The first open: served by the daemon, the object made meanwhile.
+    let first = fs::File::open(m.path.join(big)).unwrap();
+    let mut whole = vec![0u8; want.len()];
+    first.read_exact_at(&mut whole, 0).unwrap();
+    assert!(whole == want, "{big} through the daemon");
+    drop(first);
+    let s = fuse_counters(&cache, |s| s["objects_created"].as_u64() >= Some(1));
+    assert_eq!(s["passthrough_opens"], 0, "the first open waited: {s}");
+    assert!(s["daemon_reads"].as_u64() >= Some(1), "{s}");
 
     let file = fs::File::open(m.path.join(big)).unwrap();
     // The mount's inode numbers are nids + 2 (the root is 1).
@@ -322,7 +334,6 @@ fn fuse_passthrough_serves_big_complete_files_from_their_objects() {
         "the mount's reads do not come from the object"
     );
     writer.write_all_at(&want[at as usize..][..8], at).unwrap();
-    let mut whole = vec![0u8; want.len()];
     file.read_exact_at(&mut whole, 0).unwrap();
     assert!(
         whole == want,

@@ -18,7 +18,9 @@
 //! files whose blobs are all complete to the kernel (FUSE passthrough): the
 //! file's own copy ([`Objects`]) becomes the open file's backing file, so
 //! its reads never reach the daemon and overlayfs can stack on the mount.
-//! Every other file is served here.
+//! An open never waits for that copy: the first open of such a file is
+//! served here while a thread of its own makes (or checks) the object, and
+//! opens after it are passed through. Every other file is served here.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -48,6 +50,7 @@ use serde::{Deserialize, Serialize};
 pub mod fusermount;
 mod objects;
 
+use objects::Maker;
 pub use objects::Objects;
 
 /// Most directory entries one readdir call parses: more than a reply
@@ -65,7 +68,7 @@ pub struct ImageFs {
     /// Bytes of the metadata image.
     image_len: usize,
     /// Cache files of the data blobs, in device-table order.
-    blobs: Vec<File>,
+    blobs: Arc<[File]>,
     /// A lazy mount's link to its worker; `None`: every blob is complete.
     filler: Option<Arc<Filler>>,
     /// The image's lookup table: names found with one hash, not a search
@@ -93,7 +96,9 @@ const PASSTHROUGH_FH: FileHandle = FileHandle(1);
 /// What a passthrough-enabled daemon keeps.
 #[derive(Debug)]
 struct Passthrough {
-    objects: Objects,
+    objects: Arc<Objects>,
+    /// Makes the objects opens ask for, off the FUSE threads.
+    maker: Maker,
     /// How each inode with open files is served. The kernel fails an open
     /// (EIO) that mixes passthrough and daemon-served opens of one inode,
     /// or two backing files for it; so an inode once passed through keeps
@@ -177,7 +182,7 @@ impl ImageFs {
         Ok(ImageFs {
             image,
             image_len: meta.len(),
-            blobs,
+            blobs: blobs.into(),
             filler,
             lookup: Arc::default(),
             xattrs: true,
@@ -197,13 +202,21 @@ impl ImageFs {
 
     /// Lets files of at least `min_size` bytes whose blobs are complete be
     /// passed through to their objects in `objects_dir` (once the kernel
-    /// agrees, see [`Filesystem::init`]).
+    /// agrees, see [`Filesystem::init`]). Without a thread to make objects
+    /// on, every file is served here.
     pub fn with_passthrough(mut self, objects_dir: PathBuf, min_size: u64) -> Self {
-        self.passthrough = Some(Passthrough {
-            objects: Objects::new(objects_dir, min_size, self.stats.clone()),
-            inodes: Mutex::new(HashMap::new()),
-            refused: AtomicBool::new(false),
-        });
+        let objects = Arc::new(Objects::new(objects_dir, min_size, self.stats.clone()));
+        match Maker::start(objects.clone(), self.blobs.clone()) {
+            Ok(maker) => {
+                self.passthrough = Some(Passthrough {
+                    objects,
+                    maker,
+                    inodes: Mutex::new(HashMap::new()),
+                    refused: AtomicBool::new(false),
+                })
+            }
+            Err(e) => tracing::warn!("no passthrough: starting its thread: {e}"),
+        }
         self
     }
 
@@ -216,10 +229,10 @@ impl ImageFs {
         self.filler.as_ref().is_none_or(|f| f.blob_complete(blob))
     }
 
-    /// The trusted object to pass file `nid` through to, checked or made
-    /// now; `Ok(None)` when the file is not one to pass through (not
-    /// regular, small, or with data in a blob still being filled).
-    fn backing_file(&self, nid: u64) -> std::io::Result<Option<File>> {
+    /// The size and pieces of file `nid` if it is one to pass through;
+    /// `Ok(None)` when it is not (not regular, small, or with data in a
+    /// blob still being filled).
+    fn passthrough_pieces(&self, nid: u64) -> std::io::Result<Option<(u64, Vec<Piece>)>> {
         let Some(pt) = &self.passthrough else {
             return Ok(None);
         };
@@ -233,25 +246,34 @@ impl ImageFs {
         let complete = pieces
             .iter()
             .all(|p| p.data.is_none_or(|(blob, _)| self.blob_complete(blob)));
-        if !complete {
-            return Ok(None);
-        }
-        pt.objects
-            .backing(nid, inode.size, &pieces, &self.blobs)
-            .map(Some)
+        Ok(complete.then_some((inode.size, pieces)))
     }
 
-    /// Answers the open of regular file `nid`: passed through when it may
-    /// be (and the inode is not served here already), else served here.
+    /// The object to pass file `nid` through to if it is ready (checked or
+    /// made by this process). Else `None`, and if the file is one to pass
+    /// through, its object is made or checked in the background, for a
+    /// later open: this one is served here without waiting for it.
+    fn ready_object(&self, pt: &Passthrough, nid: u64) -> Option<File> {
+        if let Some(file) = pt.objects.open_known(nid) {
+            return Some(file);
+        }
+        match self.passthrough_pieces(nid) {
+            Ok(Some((size, pieces))) => pt.maker.request(nid, size, pieces),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(nid, "not passed through, served here: {e}"),
+        }
+        None
+    }
+
+    /// Answers the open of regular file `nid`: passed through when its
+    /// object is ready (and the inode is not served here already), else
+    /// served here.
     fn open_file(&self, pt: &Passthrough, nid: u64, reply: ReplyOpen) {
         let decided = pt.inodes().contains_key(&nid) || pt.refused.load(Ordering::Relaxed);
         let backing = if decided {
             None
         } else {
-            self.backing_file(nid).unwrap_or_else(|e| {
-                tracing::warn!(nid, "not passed through, served here: {e}");
-                None
-            })
+            self.ready_object(pt, nid)
         };
         let mut inodes = pt.inodes();
         match inodes.get_mut(&nid) {
@@ -1392,6 +1414,83 @@ mod tests {
         let ino = fs.lookup_entry(1, b"file").unwrap().ino.0;
         let nid = fs.nid_of(ino).unwrap();
         (fs, nid, ino)
+    }
+
+    impl ImageFs {
+        /// The trusted object of file `nid`, checked or made now.
+        fn backing_file(&self, nid: u64) -> std::io::Result<Option<File>> {
+            let Some((size, pieces)) = self.passthrough_pieces(nid)? else {
+                return Ok(None);
+            };
+            objects(self)
+                .backing(nid, size, &pieces, &self.blobs)
+                .map(Some)
+        }
+
+        /// What `open` would pass file `nid` through to now.
+        fn object_at_open(&self, nid: u64) -> Option<File> {
+            self.ready_object(self.passthrough.as_ref().unwrap(), nid)
+        }
+    }
+
+    /// Waits (at most 10 s) for `counter` to reach `n`.
+    fn await_stat(fs: &ImageFs, counter: fn(&Stats) -> &AtomicU64, n: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while stat(fs, counter) < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "counter stuck below {n}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn an_open_never_waits_for_its_object() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (fs, nid, ino) = passthrough_fixture(tmp.path());
+        let want = fs.read_at(ino, 0, 1 << 20, 1).unwrap();
+        assert!(
+            fs.object_at_open(nid).is_none(),
+            "no object yet: served here"
+        );
+        await_stat(&fs, |s| &s.objects_created, 1);
+        // The maker marks the object trusted right after counting it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let object = loop {
+            if let Some(object) = fs.object_at_open(nid) {
+                break object;
+            }
+            assert!(std::time::Instant::now() < deadline, "object never ready");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut got = vec![0; want.len()];
+        object.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == want, "the object's bytes");
+        assert_eq!(stat(&fs, |s| &s.objects_created), 1, "made once");
+
+        // A new daemon checks the object on disk before its first use, in
+        // the background too; a bad one is made anew there.
+        let (fresh, _, _) = passthrough_fixture(tmp.path());
+        let (path, _) = objects(&fs).paths(nid);
+        let writer = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        writer.write_all_at(&[want[0] ^ 1], 0).unwrap();
+        assert!(fresh.object_at_open(nid).is_none(), "not checked yet");
+        await_stat(&fresh, |s| &s.objects_created, 1);
+        assert_eq!(stat(&fresh, |s| &s.objects_rejected), 1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while fresh.object_at_open(nid).is_none() {
+            assert!(std::time::Instant::now() < deadline, "object never ready");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Small files are never queued.
+        let small = fixture(tmp.path()).with_passthrough(tmp.path().join("o2"), 8293);
+        assert!(small.object_at_open(nid).is_none());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !tmp.path().join("o2").exists(),
+            "a small file got an object"
+        );
     }
 
     fn objects(fs: &ImageFs) -> &Objects {

@@ -15,13 +15,13 @@
 //! Anything else is removed and made anew; when that fails too, the caller
 //! serves the file itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 
 use lamina_fetch::private;
 use lamina_fetch::store::identity;
@@ -67,6 +67,14 @@ impl Objects {
             self.dir.join(nid.to_string()),
             self.dir.join(format!("{nid}.record")),
         )
+    }
+
+    /// The object of `nid` if this process checked or made it already and
+    /// it is still that file: no hashing, one open.
+    pub(crate) fn open_known(&self, nid: u64) -> Option<File> {
+        let known = *self.lock().get(&nid)?;
+        let file = private::open_trusted(&self.paths(nid).0).ok()?;
+        (identity(&file).ok()?? == known).then_some(file)
     }
 
     /// The trusted object of file `nid` (`size` bytes at `pieces` in the
@@ -164,6 +172,54 @@ impl Objects {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, FileIdentity>> {
         self.trusted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A file whose object is wanted: `size` bytes at `pieces`.
+struct Job {
+    nid: u64,
+    size: u64,
+    pieces: Vec<Piece>,
+}
+
+/// Makes or checks objects on a thread of its own, one at a time, so an
+/// open never waits for a copy or a hash of a whole file: the open that
+/// asks is served by the daemon, and a later one is passed through.
+#[derive(Debug)]
+pub(crate) struct Maker {
+    jobs: mpsc::Sender<Job>,
+    /// Nids asked for and not done yet: each is queued once.
+    pending: Arc<Mutex<HashSet<u64>>>,
+}
+
+impl Maker {
+    /// Starts the thread; it ends when the maker is dropped.
+    pub(crate) fn start(objects: Arc<Objects>, blobs: Arc<[File]>) -> io::Result<Maker> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let pending: Arc<Mutex<HashSet<u64>>> = Arc::default();
+        let done = pending.clone();
+        std::thread::Builder::new()
+            .name("lamina-objects".into())
+            .spawn(move || {
+                for job in queue {
+                    match objects.backing(job.nid, job.size, &job.pieces, &blobs) {
+                        Ok(_) => tracing::debug!(nid = job.nid, "object ready"),
+                        Err(e) => tracing::warn!(nid = job.nid, "no object: {e}"),
+                    }
+                    done.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&job.nid);
+                }
+            })?;
+        Ok(Maker { jobs, pending })
+    }
+
+    /// Queues the object of `nid` unless it is queued already.
+    pub(crate) fn request(&self, nid: u64, size: u64, pieces: Vec<Piece>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.insert(nid) && self.jobs.send(Job { nid, size, pieces }).is_err() {
+            pending.remove(&nid);
+        }
     }
 }
 
