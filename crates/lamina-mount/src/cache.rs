@@ -71,6 +71,37 @@ pub fn store_unrecorded(path: &Path, bytes: &[u8]) -> Result<(), CacheError> {
     Ok(())
 }
 
+/// Writes a layer to `path` atomically (exclusive temp file, rename), 0600
+/// in a private directory, as [`store_metadata`] (`record` given: synced,
+/// then recorded as having that content digest) or [`store_unrecorded`]
+/// do; but its bytes come from `fill`, which writes them into the temp
+/// file and verifies them before it returns `Ok`. On any error the temp
+/// file is removed and nothing appears under `path`.
+pub fn store_streamed<E: From<CacheError>>(
+    path: &Path,
+    record: Option<&[u8; 32]>,
+    fill: impl FnOnce(&mut File) -> Result<(), E>,
+) -> Result<(), E> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    private::private_dir(dir).map_err(io_err(dir))?;
+    let tmp = private::temp_name(path, "tmp");
+    let mut file = private::create_new(&tmp).map_err(io_err(&tmp))?;
+    let stored = fill(&mut file).and_then(|()| {
+        if record.is_some() {
+            file.sync_data().map_err(io_err(&tmp))?;
+        }
+        fs::rename(&tmp, path).map_err(io_err(path))?;
+        if let Some(digest) = record {
+            lamina_fetch::store::record_whole(&file, path, digest).map_err(io_err(path))?;
+        }
+        Ok(())
+    });
+    if stored.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    stored
+}
+
 /// Fills the cache file `path` for `blob` from `reader` (the blob's bytes,
 /// in order, digest-checked by the reader at EOF). Each chunk is decompressed
 /// and checked against its digest before it is written; the file appears
@@ -169,6 +200,7 @@ pub fn materialize_paged_blob(
 mod tests {
     use super::*;
     use lamina_format::index::{ChunkEntry, CHUNK_ZSTD};
+    use std::io::Write;
 
     fn blob_with(data: &[u8]) -> (IndexBlob, Vec<u8>) {
         let z = zstd::bulk::compress(data, 1).unwrap();
@@ -189,6 +221,35 @@ mod tests {
             }],
         };
         (blob, stored)
+    }
+
+    /// A streamed layer appears under its name only once `fill` verified
+    /// it; recorded when asked; on an error no file is left, temp or not.
+    #[test]
+    fn streamed_layers_appear_only_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta/m.erofs");
+        let digest = lamina_oci::sha256(b"layer");
+        for record in [Some(&digest), None] {
+            store_streamed::<CacheError>(&path, record, |f| {
+                f.write_all(b"layer").map_err(io_err(&path))
+            })
+            .unwrap();
+            assert_eq!(fs::read(&path).unwrap(), b"layer");
+            let file = File::open(&path).unwrap();
+            let recorded = lamina_fetch::store::recorded_whole(&file, &path, &digest).unwrap();
+            assert_eq!(recorded, record.is_some());
+            fs::remove_file(&path).unwrap();
+            let _ = fs::remove_file(path.with_extension("erofs.fill"));
+        }
+        let err = store_streamed::<CacheError>(&path, Some(&digest), |f| {
+            f.write_all(b"half").unwrap();
+            Err(io_err(&path)(io::Error::other("digest mismatch")))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("digest mismatch"), "{err}");
+        let left: Vec<_> = fs::read_dir(dir.path().join("meta")).unwrap().collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
     }
 
     #[test]

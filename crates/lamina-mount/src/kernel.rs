@@ -16,7 +16,8 @@ use lamina_oci::{open_source, ImageRef, SourceOptions};
 use rustix::mount::UnmountFlags;
 
 use crate::cache::{
-    materialize_blob, materialize_paged_blob, store_metadata, store_unrecorded, CacheError,
+    materialize_blob, materialize_paged_blob, store_metadata, store_streamed, store_unrecorded,
+    CacheError,
 };
 use lamina_fetch::store::BlobStore;
 
@@ -176,12 +177,22 @@ pub(crate) fn cache_layer_file(
             return Ok(read.then_some(bytes));
         }
     }
+    if !read {
+        // Streamed to the file: never the whole layer in memory.
+        let record = (record == Record::Now).then_some(&expected);
+        store_streamed(path, record, |file| {
+            artifact::copy_compressed_layer(source, desc, what, file)
+                .map(drop)
+                .map_err(MountError::from)
+        })?;
+        return Ok(None);
+    }
     let bytes = artifact::read_compressed_layer(source, desc, what)?;
     match record {
         Record::Now => store_metadata(path, &bytes, &expected)?,
         Record::Later => store_unrecorded(path, &bytes)?,
     }
-    Ok(read.then_some(bytes))
+    Ok(Some(bytes))
 }
 
 /// A zstd lamina layer's content digest (SHA-256) from its annotation.
