@@ -143,6 +143,8 @@ pub struct Stats {
     pub xattr_requests: AtomicU64,
     /// opendir requests that reached the daemon.
     pub opendir_requests: AtomicU64,
+    /// Times the mapped metadata left the resident set (over its budget).
+    pub mapped_releases: AtomicU64,
 }
 
 impl Stats {
@@ -158,6 +160,7 @@ impl Stats {
             "objects_rejected": n(&self.objects_rejected),
             "xattr_requests": n(&self.xattr_requests),
             "opendir_requests": n(&self.opendir_requests),
+            "mapped_releases": n(&self.mapped_releases),
         })
     }
 }
@@ -1061,6 +1064,7 @@ fn open_session(
         fs = fs.without_xattrs();
     }
     let stats = fs.stats();
+    keep_mapped_pages_bounded(stats.clone());
     let fuse = fuse_config(config.threads);
     let session = match fuse_fd {
         Some(fd) => fuser::Session::from_fd(fs, fd, fuse.acl, fuse),
@@ -1068,6 +1072,44 @@ fn open_session(
     }
     .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))?;
     Ok((session, stats))
+}
+
+/// Most bytes of resident file pages (the binary's and the mapped metadata
+/// and lookup table's) the daemon keeps before it releases the mapped ones.
+const MAPPED_RSS_BUDGET: u64 = 24 << 20;
+
+/// How often the resident set is looked at.
+const MAPPED_RSS_CHECK: Duration = Duration::from_millis(100);
+
+/// Keeps the daemon's resident set flat in the size of the image: a thread
+/// that releases the mapped metadata and lookup table pages
+/// ([`lamina_sys::release_mapped_files`]) whenever the resident file pages
+/// pass [`MAPPED_RSS_BUDGET`]. The pages stay in the page cache, as the
+/// kernel's own EROFS mount keeps its metadata; a lookup that touches one
+/// again maps it back with a minor fault.
+fn keep_mapped_pages_bounded(stats: Arc<Stats>) {
+    let spawned = std::thread::Builder::new()
+        .name("lamina-rss".into())
+        .spawn(move || loop {
+            std::thread::sleep(MAPPED_RSS_CHECK);
+            if let Err(e) = release_over_budget(&stats, MAPPED_RSS_BUDGET) {
+                return tracing::warn!("resident set no longer bounded: {e}");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("resident set not bounded: {e}");
+    }
+}
+
+/// Releases the mapped pages if the resident file pages are over `budget`.
+fn release_over_budget(stats: &Stats, budget: u64) -> std::io::Result<()> {
+    let resident = lamina_sys::resident_file_bytes()?;
+    if resident > budget {
+        lamina_sys::release_mapped_files()?;
+        let n = stats.mapped_releases.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::debug!(resident, releases = n, "mapped pages released");
+    }
+    Ok(())
 }
 
 /// Watches for the lookup table a worker fetches (see [`LookupLater`]) and
@@ -1443,6 +1485,27 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Over the budget, the mapped image pages leave the resident set (and
+    /// are counted); under it, nothing happens.
+    #[test]
+    fn mapped_pages_are_released_over_budget() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_, heap) = fixture_bytes(tmp.path());
+        // Mapped from a file, as the daemon maps it.
+        std::fs::write(tmp.path().join("meta"), heap).unwrap();
+        let meta = map_forever(&tmp.path().join("meta")).unwrap();
+        let blob = File::open(tmp.path().join("blob")).unwrap();
+        let fs = ImageFs::new(meta, vec![blob], None).unwrap();
+        let sum = |b: &[u8]| b.iter().map(|&x| u64::from(x)).sum::<u64>();
+        let before = sum(meta);
+        release_over_budget(&fs.stats, u64::MAX).unwrap();
+        assert_eq!(stat(&fs, |s| &s.mapped_releases), 0);
+        release_over_budget(&fs.stats, 0).unwrap();
+        assert_eq!(stat(&fs, |s| &s.mapped_releases), 1);
+        assert_eq!(sum(meta), before, "the metadata reads the same");
+        assert!(fs.lookup_entry(1, b"file").is_ok());
     }
 
     #[test]

@@ -338,8 +338,50 @@ pub fn map_file_forever(file: &std::fs::File) -> io::Result<&'static [u8]> {
         if addr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        mapped_files().push((addr as usize, len));
         Ok(std::slice::from_raw_parts(addr.cast::<u8>(), len))
     }
+}
+
+/// The mappings [`map_file_forever`] made: (address, length).
+fn mapped_files() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
+    static MAPPED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    MAPPED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Drops every page of the files [`map_file_forever`] mapped from this
+/// process's page tables (they stay in the page cache): the next touch of
+/// one maps it again, a minor fault. So a daemon that has read through a
+/// big metadata image does not keep all of it in its resident set.
+pub fn release_mapped_files() -> io::Result<()> {
+    for &(addr, len) in mapped_files().iter() {
+        // SAFETY: (addr, len) is a whole read-only private mapping of a
+        // file, made by `map_file_forever` and never unmapped. Its pages
+        // are never written (PROT_READ), so none is a private copy: after
+        // MADV_DONTNEED a touch reads the file's page again, the same
+        // bytes (the file is not changed in place), and every slice over
+        // the mapping stays valid.
+        let done = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        if done != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// This process's resident pages that are mapped from files (its binary,
+/// libraries and [`map_file_forever`]'s mappings), in bytes: the
+/// `shared` field of `/proc/self/statm`.
+pub fn resident_file_bytes() -> io::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(2)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("/proc/self/statm: {statm:?}")))?;
+    // SAFETY: sysconf has no memory effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Ok(pages * u64::try_from(page).unwrap_or(4096))
 }
 
 /// Makes SIGTERM, SIGINT, SIGHUP and SIGPIPE no-ops for this process.
@@ -425,6 +467,32 @@ mod tests {
     }
 
     use super::*;
+
+    /// Released pages leave the resident set and read back the same.
+    #[test]
+    fn released_mappings_leave_the_resident_set_and_read_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta");
+        let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let bytes = map_file_forever(&std::fs::File::open(&path).unwrap()).unwrap();
+        let before = resident_file_bytes().unwrap();
+        let sum: u64 = bytes.iter().step_by(4096).map(|&b| u64::from(b)).sum();
+        let touched = resident_file_bytes().unwrap();
+        assert!(touched >= before + (12 << 20), "{before} -> {touched}");
+        release_mapped_files().unwrap();
+        let released = resident_file_bytes().unwrap();
+        assert!(released + (12 << 20) <= touched, "{touched} -> {released}");
+        assert_eq!(
+            bytes
+                .iter()
+                .step_by(4096)
+                .map(|&b| u64::from(b))
+                .sum::<u64>(),
+            sum
+        );
+        assert!(bytes == &data[..], "the bytes changed");
+    }
 
     #[test]
     fn parses_event_with_range() {
