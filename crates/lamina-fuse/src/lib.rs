@@ -1074,9 +1074,10 @@ fn open_session(
     Ok((session, stats))
 }
 
-/// Most bytes of resident file pages (the binary's and the mapped metadata
-/// and lookup table's) the daemon keeps before it releases the mapped ones.
-const MAPPED_RSS_BUDGET: u64 = 24 << 20;
+/// Bytes of file pages the daemon may map in beyond what it had resident
+/// after its start or its last release, before it releases the mapped
+/// metadata and lookup table pages again.
+const MAPPED_RSS_ALLOWANCE: u64 = 4 << 20;
 
 /// How often the resident set is looked at.
 const MAPPED_RSS_CHECK: Duration = Duration::from_millis(100);
@@ -1084,16 +1085,23 @@ const MAPPED_RSS_CHECK: Duration = Duration::from_millis(100);
 /// Keeps the daemon's resident set flat in the size of the image: a thread
 /// that releases the mapped metadata and lookup table pages
 /// ([`lamina_sys::release_mapped_files`]) whenever the resident file pages
-/// pass [`MAPPED_RSS_BUDGET`]. The pages stay in the page cache, as the
+/// grew by [`MAPPED_RSS_ALLOWANCE`] since the start or the last release
+/// (the binary's own pages count, and are not released: so the mark is
+/// taken after each release). The pages stay in the page cache, as the
 /// kernel's own EROFS mount keeps its metadata; a lookup that touches one
 /// again maps it back with a minor fault.
 fn keep_mapped_pages_bounded(stats: Arc<Stats>) {
     let spawned = std::thread::Builder::new()
         .name("lamina-rss".into())
-        .spawn(move || loop {
-            std::thread::sleep(MAPPED_RSS_CHECK);
-            if let Err(e) = release_over_budget(&stats, MAPPED_RSS_BUDGET) {
-                return tracing::warn!("resident set no longer bounded: {e}");
+        .spawn(move || {
+            let mut resident = lamina_sys::resident_file_bytes();
+            while let Ok(mark) = resident {
+                std::thread::sleep(MAPPED_RSS_CHECK);
+                resident = release_over(&stats, mark + MAPPED_RSS_ALLOWANCE)
+                    .map(|after| after.unwrap_or(mark));
+            }
+            if let Err(e) = resident {
+                tracing::warn!("resident set no longer bounded: {e}");
             }
         });
     if let Err(e) = spawned {
@@ -1101,15 +1109,19 @@ fn keep_mapped_pages_bounded(stats: Arc<Stats>) {
     }
 }
 
-/// Releases the mapped pages if the resident file pages are over `budget`.
-fn release_over_budget(stats: &Stats, budget: u64) -> std::io::Result<()> {
+/// Releases the mapped pages if the resident file pages are over `limit`
+/// (counted), and returns the resident file pages after; `None` when they
+/// were under it.
+fn release_over(stats: &Stats, limit: u64) -> std::io::Result<Option<u64>> {
     let resident = lamina_sys::resident_file_bytes()?;
-    if resident > budget {
-        lamina_sys::release_mapped_files()?;
-        let n = stats.mapped_releases.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::debug!(resident, releases = n, "mapped pages released");
+    if resident <= limit {
+        return Ok(None);
     }
-    Ok(())
+    lamina_sys::release_mapped_files()?;
+    let n = stats.mapped_releases.fetch_add(1, Ordering::Relaxed) + 1;
+    let after = lamina_sys::resident_file_bytes()?;
+    tracing::debug!(resident, after, releases = n, "mapped pages released");
+    Ok(Some(after))
 }
 
 /// Watches for the lookup table a worker fetches (see [`LookupLater`]) and
@@ -1500,10 +1512,11 @@ mod tests {
         let fs = ImageFs::new(meta, vec![blob], None).unwrap();
         let sum = |b: &[u8]| b.iter().map(|&x| u64::from(x)).sum::<u64>();
         let before = sum(meta);
-        release_over_budget(&fs.stats, u64::MAX).unwrap();
+        assert_eq!(release_over(&fs.stats, u64::MAX).unwrap(), None);
         assert_eq!(stat(&fs, |s| &s.mapped_releases), 0);
-        release_over_budget(&fs.stats, 0).unwrap();
+        let after = release_over(&fs.stats, 0).unwrap();
         assert_eq!(stat(&fs, |s| &s.mapped_releases), 1);
+        assert!(after > Some(0), "the binary's own pages stay resident");
         assert_eq!(sum(meta), before, "the metadata reads the same");
         assert!(fs.lookup_entry(1, b"file").is_ok());
     }
