@@ -133,10 +133,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> 
 /// into place (another process may have replaced it there since), for a
 /// record bound to it.
 pub fn write_atomic_file(path: &Path, bytes: &[u8], durable: bool) -> io::Result<File> {
+    write_atomic_with(path, durable, |f| f.write_all(bytes))
+}
+
+/// [`write_atomic_file`] of the bytes `fill` writes into the temp file (a
+/// stream too big to hold in memory); when `fill` fails, nothing is left
+/// behind, as with any other failure.
+pub fn write_atomic_with(
+    path: &Path,
+    durable: bool,
+    fill: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<File> {
     let tmp = temp_name(path, "tmp");
     let result = (|| {
         let mut f = create_new(&tmp)?;
-        f.write_all(bytes)?;
+        fill(&mut f)?;
         if durable {
             f.sync_data()?;
         }

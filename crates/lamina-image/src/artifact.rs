@@ -297,9 +297,9 @@ pub fn copy_compressed_layer(
             let mut block = spare.try_recv().unwrap_or_default();
             block.resize(COPY_BLOCK, 0);
             let n = match read_full(&mut decoder, &mut block) {
-                Ok(0) => break Ok(()),
-                Ok(n) => n,
-                Err(e) => break Err(e),
+                (0, Ok(())) => break Ok(()),
+                (n, Ok(())) => n,
+                (_, Err(e)) => break Err(e),
             };
             block.truncate(n);
             len += n as u64;
@@ -319,18 +319,19 @@ pub fn copy_compressed_layer(
     Ok(len)
 }
 
-/// Reads until `buf` is full or the stream ends; the bytes read.
-fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Reads until `buf` is full, the stream ends or a read fails: the bytes
+/// read (those before a failure too), and the failure.
+pub(crate) fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> (usize, std::io::Result<()>) {
     let mut filled = 0;
     while filled < buf.len() {
         match reader.read(&mut buf[filled..]) {
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => return (filled, Err(e)),
         }
     }
-    Ok(filled)
+    (filled, Ok(()))
 }
 
 /// A zstd lamina layer's decompressing reader.

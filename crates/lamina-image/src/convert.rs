@@ -365,8 +365,6 @@ pub fn read_trace(path: &std::path::Path) -> Result<Vec<TraceEntry>, ConvertErro
     parse_trace(path, &text).map_err(|e| ConvertError::Config(e.to_string()))
 }
 
-/// Runs `reader` (decompression and digest checks) on a second thread, so
-/// that it overlaps with chunking and compression on this one.
 /// Bytes of one zstd job in [`compress_in_jobs`]: several per core for the
 /// 85 MB metadata of a million files.
 const ZSTD_JOB_SIZE: u32 = 8 << 20;
@@ -390,6 +388,8 @@ fn compress_with_workers(bytes: &[u8], level: i32, workers: u32) -> io::Result<V
     encoder.finish()
 }
 
+/// Runs `reader` (decompression and digest checks) on a second thread, so
+/// that it overlaps with chunking and compression on this one.
 fn with_readahead<T>(
     mut reader: Box<dyn Read + Send + '_>,
     progress: &dyn Fn(Progress),
@@ -400,20 +400,7 @@ fn with_readahead<T>(
         let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(8);
         scope.spawn(move || loop {
             let mut buf = vec![0u8; BUF];
-            let mut filled = 0;
-            let result = loop {
-                match reader.read(&mut buf[filled..]) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => {
-                        filled += n;
-                        if filled == BUF {
-                            break Ok(());
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => break Err(e),
-                }
-            };
+            let (filled, result) = read_full(&mut reader, &mut buf);
             buf.truncate(filled);
             let done = filled < BUF;
             let sent = match result {

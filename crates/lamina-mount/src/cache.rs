@@ -84,22 +84,22 @@ pub fn store_streamed<E: From<CacheError>>(
 ) -> Result<(), E> {
     let dir = path.parent().unwrap_or(Path::new("."));
     private::private_dir(dir).map_err(io_err(dir))?;
-    let tmp = private::temp_name(path, "tmp");
-    let mut file = private::create_new(&tmp).map_err(io_err(&tmp))?;
-    let stored = fill(&mut file).and_then(|()| {
-        if record.is_some() {
-            file.sync_data().map_err(io_err(&tmp))?;
-        }
-        fs::rename(&tmp, path).map_err(io_err(path))?;
-        if let Some(digest) = record {
-            lamina_fetch::store::record_whole(&file, path, digest).map_err(io_err(path))?;
-        }
-        Ok(())
+    // `fill`'s own error, kept whole: the writer sees only that it failed.
+    let mut failed = None;
+    let written = private::write_atomic_with(path, record.is_some(), |file| {
+        fill(file).map_err(|e| {
+            failed = Some(e);
+            io::Error::other("the layer did not fill its file")
+        })
     });
-    if stored.is_err() {
-        let _ = fs::remove_file(&tmp);
+    if let Some(e) = failed {
+        return Err(e);
     }
-    stored
+    let file = written.map_err(io_err(path))?;
+    if let Some(digest) = record {
+        lamina_fetch::store::record_whole(&file, path, digest).map_err(io_err(path))?;
+    }
+    Ok(())
 }
 
 /// Fills the cache file `path` for `blob` from `reader` (the blob's bytes,
