@@ -269,6 +269,41 @@ fn an_image_without_xattrs_costs_no_xattr_or_opendir_round_trips() {
     m.unmount();
 }
 
+/// Flat memory (issues 9, 10): a FUSE daemon at rest gives back the pages
+/// of the metadata it mapped while serving. After a listing maps them, a
+/// second without new pages counts as idle, and the daemon releases them
+/// (counted as `mapped_releases`), however few; the image still reads right.
+#[test]
+fn an_idle_fuse_daemon_releases_the_pages_it_mapped() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("fuse-idle");
+    let image = converted_edge(&t);
+    let cache = t.join("cache");
+    let m = Mount::with_args(&image, &t.join("mnt"), &cache, &["--mode", "fuse"]);
+    // Whatever the start mapped is released once it is idle, or was not
+    // enough to: either way the counters settle.
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = fuse_counters(&cache, |_| true)["mapped_releases"]
+        .as_u64()
+        .expect("mapped_releases counted");
+    let list = || {
+        run(
+            &mut command("ls", [OsStr::new("-lR"), m.path.as_os_str()]),
+            SHORT,
+        )
+        .ok()
+        .stdout
+    };
+    let tree = list();
+    // Panics unless a release is counted within 10 s.
+    fuse_counters(&cache, |c| c["mapped_releases"].as_u64() > Some(before));
+    assert!(tree.len() > 100, "a listing of the edge tree");
+    assert!(list() == tree, "the tree lists the same after the release");
+    m.unmount();
+}
+
 /// Passthrough (issue 9): an eager FUSE mount as root passes a big file
 /// through to its object under cache/objects/<metadata-hex>/<nid>. The
 /// first open does not wait for the object: the daemon serves it while the

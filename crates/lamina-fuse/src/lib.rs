@@ -1077,30 +1077,28 @@ fn open_session(
 /// Bytes of file pages the daemon may map in beyond what it had resident
 /// after its start or its last release, before it releases the mapped
 /// metadata and lookup table pages again.
-const MAPPED_RSS_ALLOWANCE: u64 = 4 << 20;
+const MAPPED_RSS_ALLOWANCE: u64 = 1 << 20;
 
 /// How often the resident set is looked at.
 const MAPPED_RSS_CHECK: Duration = Duration::from_millis(100);
 
+/// Checks in a row without new file pages after which a daemon that mapped
+/// any pages since the mark counts as idle and releases them (1 s).
+const MAPPED_RSS_IDLE_CHECKS: u32 = 10;
+
 /// Keeps the daemon's resident set flat in the size of the image: a thread
 /// that releases the mapped metadata and lookup table pages
-/// ([`lamina_sys::release_mapped_files`]) whenever the resident file pages
-/// grew by [`MAPPED_RSS_ALLOWANCE`] since the start or the last release
-/// (the binary's own pages count, and are not released: so the mark is
-/// taken after each release). The pages stay in the page cache, as the
+/// ([`lamina_sys::release_mapped_files`]) whenever [`release_due`] says so,
+/// the mark being the resident file pages after the start or the last
+/// release (the binary's own pages count, and are not released: so the mark
+/// is taken after each release). The pages stay in the page cache, as the
 /// kernel's own EROFS mount keeps its metadata; a lookup that touches one
 /// again maps it back with a minor fault.
 fn keep_mapped_pages_bounded(stats: Arc<Stats>) {
     let spawned = std::thread::Builder::new()
         .name("lamina-rss".into())
         .spawn(move || {
-            let mut resident = lamina_sys::resident_file_bytes();
-            while let Ok(mark) = resident {
-                std::thread::sleep(MAPPED_RSS_CHECK);
-                resident = release_over(&stats, mark + MAPPED_RSS_ALLOWANCE)
-                    .map(|after| after.unwrap_or(mark));
-            }
-            if let Err(e) = resident {
+            if let Err(e) = bound_mapped_pages(&stats) {
                 tracing::warn!("resident set no longer bounded: {e}");
             }
         });
@@ -1109,19 +1107,40 @@ fn keep_mapped_pages_bounded(stats: Arc<Stats>) {
     }
 }
 
-/// Releases the mapped pages if the resident file pages are over `limit`
-/// (counted), and returns the resident file pages after; `None` when they
-/// were under it.
-fn release_over(stats: &Stats, limit: u64) -> std::io::Result<Option<u64>> {
-    let resident = lamina_sys::resident_file_bytes()?;
-    if resident <= limit {
-        return Ok(None);
+/// The loop of [`keep_mapped_pages_bounded`]; returns only on an error.
+fn bound_mapped_pages(stats: &Stats) -> std::io::Result<()> {
+    let mut mark = lamina_sys::resident_file_bytes()?;
+    let (mut last, mut unchanged) = (mark, 0);
+    loop {
+        std::thread::sleep(MAPPED_RSS_CHECK);
+        let resident = lamina_sys::resident_file_bytes()?;
+        unchanged = if resident == last { unchanged + 1 } else { 0 };
+        last = resident;
+        if release_due(resident, mark, unchanged) {
+            mark = release_mapped(stats)?;
+            (last, unchanged) = (mark, 0);
+        }
     }
+}
+
+/// Whether to release the mapped pages, with `resident` file bytes now,
+/// `mark` after the last release and `unchanged` checks in a row without
+/// new pages: over the allowance while busy, and anything over the mark
+/// once idle (so a daemon at rest holds no more than after its start).
+fn release_due(resident: u64, mark: u64, unchanged: u32) -> bool {
+    resident > mark + MAPPED_RSS_ALLOWANCE
+        || (resident > mark && unchanged >= MAPPED_RSS_IDLE_CHECKS)
+}
+
+/// Releases the mapped pages (counted) and returns the resident file pages
+/// after.
+fn release_mapped(stats: &Stats) -> std::io::Result<u64> {
+    let resident = lamina_sys::resident_file_bytes()?;
     lamina_sys::release_mapped_files()?;
     let n = stats.mapped_releases.fetch_add(1, Ordering::Relaxed) + 1;
     let after = lamina_sys::resident_file_bytes()?;
     tracing::debug!(resident, after, releases = n, "mapped pages released");
-    Ok(Some(after))
+    Ok(after)
 }
 
 /// Watches for the lookup table a worker fetches (see [`LookupLater`]) and
@@ -1499,10 +1518,10 @@ mod tests {
         }
     }
 
-    /// Over the budget, the mapped image pages leave the resident set (and
-    /// are counted); under it, nothing happens.
+    /// Released, the mapped image pages leave the resident set (and are
+    /// counted), and the image reads the same.
     #[test]
-    fn mapped_pages_are_released_over_budget() {
+    fn mapped_pages_are_released() {
         let tmp = tempfile::tempdir().unwrap();
         let (_, heap) = fixture_bytes(tmp.path());
         // Mapped from a file, as the daemon maps it.
@@ -1512,13 +1531,30 @@ mod tests {
         let fs = ImageFs::new(meta, vec![blob], None).unwrap();
         let sum = |b: &[u8]| b.iter().map(|&x| u64::from(x)).sum::<u64>();
         let before = sum(meta);
-        assert_eq!(release_over(&fs.stats, u64::MAX).unwrap(), None);
-        assert_eq!(stat(&fs, |s| &s.mapped_releases), 0);
-        let after = release_over(&fs.stats, 0).unwrap();
+        let after = release_mapped(&fs.stats).unwrap();
         assert_eq!(stat(&fs, |s| &s.mapped_releases), 1);
-        assert!(after > Some(0), "the binary's own pages stay resident");
+        assert!(after > 0, "the binary's own pages stay resident");
         assert_eq!(sum(meta), before, "the metadata reads the same");
         assert!(fs.lookup_entry(1, b"file").is_ok());
+    }
+
+    /// Busy, the daemon releases only past the allowance; idle, anything
+    /// mapped since the last release goes.
+    #[test]
+    fn mapped_pages_go_past_the_allowance_or_when_idle() {
+        let mark = 8 << 20;
+        let busy = 0;
+        assert!(!release_due(mark, mark, busy));
+        assert!(!release_due(mark + MAPPED_RSS_ALLOWANCE, mark, busy));
+        assert!(release_due(mark + MAPPED_RSS_ALLOWANCE + 4096, mark, busy));
+        let idle = MAPPED_RSS_IDLE_CHECKS;
+        assert!(!release_due(mark + 4096, mark, idle - 1), "not idle yet");
+        assert!(release_due(mark + 4096, mark, idle));
+        assert!(!release_due(mark, mark, idle), "nothing mapped since");
+        assert!(
+            !release_due(mark - 4096, mark, idle),
+            "fewer pages than at the mark"
+        );
     }
 
     #[test]
