@@ -21,6 +21,7 @@ const EMPTY_XATTRS: &[(&str, &str)] = &[
 ///   xattrs, which umoci drops), 0 differences;
 /// * treecmp vs ociunpack.py of edge, no ignores, 0 differences;
 /// * every empty-valued xattr reads back from the mount as present and empty;
+/// * the POSIX ACL is enforced (user nobody reads through it);
 /// * fsck.erofs with the blob caches as devices, exit 0;
 /// * lamina's own EROFS reader (the FUSE path's) sees what the kernel
 ///   mounts, entry by entry and byte by byte.
@@ -58,6 +59,7 @@ fn edge_mount_matches_umoci_and_ociunpack() {
         assert_eq!(got, Ok(0), "{path}: {name} should be present and empty");
     }
 
+    assert_edge_acl_enforced(&t, &m.path);
     fsck_erofs(&m);
     let read = reader_matches_kernel(&m);
     assert!(read >= 5000, "the reader compared only {read} entries");

@@ -112,6 +112,7 @@ fn without_lookup_layer(dir: &Path, tag: &str, new_tag: &str) {
 ///   differences, every entry compared (type, mode, owner, size, content,
 ///   link target, device numbers, xattrs, mtime, hardlinks);
 /// * empty-valued xattrs read back as present and empty;
+/// * the POSIX ACL is enforced (user nobody reads through it);
 /// * `lamina umount` unmounts and the daemon exits.
 #[test]
 fn fuse_mount_of_edge_matches_umoci_and_ociunpack() {
@@ -149,6 +150,8 @@ fn fuse_mount_of_edge_matches_umoci_and_ociunpack() {
         let got = rustix::fs::lgetxattr(m.path.join(path), name, &mut buf[..]);
         assert_eq!(got, Ok(0), "{path}: {name} should be present and empty");
     }
+    // FUSE_POSIX_ACL: the kernel asks for the ACL and enforces it.
+    assert_edge_acl_enforced(&t, &m.path);
 
     m.unmount();
     assert!(

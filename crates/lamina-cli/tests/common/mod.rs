@@ -1110,6 +1110,31 @@ pub fn regular_files(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The edge fixture's POSIX ACL is enforced on the mount at `mnt` (whose
+/// test dir `t` is opened to other users for it): user nobody reads
+/// `xattrs/acl-nobody` (mode 0640, a named-user entry for nobody) and is
+/// refused `xattrs/acl-control` (mode 0640, no ACL).
+#[track_caller]
+pub fn assert_edge_acl_enforced(t: &TestDir, mnt: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let cat_as_nobody = |file: &str| {
+        let path = mnt.join("xattrs").join(file);
+        let args = ["--reuid=65534", "--regid=65534", "--clear-groups", "cat"];
+        let mut cmd = command("setpriv", args.iter().map(OsStr::new));
+        cmd.arg(&path);
+        run(&mut cmd, Duration::from_secs(30))
+    };
+    let granted = cat_as_nobody("acl-nobody").ok();
+    assert_eq!(granted.stdout, "read through an ACL\n");
+    let refused = cat_as_nobody("acl-control");
+    assert!(
+        !refused.status.success() && refused.stderr.contains("Permission denied"),
+        "nobody read a 0640 file without an ACL:\n{}",
+        refused.describe()
+    );
+}
+
 /// `treecmp.py OPTS A B`: asserts exit 0 and the summary line
 /// `treecmp: N entries compared, 0 differences` with N the entry count of A.
 /// Returns N.
