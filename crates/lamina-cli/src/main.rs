@@ -50,6 +50,10 @@ fn main() -> ExitCode {
     // The daemons run on what their mount was given, logging included
     // (inherited in the environment): no config file.
     let file = if args.is_daemon() {
+        // Fetch buffers of big chunks go back to the kernel when done.
+        if let Err(e) = lamina_sys::unmap_big_allocations_on_free() {
+            eprintln!("lamina: {e}");
+        }
         config::ConfigFile::default()
     } else {
         match config::load(args.config.as_deref()) {

@@ -369,6 +369,31 @@ pub fn release_mapped_files() -> io::Result<()> {
     Ok(())
 }
 
+/// Allocations of at least this many bytes get a mapping of their own
+/// (see [`unmap_big_allocations_on_free`]).
+pub const OWN_MAPPING_MIN: usize = 1 << 20;
+
+/// Makes the C allocator give every allocation of at least
+/// [`OWN_MAPPING_MIN`] bytes a mapping of its own, unmapped when it is
+/// freed. By default glibc raises that threshold (to up to 32 MiB) each
+/// time such a block is freed, and blocks under it are then carved from
+/// heaps that are seldom returned: a mount daemon fetching 16 MiB chunks
+/// kept 170-270 MB of anonymous memory after reading a 2 GiB image whole,
+/// and 5 MB with this. Setting the threshold also fixes glibc's trim
+/// threshold. Elsewhere than glibc, nothing to do.
+pub fn unmap_big_allocations_on_free() -> io::Result<()> {
+    #[cfg(target_env = "gnu")]
+    {
+        let bytes = OWN_MAPPING_MIN as libc::c_int;
+        // SAFETY: mallopt only changes the allocator's tuning, under its
+        // own lock; blocks already allocated are freed as they were made.
+        if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) } != 1 {
+            return Err(io::Error::other("mallopt(M_MMAP_THRESHOLD) refused"));
+        }
+    }
+    Ok(())
+}
+
 /// This process's resident pages that are mapped from files (its binary,
 /// libraries and [`map_file_forever`]'s mappings), in bytes: the
 /// `shared` field of `/proc/self/statm`.
