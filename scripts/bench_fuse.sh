@@ -14,8 +14,8 @@
 #                              [--plot FILE | --no-plot]
 #   --quick        development run: 1 run, 3 warm / 2 cold, 100,000 files,
 #                  a 128 MiB fio file, lookup_bench at 1M keys only
-#   --runs N       runs of mounts, fio and lookup_bench (default 3; warm
-#                  workloads 5*N, cold ones 3*N)
+#   --runs N       runs of mounts and lookup_bench (default 3; warm
+#                  workloads 5*N, cold ones 3*N; fio max(N, 5))
 #   --files N      files in the big image of part 5 (default 1000000)
 #   --no-big       skip part 5 (slow: a 1M-file image is generated once, kept
 #                  in /var/cache/lamina-test/bench-fuse, and converted each run)
@@ -69,7 +69,7 @@ done
 EXTRA=()
 if [ "$QUICK" = 1 ]; then
     RUNS=1
-    EXTRA+=(--warm-runs 3 --cold-runs 2 --mphf-keys 1000000 --fio-rand-mib 32)
+    EXTRA+=(--warm-runs 3 --cold-runs 2 --mphf-keys 1000000 --fio-rand-mib 32 --fio-runs 1)
     : "${FILES:=100000}" "${FIO_MIB:=128}"
 fi
 : "${FILES:=1000000}" "${FIO_MIB:=512}"

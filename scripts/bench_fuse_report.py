@@ -51,8 +51,8 @@ def render(r):
     w = out.append
     m, cfg, rt = r["machine"], r["config"], r["ratios"]
     w(f"Measured {m['date']} on {m['nproc']} vCPUs ({m.get('cpu', '?')}), kernel {m['kernel']}, "
-      f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}. Medians of {cfg['runs']} runs of mounts, fio "
-      f"and lookup_bench, {cfg['warm_runs']} warm and {cfg['cold_runs']} cold runs of `ls -lR` and stat+open. "
+      f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}. Medians of {cfg['runs']} runs of mounts "
+      f"and lookup_bench, {cfg.get('fio_runs', cfg['runs'])} of fio, {cfg['warm_runs']} warm and {cfg['cold_runs']} cold runs of `ls -lR` and stat+open. "
       f"While the bench ran ({r['bench_seconds']:.0f} s), other processes on the machine used "
       f"{m.get('other_cpu_s_during_bench')} CPU-seconds (load {' '.join(m.get('loadavg_at_start', []))} → "
       f"{' '.join(m.get('loadavg_at_end', []))}).")
@@ -132,6 +132,13 @@ def render(r):
               f"{s['mb_s'] / f['seq']['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
               f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
               f"{q['mb_s'] / f['rand']['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
+        first = f.get("fuse_first_open")
+        if first:
+            w("")
+            w(f"The first open of the FUSE file, before the runs above, is served by the daemon while its "
+              f"passthrough object is made: {first['mb_s']:.1f} MB/s sequential, one run "
+              f"({first['mb_s'] / f['seq']['ext4']['mb_s']:.3f} of ext4's median). The runs above start once "
+              f"the daemon counted {f['fuse_objects_before_runs'].get('objects_created')} object(s) made.")
         w("")
         w("Disk read: median MiB read from the work directory's block device during a run "
           "(`/sys/dev/block/M:m/stat`; every process's reads, not only fio's).")
@@ -159,16 +166,17 @@ def render(r):
         w("")
         w("| files | convert s | convert peak RSS MiB | eager FUSE mount, filled cache, ms | lazy FUSE mount, "
           "fresh cache, ms | daemon RSS after mount MiB (anon / file) | `ls -lR` s | daemon RSS after "
-          "`ls -lR` MiB (anon / file) |")
-        w("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "`ls -lR` MiB (anon / file) | 2 s later MiB |")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for x in b["by_files"].values():
             ra, rl = x["rss_after_mount"] or {}, x["rss_after_ls"] or {}
+            rr = x.get("rss_at_rest_after_ls") or {}
             w(f"| {x['files']:,} | {x['convert']['wall_s']:.1f} | {kib_mib(x['convert']['peak_rss_kib'])} | "
               f"{x['fuse_mount']['median_s'] * 1000:.1f} | {x['fuse_lazy_mount']['median_s'] * 1000:.1f} | "
               f"{kib_mib(ra.get('VmRSS_kib'))} ({kib_mib(ra.get('RssAnon_kib'))} / "
               f"{kib_mib(ra.get('RssFile_kib'))}) | {x['ls_lR_s']:.2f} | "
               f"{kib_mib(rl.get('VmRSS_kib'))} ({kib_mib(rl.get('RssAnon_kib'))} / "
-              f"{kib_mib(rl.get('RssFile_kib'))}) |")
+              f"{kib_mib(rl.get('RssFile_kib'))}) | {kib_mib(rr.get('VmRSS_kib'))} |")
         w("")
         w("Lookup table in use (the daemon logged \"lookups through the lookup table\"): " + ", ".join(
             f"{x['files']:,} files {'yes' if x['fuse_log_lookup_table'] else 'no'}" for x in b["by_files"].values())
