@@ -19,7 +19,9 @@
 # Usage: scripts/big_image.sh [--size BYTES] [--out FILE]
 #   --size BYTES   file data in the image (default 21474836480 = 20 GiB;
 #                  suffixes K, M, G, T, e.g. 1GiB for a trial)
-#   --out FILE     JSON results (default docs/big-image-results.json)
+#   --out FILE     JSON results (default docs/big-image-results.json); with
+#                  the default, the tables in docs/big-image.md are regenerated
+#                  (scripts/big_image_report.py prints them for any result file)
 #
 # Must run as root (mounts, overlayfs, drop_caches). Needs about 3.2 x
 # --size bytes free in /tmp, where the work dir lives: the source
@@ -38,7 +40,7 @@ export PYTHONDONTWRITEBYTECODE=1 # nothing written into the checkout
 
 log() { printf '[big-image] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -114,3 +116,9 @@ export LAMINA_BENCH_BINARY_SOURCE="$LAMINA"
 
 "$PY" "$ROOT/scripts/big_image_run.py" --lamina "$WORK/lamina" --work "$WORK" --size "$SIZE" --out "$OUT"
 log "results: $OUT"
+
+DOC="$ROOT/docs/big-image.md"
+if [ "$OUT" = "$ROOT/docs/big-image-results.json" ] && [ -f "$DOC" ] && grep -q 'big-image-tables:begin' "$DOC"; then
+    "$PY" "$ROOT/scripts/big_image_report.py" "$OUT" --update "$DOC"
+    log "tables updated in $DOC"
+fi
