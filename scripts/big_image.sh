@@ -83,20 +83,8 @@ fi
 # shellcheck source=scripts/bench_common.sh
 . "$ROOT/scripts/bench_common.sh"
 
-# The binary as bench_prereqs finds or builds it (LAMINA_BIN, else cargo
-# build --release -p lamina-cli), without its Debian reference image,
-# which this script does not use.
-if [ -n "${LAMINA_BIN:-}" ]; then
-    LAMINA=$(realpath "$LAMINA_BIN")
-    [ -x "$LAMINA" ] || die "LAMINA_BIN=$LAMINA_BIN is not an executable"
-    log "measuring $LAMINA (LAMINA_BIN)"
-else
-    LAMINA="${CARGO_TARGET_DIR:-$ROOT/target}/release/lamina"
-    log "building lamina (release)"
-    # shellcheck disable=SC1091
-    [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
-    (cd "$ROOT" && cargo build --release -p lamina-cli)
-fi
+# The binary only: this script does not use bench_prereqs' Debian image.
+bench_binary
 
 bench_work_dir lamina-big-image
 # the registry lives in $WORK: stop it before bench_cleanup removes $WORK

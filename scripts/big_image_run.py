@@ -50,7 +50,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
 sys.path.insert(0, HERE)
 from mkimage import MT_CONFIG, MT_INDEX, MT_MANIFEST, MT_TAR, REF_NAME, T0, dumps  # noqa: E402
-from bench_run import machine_info  # noqa: E402
+from bench_run import drop_caches, machine_info  # noqa: E402
+from bench_fuse_run import procs_of  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -421,36 +422,6 @@ def mount_fstype(path):
             if parts[1] == path:
                 return parts[2]
     return None
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def procs_of(cache):
-    """{pid: {cmd, VmHWM/VmRSS/RssAnon/RssFile KiB}} of the processes whose command line names `cache`."""
-    needle = os.path.realpath(cache).encode()
-    out = {}
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            with open(f"/proc/{e}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            if not any(needle in a for a in argv):
-                continue
-            rec = {"cmd": argv[1].decode(errors="replace") if len(argv) > 1 else ""}
-            with open(f"/proc/{e}/status") as f:
-                for line in f:
-                    k = line.split(":", 1)[0]
-                    if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-                        rec[k + "_kib"] = int(line.split()[1])
-            out[int(e)] = rec
-        except OSError:
-            pass
-    return out
 
 
 def lamina_status(lamina, cache, mnt):
