@@ -410,7 +410,9 @@ as_nobody() {
 }
 PODMAN_SAID="skipped: podman or nobody's subordinate ids missing (scripts/setup.sh installs them)"
 if command -v podman >/dev/null && grep -q '^nobody:' /etc/subuid 2>/dev/null; then
-    ROOTLESS=$(mktemp -d /tmp/lamina-demo-rootless.XXXXXX)
+    # short: with an XDG_RUNTIME_DIR of 40 characters or more, podman 4.3's
+    # exit command refuses the runroot and podman run waits 20 s (docs/fuse.md)
+    ROOTLESS=$(mktemp -d /tmp/lamina-rl.XXXXXX)
     chmod 755 "$ROOTLESS"
     mkdir -p "$ROOTLESS/home/run" "$ROOTLESS/mnt"
     chmod 700 "$ROOTLESS/home/run"

@@ -798,37 +798,63 @@ fn rootless_lazy_fuse_mount_through_fusermount3() {
     );
 }
 
-/// `podman ARGS` as user nobody, with `home` as its home (storage, cache)
-/// and `home/run` as its runtime dir.
-fn podman_as_nobody(home: &Path, args: &[&OsStr]) -> Output {
-    let mut c = command(
-        tool("setpriv"),
-        [
-            OsStr::new(&format!("--reuid={NOBODY}")),
-            OsStr::new(&format!("--regid={NOBODY}")),
-            OsStr::new("--clear-groups"),
-            tool("podman").as_os_str(),
-        ],
-    );
-    c.args(args)
-        .env_remove("LAMINA_CACHE_DIR")
-        .env("HOME", home)
-        .env("XDG_RUNTIME_DIR", home.join("run"))
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env("XDG_CACHE_HOME", home.join("cache"));
-    run(&mut c, TIMEOUT)
-}
-
-/// Ends nobody's podman user namespace when dropped, and any lamina daemon
+/// User nobody's podman: `home` holds its storage, config and cache, and
+/// `run` is its runtime dir, under a short name of its own: with an
+/// XDG_RUNTIME_DIR of 40 characters or more, podman 4.3's exit command
+/// refuses the runroot and `podman run` waits 20 s (docs/fuse.md).
+///
+/// Dropping it ends nobody's podman user namespace and any lamina daemon
 /// serving from the cache under its home: a mount left in that namespace
 /// would otherwise keep its daemon, and the daemon the namespace, alive.
-struct PodmanNamespace(PathBuf);
+struct NobodyPodman {
+    home: PathBuf,
+    run: tempfile::TempDir,
+}
 
-impl Drop for PodmanNamespace {
+impl NobodyPodman {
+    /// Makes `home` and a runtime dir, both nobody's.
+    fn new(home: PathBuf) -> NobodyPodman {
+        let run_dir = tempfile::Builder::new()
+            .prefix("lamina-run-")
+            .tempdir()
+            .expect("a runtime dir");
+        fs::set_permissions(run_dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        for p in [&home, run_dir.path()] {
+            let mut c = command(
+                "chown",
+                [OsStr::new("-R"), OsStr::new("65534:65534"), p.as_os_str()],
+            );
+            run(&mut c, SHORT).ok();
+        }
+        NobodyPodman { home, run: run_dir }
+    }
+
+    /// `podman ARGS` as nobody.
+    fn podman(&self, args: &[&str]) -> Output {
+        let mut c = command(
+            tool("setpriv"),
+            [
+                OsStr::new(&format!("--reuid={NOBODY}")),
+                OsStr::new(&format!("--regid={NOBODY}")),
+                OsStr::new("--clear-groups"),
+                tool("podman").as_os_str(),
+            ],
+        );
+        c.args(args)
+            .env_remove("LAMINA_CACHE_DIR")
+            .env("HOME", &self.home)
+            .env("XDG_RUNTIME_DIR", self.run.path())
+            .env("XDG_CONFIG_HOME", self.home.join("config"))
+            .env("XDG_DATA_HOME", self.home.join("data"))
+            .env("XDG_CACHE_HOME", self.home.join("cache"));
+        run(&mut c, TIMEOUT)
+    }
+}
+
+impl Drop for NobodyPodman {
     fn drop(&mut self) {
-        let _ = podman_as_nobody(&self.0, &[OsStr::new("system"), OsStr::new("migrate")]);
-        let mut kill = command("pkill", [OsStr::new("-f"), self.0.as_os_str()]);
+        let _ = self.podman(&["system", "migrate"]);
+        let mut kill = command("pkill", [OsStr::new("-f"), self.home.as_os_str()]);
         let _ = try_run(&mut kill, SHORT);
     }
 }
@@ -863,21 +889,16 @@ fn rootless_podman_runs_python3_from_a_lamina_mount() {
     fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let image = oci_ref(&t.join("img"), "deb");
     lamina(["convert", &oci_ref(&debian_source(), "bookworm"), &image]).ok();
-    let (home, mnt) = (t.mkdir("home"), t.mkdir("mnt"));
-    fs::create_dir_all(home.join("run")).unwrap();
-    fs::set_permissions(home.join("run"), fs::Permissions::from_mode(0o700)).unwrap();
-    for p in [&t.join("img"), &home, &mnt] {
+    let mnt = t.mkdir("mnt");
+    for p in [&t.join("img"), &mnt] {
         let mut c = command(
             "chown",
             [OsStr::new("-R"), OsStr::new("65534:65534"), p.as_os_str()],
         );
         run(&mut c, SHORT).ok();
     }
-    let _namespace = PodmanNamespace(home.clone());
-    let podman = |args: &[&str]| {
-        let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-        podman_as_nobody(&home, &args)
-    };
+    let nobody = NobodyPodman::new(t.mkdir("home"));
+    let podman = |args: &[&str]| nobody.podman(args);
     let mnt_arg = mnt.to_str().unwrap();
 
     let out = podman(&[
