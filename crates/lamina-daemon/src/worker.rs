@@ -494,7 +494,10 @@ struct Job {
 
 /// Hashes, syncs and records the layer files the mount wrote without a
 /// record, off the mount's path; a failure only means a later mount hashes
-/// them again.
+/// them again. This is where such a file's content digest (the layer's
+/// annotation) is checked: the mount checked the layer's own digest, so
+/// the file holds the layer's content either way, but only a file that
+/// hashes to the annotation is recorded for later mounts to trust.
 fn adopt_in_background(files: Vec<AdoptSpec>) {
     if files.is_empty() {
         return;
@@ -513,7 +516,7 @@ fn adopt_in_background(files: Vec<AdoptSpec>) {
                 match lamina_fetch::store::adopt_whole(&f.path, &digest) {
                     Ok(true) => tracing::debug!("{} synced and recorded", f.path.display()),
                     Ok(false) => tracing::error!(
-                        "{} no longer hashes to {}: not recorded (it was replaced after the mount checked it)",
+                        "{} does not hash to its content digest {}: not recorded (the layer's annotation is wrong, or the file was replaced after the mount wrote it)",
                         f.path.display(),
                         f.digest
                     ),

@@ -1,7 +1,8 @@
 //! `lamina convert`: source image in, lamina image out, atomically.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -166,7 +167,7 @@ pub fn convert(
     // The metadata's compression (the slowest step left: 85 MB for a
     // million files) runs beside the lookup table's build and compression.
     let (metadata_z, tables) = std::thread::scope(|scope| {
-        let metadata = scope.spawn(|| compress_in_jobs(&built.metadata, 12));
+        let metadata = scope.spawn(|| compress_frames(&built.metadata, 12));
         let tables = (|| -> Result<_, ConvertError> {
             let index_raw = match built.paged {
                 true => built.index.to_paged_bytes(),
@@ -365,27 +366,53 @@ pub fn read_trace(path: &std::path::Path) -> Result<Vec<TraceEntry>, ConvertErro
     parse_trace(path, &text).map_err(|e| ConvertError::Config(e.to_string()))
 }
 
-/// Bytes of one zstd job in [`compress_in_jobs`]: several per core for the
-/// 85 MB metadata of a million files.
-const ZSTD_JOB_SIZE: u32 = 8 << 20;
-
-/// `bytes` compressed at `level` as one frame by zstd's worker threads, one
-/// job of [`ZSTD_JOB_SIZE`] each at a time: the same output for any number
-/// of workers (at least one), so the image stays reproducible on any
-/// machine, and the metadata no longer holds a convert up for seconds on
-/// one core after the layers are read.
-fn compress_in_jobs(bytes: &[u8], level: i32) -> io::Result<Vec<u8>> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    compress_with_workers(bytes, level, workers as u32)
+/// `bytes` compressed at `level` as independent zstd frames of
+/// [`METADATA_FRAME_SIZE`] bytes each (the metadata layer's form: a mount
+/// decompresses the frames in parallel), on up to 8 threads. Each frame
+/// depends only on its own bytes, so the output is the same on any
+/// machine and the image stays reproducible.
+fn compress_frames(bytes: &[u8], level: i32) -> io::Result<Vec<u8>> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    compress_frames_on(bytes, level, threads)
 }
 
-fn compress_with_workers(bytes: &[u8], level: i32, workers: u32) -> io::Result<Vec<u8>> {
-    let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), level)?;
-    encoder.multithread(workers.max(1))?;
-    encoder.set_parameter(zstd::stream::raw::CParameter::JobSize(ZSTD_JOB_SIZE))?;
-    encoder.set_pledged_src_size(Some(bytes.len() as u64))?;
-    encoder.write_all(bytes)?;
-    encoder.finish()
+fn compress_frames_on(bytes: &[u8], level: i32, threads: usize) -> io::Result<Vec<u8>> {
+    let mut frames: Vec<&[u8]> = bytes.chunks(METADATA_FRAME_SIZE).collect();
+    if frames.is_empty() {
+        frames.push(bytes); // one empty frame: a stream has at least one
+    }
+    let next = AtomicUsize::new(0);
+    let compressed = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.clamp(1, frames.len()))
+            .map(|_| {
+                scope.spawn(|| -> io::Result<Vec<(usize, Vec<u8>)>> {
+                    let mut done = Vec::new();
+                    let mut compressor = zstd::bulk::Compressor::new(level)?;
+                    // The size in each header lets a reader place the frame.
+                    compressor.include_contentsize(true)?;
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(frame) = frames.get(i) else {
+                            return Ok(done);
+                        };
+                        done.push((i, compressor.compress(frame)?));
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::with_capacity(frames.len());
+        for worker in workers {
+            all.extend(
+                worker
+                    .join()
+                    .map_err(|_| io::Error::other("compression panicked"))??,
+            );
+        }
+        io::Result::Ok(all)
+    })?;
+    let mut compressed = compressed;
+    compressed.sort_unstable_by_key(|(i, _)| *i);
+    Ok(compressed.into_iter().flat_map(|(_, z)| z).collect())
 }
 
 /// Runs `reader` (decompression and digest checks) on a second thread, so
@@ -462,20 +489,32 @@ impl Read for ChannelReader<'_> {
 mod tests {
     use super::*;
 
-    /// The metadata's compression gives the same bytes on any machine:
-    /// with one worker or several, over several jobs; and they decompress
-    /// to the input.
+    /// The metadata's compression gives the same bytes on any machine (one
+    /// thread or several), as one frame per [`METADATA_FRAME_SIZE`] bytes
+    /// each naming its size; together they decompress to the input as one
+    /// zstd stream.
     #[test]
-    fn jobs_compress_alike_for_any_number_of_workers() {
-        let len = 2 * ZSTD_JOB_SIZE as usize + 12_345;
+    fn frames_compress_alike_on_any_number_of_threads() {
+        let len = 2 * METADATA_FRAME_SIZE + 12_345;
         let bytes: Vec<u8> = (0..len as u32)
             .map(|i| ((i / 7).wrapping_mul(2_654_435_761) >> 29) as u8)
             .collect();
-        let one = compress_with_workers(&bytes, 3, 1).unwrap();
-        for workers in [2, 3] {
-            let many = compress_with_workers(&bytes, 3, workers).unwrap();
-            assert!(many == one, "{workers} workers compressed otherwise");
+        let one = compress_frames_on(&bytes, 3, 1).unwrap();
+        for threads in [2, 3] {
+            let many = compress_frames_on(&bytes, 3, threads).unwrap();
+            assert!(many == one, "{threads} threads compressed otherwise");
         }
         assert!(zstd::decode_all(&one[..]).unwrap() == bytes);
+        let mut sizes = Vec::new();
+        let mut rest = &one[..];
+        while !rest.is_empty() {
+            let n = zstd::zstd_safe::find_frame_compressed_size(rest).unwrap();
+            sizes.push(zstd::zstd_safe::get_frame_content_size(&rest[..n]).unwrap());
+            rest = &rest[n..];
+        }
+        let frame = Some(METADATA_FRAME_SIZE as u64);
+        assert_eq!(sizes, [frame, frame, Some(12_345)]);
+        let empty = compress_frames_on(&[], 3, 2).unwrap();
+        assert!(zstd::decode_all(&empty[..]).unwrap().is_empty());
     }
 }

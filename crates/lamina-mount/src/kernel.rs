@@ -136,10 +136,11 @@ pub(crate) enum Record {
     Now,
     /// By the lazy mount's worker, in the background
     /// (`lamina_fetch::store::adopt_whole`): this mount uses the bytes it
-    /// verified and wrote; the sync (some 150 ms for the 85 MB metadata of
-    /// a 1M-file image) is off its path. Until the record is written, a
+    /// wrote from the layer it verified by the layer's digest; the content
+    /// digest's check and the sync (some 150 ms for the 85 MB metadata of a
+    /// 1M-file image) are off its path. Until the record is written, a
     /// later mount hashes the file again, so a crash costs a re-hash, never
-    /// trust in bytes that were not synced.
+    /// trust in bytes that were not checked and synced.
     Later,
 }
 
@@ -178,13 +179,22 @@ pub(crate) fn cache_layer_file(
         }
     }
     if !read {
-        // Streamed to the file: never the whole layer in memory.
-        let record = (record == Record::Now).then_some(&expected);
-        store_streamed(path, record, |file| {
-            artifact::copy_compressed_layer(source, desc, what, file)
-                .map(drop)
-                .map_err(MountError::from)
-        })?;
+        // Recorded now, it is hashed as it is written: streamed, never the
+        // whole layer in memory. Recorded later, it is the worker that
+        // hashes it before it records it, so the mount waits only for the
+        // layer's own digest and the frames' decompression, on every core.
+        let done = match record {
+            Record::Now => store_streamed::<MountError>(path, Some(&expected), |file| {
+                Ok(artifact::copy_compressed_layer(source, desc, what, file).map(drop)?)
+            }),
+            Record::Later => store_streamed::<MountError>(path, None, |file| {
+                Ok(
+                    artifact::copy_compressed_layer_in_parallel(source, desc, what, file)
+                        .map(drop)?,
+                )
+            }),
+        };
+        done?;
         return Ok(None);
     }
     let bytes = artifact::read_compressed_layer(source, desc, what)?;
@@ -433,7 +443,19 @@ mod tests {
 
     impl OneLayer {
         fn new(raw: &[u8]) -> (Self, Descriptor) {
-            let compressed = zstd::bulk::compress(raw, 3).unwrap();
+            Self::of(raw, zstd::bulk::compress(raw, 3).unwrap())
+        }
+
+        /// `raw` as frames of `frame` bytes (the metadata layer's form).
+        fn framed(raw: &[u8], frame: usize) -> (Self, Descriptor) {
+            let compressed = raw
+                .chunks(frame)
+                .flat_map(|piece| zstd::bulk::compress(piece, 3).unwrap())
+                .collect();
+            Self::of(raw, compressed)
+        }
+
+        fn of(raw: &[u8], compressed: Vec<u8>) -> (Self, Descriptor) {
             let mut desc = Descriptor::of_bytes(artifact::MEDIA_TYPE_METADATA, &compressed);
             desc.annotations = artifact::content_annotations(raw);
             let image = SourceImage {
@@ -507,5 +529,43 @@ mod tests {
         let bytes = cached_layer(&other, &other_desc, "metadata", &path, Record::Now).unwrap();
         assert_eq!(bytes, b"other layer");
         assert_eq!(other.fetches.load(Ordering::Relaxed), 1);
+    }
+
+    /// A layer file a lazy mount writes (recorded later, by its worker) is
+    /// the layer's content whatever its content-digest annotation says, but
+    /// only a file that hashes to the annotation is ever recorded; a file
+    /// left unrecorded is not trusted by a mount that records at once.
+    #[test]
+    fn a_layer_file_recorded_later_is_trusted_once_it_hashes_right() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta/x.erofs");
+        let record = lamina_fetch::store::whole_record_path(&path);
+        let raw: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        let (source, desc) = OneLayer::framed(&raw, 1 << 20);
+        let fetches = || source.fetches.load(Ordering::Relaxed);
+        let mut lying = desc.clone();
+        let other = lamina_oci::sha256(b"other");
+        lying.annotations.insert(
+            artifact::ANNOTATION_UNCOMPRESSED_DIGEST.into(),
+            format!("sha256:{}", hex::encode(other)),
+        );
+
+        cache_layer_file(&source, &lying, "metadata", &path, false, Record::Later).unwrap();
+        assert!(fs::read(&path).unwrap() == raw, "not the layer's content");
+        assert!(!record.exists(), "recorded by the mount");
+        assert!(!lamina_fetch::store::adopt_whole(&path, &other).unwrap());
+        assert!(!record.exists(), "recorded against a wrong digest");
+        let err = cache_layer_file(&source, &lying, "metadata", &path, false, Record::Now);
+        assert!(err.unwrap_err().to_string().contains("does not match"));
+        assert_eq!(fetches(), 2);
+
+        fs::remove_file(&path).unwrap();
+        cache_layer_file(&source, &desc, "metadata", &path, false, Record::Later).unwrap();
+        assert!(!record.exists(), "recorded by the mount");
+        let content = lamina_oci::sha256(&raw);
+        assert!(lamina_fetch::store::adopt_whole(&path, &content).unwrap());
+        assert!(record.is_file(), "not recorded once it hashed right");
+        cache_layer_file(&source, &desc, "metadata", &path, false, Record::Now).unwrap();
+        assert_eq!(fetches(), 3, "a recorded copy was fetched again");
     }
 }
