@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 
 use lamina_format::boot::{BootExtent, BootHeader, BootTable, BOOT_PAGE};
@@ -344,17 +343,20 @@ fn stream_layer(
 /// Decompresses `desc`'s layer into `out` as [`copy_compressed_layer`]
 /// does, but a layer of several zstd frames, each naming its size (the
 /// metadata layer, [`METADATA_FRAME_SIZE`]), is decompressed a frame per
-/// thread at a time, on every core: a lazy mount waits for this.
+/// thread at a time, on every core, each frame as soon as it has arrived:
+/// a lazy mount waits for this.
 ///
 /// Checked before it returns `Ok`: the layer's own digest and size (the
-/// compressed bytes are read whole and must be those the manifest names),
-/// the frames (well formed, each decompressing to the size it names, all
-/// together to the annotated size, within the layer's limit). Not checked,
-/// for such a layer: its content-digest annotation. What `out` holds is the
-/// layer's content as the manifest names it, but a file filled here may
-/// only be recorded (trusted by later mounts) by whoever hashes it against
-/// that annotation first, as the worker does. A layer of one frame is
-/// streamed with every check of [`copy_compressed_layer`].
+/// compressed bytes must be those the manifest names), the frames (well
+/// formed, each decompressing to the size it names, all together to the
+/// annotated size, within the layer's limit). Not checked, for such a
+/// layer: its content-digest annotation. What `out` holds is the layer's
+/// content as the manifest names it, but a file filled here may only be
+/// recorded (trusted by later mounts) by whoever hashes it against that
+/// annotation first, as the worker does. A layer without a size
+/// annotation, or whose first frame names no size or all of it (one frame:
+/// images from before), is streamed with every check of
+/// [`copy_compressed_layer`].
 pub fn copy_compressed_layer_in_parallel(
     source: &dyn ImageSource,
     desc: &Descriptor,
@@ -362,69 +364,135 @@ pub fn copy_compressed_layer_in_parallel(
     out: &File,
 ) -> Result<u64, ArtifactError> {
     let layer = CompressedLayer::of(desc, what)?;
-    let mut raw = Vec::with_capacity(desc.size as usize); // bounded by `of`
-    source
-        .open_blob(desc)?
-        .take(desc.size.saturating_add(1))
-        .read_to_end(&mut raw)
-        .map_err(|e| layer.corrupt(e.to_string()))?;
-    if raw.len() as u64 != desc.size {
-        return Err(layer.corrupt(format!(
-            "{} compressed bytes, the descriptor says {}",
-            raw.len(),
-            desc.size
-        )));
+    let mut frames = FrameReader {
+        reader: source.open_blob(desc)?.take(desc.size.saturating_add(1)),
+        pending: Vec::new(),
+        start: 0,
+        offset: 0,
+        layer: &layer,
+    };
+    let first = frames.next()?;
+    let parallel = match &first {
+        Some((f, _)) => f.size > 0 && layer.size.is_some_and(|total| f.size < total),
+        None => false,
+    };
+    if !parallel {
+        // Streamed: what was read so far, then the rest.
+        let mut read = first.map(|(_, bytes)| bytes).unwrap_or_default();
+        read.append(&mut frames.pending);
+        let rest: Box<dyn Read + Send + '_> =
+            Box::new(std::io::Cursor::new(read).chain(frames.reader));
+        let decoder =
+            zstd::stream::read::Decoder::new(rest).map_err(|e| layer.corrupt(e.to_string()))?;
+        return stream_layer(decoder, &layer, &mut &*out);
     }
-    match layer.frames(&raw)? {
-        Some(frames) if frames.len() > 1 => {
-            let len = decompress_frames(&raw, &frames, &layer, out)?;
-            layer.check_size(len)?;
-            Ok(len)
-        }
-        _ => {
-            let boxed: Box<dyn Read + Send + '_> = Box::new(&raw[..]);
-            let decoder = zstd::stream::read::Decoder::new(boxed)
-                .map_err(|e| layer.corrupt(e.to_string()))?;
-            stream_layer(decoder, &layer, &mut &*out)
-        }
-    }
+    let len = decompress_frames(first, &mut frames, &layer, out)?;
+    layer.check_size(len)?;
+    Ok(len)
 }
 
 /// One zstd frame of a layer: where it lies in the compressed bytes and
 /// in the content.
 #[derive(Debug, Clone, Copy)]
 struct Frame {
-    start: usize,
-    len: usize,
+    start: u64,
     offset: u64,
     size: u64,
 }
 
-/// Decompresses `frames` of `raw` into `out` at their offsets, a frame per
-/// thread at a time on every core, each through one buffer per thread,
-/// reused (in a VM, a page fault on fresh memory can cost as much as
-/// decompressing the page). The content's length.
-fn decompress_frames(
-    raw: &[u8],
-    frames: &[Frame],
+/// A zstd layer's frames, read one whole frame at a time.
+struct FrameReader<'a, R> {
+    reader: R,
+    /// Bytes read and not yet split off as a frame.
+    pending: Vec<u8>,
+    /// Where `pending` starts in the layer.
+    start: u64,
+    /// Where the next frame starts in the content.
+    offset: u64,
+    layer: &'a CompressedLayer,
+}
+
+impl<R: Read> FrameReader<'_, R> {
+    /// The next frame, with the size its header names (0 for none: only
+    /// a first frame may name none, as the caller then streams), or `None`
+    /// at the end of the layer, which the source has checked by then.
+    fn next(&mut self) -> Result<Option<(Frame, Vec<u8>)>, ArtifactError> {
+        use zstd::zstd_safe;
+        const READ: usize = 256 << 10;
+        let layer = self.layer;
+        loop {
+            let found = zstd_safe::find_frame_compressed_size(&self.pending);
+            if let Ok(len) = found {
+                let rest = self.pending.split_off(len);
+                let bytes = std::mem::replace(&mut self.pending, rest);
+                let size = match zstd_safe::get_frame_content_size(&bytes) {
+                    Ok(Some(size)) => size,
+                    _ if self.start == 0 => 0,
+                    _ => {
+                        return Err(
+                            layer.corrupt(format!("frame at byte {} names no size", self.start))
+                        )
+                    }
+                };
+                let frame = Frame {
+                    start: self.start,
+                    offset: self.offset,
+                    size,
+                };
+                self.start += len as u64;
+                self.offset = self.offset.saturating_add(size);
+                if self.offset > layer.limit {
+                    return Err(
+                        layer.corrupt(format!("decompresses to more than {} bytes", layer.limit))
+                    );
+                }
+                return Ok(Some((frame, bytes)));
+            }
+            // Incomplete (or bad, which the end of the layer tells apart).
+            let have = self.pending.len();
+            self.pending.resize(have + READ, 0);
+            let (n, read) = read_full(&mut self.reader, &mut self.pending[have..]);
+            self.pending.truncate(have + n);
+            read.map_err(|e| layer.corrupt(e.to_string()))?;
+            if n == 0 {
+                if self.pending.is_empty() {
+                    return Ok(None);
+                }
+                let why = found.err().map_or("incomplete", zstd_safe::get_error_name);
+                let at = self.start;
+                return Err(layer.corrupt(format!("bad zstd frame at byte {at}: {why}")));
+            }
+        }
+    }
+}
+
+/// Decompresses `first` and the rest of `frames` into `out` at their
+/// offsets: this thread reads, a thread per core decompresses a frame at
+/// a time through one buffer of its own, reused (in a VM, a page fault on
+/// fresh memory can cost as much as decompressing the page). The
+/// content's length.
+fn decompress_frames<R: Read>(
+    first: Option<(Frame, Vec<u8>)>,
+    frames: &mut FrameReader<'_, R>,
     layer: &CompressedLayer,
     out: &File,
 ) -> Result<u64, ArtifactError> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
+    let (to_workers, work) = mpsc::sync_channel::<(Frame, Vec<u8>)>(threads);
+    let work = Mutex::new(work);
     let writing = Mutex::new(());
-    let work = || -> Result<(), ArtifactError> {
+    let decompress = || -> Result<(), ArtifactError> {
         let mut dctx = zstd::bulk::Decompressor::new().map_err(|e| layer.corrupt(e.to_string()))?;
         let mut buf = Vec::new();
-        while !failed.load(Ordering::Relaxed) {
-            let Some(f) = frames.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                break;
+        loop {
+            let next = work.lock().unwrap_or_else(|e| e.into_inner()).recv();
+            let Ok((f, bytes)) = next else {
+                return Ok(()); // no more frames
             };
             buf.clear();
             buf.reserve(f.size as usize); // the frames' sizes are within the limit
             let n = dctx
-                .decompress_to_buffer(&raw[f.start..f.start + f.len], &mut buf)
+                .decompress_to_buffer(&bytes, &mut buf)
                 .map_err(|e| layer.corrupt(format!("frame at byte {}: {e}", f.start)))?;
             if n as u64 != f.size {
                 return Err(layer.corrupt(format!(
@@ -441,22 +509,48 @@ fn decompress_frames(
                     source,
                 })?;
         }
-        Ok(())
+    };
+    // A worker that failed takes no more frames from the reader, but does
+    // not leave it waiting to hand one over either.
+    let work_or_drain = || {
+        let done = decompress();
+        if done.is_err() {
+            while work
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .recv()
+                .is_ok()
+            {}
+        }
+        done
     };
     std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..threads.min(frames.len()))
-            .map(|_| scope.spawn(|| work().inspect_err(|_| failed.store(true, Ordering::Relaxed))))
-            .collect();
-        let mine = work().inspect_err(|_| failed.store(true, Ordering::Relaxed));
-        helpers
+        let workers: Vec<_> = (0..threads).map(|_| scope.spawn(work_or_drain)).collect();
+        let mut read = Ok(());
+        let mut next = first;
+        while let Some(frame) = next {
+            if to_workers.send(frame).is_err() {
+                break; // cannot happen: the receiver outlives this loop
+            }
+            match frames.next() {
+                Ok(n) => next = n,
+                Err(e) => {
+                    read = Err(e);
+                    break;
+                }
+            }
+        }
+        drop(to_workers);
+        let decompressed = workers
             .into_iter()
-            .map(|h| {
-                h.join()
+            .map(|w| {
+                w.join()
                     .unwrap_or_else(|_| Err(layer.corrupt("a thread panicked".into())))
             })
-            .fold(mine, Result::and)
+            .fold(Ok(()), Result::and);
+        read.and(decompressed)
     })?;
-    Ok(frames.last().map_or(0, |f| f.offset + f.size))
+    Ok(frames.offset)
 }
 
 /// Reads until `buf` is full, the stream ends or a read fails: the bytes
@@ -570,37 +664,6 @@ impl CompressedLayer {
             )));
         }
         Ok(())
-    }
-
-    /// The zstd frames of `raw`, each with the size its header names, all
-    /// together within the limit; `None` if one names no size (an image
-    /// from before, or another writer: such a layer is streamed).
-    fn frames(&self, raw: &[u8]) -> Result<Option<Vec<Frame>>, ArtifactError> {
-        use zstd::zstd_safe;
-        let mut frames = Vec::new();
-        let (mut start, mut offset) = (0usize, 0u64);
-        while start < raw.len() {
-            let rest = &raw[start..];
-            let len = zstd_safe::find_frame_compressed_size(rest).map_err(|code| {
-                let why = zstd_safe::get_error_name(code);
-                self.corrupt(format!("bad zstd frame at byte {start}: {why}"))
-            })?;
-            let Ok(Some(size)) = zstd_safe::get_frame_content_size(&rest[..len]) else {
-                return Ok(None);
-            };
-            offset = offset.saturating_add(size);
-            if offset > self.limit {
-                return Err(self.corrupt(format!("decompresses to more than {} bytes", self.limit)));
-            }
-            frames.push(Frame {
-                start,
-                len,
-                offset: offset - size,
-                size,
-            });
-            start += len;
-        }
-        Ok(Some(frames))
     }
 }
 
@@ -911,7 +974,7 @@ mod tests {
             let desc = layer(MEDIA_TYPE_METADATA, &raw, &z, size);
             assert!(in_parallel(&src, &desc).unwrap() == raw);
         }
-        let mut other = layer(MEDIA_TYPE_METADATA, &raw, &z, None);
+        let mut other = layer(MEDIA_TYPE_METADATA, &raw, &z, Some(raw.len() as u64));
         other.annotations.insert(
             ANNOTATION_UNCOMPRESSED_DIGEST.into(),
             Digest::of_bytes(b"other").to_string(),
@@ -920,6 +983,10 @@ mod tests {
             in_parallel(&src, &other).unwrap() == raw,
             "not checked here"
         );
+        // Without a size annotation, streamed with every check.
+        other.annotations.remove(ANNOTATION_UNCOMPRESSED_SIZE);
+        let err = in_parallel(&src, &other).unwrap_err().to_string();
+        assert!(err.contains("does not match"), "{err}");
 
         let len = raw.len() as u64;
         let err =
@@ -931,16 +998,17 @@ mod tests {
         // Bytes other than the manifest's.
         let mut flipped = z.clone();
         flipped[z.len() / 2] ^= 1;
-        let desc = layer(MEDIA_TYPE_METADATA, &raw, &z, None);
+        let desc = layer(MEDIA_TYPE_METADATA, &raw, &z, Some(len));
         assert!(err(&desc, &OneBlob::new(flipped)).contains("digest"));
         // A last frame cut short, under a digest of its own.
         let cut = &z[..z.len() - 5];
-        let desc = layer(MEDIA_TYPE_METADATA, &raw, cut, None);
+        let desc = layer(MEDIA_TYPE_METADATA, &raw, cut, Some(len));
         assert!(err(&desc, &OneBlob::new(cut.to_vec())).contains("bad zstd frame"));
     }
 
-    /// A layer with a frame that names no size is streamed whole, with
-    /// the content digest checked.
+    /// A layer whose size is not annotated is streamed whole, with the
+    /// content digest checked; one whose frames stop naming their sizes is
+    /// refused.
     #[test]
     fn frames_without_sizes_are_streamed_and_checked() {
         let raw: Vec<u8> = (0..(3 * COPY_BLOCK) as u32)
@@ -957,6 +1025,10 @@ mod tests {
         );
         let err = in_parallel(&src, &other).unwrap_err();
         assert!(err.to_string().contains("does not match"), "{err}");
+        // Sized first, then a frame without: refused, not guessed.
+        let sized = layer(MEDIA_TYPE_METADATA, &raw, &z, Some(raw.len() as u64));
+        let err = in_parallel(&src, &sized).unwrap_err();
+        assert!(err.to_string().contains("names no size"), "{err}");
     }
 
     #[test]
