@@ -53,10 +53,11 @@ fn many_small_files_mount_lazily_fetching_little_and_equal_umoci() {
         stats["packed_files"] == FILES && packs <= FILES / 16,
         "small files not packed: {report}"
     );
-    // Metadata of several 4 MiB frames: the lazy mount below decompresses
+    // Metadata of several frames: the lazy mount below decompresses
     // them in parallel, the path no smaller image takes.
     let metadata = report["metadata_bytes"].as_u64().unwrap();
-    assert!(metadata > 2 * (4 << 20), "{metadata} bytes of metadata");
+    let frame = lamina_image::artifact::METADATA_FRAME_SIZE as u64;
+    assert!(metadata > 2 * frame, "{metadata} bytes of metadata");
     let inspect = lamina(["inspect", "--json", &reg.reference("many:v1")])
         .ok()
         .json();

@@ -85,6 +85,12 @@ pub fn format_version() -> &'static str {
 /// one frame: a lazy mount over a network fetches it before anything else.
 pub const METADATA_FRAME_SIZE: usize = 4 << 20;
 
+/// Threads for the metadata's frames, compressed or decompressed: one per
+/// core, at most 8.
+pub(crate) fn frame_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
 /// Largest EROFS metadata image lamina writes or reads, uncompressed.
 pub const MAX_METADATA_SIZE: u64 = 256 << 20;
 /// Largest boot pages lamina writes or reads, uncompressed, all segments
@@ -477,7 +483,7 @@ fn decompress_frames<R: Read>(
     layer: &CompressedLayer,
     out: &File,
 ) -> Result<u64, ArtifactError> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let threads = frame_threads();
     let (to_workers, work) = mpsc::sync_channel::<(Frame, Vec<u8>)>(threads);
     let work = Mutex::new(work);
     let writing = Mutex::new(());

@@ -372,8 +372,7 @@ pub fn read_trace(path: &std::path::Path) -> Result<Vec<TraceEntry>, ConvertErro
 /// depends only on its own bytes, so the output is the same on any
 /// machine and the image stays reproducible.
 fn compress_frames(bytes: &[u8], level: i32) -> io::Result<Vec<u8>> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    compress_frames_on(bytes, level, threads)
+    compress_frames_on(bytes, level, frame_threads())
 }
 
 fn compress_frames_on(bytes: &[u8], level: i32, threads: usize) -> io::Result<Vec<u8>> {
@@ -382,7 +381,7 @@ fn compress_frames_on(bytes: &[u8], level: i32, threads: usize) -> io::Result<Ve
         frames.push(bytes); // one empty frame: a stream has at least one
     }
     let next = AtomicUsize::new(0);
-    let compressed = std::thread::scope(|scope| {
+    let mut compressed = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads.clamp(1, frames.len()))
             .map(|_| {
                 scope.spawn(|| -> io::Result<Vec<(usize, Vec<u8>)>> {
@@ -410,7 +409,6 @@ fn compress_frames_on(bytes: &[u8], level: i32, threads: usize) -> io::Result<Ve
         }
         io::Result::Ok(all)
     })?;
-    let mut compressed = compressed;
     compressed.sort_unstable_by_key(|(i, _)| *i);
     Ok(compressed.into_iter().flat_map(|(_, z)| z).collect())
 }

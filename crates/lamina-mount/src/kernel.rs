@@ -183,18 +183,16 @@ pub(crate) fn cache_layer_file(
         // whole layer in memory. Recorded later, it is the worker that
         // hashes it before it records it, so the mount waits only for the
         // layer's own digest and the frames' decompression, on every core.
-        let done = match record {
-            Record::Now => store_streamed::<MountError>(path, Some(&expected), |file| {
-                Ok(artifact::copy_compressed_layer(source, desc, what, file).map(drop)?)
-            }),
-            Record::Later => store_streamed::<MountError>(path, None, |file| {
-                Ok(
+        let record_now = (record == Record::Now).then_some(&expected);
+        store_streamed::<MountError>(path, record_now, |file| {
+            let copied = match record {
+                Record::Now => artifact::copy_compressed_layer(source, desc, what, file),
+                Record::Later => {
                     artifact::copy_compressed_layer_in_parallel(source, desc, what, file)
-                        .map(drop)?,
-                )
-            }),
-        };
-        done?;
+                }
+            };
+            Ok(copied.map(drop)?)
+        })?;
         return Ok(None);
     }
     let bytes = artifact::read_compressed_layer(source, desc, what)?;
