@@ -97,6 +97,10 @@ pub(crate) enum Command {
         /// fetched first, in order, when the image is mounted lazily.
         #[arg(long, value_name = "TRACE")]
         prefetch: Option<PathBuf>,
+        /// Bytes of metadata per zstd frame (4 KiB..64 MiB; default 4M): a
+        /// lazy FUSE mount decompresses the frames as they are needed.
+        #[arg(long, hide = true, value_parser = parse_frame_size)]
+        metadata_frame_size: Option<u64>,
     },
     /// Mount a lamina image read-only with the kernel (file-backed EROFS),
     /// or through FUSE.
@@ -388,6 +392,15 @@ fn parse_prefetch(s: &str) -> lamina_mount::Prefetch {
     }
 }
 
+/// `--metadata-frame-size`: a size (`4K`, `1M`, bytes) of 4 KiB..64 MiB.
+fn parse_frame_size(s: &str) -> std::result::Result<u64, String> {
+    let n = parse_size(s)?;
+    match (4 << 10..=64 << 20).contains(&n) {
+        true => Ok(n),
+        false => Err(format!("{n} is not between 4 KiB and 64 MiB")),
+    }
+}
+
 pub(crate) fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
     let n = parse_size(s)?;
     if !n.is_power_of_two() || !(4096..=16 << 20).contains(&n) {
@@ -450,6 +463,7 @@ pub fn run(args: Args) -> Result<u8> {
             format_version,
             work_dir,
             prefetch,
+            metadata_frame_size,
         } => {
             let opts = ConvertOptions {
                 build: BuildOptions {
@@ -461,6 +475,7 @@ pub fn run(args: Args) -> Result<u8> {
                 source,
                 work_dir,
                 prefetch_trace: prefetch,
+                metadata_frame_size: metadata_frame_size.map(|n| n as usize),
             };
             let (src, dst) = (parse_ref(&src)?, parse_ref(&dst)?);
             let bar = progress_bar(args.json);

@@ -437,13 +437,20 @@ fn fuse_passthrough_serves_big_complete_files_from_their_objects() {
 /// the FUSE daemon and its worker, which leaves what it filled recorded as
 /// verified: a second lazy mount of the same cache reads the tree without
 /// fetching a byte.
+///
+/// The image's metadata is in frames of 4 KiB, so the daemon decompresses
+/// it a frame at a time as requests need them (and the rest in the
+/// background), then hashes and records it: the second mount takes it as
+/// it is.
 #[test]
 fn lazy_fuse_mount_fills_on_read_and_equals_ociunpack() {
     if !require(&[]) {
         return;
     }
     let t = TestDir::new("fuse-lazy");
-    let image = converted_edge(&t);
+    let image = oci_ref(&t.join("out"), "edge");
+    let edge = oci_ref(&edge_layout(), "edge");
+    lamina(["convert", "--metadata-frame-size", "4K", &edge, &image]).ok();
     let cache = t.join("cache");
     let args = ["--mode", "fuse", "--lazy", "--prefetch", "none"];
     let m = Mount::with_args(&image, &t.join("mnt"), &cache, &args);
@@ -470,6 +477,19 @@ fn lazy_fuse_mount_fills_on_read_and_equals_ociunpack() {
     );
 
     treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    let frames = wait_for_log(&cache, &m.path, "metadata hashed and recorded");
+    let written = frames
+        .lines()
+        .find(|l| l.contains("metadata frames all written"))
+        .unwrap_or_else(|| panic!("no frames line:\n{frames}"));
+    let count = written
+        .split("frames=")
+        .nth(1)
+        .and_then(|v| v.split(' ').next());
+    assert!(
+        count.and_then(|c| c.parse::<u32>().ok()) > Some(3),
+        "the metadata in several frames: {written}"
+    );
     let after = worker_status(&m);
     let misses = after["misses"].as_u64().unwrap_or(0);
     assert!(misses > 0, "the tree read without misses: {after}");
@@ -497,7 +517,26 @@ fn lazy_fuse_mount_fills_on_read_and_equals_ociunpack() {
     treecmp(&[], &ociunpack(&edge_layout(), "edge"), &again.path);
     let s = worker_status(&again);
     assert_eq!(s["fetched_bytes"], 0, "a filled cache fetched again: {s}");
+    let log = fuse_log(&cache, &again.path);
+    assert!(
+        !log.contains("metadata frames"),
+        "the recorded metadata was not taken as it is:\n{log}"
+    );
     again.unmount();
+}
+
+/// The FUSE daemon's log at `mnt` once it holds `line` (within 30 s).
+#[track_caller]
+fn wait_for_log(cache: &Path, mnt: &Path, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = fuse_log(cache, mnt);
+        if log.contains(line) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "no {line:?} in 30 s:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The `read_ahead_kb` of the FUSE mount at `mnt` (its bdi is named after

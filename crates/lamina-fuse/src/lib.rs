@@ -47,9 +47,11 @@ use lamina_format::erofs::{Chunk, Entry, Image, Inode, Kind, ReadError, Xattr};
 use lamina_format::lookup::LookupTable;
 use serde::{Deserialize, Serialize};
 
+pub mod frames;
 pub mod fusermount;
 mod objects;
 
+use frames::{FrameFill, MetadataFrames};
 use objects::Maker;
 pub use objects::Objects;
 
@@ -174,7 +176,26 @@ impl ImageFs {
         blobs: Vec<File>,
         filler: Option<Arc<Filler>>,
     ) -> Result<Self, ReadError> {
-        let image = Image::new(meta)?;
+        Self::of_image(Image::new(meta)?, meta.len(), blobs, filler)
+    }
+
+    /// [`ImageFs::new`] over metadata still being filled: every byte is
+    /// read only once `frames` has written it.
+    pub fn filling(
+        meta: &'static [u8],
+        frames: Arc<FrameFill>,
+        blobs: Vec<File>,
+        filler: Option<Arc<Filler>>,
+    ) -> Result<Self, ReadError> {
+        Self::of_image(Image::gated(meta, frames)?, meta.len(), blobs, filler)
+    }
+
+    fn of_image(
+        image: Image<'static>,
+        image_len: usize,
+        blobs: Vec<File>,
+        filler: Option<Arc<Filler>>,
+    ) -> Result<Self, ReadError> {
         if image.devices().len() != blobs.len() {
             return Err(ReadError::Corrupt(format!(
                 "{} devices in the image, {} blob files given",
@@ -184,7 +205,7 @@ impl ImageFs {
         }
         Ok(ImageFs {
             image,
-            image_len: meta.len(),
+            image_len,
             blobs: blobs.into(),
             filler,
             lookup: Arc::default(),
@@ -831,8 +852,13 @@ pub struct LookupLater {
 /// What the FUSE daemon serves, written by `lamina mount --mode fuse`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServeConfig {
-    /// The verified EROFS metadata image.
+    /// The verified EROFS metadata image (or, with `metadata_frames`, the
+    /// sparse file its frames are to be written into).
     pub metadata_path: PathBuf,
+    /// A lazy mount's metadata, left in compressed frames: written as
+    /// requests need them and in the background, then recorded.
+    #[serde(default)]
+    pub metadata_frames: Option<MetadataFrames>,
     /// Its lookup table, verified and checked to be built for it; `None`
     /// for images converted before lookup tables.
     #[serde(default)]
@@ -934,7 +960,7 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         },
         None => None,
     };
-    let (session, stats) = match open_session(config, filler.clone(), rootless_fd) {
+    let (session, stats, frames) = match open_session(config, filler.clone(), rootless_fd) {
         Ok(s) => s,
         Err(e) => {
             undo_mount();
@@ -946,6 +972,16 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         }
     };
     report(None)?;
+    if let (Some(frames), Some(spec)) = (frames, &config.metadata_frames) {
+        tracing::info!(
+            written = frames.decompressed(),
+            frames = spec.frames.len(),
+            "metadata frames written before mounting; the rest as needed and in the background"
+        );
+        let threads = std::thread::available_parallelism().map_or(2, usize::from);
+        let path = config.metadata_path.clone();
+        frames::fill_in_background(frames, spec.clone(), path, threads);
+    }
     if let Some(path) = &config.status_path {
         write_status_while_serving(path.clone(), stats);
     }
@@ -1028,21 +1064,40 @@ fn lower_readahead_while_incomplete(config: &ServeConfig, filler: Arc<Filler>) {
 const ROOTLESS_OPTIONS: &str = "ro,fsname=lamina,subtype=lamina,default_permissions";
 
 /// The session serving `config`'s image: on `fuse_fd` when fusermount3 has
-/// mounted it already, else mounted here; and its counters.
+/// mounted it already, else mounted here; its counters; and the metadata's
+/// frames when they are still being written.
+#[allow(clippy::type_complexity)]
 fn open_session(
     config: &ServeConfig,
     filler: Option<Arc<Filler>>,
     fuse_fd: Option<std::os::fd::OwnedFd>,
-) -> Result<(fuser::Session<ImageFs>, Arc<Stats>), String> {
-    // Mapped, not read: the daemon serves this one image for its whole
-    // life, and touches only the pages lookups and reads need.
-    let meta = map_forever(&config.metadata_path)?;
+) -> Result<(fuser::Session<ImageFs>, Arc<Stats>, Option<Arc<FrameFill>>), String> {
     let blobs = config
         .blob_paths
         .iter()
         .map(|p| File::open(p).map_err(|e| format!("{}: {e}", p.display())))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut fs = ImageFs::new(meta, blobs, filler).map_err(|e| e.to_string())?;
+    let path = &config.metadata_path;
+    let at = |e: std::io::Error| format!("{}: {e}", path.display());
+    // Mapped, not read: the daemon serves this one image for its whole
+    // life, and touches only the pages lookups and reads need.
+    let (fs, frames) = match &config.metadata_frames {
+        None => (ImageFs::new(map_forever(path)?, blobs, filler), None),
+        Some(spec) => {
+            // The file mapped is the file filled, whatever is renamed
+            // over its path meanwhile.
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(at)?;
+            let meta = lamina_sys::map_file_forever(&file).map_err(at)?;
+            let frames = Arc::new(FrameFill::new(spec, file).map_err(at)?);
+            let fs = ImageFs::filling(meta, frames.clone(), blobs, filler);
+            (fs, Some(frames))
+        }
+    };
+    let mut fs = fs.map_err(|e| e.to_string())?;
     if let Some(path) = &config.lookup_path {
         let table = map_forever(path)?;
         fs = fs
@@ -1071,7 +1126,7 @@ fn open_session(
         None => fuser::Session::new(fs, &config.mountpoint, &fuse),
     }
     .map_err(|e| format!("FUSE mount at {}: {e}", config.mountpoint.display()))?;
-    Ok((session, stats))
+    Ok((session, stats, frames))
 }
 
 /// Bytes of file pages the daemon may map in beyond what it had resident

@@ -370,31 +370,113 @@ pub fn copy_compressed_layer_in_parallel(
     out: &File,
 ) -> Result<u64, ArtifactError> {
     let layer = CompressedLayer::of(desc, what)?;
-    let mut frames = FrameReader {
-        reader: source.open_blob(desc)?.take(desc.size.saturating_add(1)),
-        pending: Vec::new(),
-        start: 0,
-        offset: 0,
-        layer: &layer,
-    };
+    let mut frames = FrameReader::new(source, desc, &layer)?;
     let first = frames.next()?;
-    let parallel = match &first {
-        Some((f, _)) => f.size > 0 && layer.size.is_some_and(|total| f.size < total),
-        None => false,
-    };
-    if !parallel {
-        // Streamed: what was read so far, then the rest.
-        let mut read = first.map(|(_, bytes)| bytes).unwrap_or_default();
-        read.append(&mut frames.pending);
-        let rest: Box<dyn Read + Send + '_> =
-            Box::new(std::io::Cursor::new(read).chain(frames.reader));
-        let decoder =
-            zstd::stream::read::Decoder::new(rest).map_err(|e| layer.corrupt(e.to_string()))?;
-        return stream_layer(decoder, &layer, &mut &*out);
+    if !first_of_several(&first, &layer) {
+        let read = first.map(|(_, bytes)| bytes).unwrap_or_default();
+        return frames.stream_into(read, out);
     }
     let len = decompress_frames(first, &mut frames, &layer, out)?;
     layer.check_size(len)?;
     Ok(len)
+}
+
+/// Most frames a layer may be left in for decompression on demand
+/// ([`read_frames_or_copy`]); a layer in more is decompressed at once.
+pub const MAX_LAZY_FRAMES: usize = 4096;
+
+/// A zstd lamina layer fetched whole and checked against its digest, left
+/// compressed as its independent frames, to be decompressed as they are
+/// needed (a lazy FUSE mount's metadata).
+#[derive(Debug)]
+pub struct LayerFrames {
+    /// The layer's bytes as fetched: the frames back to back.
+    pub compressed: Vec<u8>,
+    /// Its frames, in order; their sizes add up to the annotated size.
+    pub frames: Vec<LayerFrame>,
+}
+
+/// One frame of [`LayerFrames`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerFrame {
+    /// Where it starts in the compressed bytes.
+    pub start: u64,
+    /// Its compressed length.
+    pub len: u64,
+    /// Where its content goes.
+    pub offset: u64,
+    /// Its content's size, as its header names it.
+    pub size: u64,
+}
+
+/// What [`read_frames_or_copy`] made of a layer.
+#[derive(Debug)]
+pub enum FramesOrCopy {
+    /// Fetched and verified; its frames not decompressed yet.
+    Frames(LayerFrames),
+    /// Not in frames that name their sizes (or in over
+    /// [`MAX_LAZY_FRAMES`]): decompressed into the file, with every check
+    /// of [`copy_compressed_layer`]; this many bytes.
+    Copied(u64),
+}
+
+/// Fetches `desc`'s layer for a mount that decompresses its frames as they
+/// are needed: the layer's own digest and size are checked (the source
+/// checks them as the last byte arrives), and its frames' headers (each
+/// names its size, all together the annotated size, within the layer's
+/// limit); the frames themselves are not decompressed, so neither their
+/// contents nor the content digest are checked here. A decompressed frame
+/// must be checked to be as long as its header says; a file filled from
+/// them may only be recorded once hashed against the content digest. A
+/// layer that cannot be split so is decompressed into `out` instead, as
+/// [`copy_compressed_layer_in_parallel`] does.
+pub fn read_frames_or_copy(
+    source: &dyn ImageSource,
+    desc: &Descriptor,
+    what: &'static str,
+    out: &File,
+) -> Result<FramesOrCopy, ArtifactError> {
+    let layer = CompressedLayer::of(desc, what)?;
+    let mut frames = FrameReader::new(source, desc, &layer)?;
+    let first = frames.next()?;
+    if !first_of_several(&first, &layer) {
+        let read = first.map(|(_, bytes)| bytes).unwrap_or_default();
+        return frames.stream_into(read, out).map(FramesOrCopy::Copied);
+    }
+    let mut compressed = Vec::with_capacity(desc.size as usize); // bounded by `of`
+    let mut spans = Vec::new();
+    let mut next = first;
+    while let Some((f, bytes)) = next {
+        if spans.len() == MAX_LAZY_FRAMES {
+            compressed.extend_from_slice(&bytes);
+            return frames
+                .stream_into(compressed, out)
+                .map(FramesOrCopy::Copied);
+        }
+        spans.push(LayerFrame {
+            start: f.start,
+            len: bytes.len() as u64,
+            offset: f.offset,
+            size: f.size,
+        });
+        compressed.extend_from_slice(&bytes);
+        next = frames.next()?;
+    }
+    layer.check_size(frames.offset)?;
+    Ok(FramesOrCopy::Frames(LayerFrames {
+        compressed,
+        frames: spans,
+    }))
+}
+
+/// Whether `first` is the first of several frames that each name their
+/// size (a layer in frames of [`METADATA_FRAME_SIZE`]); else the layer is
+/// streamed (one frame: images from before frames; no size annotation).
+fn first_of_several(first: &Option<(Frame, Vec<u8>)>, layer: &CompressedLayer) -> bool {
+    match first {
+        Some((f, _)) => f.size > 0 && layer.size.is_some_and(|total| f.size < total),
+        None => false,
+    }
 }
 
 /// One zstd frame of a layer: where it lies in the compressed bytes and
@@ -416,6 +498,37 @@ struct FrameReader<'a, R> {
     /// Where the next frame starts in the content.
     offset: u64,
     layer: &'a CompressedLayer,
+}
+
+impl<'a> FrameReader<'a, std::io::Take<Box<dyn Read + Send + 'a>>> {
+    /// The frames of `desc`'s layer, read through the source (which checks
+    /// the layer's digest as its last byte arrives).
+    fn new(
+        source: &'a dyn ImageSource,
+        desc: &Descriptor,
+        layer: &'a CompressedLayer,
+    ) -> Result<Self, ArtifactError> {
+        Ok(FrameReader {
+            reader: source.open_blob(desc)?.take(desc.size.saturating_add(1)),
+            pending: Vec::new(),
+            start: 0,
+            offset: 0,
+            layer,
+        })
+    }
+
+    /// Decompresses `read` (the layer's bytes read so far) and the rest of
+    /// the layer into `out` as one stream, with every check of
+    /// [`copy_compressed_layer`].
+    fn stream_into(mut self, mut read: Vec<u8>, out: &File) -> Result<u64, ArtifactError> {
+        let layer = self.layer;
+        read.append(&mut self.pending);
+        let rest: Box<dyn Read + Send + 'a> =
+            Box::new(std::io::Cursor::new(read).chain(self.reader));
+        let decoder =
+            zstd::stream::read::Decoder::new(rest).map_err(|e| layer.corrupt(e.to_string()))?;
+        stream_layer(decoder, layer, &mut &*out)
+    }
 }
 
 impl<R: Read> FrameReader<'_, R> {
@@ -930,9 +1043,10 @@ mod tests {
 
     type LayerReader = fn(&OneBlob, &Descriptor) -> Result<Vec<u8>, ArtifactError>;
 
-    /// The three ways to read a zstd layer: into memory, streamed, and a
-    /// frame per thread (here one frame: streamed, every check made).
-    const READERS: [(&str, LayerReader); 3] = [
+    /// The ways to read a zstd layer: into memory, streamed, a frame per
+    /// thread, and frames left for later (here one frame: streamed, every
+    /// check made).
+    const READERS: [(&str, LayerReader); 4] = [
         ("read", |src, desc| {
             read_compressed_layer(src, desc, "metadata")
         }),
@@ -943,6 +1057,7 @@ mod tests {
             Ok(out)
         }),
         ("parallel", in_parallel),
+        ("frames", by_frames),
     ];
 
     fn in_parallel(src: &OneBlob, desc: &Descriptor) -> Result<Vec<u8>, ArtifactError> {
@@ -952,6 +1067,31 @@ mod tests {
         file.read_exact_at(&mut out, 0).unwrap();
         assert_eq!(n, out.len() as u64);
         Ok(out)
+    }
+
+    /// [`read_frames_or_copy`], its frames (if any) decompressed as a lazy
+    /// FUSE mount does, each checked against the size its header names.
+    fn by_frames(src: &OneBlob, desc: &Descriptor) -> Result<Vec<u8>, ArtifactError> {
+        let file = tempfile::tempfile().unwrap();
+        match read_frames_or_copy(src, desc, "metadata", &file)? {
+            FramesOrCopy::Copied(n) => {
+                let mut out = vec![0; n as usize];
+                file.read_exact_at(&mut out, 0).unwrap();
+                assert_eq!(file.metadata().unwrap().len(), n);
+                Ok(out)
+            }
+            FramesOrCopy::Frames(layer) => {
+                let mut out = Vec::new();
+                for f in &layer.frames {
+                    assert_eq!(f.offset, out.len() as u64, "frames in order, back to back");
+                    let bytes = &layer.compressed[f.start as usize..(f.start + f.len) as usize];
+                    let content = zstd::bulk::decompress(bytes, f.size as usize).unwrap();
+                    assert_eq!(content.len() as u64, f.size);
+                    out.extend(content);
+                }
+                Ok(out)
+            }
+        }
     }
 
     /// `raw` compressed as frames of `frame` bytes, each naming its size
@@ -1010,6 +1150,68 @@ mod tests {
         let cut = &z[..z.len() - 5];
         let desc = layer(MEDIA_TYPE_METADATA, &raw, cut, Some(len));
         assert!(err(&desc, &OneBlob::new(cut.to_vec())).contains("bad zstd frame"));
+    }
+
+    /// A layer of several sized frames is fetched and checked, not
+    /// decompressed: its frames come back as they are in the layer. Any
+    /// other layer is decompressed into the file, with every check.
+    #[test]
+    fn frames_are_left_compressed_for_a_lazy_mount() {
+        let raw: Vec<u8> = (0..(5 * COPY_BLOCK + 12_345) as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect();
+        let len = raw.len() as u64;
+        let z = frames_of(&raw, COPY_BLOCK, None);
+        let src = OneBlob::new(z.clone());
+        let desc = layer(MEDIA_TYPE_METADATA, &raw, &z, Some(len));
+        let file = tempfile::tempfile().unwrap();
+        let FramesOrCopy::Frames(got) =
+            read_frames_or_copy(&src, &desc, "metadata", &file).unwrap()
+        else {
+            panic!("several sized frames were decompressed");
+        };
+        assert!(got.compressed == z);
+        assert_eq!(got.frames.len(), 6);
+        assert_eq!(got.frames[1].offset, COPY_BLOCK as u64);
+        assert_eq!(got.frames[5].size, 12_345);
+        assert_eq!(file.metadata().unwrap().len(), 0, "nothing written");
+        assert!(by_frames(&src, &desc).unwrap() == raw);
+
+        let err = |desc: &Descriptor, src: &OneBlob| by_frames(src, desc).unwrap_err().to_string();
+        let long = layer(MEDIA_TYPE_METADATA, &raw, &z, Some(len + 1));
+        assert!(err(&long, &src).contains("the annotation says"));
+        let short = layer(MEDIA_TYPE_METADATA, &raw, &z, Some(len - 1));
+        assert!(err(&short, &src).contains("more than"));
+        let mut flipped = z.clone();
+        flipped[z.len() / 2] ^= 1;
+        assert!(err(&desc, &OneBlob::new(flipped)).contains("digest"));
+        let cut = &z[..z.len() - 5];
+        let desc_cut = layer(MEDIA_TYPE_METADATA, &raw, cut, Some(len));
+        assert!(err(&desc_cut, &OneBlob::new(cut.to_vec())).contains("bad zstd frame"));
+
+        // One frame (images from before frames), or no size annotation:
+        // decompressed now, the content digest checked.
+        let one = zstd::bulk::compress(&raw, 3).unwrap();
+        let mut lying = layer(MEDIA_TYPE_METADATA, b"other", &one, Some(len));
+        assert!(err(&lying, &OneBlob::new(one.clone())).contains("does not match"));
+        lying = layer(MEDIA_TYPE_METADATA, b"other", &z, None);
+        assert!(err(&lying, &src).contains("does not match"));
+        // In more frames than a mount keeps track of: decompressed now.
+        let tiny = frames_of(&raw[..MAX_LAZY_FRAMES + 10], 1, None);
+        let desc = layer(
+            MEDIA_TYPE_METADATA,
+            &raw[..MAX_LAZY_FRAMES + 10],
+            &tiny,
+            None,
+        );
+        let mut sized = desc.clone();
+        sized.annotations.insert(
+            ANNOTATION_UNCOMPRESSED_SIZE.into(),
+            (MAX_LAZY_FRAMES + 10).to_string(),
+        );
+        let file = tempfile::tempfile().unwrap();
+        let got = read_frames_or_copy(&OneBlob::new(tiny), &sized, "metadata", &file).unwrap();
+        assert!(matches!(got, FramesOrCopy::Copied(n) if n == (MAX_LAZY_FRAMES + 10) as u64));
     }
 
     /// A layer whose size is not annotated is streamed whole, with the

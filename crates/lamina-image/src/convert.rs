@@ -25,6 +25,10 @@ pub struct ConvertOptions {
     pub work_dir: Option<PathBuf>,
     /// A trace from `lamina mount --record-trace`: its chunks become the boot set.
     pub prefetch_trace: Option<PathBuf>,
+    /// Bytes of metadata per zstd frame (default [`METADATA_FRAME_SIZE`]):
+    /// the unit a lazy FUSE mount decompresses on demand. Tests make small
+    /// images span several frames with it.
+    pub metadata_frame_size: Option<usize>,
 }
 
 /// Progress reports for a terminal.
@@ -166,8 +170,9 @@ pub fn convert(
 
     // The metadata's compression (the slowest step left: 85 MB for a
     // million files) runs beside the lookup table's build and compression.
+    let frame = opts.metadata_frame_size.unwrap_or(METADATA_FRAME_SIZE);
     let (metadata_z, tables) = std::thread::scope(|scope| {
-        let metadata = scope.spawn(|| compress_frames(&built.metadata, 12));
+        let metadata = scope.spawn(|| compress_frames(&built.metadata, frame, 12));
         let tables = (|| -> Result<_, ConvertError> {
             let index_raw = match built.paged {
                 true => built.index.to_paged_bytes(),
@@ -366,17 +371,22 @@ pub fn read_trace(path: &std::path::Path) -> Result<Vec<TraceEntry>, ConvertErro
     parse_trace(path, &text).map_err(|e| ConvertError::Config(e.to_string()))
 }
 
-/// `bytes` compressed at `level` as independent zstd frames of
-/// [`METADATA_FRAME_SIZE`] bytes each (the metadata layer's form: a mount
-/// decompresses the frames in parallel), on up to 8 threads. Each frame
+/// `bytes` compressed at `level` as independent zstd frames of `frame`
+/// bytes each (the metadata layer's form: a mount decompresses the frames
+/// in parallel, or as they are needed), on up to 8 threads. Each frame
 /// depends only on its own bytes, so the output is the same on any
 /// machine and the image stays reproducible.
-fn compress_frames(bytes: &[u8], level: i32) -> io::Result<Vec<u8>> {
-    compress_frames_on(bytes, level, frame_threads())
+fn compress_frames(bytes: &[u8], frame: usize, level: i32) -> io::Result<Vec<u8>> {
+    compress_frames_on(bytes, frame, level, frame_threads())
 }
 
-fn compress_frames_on(bytes: &[u8], level: i32, threads: usize) -> io::Result<Vec<u8>> {
-    let mut frames: Vec<&[u8]> = bytes.chunks(METADATA_FRAME_SIZE).collect();
+fn compress_frames_on(
+    bytes: &[u8],
+    frame: usize,
+    level: i32,
+    threads: usize,
+) -> io::Result<Vec<u8>> {
+    let mut frames: Vec<&[u8]> = bytes.chunks(frame.max(1)).collect();
     if frames.is_empty() {
         frames.push(bytes); // one empty frame: a stream has at least one
     }
@@ -497,9 +507,9 @@ mod tests {
         let bytes: Vec<u8> = (0..len as u32)
             .map(|i| ((i / 7).wrapping_mul(2_654_435_761) >> 29) as u8)
             .collect();
-        let one = compress_frames_on(&bytes, 3, 1).unwrap();
+        let one = compress_frames_on(&bytes, METADATA_FRAME_SIZE, 3, 1).unwrap();
         for threads in [2, 3] {
-            let many = compress_frames_on(&bytes, 3, threads).unwrap();
+            let many = compress_frames_on(&bytes, METADATA_FRAME_SIZE, 3, threads).unwrap();
             assert!(many == one, "{threads} threads compressed otherwise");
         }
         assert!(zstd::decode_all(&one[..]).unwrap() == bytes);
@@ -512,7 +522,7 @@ mod tests {
         }
         let frame = Some(METADATA_FRAME_SIZE as u64);
         assert_eq!(sizes, [frame, frame, Some(12_345)]);
-        let empty = compress_frames_on(&[], 3, 2).unwrap();
+        let empty = compress_frames_on(&[], METADATA_FRAME_SIZE, 3, 2).unwrap();
         assert!(zstd::decode_all(&empty[..]).unwrap().is_empty());
     }
 }

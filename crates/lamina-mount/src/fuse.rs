@@ -39,6 +39,7 @@ pub fn mount_fuse(
     private::private_dir(&run).map_err(io_err(&run))?;
     let image = FuseImage {
         metadata: &info.metadata_path,
+        frames: None,
         lookup: info.lookup_path.as_deref(),
         lookup_later: None,
         blobs: &info.blob_paths,
@@ -53,6 +54,8 @@ pub fn mount_fuse(
 pub(crate) struct FuseImage<'a> {
     /// The verified metadata image.
     pub metadata: &'a Path,
+    /// Or the file its frames are to be written into, and those frames.
+    pub frames: Option<lamina_fuse::frames::MetadataFrames>,
     /// Its lookup table, when the image has one.
     pub lookup: Option<&'a Path>,
     /// Or the lookup table a lazy mount's worker fetches after the mount.
@@ -80,6 +83,7 @@ pub(crate) fn start_fuse_daemon(
     }
     let config = ServeConfig {
         metadata_path: metadata.to_path_buf(),
+        metadata_frames: image.frames.clone(),
         lookup_path: image.lookup.map(Path::to_path_buf),
         lookup_later: image.lookup_later.clone(),
         xattrs: image.xattrs,

@@ -203,6 +203,39 @@ pub(crate) fn cache_layer_file(
     Ok(Some(bytes))
 }
 
+/// The metadata layer for a lazy FUSE mount, whose daemon decompresses its
+/// frames into `path` as requests need them ([`lamina_fuse::frames`]):
+/// `None` when `path` is recorded already, else the layer, fetched and
+/// checked against its digest, and `path` made a sparse file of its size
+/// (unrecorded: the daemon records it once written whole and hashed). A
+/// layer not in sized frames (images from before them) is decompressed
+/// into `path` at once, as [`cache_layer_file`] does for [`Record::Later`].
+pub(crate) fn cache_metadata_frames(
+    source: &dyn lamina_oci::ImageSource,
+    desc: &lamina_oci::Descriptor,
+    path: &Path,
+) -> Result<Option<artifact::LayerFrames>, MountError> {
+    let expected = content_digest(desc, "metadata")?;
+    if let Ok(file) = lamina_fetch::private::open_existing(path) {
+        if lamina_fetch::store::recorded_whole(&file, path, &expected).unwrap_or(false) {
+            return Ok(None);
+        }
+    }
+    let mut frames = None;
+    store_streamed::<MountError>(path, None, |file| {
+        match artifact::read_frames_or_copy(source, desc, "metadata", file)? {
+            artifact::FramesOrCopy::Frames(layer) => {
+                let size = layer.frames.last().map_or(0, |f| f.offset + f.size);
+                file.set_len(size).map_err(io_err(path))?;
+                frames = Some(layer);
+            }
+            artifact::FramesOrCopy::Copied(_) => {}
+        }
+        Ok(())
+    })?;
+    Ok(frames)
+}
+
 /// A zstd lamina layer's content digest (SHA-256) from its annotation.
 pub(crate) fn content_digest(
     desc: &lamina_oci::Descriptor,

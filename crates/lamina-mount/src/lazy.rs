@@ -16,13 +16,14 @@ use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
 use lamina_fetch::store::BlobStore;
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
+use lamina_fuse::frames::{FrameSpan, MetadataFrames};
 use lamina_fuse::LookupLater;
 use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
 use crate::kernel::{
-    cache_layer_file, cached_layer, content_digest, io_err, MountError, MountInfo, MountOptions,
-    Record,
+    cache_layer_file, cache_metadata_frames, cached_layer, content_digest, io_err, MountError,
+    MountInfo, MountOptions, Record,
 };
 use crate::mode::Mode;
 
@@ -109,10 +110,12 @@ fn mountpoint_dir(mountpoint: &Path) -> Result<PathBuf, MountError> {
 }
 
 /// The layer files a lazy mount's worker is to sync and record
-/// ([`Record::Later`]): those already recorded it finds so and skips.
+/// ([`Record::Later`]): those already recorded it finds so and skips. Not
+/// the metadata while a FUSE daemon writes its frames (`meta_path`
+/// `None`): the daemon records it once whole.
 fn adopt_specs(
     layers: &LaminaLayers,
-    meta_path: &Path,
+    meta_path: Option<&Path>,
     index_path: &Path,
     lookup_path: Option<&Path>,
 ) -> Result<Vec<AdoptSpec>, MountError> {
@@ -122,10 +125,10 @@ fn adopt_specs(
             digest: format!("sha256:{}", hex::encode(content_digest(desc, what)?)),
         })
     };
-    let mut specs = vec![
-        spec(meta_path, &layers.metadata, "metadata")?,
-        spec(index_path, &layers.index, "chunk index")?,
-    ];
+    let mut specs = vec![spec(index_path, &layers.index, "chunk index")?];
+    if let Some(path) = meta_path {
+        specs.push(spec(path, &layers.metadata, "metadata")?);
+    }
     if let (Some(path), Some(desc)) = (lookup_path, &layers.lookup) {
         specs.push(spec(path, desc, "lookup table")?);
     }
@@ -232,14 +235,20 @@ pub fn mount_lazy_from(
             Mode::Fuse => lookup_now_or_later(&layers, &meta_dir),
             Mode::Kernel => Ok((None, None)),
         });
-        let metadata = cache_layer_file(
-            src,
-            &layers.metadata,
-            "metadata",
-            &meta_path,
-            false,
-            Record::Later,
-        );
+        // Through FUSE, the metadata's frames are decompressed by the
+        // daemon as requests need them: the mount waits for one frame.
+        let metadata = match mode {
+            Mode::Fuse => cache_metadata_frames(src, &layers.metadata, &meta_path),
+            Mode::Kernel => cache_layer_file(
+                src,
+                &layers.metadata,
+                "metadata",
+                &meta_path,
+                false,
+                Record::Later,
+            )
+            .map(|_| None),
+        };
         let panicked = |what: &str| MountError::Daemon(format!("{what} fetch panicked"));
         let index = index.join().unwrap_or_else(|_| Err(panicked("index")));
         let lookup = lookup
@@ -248,7 +257,7 @@ pub fn mount_lazy_from(
         (index, metadata, lookup)
     });
     let index = artifact::parse_index(&index_bytes?, &layers)?;
-    metadata?;
+    let metadata_frames = metadata?;
     let (lookup_path, lookup_later) = lookup_path?;
     // Sizes bounded here, before the worker allocates for them.
     let boot_pages = artifact::boot_layers(&layers.boot, &index.blobs)?
@@ -340,7 +349,12 @@ pub fn mount_lazy_from(
             || (!boot_pages.is_empty() && lazy.prefetch != Prefetch::None))
             .then_some(0)),
         boot_pages,
-        adopt: adopt_specs(&layers, &meta_path, &index_path, lookup_path.as_deref())?,
+        adopt: adopt_specs(
+            &layers,
+            metadata_frames.is_none().then_some(meta_path.as_path()),
+            &index_path,
+            lookup_path.as_deref(),
+        )?,
         later_layers: lookup_later.iter().map(|(spec, _)| spec.clone()).collect(),
     };
     let config_path = run.join("config.json");
@@ -355,8 +369,13 @@ pub fn mount_lazy_from(
         )?,
         Mode::Fuse => {
             let blobs: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
+            let frames = match metadata_frames {
+                Some(layer) => Some(frames_for_daemon(layer, &run, &layers.metadata)?),
+                None => None,
+            };
             let image = crate::fuse::FuseImage {
                 metadata: &meta_path,
+                frames,
                 lookup: lookup_path.as_deref(),
                 lookup_later: lookup_later.map(|(_, later)| later),
                 blobs: &blobs,
@@ -374,6 +393,33 @@ pub fn mount_lazy_from(
         lookup_path,
         xattrs: artifact::may_have_xattrs(&img.manifest),
         fetched_bytes: 0,
+    })
+}
+
+/// The metadata's frames as a FUSE daemon takes them: the layer's bytes in
+/// the run dir `run` (the daemon removes them once every frame is written).
+fn frames_for_daemon(
+    layer: artifact::LayerFrames,
+    run: &Path,
+    desc: &lamina_oci::Descriptor,
+) -> Result<MetadataFrames, MountError> {
+    let compressed_path = run.join("metadata.zst");
+    private::write_atomic(&compressed_path, &layer.compressed, false)
+        .map_err(io_err(&compressed_path))?;
+    let frames = layer
+        .frames
+        .iter()
+        .map(|f| FrameSpan {
+            start: f.start,
+            len: f.len,
+            offset: f.offset,
+            size: f.size,
+        })
+        .collect();
+    Ok(MetadataFrames {
+        compressed_path,
+        frames,
+        digest: format!("sha256:{}", hex::encode(content_digest(desc, "metadata")?)),
     })
 }
 

@@ -313,10 +313,14 @@ fn is_identity_uid_map(map: &str) -> bool {
 /// so nothing is read in proportion to the file's size up front. An empty
 /// file maps to an empty slice.
 ///
-/// The caller must only map files nobody writes or truncates while the
-/// process lives: lamina's cache files of metadata and lookup tables are
-/// written once under a temporary name and renamed into place, never
-/// changed in place, and are private to their owner.
+/// The caller must only map files nobody truncates while the process
+/// lives, and whose bytes never change once read: lamina's cache files of
+/// metadata and lookup tables are written once under a temporary name and
+/// renamed into place, and are private to their owner. The one exception,
+/// a lazy FUSE mount's metadata, is a sparse file that this process fills
+/// a frame at a time, each range written once and before anything reads it
+/// (`lamina_fuse::frames`); other writers of that file write the same
+/// bytes.
 pub fn map_file_forever(file: &std::fs::File) -> io::Result<&'static [u8]> {
     let len = usize::try_from(file.metadata()?.len()).map_err(io::Error::other)?;
     if len == 0 {
@@ -324,8 +328,8 @@ pub fn map_file_forever(file: &std::fs::File) -> io::Result<&'static [u8]> {
     }
     // SAFETY: a fresh private read-only mapping of `len` bytes of an open
     // file; the kernel picks the address. It is never unmapped, so the
-    // slice may live for 'static; the file is not changed in place (see
-    // above), so its bytes do not change under the slice.
+    // slice may live for 'static; no byte changes once read (see above),
+    // so the bytes under the slice that are read never change.
     unsafe {
         let addr = libc::mmap(
             std::ptr::null_mut(),
@@ -359,7 +363,7 @@ pub fn release_mapped_files() -> io::Result<()> {
         // file, made by `map_file_forever` and never unmapped. Its pages
         // are never written (PROT_READ), so none is a private copy: after
         // MADV_DONTNEED a touch reads the file's page again, the same
-        // bytes (the file is not changed in place), and every slice over
+        // bytes (none changes once read), and every slice over
         // the mapping stays valid.
         let done = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
         if done != 0 {

@@ -5,7 +5,7 @@ pub mod format;
 mod reader;
 mod writer;
 
-pub use reader::{Chunk, Chunks, DeviceInfo, Entry, Image, Inode, Kind, ReadError, Xattr};
+pub use reader::{Chunk, Chunks, DeviceInfo, Entry, Gate, Image, Inode, Kind, ReadError, Xattr};
 pub use writer::{write_image, ChunkAddr, Device, FileChunks, FormatError, ImageStats};
 
 /// Building trees in the writer's and the reader's tests.

@@ -9,6 +9,7 @@
 //! corrupt image gives [`ReadError`], never a panic or a read out of bounds.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use zerocopy::FromBytes;
 
@@ -32,10 +33,20 @@ fn corrupt<T>(what: impl Into<String>) -> Result<T, ReadError> {
     Err(ReadError::Corrupt(what.into()))
 }
 
+/// Makes a range of an image's bytes ready before the reader looks at it:
+/// for bytes that arrive after the image is opened (a lazy FUSE mount fills
+/// its metadata a zstd frame at a time, the frames a lookup needs first).
+pub trait Gate: Send + Sync + std::fmt::Debug {
+    /// Returns once `range` holds the image's bytes, or why it never will.
+    fn ready(&self, range: Range<u64>) -> Result<(), String>;
+}
+
 /// An EROFS image over its bytes.
 #[derive(Debug, Clone)]
 pub struct Image<'a> {
     bytes: &'a [u8],
+    /// Asked before any range is read, when the bytes fill in after open.
+    gate: Option<Arc<dyn Gate>>,
     /// Byte offset of nid 0.
     meta_start: u64,
     root_nid: u64,
@@ -166,6 +177,27 @@ impl Chunks<'_> {
 impl<'a> Image<'a> {
     /// Reads and checks the superblock and the device table.
     pub fn new(bytes: &'a [u8]) -> Result<Self, ReadError> {
+        Self::open(bytes, None)
+    }
+
+    /// [`Image::new`] over bytes that are not all there yet: every range is
+    /// read only once `gate` says it is ready (a gate error reads as
+    /// [`ReadError::Corrupt`], so a request fails closed).
+    pub fn gated(bytes: &'a [u8], gate: Arc<dyn Gate>) -> Result<Self, ReadError> {
+        Self::open(bytes, Some(gate))
+    }
+
+    fn open(bytes: &'a [u8], gate: Option<Arc<dyn Gate>>) -> Result<Self, ReadError> {
+        // Out-of-bounds ranges are refused below, by the reads themselves.
+        let ready = |range: Range<usize>| match &gate {
+            Some(g) => {
+                let (start, end) = (range.start.min(bytes.len()), range.end.min(bytes.len()));
+                g.ready(start as u64..end as u64)
+                    .map_err(ReadError::Corrupt)
+            }
+            None => Ok(()),
+        };
+        ready(0..SUPERBLOCK_OFFSET + size_of::<SuperBlock>())?;
         let sb_bytes = bytes
             .get(SUPERBLOCK_OFFSET..)
             .ok_or_else(|| ReadError::NotErofs(format!("{} bytes", bytes.len())))?;
@@ -190,9 +222,11 @@ impl<'a> Image<'a> {
                 "incompatible features {unknown:#x}"
             )));
         }
+        ready(device_table(&sb))?;
         let devices = read_devices(bytes, &sb)?;
         Ok(Image {
             bytes,
+            gate,
             meta_start: u64::from(sb.meta_blkaddr.get()) << BLOCK_BITS,
             root_nid: u64::from(sb.root_nid.get()),
             build_time: (sb.build_time.get(), sb.build_time_nsec.get()),
@@ -215,13 +249,15 @@ impl<'a> Image<'a> {
             usize::try_from(range.start).ok(),
             usize::try_from(range.end).ok(),
         );
-        match (start, end) {
-            (Some(s), Some(e)) if s <= e => self
-                .bytes
-                .get(s..e)
-                .ok_or_else(|| ReadError::Corrupt(format!("{what} beyond the image"))),
-            _ => corrupt(format!("{what} beyond the image")),
+        let bytes = match (start, end) {
+            (Some(s), Some(e)) if s <= e => self.bytes.get(s..e),
+            _ => None,
         }
+        .ok_or_else(|| ReadError::Corrupt(format!("{what} beyond the image")))?;
+        if let Some(gate) = &self.gate {
+            gate.ready(range).map_err(ReadError::Corrupt)?;
+        }
+        Ok(bytes)
     }
 
     /// The inode `nid`.
@@ -568,11 +604,17 @@ fn data_layout(i_format: u16, nid: u64) -> Result<DataLayout, ReadError> {
     }
 }
 
-fn read_devices<'a>(bytes: &'a [u8], sb: &SuperBlock) -> Result<Vec<DeviceInfo<'a>>, ReadError> {
+/// Where `sb`'s device table lies in the image.
+fn device_table(sb: &SuperBlock) -> Range<usize> {
     let n = usize::from(sb.extra_devices.get());
     let start = usize::from(sb.devt_slotoff.get()) * size_of::<DeviceSlot>();
+    start..start + n * size_of::<DeviceSlot>()
+}
+
+fn read_devices<'a>(bytes: &'a [u8], sb: &SuperBlock) -> Result<Vec<DeviceInfo<'a>>, ReadError> {
+    let n = usize::from(sb.extra_devices.get());
     let table = bytes
-        .get(start..start + n * size_of::<DeviceSlot>())
+        .get(device_table(sb))
         .ok_or_else(|| ReadError::Corrupt(format!("device table of {n} beyond the image")))?;
     let slots = <[DeviceSlot]>::ref_from_bytes(table)
         .map_err(|_| ReadError::Corrupt("device table".into()))?;
@@ -1027,6 +1069,96 @@ mod tests {
             };
             walk_all(&b[..cut]);
         }
+    }
+
+    /// Every inode reachable from the root, described from what the
+    /// reader returns for it.
+    fn describe(img: &Image<'_>) -> Result<Vec<String>, ReadError> {
+        let mut out = Vec::new();
+        let mut stack = vec![(b"/".to_vec(), img.root_nid())];
+        while let Some((path, nid)) = stack.pop() {
+            let inode = img.inode(nid)?;
+            let mut line = format!(
+                "{path:?} {} {} {:?}",
+                inode.mode,
+                inode.size,
+                img.xattrs(&inode)?
+            );
+            match inode.kind() {
+                Some(Kind::Directory) => {
+                    for e in img.entries(&inode)? {
+                        if e.name != b"." && e.name != b".." {
+                            let found = img.lookup(&inode, e.name)?.map(|f| f.nid);
+                            assert_eq!(found, Some(e.nid));
+                            stack.push(([&path[..], e.name, b"/"].concat(), e.nid));
+                        }
+                    }
+                }
+                Some(Kind::Regular) => {
+                    let c = img.chunks(&inode)?;
+                    line += &format!(" {:?}", (0..c.len()).map(|i| c.get(i)).collect::<Vec<_>>());
+                }
+                Some(Kind::Symlink) => line += &format!(" -> {:?}", img.symlink_target(&inode)?),
+                _ => line += &format!(" {:?}", inode.rdev()),
+            }
+            out.push(line);
+        }
+        Ok(out)
+    }
+
+    /// A gate that says yes, and keeps what it was asked.
+    #[derive(Debug, Default)]
+    struct Recording(std::sync::Mutex<Vec<Range<u64>>>);
+
+    impl Gate for Recording {
+        fn ready(&self, range: Range<u64>) -> Result<(), String> {
+            self.0.lock().unwrap().push(range);
+            Ok(())
+        }
+    }
+
+    /// A gate that has no bytes past `.0`.
+    #[derive(Debug)]
+    struct Upto(u64);
+
+    impl Gate for Upto {
+        fn ready(&self, range: Range<u64>) -> Result<(), String> {
+            match range.end <= self.0 {
+                true => Ok(()),
+                false => Err(format!("bytes {range:?} not there")),
+            }
+        }
+    }
+
+    /// Through a gate, the reader reads nothing it has not asked the gate
+    /// for: the same image with every byte it did not ask for zeroed reads
+    /// the same. A gate's refusal is an error of the read that needed it.
+    #[test]
+    fn a_gated_image_reads_only_ranges_its_gate_made_ready() {
+        let (tree, devices) = sample();
+        let (bytes, _) = write_image(&tree, &devices).unwrap();
+        let asked = Arc::new(Recording::default());
+        let img = Image::gated(&bytes, asked.clone()).unwrap();
+        let seen = describe(&img).unwrap();
+        assert_eq!(seen.len(), 1 + 1 + 1000 + 8);
+        let mut masked = vec![0u8; bytes.len()];
+        for r in asked.0.lock().unwrap().iter() {
+            let r = r.start as usize..r.end as usize;
+            masked[r.clone()].copy_from_slice(&bytes[r]);
+        }
+        assert_eq!(describe(&Image::new(&masked).unwrap()).unwrap(), seen);
+
+        let err = Image::gated(&bytes, Arc::new(Upto(1024))).unwrap_err();
+        assert!(
+            matches!(&err, ReadError::Corrupt(m) if m.contains("not there")),
+            "{err}"
+        );
+        let img = Image::gated(&bytes, Arc::new(Upto(2 * BLOCK_SIZE as u64))).unwrap();
+        let err = describe(&img).unwrap_err();
+        assert!(
+            matches!(&err, ReadError::Corrupt(m) if m.contains("not there")),
+            "{err}"
+        );
     }
 
     fn walk_all(bytes: &[u8]) {
