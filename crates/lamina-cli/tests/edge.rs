@@ -66,6 +66,61 @@ fn edge_mount_matches_umoci_and_ociunpack() {
     m.unmount();
 }
 
+/// The mount options of the mount at `mnt` (from /proc/self/mounts).
+fn mount_options(mnt: &std::path::Path) -> String {
+    let canonical = std::fs::canonicalize(mnt).unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    mounts
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 3 && std::path::Path::new(f[1]) == canonical).then(|| f[3].to_string())
+        })
+        .unwrap_or_else(|| panic!("{} is not mounted", mnt.display()))
+}
+
+/// A kernel mount of an image without xattrs (its manifest says so) is
+/// `noacl`, eager or lazy: ACL requests get EOPNOTSUPP from the kernel, so
+/// `ls -l` stops asking. The edge image, which has ACLs, keeps them (its
+/// test above enforces one).
+#[test]
+fn kernel_mounts_of_images_without_xattrs_are_noacl() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("noacl");
+    let image = oci_ref(&t.join("out"), "minimal");
+    let misc = fixtures().join("misc");
+    let report = lamina(["convert", "--json", &oci_ref(&misc, "minimal"), &image])
+        .ok()
+        .json();
+    assert_eq!(report["stats"]["xattr_inodes"], 0, "{report}");
+    for (name, args) in [("eager", &[][..]), ("lazy", &["--lazy"][..])] {
+        let mut args = args.to_vec();
+        args.extend(["--mode", "kernel"]);
+        let m = Mount::with_args(&image, &t.join(name), &t.join("cache"), &args);
+        let options = mount_options(&m.path);
+        assert!(
+            options.split(',').any(|o| o == "noacl"),
+            "{name}: {options}"
+        );
+        let mut buf = [0u8; 64];
+        let path = m.path.join("hello");
+        let acl = rustix::fs::getxattr(path, "system.posix_acl_access", &mut buf[..]);
+        assert_eq!(acl, Err(rustix::io::Errno::NOTSUP), "{name}");
+        let hello = std::fs::read(m.path.join("hello")).unwrap();
+        assert_eq!(hello, b"hello world\n", "{name}");
+        m.unmount();
+    }
+    let edge = oci_ref(&t.join("out"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &edge]).ok();
+    let m = Mount::new(&edge, &t.join("edge"), &t.join("cache"));
+    let options = mount_options(&m.path);
+    assert!(!options.split(',').any(|o| o == "noacl"), "edge: {options}");
+    m.unmount();
+}
+
 /// The same tree with the smallest chunk size (4 KiB): more chunks per file,
 /// chunk-index paths of the EROFS writer exercised.
 #[test]

@@ -105,6 +105,10 @@ pub struct DaemonConfig {
     /// checks it, and stores it synced and recorded.
     #[serde(default)]
     pub later_layers: Vec<LayerSpec>,
+    /// Whether the image may hold extended attributes; `false` (its
+    /// manifest says no inode has any): mounted `noacl`.
+    #[serde(default = "yes")]
+    pub xattrs: bool,
 }
 
 /// A zstd lamina layer for the worker to fetch whole and store.

@@ -266,7 +266,8 @@ pub fn mount_image(
     lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
         .map_err(MountError::BadCachePath)?;
     let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
-    lamina_daemon::holder::mount_erofs(&info.metadata_path, mountpoint, &devices).map_err(
+    let acl = info.xattrs;
+    lamina_daemon::holder::mount_erofs(&info.metadata_path, mountpoint, &devices, acl).map_err(
         |errno| MountError::Syscall {
             op: "mount",
             path: mountpoint.to_path_buf(),

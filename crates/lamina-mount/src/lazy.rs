@@ -356,6 +356,7 @@ pub fn mount_lazy_from(
             lookup_path.as_deref(),
         )?,
         later_layers: lookup_later.iter().map(|(spec, _)| spec.clone()).collect(),
+        xattrs: artifact::may_have_xattrs(&img.manifest),
     };
     let config_path = run.join("config.json");
     config.save(&config_path).map_err(io_err(&config_path))?;
