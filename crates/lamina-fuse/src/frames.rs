@@ -53,9 +53,6 @@ pub struct FrameSpan {
     pub size: u64,
 }
 
-/// The background fill's nice value: requests come first.
-const BACKGROUND_NICE: i32 = 10;
-
 const PENDING: u8 = 0;
 const BUSY: u8 = 1;
 const DONE: u8 = 2;
@@ -261,8 +258,9 @@ impl Gate for FrameFill {
 }
 
 /// Writes the frames nobody has asked for yet on `threads` threads, in
-/// the background, at a lower priority (nice 10) than requests, which
-/// decompress the frames they need themselves; once all are written, syncs the file, hashes it against
+/// the background, only when the CPU is idle (`SCHED_IDLE`: requests
+/// decompress the frames they need themselves, and the container started on
+/// the mount comes first); once all are written, syncs the file, hashes it against
 /// `spec.digest` and records it at `path` (a later mount then trusts it),
 /// and removes the compressed layer. Every step is logged.
 pub fn fill_in_background(
@@ -275,9 +273,7 @@ pub fn fill_in_background(
         .name("metadata-frames".into())
         .spawn(move || {
             let started = std::time::Instant::now();
-            // On Linux a thread's own (0: this thread), inherited by the
-            // threads it starts.
-            if let Err(e) = rustix::process::setpriority_process(None, BACKGROUND_NICE) {
+            if let Err(e) = lamina_sys::run_this_thread_when_idle() {
                 tracing::debug!("metadata frames at the daemon's priority: {e}");
             }
             let next = AtomicUsize::new(0);
@@ -300,7 +296,7 @@ pub fn fill_in_background(
                 ms = started.elapsed().as_millis() as u64,
                 "metadata frames all written"
             );
-            match record(&spec, &path) {
+            match record(&spec, &path, fill.file()) {
                 Ok(true) => tracing::info!("metadata hashed and recorded"),
                 Ok(false) => tracing::error!(
                     "metadata does not hash to its content digest {}: not recorded",
@@ -315,8 +311,16 @@ pub fn fill_in_background(
     }
 }
 
-/// Syncs, hashes and records the complete metadata file at `path`.
-fn record(spec: &MetadataFrames, path: &Path) -> std::io::Result<bool> {
+/// Syncs, hashes and records the complete metadata file at `path`, if it
+/// is still `filled` (another mount may have put a file of its own there).
+fn record(spec: &MetadataFrames, path: &Path, filled: &File) -> std::io::Result<bool> {
+    use lamina_fetch::store::identity;
+    let there = lamina_fetch::private::open_existing(path)?;
+    if identity(&there)? != identity(filled)? {
+        return Err(std::io::Error::other(
+            "another mount has replaced the file meanwhile",
+        ));
+    }
     let hex = spec.digest.strip_prefix("sha256:").unwrap_or(&spec.digest);
     let digest: [u8; 32] = hex::decode(hex)
         .ok()
@@ -492,6 +496,33 @@ mod tests {
             err.contains("decompresses to 4096 bytes, its header says 4097"),
             "{err}"
         );
+    }
+
+    /// The daemon records only the file it filled: one another mount has
+    /// renamed over its path meanwhile (even with the same bytes) is that
+    /// mount's to record.
+    #[test]
+    fn only_the_file_filled_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (content, spec) = layer(dir.path(), 4096, 3);
+        let path = dir.path().join("meta.erofs");
+        let fill = FrameFill::new(&spec, sparse(&path, content.len())).unwrap();
+        fill.ensure(0..content.len() as u64).unwrap();
+        let other = dir.path().join("other");
+        std::fs::write(&other, &content).unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let err = record(&spec, &path, fill.file()).unwrap_err();
+        assert!(err.to_string().contains("replaced"), "{err}");
+        let there = File::open(&path).unwrap();
+        let digest = sha256(&content);
+        assert!(!lamina_fetch::store::recorded_whole(&there, &path, &digest).unwrap());
+
+        let path = dir.path().join("meta2.erofs");
+        let fill = FrameFill::new(&spec, sparse(&path, content.len())).unwrap();
+        fill.ensure(0..content.len() as u64).unwrap();
+        assert!(record(&spec, &path, fill.file()).unwrap());
+        let there = File::open(&path).unwrap();
+        assert!(lamina_fetch::store::recorded_whole(&there, &path, &digest).unwrap());
     }
 
     /// Spans that leave gaps, overlap, lie outside the layer or do not

@@ -85,6 +85,12 @@ pub fn format_version() -> &'static str {
 /// one frame: a lazy mount over a network fetches it before anything else.
 pub const METADATA_FRAME_SIZE: usize = 4 << 20;
 
+/// The metadata's first frame is this small: it holds the superblock, the
+/// device table and the root directory, which is all a lazy FUSE mount
+/// decompresses before it returns (the daemon writes the other frames as
+/// requests need them).
+pub const METADATA_FIRST_FRAME_SIZE: usize = 64 << 10;
+
 /// Threads for the metadata's frames, compressed or decompressed: one per
 /// core, at most 8.
 pub(crate) fn frame_threads() -> usize {

@@ -371,10 +371,11 @@ pub fn read_trace(path: &std::path::Path) -> Result<Vec<TraceEntry>, ConvertErro
     parse_trace(path, &text).map_err(|e| ConvertError::Config(e.to_string()))
 }
 
-/// `bytes` compressed at `level` as independent zstd frames of `frame`
-/// bytes each (the metadata layer's form: a mount decompresses the frames
-/// in parallel, or as they are needed), on up to 8 threads. Each frame
-/// depends only on its own bytes, so the output is the same on any
+/// `bytes` compressed at `level` as independent zstd frames: the first of
+/// [`METADATA_FIRST_FRAME_SIZE`] bytes (what a lazy FUSE mount waits for),
+/// then `frame` bytes each (the metadata layer's form: a mount decompresses
+/// the frames in parallel, or as they are needed), on up to 8 threads. Each
+/// frame depends only on its own bytes, so the output is the same on any
 /// machine and the image stays reproducible.
 fn compress_frames(bytes: &[u8], frame: usize, level: i32) -> io::Result<Vec<u8>> {
     compress_frames_on(bytes, frame, level, frame_threads())
@@ -386,10 +387,10 @@ fn compress_frames_on(
     level: i32,
     threads: usize,
 ) -> io::Result<Vec<u8>> {
-    let mut frames: Vec<&[u8]> = bytes.chunks(frame.max(1)).collect();
-    if frames.is_empty() {
-        frames.push(bytes); // one empty frame: a stream has at least one
-    }
+    let (first, rest) = bytes.split_at(bytes.len().min(METADATA_FIRST_FRAME_SIZE.min(frame)));
+    // One empty frame for no bytes: a stream has at least one.
+    let mut frames: Vec<&[u8]> = vec![first];
+    frames.extend(rest.chunks(frame.max(1)));
     let next = AtomicUsize::new(0);
     let mut compressed = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads.clamp(1, frames.len()))
@@ -498,8 +499,8 @@ mod tests {
     use super::*;
 
     /// The metadata's compression gives the same bytes on any machine (one
-    /// thread or several), as one frame per [`METADATA_FRAME_SIZE`] bytes
-    /// each naming its size; together they decompress to the input as one
+    /// thread or several), as a frame of [`METADATA_FIRST_FRAME_SIZE`] bytes
+    /// then one per [`METADATA_FRAME_SIZE`] bytes, each naming its size; together they decompress to the input as one
     /// zstd stream.
     #[test]
     fn frames_compress_alike_on_any_number_of_threads() {
@@ -520,8 +521,10 @@ mod tests {
             sizes.push(zstd::zstd_safe::get_frame_content_size(&rest[..n]).unwrap());
             rest = &rest[n..];
         }
-        let frame = Some(METADATA_FRAME_SIZE as u64);
-        assert_eq!(sizes, [frame, frame, Some(12_345)]);
+        let (first, frame) = (METADATA_FIRST_FRAME_SIZE, METADATA_FRAME_SIZE);
+        let last = len - first - frame;
+        let want = [first, frame, last].map(|n| Some(n as u64));
+        assert_eq!(sizes, want);
         let empty = compress_frames_on(&[], METADATA_FRAME_SIZE, 3, 2).unwrap();
         assert!(zstd::decode_all(&empty[..]).unwrap().is_empty());
     }

@@ -398,6 +398,19 @@ pub fn unmap_big_allocations_on_free() -> io::Result<()> {
     Ok(())
 }
 
+/// Runs the calling thread, and the threads it starts after this, only
+/// when no other thread wants its CPU (`SCHED_IDLE`): for background work
+/// that must never delay a request or the workload the mount serves.
+pub fn run_this_thread_when_idle() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param
+    // that the kernel only reads.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// This process's resident pages that are mapped from files (its binary,
 /// libraries and [`map_file_forever`]'s mappings), in bytes: the
 /// `shared` field of `/proc/self/statm`.
