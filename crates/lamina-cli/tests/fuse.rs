@@ -231,12 +231,7 @@ fn an_image_without_xattrs_costs_no_xattr_or_opendir_round_trips() {
         return;
     }
     let t = TestDir::new("fuse-noxattr");
-    let image = oci_ref(&t.join("out"), "minimal");
-    let misc = fixtures().join("misc");
-    let report = lamina(["convert", "--json", &oci_ref(&misc, "minimal"), &image])
-        .ok()
-        .json();
-    assert_eq!(report["stats"]["xattr_inodes"], 0, "{report}");
+    let image = converted_without_xattrs(&t);
     let cache = t.join("cache");
     let m = Mount::with_args(&image, &t.join("mnt"), &cache, &["--mode", "fuse"]);
     const LISTINGS: u64 = 3;

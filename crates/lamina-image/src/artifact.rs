@@ -376,13 +376,11 @@ pub fn copy_compressed_layer_in_parallel(
     out: &File,
 ) -> Result<u64, ArtifactError> {
     let layer = CompressedLayer::of(desc, what)?;
-    let mut frames = FrameReader::new(source, desc, &layer)?;
-    let first = frames.next()?;
-    if !first_of_several(&first, &layer) {
-        let read = first.map(|(_, bytes)| bytes).unwrap_or_default();
-        return frames.stream_into(read, out);
-    }
-    let len = decompress_frames(first, &mut frames, &layer, out)?;
+    let (first, mut frames) = match first_frame_or_stream(source, desc, &layer, out)? {
+        FirstFrame::Of(first, frames) => (first, frames),
+        FirstFrame::Streamed(len) => return Ok(len),
+    };
+    let len = decompress_frames(Some(first), &mut frames, &layer, out)?;
     layer.check_size(len)?;
     Ok(len)
 }
@@ -443,15 +441,13 @@ pub fn read_frames_or_copy(
     out: &File,
 ) -> Result<FramesOrCopy, ArtifactError> {
     let layer = CompressedLayer::of(desc, what)?;
-    let mut frames = FrameReader::new(source, desc, &layer)?;
-    let first = frames.next()?;
-    if !first_of_several(&first, &layer) {
-        let read = first.map(|(_, bytes)| bytes).unwrap_or_default();
-        return frames.stream_into(read, out).map(FramesOrCopy::Copied);
-    }
+    let (first, mut frames) = match first_frame_or_stream(source, desc, &layer, out)? {
+        FirstFrame::Of(first, frames) => (first, frames),
+        FirstFrame::Streamed(len) => return Ok(FramesOrCopy::Copied(len)),
+    };
     let mut compressed = Vec::with_capacity(desc.size as usize); // bounded by `of`
     let mut spans = Vec::new();
-    let mut next = first;
+    let mut next = Some(first);
     while let Some((f, bytes)) = next {
         if spans.len() == MAX_LAZY_FRAMES {
             compressed.extend_from_slice(&bytes);
@@ -475,13 +471,36 @@ pub fn read_frames_or_copy(
     }))
 }
 
-/// Whether `first` is the first of several frames that each name their
-/// size (a layer in frames of [`METADATA_FRAME_SIZE`]); else the layer is
-/// streamed (one frame: images from before frames; no size annotation).
-fn first_of_several(first: &Option<(Frame, Vec<u8>)>, layer: &CompressedLayer) -> bool {
-    match first {
-        Some((f, _)) => f.size > 0 && layer.size.is_some_and(|total| f.size < total),
-        None => false,
+/// A layer's frames as read from its source.
+type SourceFrames<'a> = FrameReader<'a, std::io::Take<Box<dyn Read + Send + 'a>>>;
+
+/// What [`first_frame_or_stream`] found.
+enum FirstFrame<'a> {
+    /// The first of several frames that each name their size, and the
+    /// reader of the others.
+    Of((Frame, Vec<u8>), SourceFrames<'a>),
+    /// A layer in one frame (images from before frames), without a size
+    /// annotation, or whose first frame names no size: streamed into the
+    /// file with every check; the bytes written.
+    Streamed(u64),
+}
+
+/// Opens `desc`'s layer for its frames, or streams it into `out`.
+fn first_frame_or_stream<'a>(
+    source: &'a dyn ImageSource,
+    desc: &Descriptor,
+    layer: &'a CompressedLayer,
+    out: &File,
+) -> Result<FirstFrame<'a>, ArtifactError> {
+    let mut frames = FrameReader::new(source, desc, layer)?;
+    match frames.next()? {
+        Some((f, bytes)) if f.size > 0 && layer.size.is_some_and(|total| f.size < total) => {
+            Ok(FirstFrame::Of((f, bytes), frames))
+        }
+        first => {
+            let read = first.map(|(_, bytes)| bytes).unwrap_or_default();
+            frames.stream_into(read, out).map(FirstFrame::Streamed)
+        }
     }
 }
 

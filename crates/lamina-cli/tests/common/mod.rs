@@ -995,6 +995,18 @@ pub fn fixtures() -> &'static Path {
     })
 }
 
+/// misc's `minimal` image converted into `t/out`, checked to have no
+/// xattrs (its manifest says so, which the mounts act on): its reference.
+pub fn converted_without_xattrs(t: &TestDir) -> String {
+    let image = oci_ref(&t.join("out"), "minimal");
+    let misc = fixtures().join("misc");
+    let report = lamina(["convert", "--json", &oci_ref(&misc, "minimal"), &image])
+        .ok()
+        .json();
+    assert_eq!(report["stats"]["xattr_inodes"], 0, "{report}");
+    image
+}
+
 /// `FIX/edge` (an OCI layout with tags edge and edge-gz).
 pub fn edge_layout() -> PathBuf {
     fixtures().join("edge")
