@@ -1,13 +1,14 @@
 //! A lazy FUSE mount's metadata, filled a zstd frame at a time.
 //!
-//! The metadata layer is a run of independent zstd frames of 4 MiB of
-//! content each. A lazy mount fetches the layer whole and checks it against
+//! The metadata layer is a run of independent zstd frames: 64 KiB of
+//! content first (superblock, device table, root), then 4 MiB each. A lazy
+//! mount fetches the layer whole and checks it against
 //! its digest (the manifest's), but leaves the frames compressed: the
 //! daemon maps the metadata file while it is still sparse and decompresses
 //! into it, as they are needed, only the frames a request reads (the
 //! reader asks through [`Gate`] before it reads a byte), and the rest on
 //! threads in the background. A million-file image's 85 MB are then not
-//! decompressed before the mount returns, only the frame of its superblock.
+//! decompressed before the mount returns, only the 64 KiB of its first frame.
 //!
 //! A frame is written once, before anything reads it: the mapping never
 //! shows a byte that changes later. A frame that does not decompress to the
