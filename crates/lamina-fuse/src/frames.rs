@@ -62,9 +62,11 @@ const FAILED: u8 = 3;
 /// The frames of one metadata file, and which are written.
 #[derive(Debug)]
 pub struct FrameFill {
+    /// What the mount handed over: the frames, where the compressed layer
+    /// is, the content digest.
+    spec: MetadataFrames,
     compressed: File,
     out: File,
-    frames: Vec<FrameSpan>,
     state: Vec<AtomicU8>,
     /// Frames not written yet.
     left: AtomicUsize,
@@ -109,9 +111,9 @@ impl FrameFill {
         }
         let n = spec.frames.len();
         Ok(FrameFill {
+            spec: spec.clone(),
             compressed,
             out,
-            frames: spec.frames.clone(),
             state: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),
             left: AtomicUsize::new(n),
             errors: Mutex::default(),
@@ -142,14 +144,14 @@ impl FrameFill {
         if self.complete() || range.is_empty() {
             return Ok(());
         }
-        let first = self
-            .frames
-            .partition_point(|f| f.offset + f.size <= range.start);
-        for i in first..self.frames.len() {
-            if self.frames[i].offset >= range.end {
+        let frames = &self.spec.frames;
+        let first = frames.partition_point(|f| f.offset + f.size <= range.start);
+        let mut buffers = Buffers::default();
+        for (i, f) in frames.iter().enumerate().skip(first) {
+            if f.offset >= range.end {
                 break;
             }
-            self.frame(i, &mut Buffers::default())?;
+            self.frame(i, &mut buffers)?;
         }
         Ok(())
     }
@@ -161,7 +163,7 @@ impl FrameFill {
         let mut first_error = Ok(());
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.frames.len() {
+            if i >= self.spec.frames.len() {
                 return first_error;
             }
             if self.state[i].load(Ordering::Acquire) == PENDING {
@@ -221,7 +223,7 @@ impl FrameFill {
 
     /// Decompresses frame `i` and writes it in place.
     fn write_frame(&self, i: usize, b: &mut Buffers) -> Result<(), String> {
-        let f = self.frames[i];
+        let f = self.spec.frames[i];
         let fail = |why: String| format!("metadata frame {i} (layer byte {}): {why}", f.start);
         b.compressed.resize(f.len as usize, 0);
         self.compressed
@@ -262,14 +264,14 @@ impl Gate for FrameFill {
 /// the background, only when the CPU is idle (`SCHED_IDLE`: requests
 /// decompress the frames they need themselves, and the container started on
 /// the mount comes first); once all are written, syncs the file, hashes it against
-/// `spec.digest` and records it at `path` (a later mount then trusts it),
-/// and removes the compressed layer. Every step is logged.
-pub fn fill_in_background(
-    fill: Arc<FrameFill>,
-    spec: MetadataFrames,
-    path: PathBuf,
-    threads: usize,
-) {
+/// the content digest and records it at `path` (a later mount then trusts
+/// it), and removes the compressed layer. Every step is logged.
+pub fn fill_in_background(fill: Arc<FrameFill>, path: PathBuf, threads: usize) {
+    tracing::info!(
+        written = fill.decompressed(),
+        frames = fill.spec.frames.len(),
+        "metadata frames written before mounting; the rest as needed and in the background"
+    );
     let spawned = std::thread::Builder::new()
         .name("metadata-frames".into())
         .spawn(move || {
@@ -292,41 +294,39 @@ pub fn fill_in_background(
                 return;
             }
             tracing::info!(
-                frames = fill.frames.len(),
+                frames = fill.spec.frames.len(),
                 decompressed = fill.decompressed(),
                 ms = started.elapsed().as_millis() as u64,
                 "metadata frames all written"
             );
-            match record(&spec, &path, fill.file()) {
+            match record(&fill, &path) {
                 Ok(true) => tracing::info!("metadata hashed and recorded"),
                 Ok(false) => tracing::error!(
                     "metadata does not hash to its content digest {}: not recorded",
-                    spec.digest
+                    fill.spec.digest
                 ),
                 Err(e) => tracing::warn!("metadata not recorded: {e}"),
             }
-            let _ = std::fs::remove_file(&spec.compressed_path);
+            let _ = std::fs::remove_file(&fill.spec.compressed_path);
         });
     if let Err(e) = spawned {
         tracing::error!("no thread to fill the metadata in the background: {e}");
     }
 }
 
-/// Syncs, hashes and records the complete metadata file at `path`, if it
-/// is still `filled` (another mount may have put a file of its own there).
-fn record(spec: &MetadataFrames, path: &Path, filled: &File) -> std::io::Result<bool> {
+/// Syncs, hashes and records `fill`'s complete metadata file at `path`,
+/// if it is still there (another mount may have put a file of its own
+/// there).
+fn record(fill: &FrameFill, path: &Path) -> std::io::Result<bool> {
     use lamina_fetch::store::identity;
     let there = lamina_fetch::private::open_existing(path)?;
-    if identity(&there)? != identity(filled)? {
+    if identity(&there)? != identity(fill.file())? {
         return Err(std::io::Error::other(
             "another mount has replaced the file meanwhile",
         ));
     }
-    let hex = spec.digest.strip_prefix("sha256:").unwrap_or(&spec.digest);
-    let digest: [u8; 32] = hex::decode(hex)
-        .ok()
-        .and_then(|d| d.try_into().ok())
-        .ok_or_else(|| std::io::Error::other(format!("bad digest {}", spec.digest)))?;
+    let digest = crate::sha256_digest(&fill.spec.digest)
+        .ok_or_else(|| std::io::Error::other(format!("bad digest {}", fill.spec.digest)))?;
     lamina_fetch::store::adopt_whole(path, &digest)
 }
 
@@ -414,7 +414,7 @@ mod tests {
         assert!(!fill.complete());
         assert!(read_all(&path)[..12288] == content[..12288]);
 
-        fill_in_background(fill.clone(), spec.clone(), path.clone(), 2);
+        fill_in_background(fill.clone(), path.clone(), 2);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while spec.compressed_path.exists() {
             assert!(std::time::Instant::now() < deadline, "never finished");
@@ -454,7 +454,7 @@ mod tests {
         });
         assert_eq!(
             fill.decompressed(),
-            fill.frames.len() - fill.left.load(Ordering::Relaxed)
+            fill.spec.frames.len() - fill.left.load(Ordering::Relaxed)
         );
     }
 
@@ -476,7 +476,7 @@ mod tests {
         assert_eq!(fill.ensure(5000..5001).unwrap_err(), err, "not retried");
         fill.ensure(0..4096).unwrap();
         fill.ensure(8192..content.len() as u64).unwrap();
-        fill_in_background(fill.clone(), spec.clone(), path.clone(), 2);
+        fill_in_background(fill.clone(), path.clone(), 2);
         std::thread::sleep(std::time::Duration::from_millis(300));
         assert!(!fill.complete());
         let file = File::open(&path).unwrap();
@@ -512,7 +512,7 @@ mod tests {
         let other = dir.path().join("other");
         std::fs::write(&other, &content).unwrap();
         std::fs::rename(&other, &path).unwrap();
-        let err = record(&spec, &path, fill.file()).unwrap_err();
+        let err = record(&fill, &path).unwrap_err();
         assert!(err.to_string().contains("replaced"), "{err}");
         let there = File::open(&path).unwrap();
         let digest = sha256(&content);
@@ -521,7 +521,7 @@ mod tests {
         let path = dir.path().join("meta2.erofs");
         let fill = FrameFill::new(&spec, sparse(&path, content.len())).unwrap();
         fill.ensure(0..content.len() as u64).unwrap();
-        assert!(record(&spec, &path, fill.file()).unwrap());
+        assert!(record(&fill, &path).unwrap());
         let there = File::open(&path).unwrap();
         assert!(lamina_fetch::store::recorded_whole(&there, &path, &digest).unwrap());
     }

@@ -980,15 +980,10 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         }
     };
     report(None)?;
-    if let (Some(frames), Some(spec)) = (frames, &config.metadata_frames) {
-        tracing::info!(
-            written = frames.decompressed(),
-            frames = spec.frames.len(),
-            "metadata frames written before mounting; the rest as needed and in the background"
-        );
+    if let Some(frames) = frames {
         let threads = std::thread::available_parallelism().map_or(2, usize::from);
         let path = config.metadata_path.clone();
-        frames::fill_in_background(frames, spec.clone(), path, threads);
+        frames::fill_in_background(frames, path, threads);
     }
     if let Some(path) = &config.status_path {
         write_status_while_serving(path.clone(), stats);
@@ -1206,16 +1201,20 @@ fn release_mapped(stats: &Stats) -> std::io::Result<u64> {
     Ok(after)
 }
 
+/// The bytes of a `sha256:<hex>` digest from a daemon config, if it is one.
+pub(crate) fn sha256_digest(s: &str) -> Option<[u8; 32]> {
+    let hex = s.strip_prefix("sha256:")?;
+    <[u8; 32]>::try_from(hex::decode(hex).ok()?).ok()
+}
+
 /// Watches for the lookup table a worker fetches (see [`LookupLater`]) and
 /// puts it in `slot` once recorded and checked. Lookups search the
 /// directories until then; a table that fails a check is never used.
 fn await_lookup(later: LookupLater, slot: Arc<OnceLock<LookupTable<'static>>>, root_nid: u64) {
-    let digest = |s: &str| -> Option<[u8; 32]> {
-        let hex = s.strip_prefix("sha256:")?;
-        <[u8; 32]>::try_from(hex::decode(hex).ok()?).ok()
-    };
-    let (Some(content), Some(metadata)) = (digest(&later.digest), digest(&later.metadata_digest))
-    else {
+    let (Some(content), Some(metadata)) = (
+        sha256_digest(&later.digest),
+        sha256_digest(&later.metadata_digest),
+    ) else {
         return tracing::error!("lookup table: bad digests in the config; directories searched");
     };
     let started = std::time::Instant::now();
