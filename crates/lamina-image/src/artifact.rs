@@ -381,7 +381,7 @@ pub fn copy_compressed_layer_in_parallel(
         FirstFrame::Of(first, frames) => (first, frames),
         FirstFrame::Streamed(len) => return Ok(len),
     };
-    let len = decompress_frames(Some(first), &mut frames, &layer, out)?;
+    let len = decompress_frames(first, &mut frames, &layer, out)?;
     layer.check_size(len)?;
     Ok(len)
 }
@@ -617,7 +617,7 @@ impl<R: Read> FrameReader<'_, R> {
 /// fresh memory can cost as much as decompressing the page). The
 /// content's length.
 fn decompress_frames<R: Read>(
-    first: Option<(Frame, Vec<u8>)>,
+    first: (Frame, Vec<u8>),
     frames: &mut FrameReader<'_, R>,
     layer: &CompressedLayer,
     out: &File,
@@ -672,7 +672,7 @@ fn decompress_frames<R: Read>(
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads).map(|_| scope.spawn(work_or_drain)).collect();
         let mut read = Ok(());
-        let mut next = first;
+        let mut next = Some(first);
         while let Some(frame) = next {
             if to_workers.send(frame).is_err() {
                 break; // cannot happen: the receiver outlives this loop
