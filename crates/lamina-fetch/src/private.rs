@@ -3,7 +3,7 @@
 //! and a directory someone else could write to is refused.
 
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,7 +124,8 @@ pub fn temp_name(path: &Path, tag: &str) -> PathBuf {
 
 /// Writes `bytes` to `path` (0600) via an exclusively created temp file and a
 /// rename, so that readers see the old or the new content, never half.
-/// With `durable`, the data is synced before the rename.
+/// With `durable`, the data is synced before the rename. Written in pieces,
+/// for daemons that map the file (`lamina_sys::write_all_at_in_pieces`).
 pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     write_atomic_file(path, bytes, durable).map(drop)
 }
@@ -133,7 +134,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> 
 /// into place (another process may have replaced it there since), for a
 /// record bound to it.
 pub fn write_atomic_file(path: &Path, bytes: &[u8], durable: bool) -> io::Result<File> {
-    write_atomic_with(path, durable, |f| f.write_all(bytes))
+    write_atomic_with(path, durable, |f| {
+        lamina_sys::write_all_at_in_pieces(f, bytes, 0)
+    })
 }
 
 /// [`write_atomic_file`] of the bytes `fill` writes into the temp file (a

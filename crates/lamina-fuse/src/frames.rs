@@ -248,8 +248,7 @@ impl FrameFill {
         }
         self.decompressed.fetch_add(1, Ordering::Relaxed);
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        self.out
-            .write_all_at(&b.content, f.offset)
+        lamina_sys::write_all_at_in_pieces(&self.out, &b.content, f.offset)
             .map_err(|e| fail(format!("writing: {e}")))
     }
 }
