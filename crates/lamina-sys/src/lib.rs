@@ -326,25 +326,33 @@ pub fn map_file_forever(file: &std::fs::File) -> io::Result<&'static [u8]> {
     if len == 0 {
         return Ok(&[]);
     }
-    // SAFETY: a fresh private read-only mapping of `len` bytes of an open
-    // file; the kernel picks the address. It is never unmapped, so the
-    // slice may live for 'static; no byte changes once read (see above),
-    // so the bytes under the slice that are read never change.
-    unsafe {
-        let addr = libc::mmap(
+    let addr = map_read_only(file, len)?;
+    mapped_files().push((addr as usize, len));
+    // SAFETY: `addr` is a fresh private read-only mapping of `len` bytes.
+    // It is never unmapped, so the slice may live for 'static; no byte
+    // changes once read (see above), so the bytes under the slice that are
+    // read never change.
+    Ok(unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) })
+}
+
+/// A fresh private read-only mapping of the first `len` bytes of `file`.
+fn map_read_only(file: &std::fs::File, len: usize) -> io::Result<*mut libc::c_void> {
+    // SAFETY: maps `len` bytes of an open file at an address the kernel
+    // picks; no existing memory is touched.
+    let addr = unsafe {
+        libc::mmap(
             std::ptr::null_mut(),
             len,
             libc::PROT_READ,
             libc::MAP_PRIVATE,
             file.as_raw_fd(),
             0,
-        );
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        mapped_files().push((addr as usize, len));
-        Ok(std::slice::from_raw_parts(addr.cast::<u8>(), len))
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
     }
+    Ok(addr)
 }
 
 /// Largest write [`write_all_at_in_pieces`] makes.
@@ -546,20 +554,11 @@ mod tests {
     /// mappings another test releases), touches one byte in each MiB and
     /// returns the mapping's resident KiB.
     fn resident_after_touching_each_mib(path: &std::path::Path, len: usize) -> u64 {
-        let file = std::fs::File::open(path).unwrap();
-        // SAFETY: a fresh private read-only mapping of `len` bytes of an
-        // open file of that length, read through volatile loads within
-        // it, then unmapped; nothing else refers to it.
+        let addr = map_read_only(&std::fs::File::open(path).unwrap(), len).unwrap();
+        // SAFETY: `addr` maps `len` bytes of a file of that length, read
+        // through volatile loads within it, then unmapped; nothing else
+        // refers to it.
         unsafe {
-            let addr = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                0,
-            );
-            assert_ne!(addr, libc::MAP_FAILED);
             for mib in 0..len >> 20 {
                 std::ptr::read_volatile(addr.cast::<u8>().add((mib << 20) + 12345));
             }
