@@ -125,7 +125,7 @@ pub fn temp_name(path: &Path, tag: &str) -> PathBuf {
 /// Writes `bytes` to `path` (0600) via an exclusively created temp file and a
 /// rename, so that readers see the old or the new content, never half.
 /// With `durable`, the data is synced before the rename. Written in pieces,
-/// for daemons that map the file (`lamina_sys::write_all_at_in_pieces`).
+/// for daemons that map the file (`lamina_sys::write_all_in_pieces`).
 pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     write_atomic_file(path, bytes, durable).map(drop)
 }
@@ -134,9 +134,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> 
 /// into place (another process may have replaced it there since), for a
 /// record bound to it.
 pub fn write_atomic_file(path: &Path, bytes: &[u8], durable: bool) -> io::Result<File> {
-    write_atomic_with(path, durable, |f| {
-        lamina_sys::write_all_at_in_pieces(f, bytes, 0)
-    })
+    write_atomic_with(path, durable, |f| lamina_sys::write_all_in_pieces(f, bytes))
 }
 
 /// [`write_atomic_file`] of the bytes `fill` writes into the temp file (a

@@ -320,11 +320,8 @@ fn stream_layer(
             let mut hash = Sha256::new();
             for block in to_hash {
                 hash.update(&block);
-                // In pieces, for a daemon that maps the file
-                // (`lamina_sys::write_all_at_in_pieces`).
-                for piece in block.chunks(lamina_sys::MAPPED_WRITE_PIECE) {
-                    out.write_all(piece)?;
-                }
+                // In pieces, for a daemon that maps the file.
+                lamina_sys::write_all_in_pieces(out, &block)?;
                 let _ = give_back.send(block);
             }
             Ok(hash.finalize())

@@ -378,6 +378,14 @@ pub fn write_all_at_in_pieces(file: &std::fs::File, bytes: &[u8], offset: u64) -
     Ok(())
 }
 
+/// [`write_all_at_in_pieces`] for a writer without offsets (a stream into
+/// a file): all of `bytes`, in writes of at most [`MAPPED_WRITE_PIECE`].
+pub fn write_all_in_pieces(out: &mut (impl io::Write + ?Sized), bytes: &[u8]) -> io::Result<()> {
+    bytes
+        .chunks(MAPPED_WRITE_PIECE)
+        .try_for_each(|piece| out.write_all(piece))
+}
+
 /// The mappings [`map_file_forever`] made: (address, length).
 fn mapped_files() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
     static MAPPED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
@@ -580,14 +588,21 @@ mod tests {
         write_all_at_in_pieces(&file, &data[..1000], 0).unwrap();
         write_all_at_in_pieces(&file, &data[1000..], 1000).unwrap();
         assert!(std::fs::read(&pieces).unwrap() == data, "bytes differ");
+        let streamed = dir.path().join("streamed");
+        write_all_in_pieces(&mut std::fs::File::create(&streamed).unwrap(), &data).unwrap();
+        assert!(std::fs::read(&streamed).unwrap() == data, "bytes differ");
         let whole = dir.path().join("whole");
         std::fs::write(&whole, &data).unwrap();
-        let (p, w) = (
+        let (p, s, w) = (
             resident_after_touching_each_mib(&pieces, data.len()),
+            resident_after_touching_each_mib(&streamed, data.len()),
             resident_after_touching_each_mib(&whole, data.len()),
         );
-        eprintln!("16 touches map {p} KiB of the file in pieces, {w} KiB of the whole one");
+        eprintln!(
+            "16 touches map {p} and {s} KiB of the files in pieces, {w} KiB of the whole one"
+        );
         assert!(p <= 16 * 128, "{p} KiB resident after 16 touches");
+        assert!(s <= 16 * 128, "{s} KiB resident after 16 touches");
     }
 
     /// Released pages leave the resident set and read back the same.
