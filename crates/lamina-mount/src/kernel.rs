@@ -216,10 +216,8 @@ pub(crate) fn cache_metadata_frames(
     path: &Path,
 ) -> Result<Option<artifact::LayerFrames>, MountError> {
     let expected = content_digest(desc, "metadata")?;
-    if let Ok(file) = lamina_fetch::private::open_existing(path) {
-        if lamina_fetch::store::recorded_whole(&file, path, &expected).unwrap_or(false) {
-            return Ok(None);
-        }
+    if open_recorded(path, &expected).is_some() {
+        return Ok(None);
     }
     let mut frames = None;
     store_streamed::<MountError>(path, None, |file| {
@@ -234,6 +232,15 @@ pub(crate) fn cache_metadata_frames(
         Ok(())
     })?;
     Ok(frames)
+}
+
+/// The cache file at `path`, open, if its fill record says it holds
+/// content of digest `content` (`lamina_fetch::store::recorded_whole`).
+pub(crate) fn open_recorded(path: &Path, content: &[u8; 32]) -> Option<std::fs::File> {
+    let file = lamina_fetch::private::open_existing(path).ok()?;
+    lamina_fetch::store::recorded_whole(&file, path, content)
+        .unwrap_or(false)
+        .then_some(file)
 }
 
 /// A zstd lamina layer's content digest (SHA-256) from its annotation.

@@ -22,8 +22,8 @@ use lamina_image::artifact::{self, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
 use crate::kernel::{
-    cache_layer_file, cache_metadata_frames, cached_layer, content_digest, io_err, MountError,
-    MountInfo, MountOptions, Record,
+    cache_layer_file, cache_metadata_frames, cached_layer, content_digest, io_err, open_recorded,
+    MountError, MountInfo, MountOptions, Record,
 };
 use crate::mode::Mode;
 
@@ -149,13 +149,11 @@ fn lookup_now_or_later(
     };
     let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
     let content = content_digest(desc, "lookup table")?;
-    if let Ok(mut file) = private::open_existing(&path) {
-        if lamina_fetch::store::recorded_whole(&file, &path, &content).unwrap_or(false) {
-            let mut header = [0; LOOKUP_HEADER_LEN];
-            std::io::Read::read_exact(&mut file, &mut header).map_err(io_err(&path))?;
-            artifact::check_lookup(&header, layers)?;
-            return Ok((Some(path), None));
-        }
+    if let Some(mut file) = open_recorded(&path, &content) {
+        let mut header = [0; LOOKUP_HEADER_LEN];
+        std::io::Read::read_exact(&mut file, &mut header).map_err(io_err(&path))?;
+        artifact::check_lookup(&header, layers)?;
+        return Ok((Some(path), None));
     }
     let size = artifact::check_lookup_layer(desc)?;
     let digest = format!("sha256:{}", hex::encode(content));
