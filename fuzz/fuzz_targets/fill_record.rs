@@ -12,10 +12,10 @@ fuzz_target!(|data: &[u8]| {
     };
     assert_eq!(record.to_bytes(), data);
     let n = record.filled.len();
-    assert!(record.describes(&record.blob_digest, record.cache_size, n, record.file));
+    assert!(record.describes(&record.subject, record.cache_size, n, record.file));
     let other = FileIdentity {
         ino: record.file.ino ^ 1,
         ..record.file
     };
-    assert!(!record.describes(&record.blob_digest, record.cache_size, n, other));
+    assert!(!record.describes(&record.subject, record.cache_size, n, other));
 });

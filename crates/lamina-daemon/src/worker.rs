@@ -124,7 +124,7 @@ fn open_store(dir: &Path, blob: IndexBlob) -> io::Result<BlobStore> {
     if !store.is_complete() {
         // Background fills must not become misses in other mounts
         // that share this cache file: write them through a quiet fd.
-        match lamina_sys::open_quiet(&store.cache_path).and_then(|f| store.set_writer(f)) {
+        match lamina_sys::open_quiet(store.cache_file()).and_then(|f| store.set_writer(f)) {
             Ok(()) => {}
             Err(e) => tracing::warn!("quiet fd for {}: {e}", store.cache_path.display()),
         }

@@ -1,10 +1,17 @@
 //! A blob's cache file and its fill record.
 //!
-//! The cache file (`<hex>.cache`, 0600) is sparse: chunks appear at their
+//! A cache entry is a blob as one chunk table describes it ([`EntryKey`]):
+//! images that describe the blob the same way share the entry, any other
+//! description gets an entry of its own. Nothing but that table's checks
+//! decides what goes into an entry, so an image that names another image's
+//! blob with a chunk table (and bytes) of its own can never change what the
+//! other image reads.
+//!
+//! The cache file (`<entry>.cache`, 0600) is sparse: chunks appear at their
 //! cache offsets as they are fetched and verified. Which chunks a process may
 //! serve is decided by two things only: chunks this process verified itself
 //! (fetched and checked, or re-hashed), kept in memory, and the fill record
-//! (`<hex>.fill`, format in [`lamina_format::fill`]) that some process wrote
+//! (`<entry>.fill`, format in [`lamina_format::fill`]) that some process wrote
 //! after it synced the cache file, bound to the cache file's identity. A
 //! cache file that was deleted and recreated, replaced, or has the wrong size
 //! inherits nothing; its length, a flag, or a process being alive never count.
@@ -33,11 +40,49 @@ const PAGE: u64 = 4096;
 /// they were filled.
 pub const SAVE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A cache entry: a blob as one chunk table lays it out in a cache file.
+/// Its files in the blob dir are `<blob hex>.<id hex, first 32 digits>`
+/// with `.cache`, `.fill` and `.table`; the fill record binds the whole id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryKey {
+    /// sha256 of the compressed blob.
+    pub blob: [u8; 32],
+    /// [`lamina_format::fill::entry_id`] of the blob, its cache size and
+    /// its chunk table.
+    pub id: [u8; 32],
+}
+
+impl EntryKey {
+    /// The entry of `blob` as its chunks describe it.
+    pub fn of(blob: &IndexBlob) -> EntryKey {
+        EntryKey {
+            blob: blob.digest,
+            id: blob.entry_id(),
+        }
+    }
+
+    /// The entry of a blob of a paged index, known before its chunk table
+    /// is; `None` for a version 1 blob (use [`EntryKey::of`]).
+    pub fn of_paged(summary: &BlobSummary) -> Option<EntryKey> {
+        Some(EntryKey {
+            blob: summary.digest,
+            id: summary.entry_id()?,
+        })
+    }
+
+    /// The entry's file name without its extension.
+    pub fn stem(&self) -> String {
+        format!("{}.{}", hex::encode(self.blob), hex::encode(&self.id[..16]))
+    }
+}
+
 /// One blob's cache file plus its fill record.
 #[derive(Debug)]
 pub struct BlobStore {
     /// The blob as the index describes it.
     pub blob: IndexBlob,
+    /// The entry it is cached in.
+    pub key: EntryKey,
     /// Path of the cache file (what EROFS gets as `device=`).
     pub cache_path: PathBuf,
     record_path: PathBuf,
@@ -63,6 +108,16 @@ pub struct BlobStore {
     boot_bytes: u64,
 }
 
+/// What [`BlobStore::place_page`] did with a boot page.
+enum PagePlaced {
+    /// The page was a hole: the boot page is there now.
+    Written,
+    /// The page held these very bytes.
+    AlreadyThere,
+    /// The page holds other bytes, or its range is being written.
+    Refused,
+}
+
 /// A save between its two halves: see [`BlobStore::begin_save`].
 #[derive(Debug)]
 pub struct PendingSave {
@@ -79,18 +134,25 @@ impl PendingSave {
     }
 }
 
-/// Paths of a blob's cache file and fill record under `dir`.
-pub fn store_paths(dir: &Path, blob_hex: &str) -> (PathBuf, PathBuf) {
+/// Paths of an entry's cache file and fill record under `dir`.
+pub fn store_paths(dir: &Path, key: &EntryKey) -> (PathBuf, PathBuf) {
+    let stem = key.stem();
     (
-        dir.join(format!("{blob_hex}.cache")),
-        dir.join(format!("{blob_hex}.fill")),
+        dir.join(format!("{stem}.cache")),
+        dir.join(format!("{stem}.fill")),
     )
 }
 
-/// Where a blob's chunk table (paged index) is kept: `<hex>.table`, beside
-/// its cache file.
-pub fn table_path(dir: &Path, blob: &BlobSummary) -> PathBuf {
-    dir.join(format!("{}.table", hex::encode(blob.digest)))
+/// Where an entry's chunk table (paged index) is kept: `<entry>.table`,
+/// beside its cache file.
+fn table_path(dir: &Path, key: &EntryKey) -> PathBuf {
+    dir.join(format!("{}.table", key.stem()))
+}
+
+/// The entry of a blob of a paged index (what `load_table` and
+/// `save_table` are for).
+fn paged_key(blob: &BlobSummary) -> io::Result<EntryKey> {
+    EntryKey::of_paged(blob).ok_or_else(|| io::Error::other("a version 1 blob has no chunk table"))
 }
 
 /// The chunk table of `blob` kept in `dir`, if there is one and it is the
@@ -98,7 +160,7 @@ pub fn table_path(dir: &Path, blob: &BlobSummary) -> PathBuf {
 /// most), so it needs no fill record. `Ok(None)`: none kept; an error: the
 /// kept one is not that table (the caller fetches it again).
 pub fn load_table(dir: &Path, blob: &BlobSummary, chunk_bits: u8) -> io::Result<Option<IndexBlob>> {
-    let path = table_path(dir, blob);
+    let path = table_path(dir, &paged_key(blob)?);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -113,7 +175,7 @@ pub fn load_table(dir: &Path, blob: &BlobSummary, chunk_bits: u8) -> io::Result<
 /// atomically).
 pub fn save_table(dir: &Path, blob: &BlobSummary, table: &[u8]) -> io::Result<()> {
     private::private_dir(dir)?;
-    private::write_atomic(&table_path(dir, blob), table, false)
+    private::write_atomic(&table_path(dir, &paged_key(blob)?), table, false)
 }
 
 /// The fill record of a file cached whole (metadata, chunk index, lookup
@@ -143,7 +205,7 @@ pub fn record_whole(file: &File, path: &Path, digest: &[u8; 32]) -> io::Result<(
         return Ok(()); // no birth time: never trusted, always re-hashed
     };
     let record = FillRecord {
-        blob_digest: *digest,
+        subject: *digest,
         cache_size: file.metadata()?.len(),
         file: id,
         filled: vec![true],
@@ -268,13 +330,14 @@ impl BlobStore {
     /// file says are verified and durable. Reads nothing else.
     pub fn open(dir: &Path, blob: IndexBlob) -> io::Result<Self> {
         private::private_dir(dir)?;
-        let hex = hex::encode(blob.digest);
-        let (cache_path, record_path) = store_paths(dir, &hex);
+        let key = EntryKey::of(&blob);
+        let (cache_path, record_path) = store_paths(dir, &key);
         let cache = open_cache_file(&cache_path, blob.cache_size)?;
         let identity = identity(&cache)?;
         let n = blob.chunks.len();
         let mut store = BlobStore {
             blob,
+            key,
             cache_path,
             record_path,
             cache,
@@ -307,7 +370,7 @@ impl BlobStore {
         let record = read_record(&self.record_path)?;
         self.record_seen = Some(stamp);
         let n = self.filled.len();
-        if !record.describes(&self.blob.digest, self.blob.cache_size, n, id) {
+        if !record.describes(&self.key.id, self.blob.cache_size, n, id) {
             return None;
         }
         for (i, _) in record.filled.iter().enumerate().filter(|(_, f)| **f) {
@@ -379,7 +442,7 @@ impl BlobStore {
             synced.iter_mut().zip(on_disk).for_each(|(s, d)| *s |= d);
         }
         let record = FillRecord {
-            blob_digest: self.blob.digest,
+            subject: self.key.id,
             cache_size: self.blob.cache_size,
             file: id,
             filled: synced,
@@ -392,9 +455,10 @@ impl BlobStore {
     /// read); returns its path and whether a record says it is complete.
     pub fn prepare(dir: &Path, blob: &BlobSummary) -> io::Result<(PathBuf, bool)> {
         private::private_dir(dir)?;
-        let (cache_path, _) = store_paths(dir, &hex::encode(blob.digest));
+        let key = paged_key(blob)?;
+        let (cache_path, _) = store_paths(dir, &key);
         open_cache_file(&cache_path, blob.cache_size)?;
-        let complete = Self::recorded_complete(dir, blob)?;
+        let complete = Self::recorded_complete(dir, &key, blob)?;
         Ok((cache_path, complete))
     }
 
@@ -402,8 +466,8 @@ impl BlobStore {
     /// to it says every chunk is there. Creates nothing: an eager mount asks
     /// this before it fetches, and a blob that turns out corrupt must leave
     /// no cache file behind.
-    pub fn recorded_complete(dir: &Path, blob: &BlobSummary) -> io::Result<bool> {
-        let (cache_path, record_path) = store_paths(dir, &hex::encode(blob.digest));
+    pub fn recorded_complete(dir: &Path, key: &EntryKey, blob: &BlobSummary) -> io::Result<bool> {
+        let (cache_path, record_path) = store_paths(dir, key);
         let cache = match private::open_existing(&cache_path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -417,19 +481,20 @@ impl BlobStore {
         };
         let n = blob.chunk_count;
         Ok(read_record(&record_path).is_some_and(|r| {
-            r.describes(&blob.digest, blob.cache_size, n, id) && r.filled.iter().all(|f| *f)
+            r.describes(&key.id, blob.cache_size, n, id) && r.filled.iter().all(|f| *f)
         }))
     }
 
     /// Records that `file`, now in place as this blob's cache file in `dir`,
     /// holds every chunk: the caller verified each of them and synced it.
     pub fn record_complete(dir: &Path, blob: &IndexBlob, file: &File) -> io::Result<()> {
-        let (_, record_path) = store_paths(dir, &hex::encode(blob.digest));
+        let key = EntryKey::of(blob);
+        let (_, record_path) = store_paths(dir, &key);
         let Some(id) = identity(file)? else {
             return Ok(());
         };
         let record = FillRecord {
-            blob_digest: blob.digest,
+            subject: key.id,
             cache_size: blob.cache_size,
             file: id,
             filled: vec![true; blob.chunks.len()],
@@ -555,9 +620,14 @@ impl BlobStore {
         }
     }
 
-    /// Writes pages from verified boot pages at `offset` (page-aligned),
-    /// skipping those whose chunks are already filled, and records them in
-    /// memory. Returns the bytes written.
+    /// Writes pages from verified boot pages at `offset` (page-aligned) and
+    /// records in memory those this process may serve from now on. Boot
+    /// pages are parts of chunks, so the entry's table cannot check them:
+    /// one image's pages must never change what another reads. So a page
+    /// goes only into a hole (under a lock on its range, which a chunk's
+    /// fetcher holds while writing), and a page already there counts only
+    /// if it holds exactly these bytes; pages of filled chunks are skipped.
+    /// Returns the bytes written.
     pub fn fill_pages(&mut self, offset: u64, data: &[u8]) -> io::Result<u64> {
         if !offset.is_multiple_of(PAGE) || !(data.len() as u64).is_multiple_of(PAGE) {
             return Err(io::Error::other("boot pages not page-aligned"));
@@ -565,19 +635,61 @@ impl BlobStore {
         if self.boot_pages.is_empty() {
             self.boot_pages = vec![0; (self.blob.cache_size / PAGE).div_ceil(64) as usize];
         }
+        // Chunks another process filled and recorded are served as chunks.
+        self.merge_record(false);
         let mut written = 0;
         for (k, page) in data.chunks_exact(PAGE as usize).enumerate() {
             let at = offset + k as u64 * PAGE;
             if self.page_ready(at / PAGE) {
                 continue;
             }
-            self.io_fd(None).write_all_at(page, at)?;
-            let p = (at / PAGE) as usize;
-            self.boot_pages[p / 64] |= 1 << (p % 64);
-            self.boot_bytes += PAGE;
-            written += PAGE;
+            let placed = match self.place_page(at, page)? {
+                PagePlaced::Written => {
+                    written += PAGE;
+                    true
+                }
+                PagePlaced::AlreadyThere => true,
+                PagePlaced::Refused => false,
+            };
+            if placed {
+                let p = (at / PAGE) as usize;
+                self.boot_pages[p / 64] |= 1 << (p % 64);
+                self.boot_bytes += PAGE;
+            }
         }
         Ok(written)
+    }
+
+    /// Puts one boot page at `at` if that page of the file is a hole, or
+    /// finds it there already; refuses where the page holds other bytes or
+    /// another process is writing the range.
+    fn place_page(&self, at: u64, page: &[u8]) -> io::Result<PagePlaced> {
+        // Locked through the fd pages are written by: a fetch of the chunk
+        // by this very process (locked through the store's own fd) keeps
+        // the page out too.
+        let fd = self.io_fd(None);
+        if !lamina_sys::try_lock_range(fd, at, PAGE)? {
+            return Ok(PagePlaced::Refused);
+        }
+        let placed = (|| {
+            let hole = match rustix::fs::seek(fd, rustix::fs::SeekFrom::Data(at)) {
+                Ok(data_at) => data_at >= at + PAGE,
+                Err(rustix::io::Errno::NXIO) => true,
+                Err(e) => return Err(io::Error::from(e)),
+            };
+            if hole {
+                fd.write_all_at(page, at)?;
+                return Ok(PagePlaced::Written);
+            }
+            let mut there = vec![0u8; PAGE as usize];
+            fd.read_exact_at(&mut there, at)?;
+            Ok(match there == page {
+                true => PagePlaced::AlreadyThere,
+                false => PagePlaced::Refused,
+            })
+        })();
+        lamina_sys::unlock_range(fd, at, PAGE)?;
+        placed
     }
 
     /// Bytes filled from boot pages by this process.
@@ -603,6 +715,11 @@ impl BlobStore {
     pub fn range_ready(&self, offset: u64, len: u64) -> bool {
         let end = offset.saturating_add(len.max(1)).min(self.blob.cache_size);
         (offset / PAGE..end.div_ceil(PAGE)).all(|p| self.page_ready(p))
+    }
+
+    /// The cache file this store was opened on.
+    pub fn cache_file(&self) -> &File {
+        &self.cache
     }
 
     /// Path of the fill record.
@@ -679,7 +796,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data: [&[u8]; 2] = [b"x", b"y"];
         let b = blob(&data);
-        let (cache, _) = store_paths(dir.path(), &hex::encode(b.digest));
+        let (cache, _) = store_paths(dir.path(), &EntryKey::of(&b));
         let f = File::create(&cache).unwrap();
         f.set_len(b.cache_size).unwrap();
         drop(f);
@@ -725,11 +842,9 @@ mod tests {
         writer.fill(0, data[0], None).unwrap();
         writer.fill(1, data[1], None).unwrap();
         // A worker killed before it saved: bytes there, no record.
+        let path = writer.cache_path.clone();
         drop(writer);
-        let f = File::options()
-            .write(true)
-            .open(dir.path().join(format!("{}.cache", hex::encode([5u8; 32]))))
-            .unwrap();
+        let f = File::options().write(true).open(path).unwrap();
         f.write_all_at(b"BETA", 4096).unwrap(); // chunk 1 damaged
         let mut s = open(dir.path(), &data);
         assert_eq!(s.filled().0, 0);
@@ -780,15 +895,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data: [&[u8]; 1] = [b"x"];
         let b = blob(&data);
-        let (cache, _) = store_paths(dir.path(), &hex::encode(b.digest));
+        let (cache, _) = store_paths(dir.path(), &EntryKey::of(&b));
         let f = File::create(&cache).unwrap();
         f.write_all_at(b"x", 0).unwrap();
         f.set_len(4096).unwrap();
         assert!(!open(dir.path(), &data).is_complete());
-        assert!(!BlobStore::recorded_complete(dir.path(), &b.summary()).unwrap());
+        assert!(
+            !BlobStore::recorded_complete(dir.path(), &EntryKey::of(&b), &b.summary()).unwrap()
+        );
         BlobStore::record_complete(dir.path(), &b, &f).unwrap();
         assert!(open(dir.path(), &data).is_complete());
-        assert!(BlobStore::recorded_complete(dir.path(), &b.summary()).unwrap());
+        assert!(BlobStore::recorded_complete(dir.path(), &EntryKey::of(&b), &b.summary()).unwrap());
     }
 
     #[test]
@@ -817,5 +934,82 @@ mod tests {
         // A new store (a restarted worker) knows nothing of boot pages.
         let s = BlobStore::open(dir.path(), blob(&data)).unwrap();
         assert!(!s.range_ready(4096, 1));
+    }
+
+    /// Point 1 of the many-tenants issue: an image that names a blob of
+    /// another with a chunk table (and bytes) of its own, same sizes and
+    /// chunk count, gets an entry of its own: the first image never sees
+    /// its bytes or adopts its record.
+    #[test]
+    fn images_that_describe_a_blob_differently_never_share_its_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let honest: [&[u8]; 3] = [b"alpha", b"beta", b"gamma"];
+        let hostile: [&[u8]; 3] = [b"ALPHA", b"beta", b"gamma"];
+        assert_eq!(blob(&honest).digest, blob(&hostile).digest);
+        let mut theirs = open(dir.path(), &hostile);
+        theirs.fill(0, hostile[0], None).unwrap();
+        theirs.save().unwrap();
+        let mut ours = open(dir.path(), &honest);
+        assert_ne!(ours.cache_path, theirs.cache_path);
+        assert!(!ours.is_filled(0), "their record is not ours");
+        assert!(!ours.adopt(0, None).unwrap(), "their bytes are not ours");
+        ours.fill(0, honest[0], None).unwrap();
+        ours.save().unwrap();
+        let mut back = [0u8; 5];
+        File::open(&ours.cache_path)
+            .unwrap()
+            .read_exact_at(&mut back, 0)
+            .unwrap();
+        assert_eq!(&back, b"alpha");
+        File::open(&theirs.cache_path)
+            .unwrap()
+            .read_exact_at(&mut back, 0)
+            .unwrap();
+        assert_eq!(&back, b"ALPHA");
+        assert!(open(dir.path(), &honest).is_filled(0));
+        assert!(!open(dir.path(), &hostile).is_filled(1));
+    }
+
+    /// Point 3: boot pages (which no chunk digest covers) never overwrite
+    /// bytes another store verified, and one store's pages are never
+    /// served by another: a page goes only into a hole, and a page already
+    /// there counts only where it holds the very same bytes.
+    #[test]
+    fn boot_pages_never_change_what_another_store_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = vec![3u8; 3 * 4096];
+        let data: [&[u8]; 3] = [&big, b"tail", b"end"];
+        let mut verified = open(dir.path(), &data);
+        verified.fill(0, data[0], None).unwrap();
+        verified.save().unwrap();
+        // A store with other pages for a chunk another one recorded.
+        let mut hostile = open(dir.path(), &data);
+        assert_eq!(hostile.fill_pages(4096, &[9u8; 4096]).unwrap(), 0);
+        let mut back = vec![0u8; 4096];
+        let file = File::open(&verified.cache_path).unwrap();
+        file.read_exact_at(&mut back, 4096).unwrap();
+        assert_eq!(back, big[..4096], "verified bytes unchanged");
+        // Its pages go into a hole, and only it serves them.
+        assert_eq!(hostile.fill_pages(3 * 4096, &[9u8; 4096]).unwrap(), 4096);
+        assert!(hostile.range_ready(3 * 4096, 1));
+        let mut honest_page = b"tail".to_vec();
+        honest_page.resize(4096, 0);
+        let mut honest = open(dir.path(), &data);
+        assert_eq!(honest.fill_pages(3 * 4096, &honest_page).unwrap(), 0);
+        assert!(!honest.range_ready(3 * 4096, 1), "their page is not ours");
+        honest.fill(1, data[1], None).unwrap();
+        assert!(honest.range_ready(3 * 4096, 1));
+        // Pages already there with our bytes count (a restarted worker).
+        let mut end_page = b"end".to_vec();
+        end_page.resize(4096, 0);
+        assert_eq!(honest.fill_pages(4 * 4096, &end_page).unwrap(), 4096);
+        let mut restarted = open(dir.path(), &data);
+        assert_eq!(restarted.fill_pages(4 * 4096, &end_page).unwrap(), 0);
+        assert!(restarted.range_ready(4 * 4096, 1));
+        // A page whose range another process is writing is left alone.
+        assert!(verified.try_lock_chunk(2).unwrap());
+        let mut other = open(dir.path(), &data);
+        assert_eq!(other.fill_pages(4 * 4096, &end_page).unwrap(), 0);
+        assert!(!other.range_ready(4 * 4096, 1));
     }
 }

@@ -10,9 +10,17 @@
 //! never trusted either. Nothing else (the file's length, a flag, a process
 //! being alive) says that cache bytes may be read.
 //!
+//! A blob's cache file belongs to a *cache entry*, named by what its chunks
+//! are verified against ([`entry_id`]): the blob's digest, the cache file's
+//! size and the sha256 of the chunk table the image gives for the blob. The
+//! record's `subject` is that id, so a record (and the cache file beside it)
+//! serves exactly the images that describe the blob the same way; an image
+//! that names the same blob with another chunk table gets an entry of its
+//! own, and nothing it writes or records reaches the first one.
+//!
 //! A file cached whole (a metadata image, chunk index or lookup table) has
-//! a record of one chunk, all filled: `blob_digest` is then the SHA-256 of
-//! the file's content, `cache_size` its size. It lets a mount use the file
+//! a record of one chunk, all filled: `subject` is then the SHA-256 of the
+//! file's content, `cache_size` its size. It lets a mount use the file
 //! without hashing it again.
 //!
 //! ```text
@@ -44,8 +52,9 @@ pub struct FillHeader {
     pub version: U32,
     /// Chunks of the blob (bits in the bitmap).
     pub chunk_count: U32,
-    /// sha256 of the compressed blob whose chunks the cache file holds.
-    pub blob_digest: [u8; 32],
+    /// What the record describes: the cache entry's id ([`entry_id`]), or
+    /// the content digest of a file cached whole.
+    pub subject: [u8; 32],
     /// Size of the cache file.
     pub cache_size: U64,
     /// Inode number of the cache file.
@@ -59,6 +68,25 @@ pub struct FillHeader {
 }
 
 const _: () = assert!(size_of::<FillHeader>() == 96);
+
+/// Domain separation for [`entry_id`].
+const ENTRY_DOMAIN: &[u8] = b"lamina cache entry v1\0";
+
+/// The id of the cache entry that holds blob `blob_digest` as a chunk table
+/// of sha256 `table_digest` lays it out in a cache file of `cache_size`
+/// bytes: sha256 over a domain string, the blob digest, the size
+/// (little-endian) and the table digest. Two images share an entry exactly
+/// when they describe the blob the same way.
+pub fn entry_id(blob_digest: &[u8; 32], cache_size: u64, table_digest: &[u8; 32]) -> [u8; 32] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(ENTRY_DOMAIN);
+    ctx.update(blob_digest);
+    ctx.update(&cache_size.to_le_bytes());
+    ctx.update(table_digest);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
 
 /// Which file a record describes: what tells a recreated or replaced file
 /// apart from the one that was filled.
@@ -75,8 +103,8 @@ pub struct FileIdentity {
 /// A parsed fill record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FillRecord {
-    /// sha256 of the compressed blob.
-    pub blob_digest: [u8; 32],
+    /// The cache entry's id ([`entry_id`]), or a whole file's content digest.
+    pub subject: [u8; 32],
     /// Size of the cache file.
     pub cache_size: u64,
     /// The cache file described.
@@ -103,16 +131,17 @@ pub enum FillError {
 }
 
 impl FillRecord {
-    /// Whether this record describes the cache file `file` of the blob
-    /// `blob_digest` with `chunks` chunks and `cache_size` bytes.
+    /// Whether this record describes the cache file `file` of `subject`
+    /// (an entry id or a content digest) with `chunks` chunks and
+    /// `cache_size` bytes.
     pub fn describes(
         &self,
-        blob_digest: &[u8; 32],
+        subject: &[u8; 32],
         cache_size: u64,
         chunks: usize,
         file: FileIdentity,
     ) -> bool {
-        self.blob_digest == *blob_digest
+        self.subject == *subject
             && self.cache_size == cache_size
             && self.filled.len() == chunks
             && self.file == file
@@ -124,7 +153,7 @@ impl FillRecord {
             magic: FILL_MAGIC,
             version: FILL_VERSION.into(),
             chunk_count: (self.filled.len() as u32).into(),
-            blob_digest: self.blob_digest,
+            subject: self.subject,
             cache_size: self.cache_size.into(),
             file_ino: self.file.ino.into(),
             file_btime_sec: self.file.btime_sec.into(),
@@ -169,7 +198,7 @@ impl FillRecord {
             .map(|i| bitmap[i / 8] & (1 << (i % 8)) != 0)
             .collect();
         Ok(FillRecord {
-            blob_digest: header.blob_digest,
+            subject: header.subject,
             cache_size: header.cache_size.get(),
             file: FileIdentity {
                 ino: header.file_ino.get(),
@@ -187,7 +216,7 @@ mod tests {
 
     fn record(n: usize) -> FillRecord {
         FillRecord {
-            blob_digest: [7; 32],
+            subject: [7; 32],
             cache_size: 4096 * n as u64,
             file: FileIdentity {
                 ino: 42,
@@ -222,6 +251,16 @@ mod tests {
         assert!(!r.describes(&[8; 32], 9 * 4096, 9, r.file));
         assert!(!r.describes(&[7; 32], 8 * 4096, 9, r.file));
         assert!(!r.describes(&[7; 32], 9 * 4096, 10, r.file));
+    }
+
+    /// Any difference in how an image describes a blob names another entry.
+    #[test]
+    fn entry_ids_differ_with_every_part() {
+        let id = entry_id(&[1; 32], 8192, &[2; 32]);
+        assert_eq!(id, entry_id(&[1; 32], 8192, &[2; 32]));
+        assert_ne!(id, entry_id(&[9; 32], 8192, &[2; 32]));
+        assert_ne!(id, entry_id(&[1; 32], 4096, &[2; 32]));
+        assert_ne!(id, entry_id(&[1; 32], 8192, &[9; 32]));
     }
 
     #[test]

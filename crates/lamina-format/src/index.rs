@@ -163,6 +163,14 @@ impl BlobSummary {
         Some((self.compressed_size.saturating_sub(len), len))
     }
 
+    /// The cache entry of a blob of a paged index
+    /// ([`crate::fill::entry_id`]); `None` for a version 1 blob, whose
+    /// chunks give it ([`IndexBlob::entry_id`]).
+    pub fn entry_id(&self) -> Option<[u8; 32]> {
+        let table = self.table_digest?;
+        Some(crate::fill::entry_id(&self.digest, self.cache_size, &table))
+    }
+
     /// Where chunks may be in the blob: all of it but the chunk table.
     fn data_end(&self) -> u64 {
         self.table_range()
@@ -206,6 +214,21 @@ impl IndexBlob {
     /// The blob's chunk table, as a paged index keeps it at the blob's end.
     pub fn table_bytes(&self) -> Vec<u8> {
         chunk_table_bytes(&self.chunks)
+    }
+
+    /// sha256 of [`table_bytes`](Self::table_bytes): for a blob of a paged
+    /// index, the `table_digest` its index gives.
+    pub fn table_digest(&self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        let digest = ring::digest::digest(&ring::digest::SHA256, &self.table_bytes());
+        out.copy_from_slice(digest.as_ref());
+        out
+    }
+
+    /// The cache entry this blob's chunks are verified in
+    /// ([`crate::fill::entry_id`]).
+    pub fn entry_id(&self) -> [u8; 32] {
+        crate::fill::entry_id(&self.digest, self.cache_size, &self.table_digest())
     }
 
     /// Parses and validates the chunk table `table` of the blob `summary`

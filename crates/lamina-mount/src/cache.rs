@@ -149,12 +149,54 @@ pub fn materialize_blob(
         // The rest of the blob, so the reader checks the whole-blob digest.
         io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
         file.sync_all().map_err(io_err(&tmp))?;
-        fs::rename(&tmp, path).map_err(io_err(path))
+        install(&tmp, &file, path, blob)
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    let _ = fs::remove_file(&tmp);
+    result
+}
+
+/// Puts the verified, synced cache file `file` (at `tmp`) in place at
+/// `path`; returns the file that is there now. A cache file already at
+/// `path` may be a live lazy mount's, whose holder, worker and kernel mount
+/// hold that inode: it is never renamed over. Its chunks are written in
+/// place instead, through a quiet fd (no mount is asked about the
+/// writes), with bytes the same table verified, so whoever reads it gets
+/// the same bytes before and after.
+fn install(tmp: &Path, file: &File, path: &Path, blob: &IndexBlob) -> Result<File, CacheError> {
+    let placed = rustix::fs::renameat_with(
+        rustix::fs::CWD,
+        tmp,
+        rustix::fs::CWD,
+        path,
+        rustix::fs::RenameFlags::NOREPLACE,
+    );
+    match placed {
+        Ok(()) => return file.try_clone().map_err(io_err(path)),
+        Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(io_err(path)(e.into())),
     }
-    result.map(|()| file)
+    let there = private::open_existing(path).map_err(io_err(path))?;
+    if there.metadata().map_err(io_err(path))?.len() != blob.cache_size {
+        return Err(io_err(path)(io::Error::other(
+            "a cache file of the wrong size is in the way",
+        )));
+    }
+    // Without fanotify rights (no root) no holder can watch it either.
+    let quiet = match lamina_sys::open_quiet(&there) {
+        Ok(quiet) => quiet,
+        Err(_) => there.try_clone().map_err(io_err(path))?,
+    };
+    let mut buf = Vec::new();
+    for chunk in &blob.chunks {
+        buf.resize(chunk.size.get() as usize, 0);
+        file.read_exact_at(&mut buf, chunk.cache_offset.get())
+            .map_err(io_err(tmp))?;
+        quiet
+            .write_all_at(&buf, chunk.cache_offset.get())
+            .map_err(io_err(path))?;
+    }
+    quiet.sync_data().map_err(io_err(path))?;
+    Ok(there)
 }
 
 /// [`materialize_blob`] for a blob of a paged index, whose chunk table is

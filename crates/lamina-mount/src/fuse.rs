@@ -20,11 +20,22 @@ pub const FUSE_THREADS: usize = 4;
 /// The FUSE daemon's counters, in its run dir.
 pub const FUSE_STATUS: &str = "fuse-status.json";
 
-/// The objects dir of the image whose metadata is `meta/<layer-hex>.erofs`:
-/// `objects/<layer-hex>` (gc keeps it exactly while that file is in use).
-pub(crate) fn objects_dir(cache_dir: &Path, metadata: &Path) -> Option<PathBuf> {
-    let hex = metadata.file_stem()?;
-    Some(cache_dir.join("objects").join(hex))
+/// The objects dir of the image whose metadata is `meta/<layer-hex>.erofs`
+/// and whose data is in the cache entries `blobs`:
+/// `objects/<layer-hex>.<entries>`, where `<entries>` is the first 32 hex
+/// digits of the sha256 of the entries' file names. An object is a copy of
+/// bytes verified in those entries, so images that describe a blob another
+/// way (another entry) never share an object with this one. gc keeps the
+/// dir exactly while the metadata file is in use.
+pub(crate) fn objects_dir(cache_dir: &Path, metadata: &Path, blobs: &[PathBuf]) -> Option<PathBuf> {
+    let hex = metadata.file_stem()?.to_str()?;
+    let mut names = Vec::new();
+    for blob in blobs {
+        names.extend_from_slice(blob.file_name()?.as_encoded_bytes());
+        names.push(b'\n');
+    }
+    let entries = hex::encode(&lamina_oci::sha256(&names)[..16]);
+    Some(cache_dir.join("objects").join(format!("{hex}.{entries}")))
 }
 
 /// Mounts `image` at `mountpoint` through FUSE, filling the cache first.
@@ -95,7 +106,7 @@ pub(crate) fn start_fuse_daemon(
         // Only the host's root may register backing files: without it,
         // no objects.
         objects_dir: lamina_sys::is_host_root()
-            .then(|| objects_dir(cache_dir, metadata))
+            .then(|| objects_dir(cache_dir, metadata, image.blobs))
             .flatten(),
         passthrough_min_size: lamina_fuse::DEFAULT_PASSTHROUGH_MIN_SIZE,
         status_path: Some(run.join(FUSE_STATUS)),

@@ -72,7 +72,7 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
     used
 }
 
-/// The objects dirs (`objects/<layer-hex>`): path, mtime and allocated
+/// The objects dirs (`objects/<layer-hex>.<entries>`): path, mtime and allocated
 /// bytes of each, its files included.
 fn object_dirs(cache_dir: &Path) -> Vec<(PathBuf, i64, u64)> {
     let Ok(dir) = fs::read_dir(cache_dir.join("objects")) else {
@@ -96,12 +96,13 @@ fn object_dirs(cache_dir: &Path) -> Vec<(PathBuf, i64, u64)> {
     dirs
 }
 
-/// The metadata file whose objects `objects/<layer-hex>` holds: the dir is
+/// The metadata file whose objects `objects/<layer-hex>.<entries>` holds: the dir is
 /// in use exactly while `meta/<layer-hex>.erofs` is.
 fn metadata_of(cache_dir: &Path, objects: &Path) -> PathBuf {
-    let mut name = objects.file_name().unwrap_or_default().to_owned();
-    name.push(".erofs");
-    cache_dir.join("meta").join(name)
+    // `objects/<layer-hex>.<entries>` (see `fuse::objects_dir`).
+    let name = objects.file_name().unwrap_or_default().to_string_lossy();
+    let layer = name.split('.').next().unwrap_or_default();
+    cache_dir.join("meta").join(format!("{layer}.erofs"))
 }
 
 /// Removes unused cache files (and objects dirs), oldest first, until the cache's allocated

@@ -9,7 +9,7 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use lamina_format::index::ChunkIndex;
+use lamina_format::index::{BlobSummary, ChunkIndex};
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, SourceOptions};
@@ -19,7 +19,7 @@ use crate::cache::{
     materialize_blob, materialize_paged_blob, store_metadata, store_streamed, store_unrecorded,
     CacheError,
 };
-use lamina_fetch::store::BlobStore;
+use lamina_fetch::store::{BlobStore, EntryKey};
 
 /// Local I/O on `path` failed.
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MountError + '_ {
@@ -357,11 +357,12 @@ pub(crate) fn fill_cache(
     // Complete only if a fill record bound to the cache file says so: a
     // lazy mount's sparse file has the full length too.
     let blob_dir = opts.cache_dir.join("blobs");
+    let keys = entry_keys(&table, &index_path, &layers)?;
     let mut missing = Vec::new();
     let mut blob_paths = Vec::new();
-    for (i, blob) in table.iter().enumerate() {
-        let (path, _) = lamina_fetch::store::store_paths(&blob_dir, &hex::encode(blob.digest));
-        if !BlobStore::recorded_complete(&blob_dir, blob).map_err(io_err(&path))? {
+    for (i, (blob, key)) in table.iter().zip(&keys).enumerate() {
+        let (path, _) = lamina_fetch::store::store_paths(&blob_dir, key);
+        if !BlobStore::recorded_complete(&blob_dir, key, blob).map_err(io_err(&path))? {
             missing.push(i);
         }
         blob_paths.push(path);
@@ -389,6 +390,31 @@ pub(crate) fn fill_cache(
         lookup_path,
         xattrs: artifact::may_have_xattrs(&img.manifest),
         fetched_bytes: fetched,
+    })
+}
+
+/// The cache entry of each blob in `table`: a paged index's blob table
+/// names them; a version 1 index's chunks, read whole from `index_path`,
+/// give them.
+fn entry_keys(
+    table: &[BlobSummary],
+    index_path: &Path,
+    layers: &LaminaLayers,
+) -> Result<Vec<EntryKey>, MountError> {
+    if let Some(keys) = table.iter().map(EntryKey::of_paged).collect() {
+        return Ok(keys);
+    }
+    let index_bytes = fs::read(index_path).map_err(io_err(index_path))?;
+    let index = artifact::parse_index(&index_bytes, layers)?;
+    let keys = index.blobs.iter().enumerate().map(|(i, summary)| {
+        let key = index.inline.get(i).map(EntryKey::of);
+        key.or_else(|| EntryKey::of_paged(summary))
+    });
+    keys.collect::<Option<_>>().ok_or_else(|| {
+        MountError::from(ArtifactError::Corrupt {
+            what: "chunk index",
+            reason: "a blob has neither its chunks nor a chunk table".into(),
+        })
     })
 }
 

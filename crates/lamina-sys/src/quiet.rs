@@ -17,7 +17,6 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
 
 use crate::{FAN_CLOEXEC, FAN_MARK_ADD};
 
@@ -28,17 +27,21 @@ const FAN_OPEN: u64 = 0x20;
 /// `sizeof(struct fanotify_event_metadata)`.
 const METADATA_LEN: usize = 24;
 
-/// Opens `path` (a regular file) read-write through an fd whose reads and
-/// writes raise no fanotify events: the fd of a `FAN_OPEN` event that a
-/// short-lived notification group receives when this call opens the file.
-pub fn open_quiet(path: &Path) -> io::Result<File> {
+/// Opens `file`'s inode (a regular file) again, read-write, through an fd
+/// whose reads and writes raise no fanotify events: the fd of a `FAN_OPEN`
+/// event that a short-lived notification group receives when this call
+/// opens the file. Both the mark and the open go through `file`'s own fd
+/// (`/proc/self/fd/N`), never through a name that could meanwhile name
+/// another file; the result is checked to be that inode.
+pub fn open_quiet(file: &File) -> io::Result<File> {
+    let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let want = file.metadata()?;
     let group = crate::fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC)?;
-    crate::fanotify_mark(group.as_fd(), FAN_MARK_ADD, FAN_OPEN, path)?;
-    let probe = std::fs::OpenOptions::new()
+    crate::fanotify_mark(group.as_fd(), FAN_MARK_ADD, FAN_OPEN, &path)?;
+    let _probe = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    let want = probe.metadata()?;
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)?;
     // Our open queued an event before `open` returned; others' opens of the
     // same file may queue theirs too: any of them names the same inode.
     let mut buf = [0u8; 4096];
@@ -61,12 +64,12 @@ pub fn open_quiet(path: &Path) -> io::Result<File> {
         }
         events = &events[event_len..];
     }
-    let file = found.ok_or_else(|| io::Error::other("no fanotify open event for the file"))?;
-    let got = file.metadata()?;
+    let quiet = found.ok_or_else(|| io::Error::other("no fanotify open event for the file"))?;
+    let got = quiet.metadata()?;
     if (got.dev(), got.ino()) != (want.dev(), want.ino()) {
         return Err(io::Error::other("the quiet fd names another file"));
     }
-    Ok(file)
+    Ok(quiet)
 }
 
 fn ofd_lock(fd: BorrowedFd<'_>, kind: i16, start: u64, len: u64) -> io::Result<bool> {

@@ -73,6 +73,28 @@ fn fill_through_event_fd_then_allow_and_deny() {
         .unwrap();
 }
 
+/// A quiet fd names the inode it was asked for, even when another file
+/// has been renamed over that inode's name meanwhile.
+#[test]
+fn quiet_fd_follows_the_inode_not_the_name() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("cache");
+    std::fs::write(&path, b"first").unwrap();
+    let first = File::open(&path).unwrap();
+    let other = dir.path().join("other");
+    std::fs::write(&other, b"second").unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    let quiet = lamina_sys::open_quiet(&first).expect("quiet fd");
+    assert_eq!(
+        quiet.metadata().unwrap().ino(),
+        first.metadata().unwrap().ino()
+    );
+    let mut back = [0u8; 5];
+    quiet.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(&back, b"first");
+}
+
 /// A quiet fd's writes raise no pre-content event in a group marking the
 /// file; a normal fd's write does (and waits for the answer).
 #[test]
@@ -82,7 +104,7 @@ fn quiet_fd_writes_raise_no_events() {
     File::create(&path).unwrap().set_len(1 << 20).unwrap();
     let group = FanotifyGroup::new().expect("fanotify pre-content group (root, Linux 6.14+)");
     group.watch(&path).expect("pre-content mark");
-    let quiet = lamina_sys::open_quiet(&path).expect("quiet fd");
+    let quiet = lamina_sys::open_quiet(&File::open(&path).unwrap()).expect("quiet fd");
     quiet.write_all_at(&[7u8; 4096], 8192).unwrap();
     let mut back = [0u8; 4096];
     quiet.read_exact_at(&mut back, 8192).unwrap();
