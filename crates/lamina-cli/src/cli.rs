@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lamina_image::artifact::{self, LaminaLayers};
 use lamina_image::build::BuildOptions;
 use lamina_image::convert::{convert, ConvertOptions, Progress};
-use lamina_mount::{Mode, MountOptions};
+use lamina_mount::{Mode, MountOptions, Privileges};
 use lamina_oci::{open_source, HostsConfig, ImageRef, SourceOptions};
 use lamina_snapshotter::metrics::MetricsAddress;
 
@@ -124,6 +124,15 @@ pub(crate) enum Command {
         /// order, to FILE (for `lamina convert --prefetch FILE`).
         #[arg(long, value_name = "FILE")]
         record_trace: Option<PathBuf>,
+        /// Honour the image's setuid and setgid bits. Off by default: a
+        /// root mount is reachable by every local user (`nosuid`).
+        #[arg(long)]
+        suid: bool,
+        /// Let the image's device nodes be opened. Off by default: a node
+        /// such as `b 8 0` of mode 0666 would be raw disk access for every
+        /// local user (`nodev`).
+        #[arg(long)]
+        dev: bool,
     },
     /// Run a container from a lamina image with runc (no containerd needed).
     ///
@@ -525,11 +534,14 @@ pub fn run(args: Args) -> Result<u8> {
             mountpoint,
             serve,
             record_trace,
+            suid,
+            dev,
         } => {
             let image = parse_ref(&image)?;
             let opts = MountOptions {
                 cache_dir: absolute(&serve.cache_dir)?,
                 source,
+                privileges: Privileges { suid, dev },
             };
             let lazy = serve.lazy_options(&image, record_trace);
             let (mode, why) = mount_mode(&serve.mode, &opts.cache_dir, lazy.is_some())?;
@@ -581,7 +593,17 @@ pub fn run(args: Args) -> Result<u8> {
                 lazy,
                 mode,
                 image,
-                mount: MountOptions { cache_dir, source },
+                // The image is mounted in lamina run's private (0700) state
+                // dir, for runc: setuid binaries and device nodes work in
+                // the container as on overlayfs.
+                mount: MountOptions {
+                    cache_dir,
+                    source,
+                    privileges: Privileges {
+                        suid: true,
+                        dev: true,
+                    },
+                },
                 state_dir: absolute(&state_dir)?,
                 runc: lamina_run::container::find_runtime(&runtime)?,
                 name,

@@ -116,6 +116,49 @@ fn kernel_mounts_of_images_without_xattrs_are_noacl() {
     m.unmount();
 }
 
+/// Issue 28 point 4: a mount is `nosuid,nodev` unless asked (`--suid
+/// --dev`), on both paths, eager or lazy: the edge image's `dev/null`
+/// (`c 1 3`, mode 0666) cannot be opened through it, nor its setuid bits
+/// honoured, by any local user.
+#[test]
+fn mounts_are_nosuid_nodev_unless_asked() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("nosuid");
+    let edge = oci_ref(&t.join("out"), "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &edge]).ok();
+    let cases: [(&str, &[&str]); 6] = [
+        ("kernel-eager", &["--mode", "kernel"]),
+        ("kernel-lazy", &["--mode", "kernel", "--lazy"]),
+        ("fuse-eager", &["--mode", "fuse"]),
+        ("fuse-lazy", &["--mode", "fuse", "--lazy"]),
+        ("kernel-asked", &["--mode", "kernel", "--suid", "--dev"]),
+        (
+            "fuse-asked",
+            &["--mode", "fuse", "--lazy", "--suid", "--dev"],
+        ),
+    ];
+    for (name, args) in cases {
+        let asked = name.ends_with("asked");
+        let m = Mount::with_args(&edge, &t.join(name), &t.join("cache"), args);
+        let options = mount_options(&m.path);
+        let has = |o: &str| options.split(',').any(|x| x == o);
+        assert_eq!(has("nosuid"), !asked, "{name}: {options}");
+        assert_eq!(has("nodev"), !asked, "{name}: {options}");
+        let opened = std::fs::File::open(m.path.join("dev/null")).map(drop);
+        match asked {
+            true => assert!(opened.is_ok(), "{name}: {opened:?}"),
+            false => assert_eq!(
+                opened.map_err(|e| e.raw_os_error()),
+                Err(Some(rustix::io::Errno::ACCESS.raw_os_error())),
+                "{name}: a device node opened through a nodev mount"
+            ),
+        }
+        m.unmount();
+    }
+}
+
 /// The same tree with the smallest chunk size (4 KiB): more chunks per file,
 /// chunk-index paths of the EROFS writer exercised.
 #[test]

@@ -32,6 +32,19 @@ pub enum SourceSpec {
     },
 }
 
+/// What a mount lets the image's files do beyond being read. Both are off
+/// unless asked for: a root mount is reachable by every local user, and an
+/// image's setuid-root binaries or device nodes (a `b 8 0` node of mode
+/// 0666 is raw disk access) must not become theirs. Container runtimes that
+/// mount into private dirs ask for both, as overlayfs snapshots have them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Privileges {
+    /// Honour setuid and setgid bits (else the mount is `nosuid`).
+    pub suid: bool,
+    /// Open device nodes (else the mount is `nodev`).
+    pub dev: bool,
+}
+
 /// One data blob of the mount.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BlobSpec {
@@ -95,6 +108,9 @@ pub struct DaemonConfig {
     /// window of misses that must all be fetched.
     #[serde(default)]
     pub readahead_kb: Option<u32>,
+    /// setuid and device nodes: off unless asked for.
+    #[serde(default)]
+    pub privileges: Privileges,
     /// Layer files (metadata, chunk index, lookup table) this mount wrote
     /// verified but neither synced nor recorded: the worker hashes, syncs
     /// and records them in the background (`lamina_fetch::store::adopt_whole`).

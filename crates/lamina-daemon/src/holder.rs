@@ -21,7 +21,7 @@ use lamina_sys::{FanotifyGroup, Response};
 use rustix::event::{poll, PollFd, PollFlags};
 
 use crate::bdi::BdiReadahead;
-use crate::config::{write_atomic, DaemonConfig};
+use crate::config::{write_atomic, DaemonConfig, Privileges};
 use crate::protocol::{self, Message};
 use crate::relay::{Miss, Relay, Reply, Worker};
 
@@ -104,6 +104,7 @@ pub fn mount_erofs(
     mountpoint: &Path,
     devices: &[&Path],
     acl: bool,
+    privileges: Privileges,
 ) -> Result<(), rustix::io::Errno> {
     use rustix::mount::{
         fsconfig_create, fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen, move_mount,
@@ -122,11 +123,14 @@ pub fn mount_erofs(
                     fsconfig_set_flag(&fs, "noacl")?;
                 }
                 fsconfig_create(&fs)?;
-                let mnt = fsmount(
-                    &fs,
-                    FsMountFlags::FSMOUNT_CLOEXEC,
-                    MountAttrFlags::MOUNT_ATTR_RDONLY,
-                )?;
+                let mut attrs = MountAttrFlags::MOUNT_ATTR_RDONLY;
+                if !privileges.suid {
+                    attrs |= MountAttrFlags::MOUNT_ATTR_NOSUID;
+                }
+                if !privileges.dev {
+                    attrs |= MountAttrFlags::MOUNT_ATTR_NODEV;
+                }
+                let mnt = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)?;
                 return move_mount(
                     &mnt,
                     "",
@@ -149,13 +153,14 @@ pub fn mount_erofs(
     if data.as_bytes().len() >= 4096 {
         return Err(rustix::io::Errno::TOOBIG);
     }
-    rustix::mount::mount(
-        metadata,
-        mountpoint,
-        "erofs",
-        rustix::mount::MountFlags::RDONLY,
-        Some(data.as_c_str()),
-    )
+    let mut flags = rustix::mount::MountFlags::RDONLY;
+    if !privileges.suid {
+        flags |= rustix::mount::MountFlags::NOSUID;
+    }
+    if !privileges.dev {
+        flags |= rustix::mount::MountFlags::NODEV;
+    }
+    rustix::mount::mount(metadata, mountpoint, "erofs", flags, Some(data.as_c_str()))
 }
 
 fn mount_options(config: &DaemonConfig) -> io::Result<std::ffi::CString> {
@@ -261,6 +266,7 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
         &config.mountpoint,
         &devices,
         config.xattrs,
+        config.privileges,
     );
     if let Err(e) = mounted {
         worker.kill();
@@ -528,7 +534,7 @@ mod tests {
             options.as_bytes().len()
         );
 
-        mount_erofs(&meta, &mnt, &devices, true).unwrap();
+        mount_erofs(&meta, &mnt, &devices, true, Privileges::default()).unwrap();
         let _guard = Unmount(mnt.clone());
         for i in 0..N {
             let got = std::fs::read(mnt.join(format!("f{i:03}"))).unwrap();

@@ -890,6 +890,9 @@ pub struct ServeConfig {
     pub worker_config: Option<PathBuf>,
     /// Threads serving requests.
     pub threads: usize,
+    /// setuid and device nodes: off (`nosuid,nodev`) unless asked for.
+    #[serde(default)]
+    pub privileges: lamina_daemon::config::Privileges,
     /// Written (atomically) once mounted or when mounting failed: the same
     /// `ready` file as a lazy mount's holder writes.
     pub ready_path: PathBuf,
@@ -1123,7 +1126,7 @@ fn open_session(
     }
     let stats = fs.stats();
     keep_mapped_pages_bounded(stats.clone());
-    let fuse = fuse_config(config.threads);
+    let fuse = fuse_config(config.threads, config.privileges);
     let session = match fuse_fd {
         Some(fd) => fuser::Session::from_fd(fs, fd, fuse.acl, fuse),
         None => fuser::Session::new(fs, &config.mountpoint, &fuse),
@@ -1263,7 +1266,7 @@ fn map_forever(path: &Path) -> Result<&'static [u8], String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn fuse_config(threads: usize) -> fuser::Config {
+fn fuse_config(threads: usize, privileges: lamina_daemon::config::Privileges) -> fuser::Config {
     use fuser::MountOption as O;
     let mut c = fuser::Config::default();
     c.mount_options = vec![
@@ -1274,9 +1277,14 @@ fn fuse_config(threads: usize) -> fuser::Config {
         O::DefaultPermissions,
     ];
     if is_root() {
-        // A container's root filesystem: setuid binaries and device nodes
-        // work, and every user (a container's) may read it.
-        c.mount_options.extend([O::Suid, O::Dev]);
+        // Every user (a container's) may read it, as a kernel mount; the
+        // modes decide (DefaultPermissions). setuid binaries and device
+        // nodes work only where asked for (a container runtime's private
+        // mount dir): otherwise they would be every local user's.
+        c.mount_options
+            .push(if privileges.suid { O::Suid } else { O::NoSuid });
+        c.mount_options
+            .push(if privileges.dev { O::Dev } else { O::NoDev });
         c.acl = fuser::SessionACL::All;
     } else {
         // Rootless (mounted by fusermount3): only the mounting user, and

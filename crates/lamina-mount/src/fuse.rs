@@ -7,6 +7,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use lamina_daemon::config::Privileges;
 use lamina_fetch::private;
 use lamina_fuse::ServeConfig;
 use lamina_oci::ImageRef;
@@ -55,6 +56,7 @@ pub fn mount_fuse(
         lookup_later: None,
         blobs: &info.blob_paths,
         xattrs: info.xattrs,
+        privileges: opts.privileges,
     };
     start_fuse_daemon(&opts.cache_dir, &run, &image, &info.mountpoint, None)?;
     record_eager(opts, &info);
@@ -75,6 +77,8 @@ pub(crate) struct FuseImage<'a> {
     pub blobs: &'a [PathBuf],
     /// Whether the tree may hold extended attributes.
     pub xattrs: bool,
+    /// setuid and device nodes: off unless asked for.
+    pub privileges: Privileges,
 }
 
 /// Starts the FUSE daemon serving `image` (in `cache_dir`) at `mountpoint`,
@@ -98,6 +102,7 @@ pub(crate) fn start_fuse_daemon(
         lookup_path: image.lookup.map(Path::to_path_buf),
         lookup_later: image.lookup_later.clone(),
         xattrs: image.xattrs,
+        privileges: image.privileges,
         blob_paths: image.blobs.to_vec(),
         mountpoint: mountpoint.to_path_buf(),
         worker_config,

@@ -9,6 +9,7 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use lamina_daemon::config::Privileges;
 use lamina_format::index::{BlobSummary, ChunkIndex};
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
@@ -33,6 +34,8 @@ pub struct MountOptions {
     pub cache_dir: PathBuf,
     /// How to reach the image.
     pub source: SourceOptions,
+    /// setuid and device nodes: off (`nosuid,nodev`) unless asked for.
+    pub privileges: Privileges,
 }
 
 /// Why a mount failed.
@@ -274,8 +277,9 @@ pub fn mount_image(
         .map_err(MountError::BadCachePath)?;
     let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
     let acl = info.xattrs;
-    lamina_daemon::holder::mount_erofs(&info.metadata_path, mountpoint, &devices, acl).map_err(
-        |errno| MountError::Syscall {
+    let privileges = opts.privileges;
+    lamina_daemon::holder::mount_erofs(&info.metadata_path, mountpoint, &devices, acl, privileges)
+        .map_err(|errno| MountError::Syscall {
             op: "mount",
             path: mountpoint.to_path_buf(),
             errno,
@@ -293,8 +297,7 @@ pub fn mount_image(
                 }
                 _ => "",
             },
-        },
-    )?;
+        })?;
     record_eager(opts, &info);
     Ok(info)
 }

@@ -340,6 +340,7 @@ pub fn mount_lazy_from(
         prefetch_all: lazy.prefetch == Prefetch::All && lazy.record_trace.is_none(),
         boot_chunks: lazy.prefetch != Prefetch::Pages,
         record_trace: lazy.record_trace.clone(),
+        privileges: opts.privileges,
         // Readahead would widen every touched page into a window that must
         // be fetched whole: off while recording (the trace is then exactly
         // the pages read) and while boot pages serve a start.
@@ -379,6 +380,7 @@ pub fn mount_lazy_from(
                 lookup_later: lookup_later.map(|(_, later)| later),
                 blobs: &blobs,
                 xattrs: artifact::may_have_xattrs(&img.manifest),
+                privileges: opts.privileges,
             };
             let worker = Some(config_path.clone());
             crate::fuse::start_fuse_daemon(&opts.cache_dir, &run, &image, &mountpoint, worker)?

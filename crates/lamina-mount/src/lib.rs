@@ -36,6 +36,7 @@ pub use cache::{materialize_blob, store_metadata, CacheError};
 pub use fuse::{mount_fuse, FUSE_STATUS, FUSE_THREADS};
 pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
+pub use lamina_daemon::config::Privileges;
 pub use lazy::{
     finish_unmount, last_status, mount, mount_lazy_from, run_dir, LazyOptions, Prefetch, Unmounted,
 };

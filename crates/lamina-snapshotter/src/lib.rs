@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use lamina_image::artifact::LaminaLayers;
-use lamina_mount::{LazyOptions, Mode, MountOptions};
+use lamina_mount::{LazyOptions, Mode, MountOptions, Privileges};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef, SourceOptions};
 
 pub use snapshots::{Images, LayerRole, Snapshotter};
@@ -110,6 +110,12 @@ impl RegistryImages {
         MountOptions {
             cache_dir: self.cache_dir.clone(),
             source: self.source.clone(),
+            // Snapshots are mounted in the snapshotter's private (0700)
+            // root for runc, like containerd's overlayfs snapshots.
+            privileges: Privileges {
+                suid: true,
+                dev: true,
+            },
         }
     }
 }
