@@ -2234,6 +2234,45 @@ fn edge_image(dir: &Path) -> String {
     image
 }
 
+/// Issue 28 point 6: a lazy mount made by a binary that is then removed (an
+/// upgrade, a cleaned build dir) still restarts its worker after a `kill
+/// -9`, from the very binary it runs (`/proc/self/exe`), and reads every
+/// file right. Before, the holder looked for the binary by its path and
+/// retried forever, and readers got EIO.
+#[test]
+fn a_removed_binary_still_restarts_its_worker() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("lazy-moved-binary");
+    let edge = edge_image(&t.join("edge"));
+    let bin = t.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let copy = bin.join("lamina");
+    fs::copy(LAMINA, &copy).unwrap();
+    let (mnt, cache) = (t.join("mnt"), t.join("cache"));
+    fs::create_dir_all(&mnt).unwrap();
+    let mut args = vec!["mount", "--json", "--lazy", "--mode", "kernel", &edge];
+    args.extend([
+        mnt.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    let out = run(&mut command(&copy, args), TIMEOUT).ok();
+    let m = Mount {
+        path: mnt.clone(),
+        cache: cache.clone(),
+        info: out.json(),
+    };
+    fs::remove_dir_all(&bin).unwrap();
+    let worker = worker_pid(&m);
+    kill9(worker);
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    let restarted = worker_pid(&m);
+    assert_ne!(restarted, worker, "the worker was not restarted");
+    m.unmount();
+}
+
 /// One live lazy mount (Debian) and one image mounted and unmounted before
 /// (edge) in one cache dir: gc --max-size 0 evicts exactly the edge files and
 /// the live mount reads every file right afterwards.

@@ -70,9 +70,8 @@ impl Filler {
                 .map(|b| AtomicBool::new(b.complete))
                 .collect(),
         );
-        let exe = std::env::current_exe()?;
         let log = config.run_dir.join("worker.log");
-        let worker = Worker::spawn(&exe, config_path, &log)?;
+        let worker = Worker::spawn(config_path, &log)?;
         let timeout = Duration::from_secs(config.timeout_secs.max(1));
         let relay = Relay::new(worker, config_path, &log, timeout);
         let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);

@@ -253,8 +253,7 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
         let m = std::fs::metadata(&b.cache_path)?;
         watched.insert((m.dev(), m.ino()), i as u32);
     }
-    let exe = std::env::current_exe()?;
-    let worker = Worker::spawn(&exe, config_path, &config.run_dir.join("worker.log"))?;
+    let worker = Worker::spawn(config_path, &config.run_dir.join("worker.log"))?;
     mount_options(config)?;
     let devices: Vec<&Path> = config
         .blobs

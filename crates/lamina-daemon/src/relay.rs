@@ -16,6 +16,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,8 +33,9 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Starts `exe internal-worker CONFIG FD` with its output in `log`.
-    pub(crate) fn spawn(exe: &Path, config_path: &Path, log: &Path) -> io::Result<Worker> {
+    /// Starts this binary's `internal-worker CONFIG FD` (through
+    /// [`lamina_sys::OWN_BINARY`]) with its output in `log`.
+    pub(crate) fn spawn(config_path: &Path, log: &Path) -> io::Result<Worker> {
         let (ours, theirs) = socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -50,7 +52,8 @@ impl Worker {
             .mode(lamina_fetch::private::FILE_MODE)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(log)?;
-        let child = Command::new(exe)
+        let child = Command::new(lamina_sys::OWN_BINARY)
+            .arg0("lamina")
             .arg("internal-worker")
             .arg(config_path)
             .arg(rustix::fd::AsRawFd::as_raw_fd(&theirs).to_string())
@@ -122,7 +125,6 @@ struct Pending<R> {
 
 /// The relay: pending misses, the worker, and failed ranges.
 pub(crate) struct Relay<R: Reply> {
-    exe: PathBuf,
     config_path: PathBuf,
     log: PathBuf,
     timeout: Duration,
@@ -139,7 +141,6 @@ impl<R: Reply> Relay<R> {
     /// to `log`; readers wait at most `timeout`.
     pub(crate) fn new(worker: Worker, config_path: &Path, log: &Path, timeout: Duration) -> Self {
         Relay {
-            exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             config_path: config_path.to_path_buf(),
             log: log.to_path_buf(),
             timeout,
@@ -260,7 +261,7 @@ impl<R: Reply> Relay<R> {
         self.wait_expiring(self.respawn_delay);
         self.last_respawn = Instant::now();
         self.worker = loop {
-            match Worker::spawn(&self.exe, &self.config_path, &self.log) {
+            match Worker::spawn(&self.config_path, &self.log) {
                 Ok(w) => break w,
                 Err(e) => {
                     tracing::warn!("starting a worker: {e}; retrying");

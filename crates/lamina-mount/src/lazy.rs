@@ -5,6 +5,7 @@
 //! once the mount is usable.
 
 use std::fs;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -434,9 +435,9 @@ pub(crate) fn start_daemon(
     log_path: &Path,
     what: &str,
 ) -> Result<(), MountError> {
-    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
     let log = private::create_new(log_path).map_err(io_err(log_path))?;
-    let mut daemon = Command::new(exe)
+    let mut daemon = Command::new(lamina_sys::OWN_BINARY)
+        .arg0("lamina")
         .arg(subcommand)
         .arg(config_path)
         .stdin(Stdio::null())

@@ -17,6 +17,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 mod quiet;
+/// This very binary, for starting lamina's own daemons: `/proc/self/exe`
+/// names the file this process runs even after it was replaced (an upgrade)
+/// or removed (a build dir cleaned), so a holder always restarts its worker
+/// from the binary it speaks the protocol of, and never strands a reader
+/// for want of a path.
+pub const OWN_BINARY: &str = "/proc/self/exe";
+
 pub use quiet::{open_quiet, try_lock_range, unlock_range};
 
 /// `FAN_CLASS_PRE_CONTENT`.
