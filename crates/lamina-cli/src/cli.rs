@@ -169,9 +169,19 @@ pub(crate) enum Command {
         /// Bind-mount host path SRC at DST (both absolute), read-only with :ro.
         #[arg(short = 'v', long = "volume", value_name = "SRC:DST[:ro]")]
         volumes: Vec<String>,
-        /// host: the host's network; none: only a loopback of its own.
-        #[arg(long, default_value = "host", value_name = "host|none")]
+        /// none (the default): only a loopback of its own; host: the
+        /// host's network.
+        #[arg(long, default_value = "none", value_name = "none|host")]
         net: String,
+        /// Add a capability to docker's default set, which lamina runs
+        /// without NET_RAW (e.g. --cap-add NET_RAW for ping).
+        #[arg(long = "cap-add", value_name = "CAP")]
+        cap_add: Vec<String>,
+        /// no-new-privileges=false lets setuid binaries gain privileges
+        /// (on by default); seccomp=unconfined drops the default seccomp
+        /// profile (docker's rules).
+        #[arg(long = "security-opt", value_name = "OPT")]
+        security_opt: Vec<String>,
         /// User (uid, uid:gid, name or name:group), replacing the image's.
         #[arg(short = 'u', long)]
         user: Option<String>,
@@ -571,6 +581,8 @@ pub fn run(args: Args) -> Result<u8> {
             env,
             volumes,
             net,
+            cap_add,
+            security_opt,
             user,
             workdir,
             entrypoint,
@@ -611,6 +623,7 @@ pub fn run(args: Args) -> Result<u8> {
                 env,
                 volumes,
                 network: net.parse()?,
+                security: security(&cap_add, &security_opt)?,
                 user,
                 workdir,
                 entrypoint,
@@ -996,4 +1009,18 @@ fn report_progress(bar: &ProgressBar, p: Progress) {
         Progress::Bytes(n) => bar.set_position(n),
         Progress::Writing => bar.set_message("writing"),
     }
+}
+
+/// `lamina run`'s `--cap-add` and `--security-opt` over the safe defaults.
+fn security(cap_add: &[String], opts: &[String]) -> anyhow::Result<lamina_run::Security> {
+    let mut security = lamina_run::Security::default();
+    for cap in cap_add {
+        security
+            .cap_add
+            .push(lamina_run::config::parse_capability(cap)?);
+    }
+    for opt in opts {
+        lamina_run::config::apply_security_opt(opt, &mut security)?;
+    }
+    Ok(security)
 }

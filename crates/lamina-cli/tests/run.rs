@@ -365,6 +365,60 @@ fn writes_land_in_the_upper_dir_and_vanish_with_rm() {
     e.assert_clean();
 }
 
+/// Issue 28 point 8: an untrusted image runs with no network but its own
+/// loopback, no raw sockets, no new privileges and docker's seccomp rules
+/// (no user namespace, no keyring) unless asked; asked, it gets them.
+#[test]
+fn containers_are_confined_unless_asked() {
+    if !require(TOOLS) {
+        return;
+    }
+    let e = Env::new("run-confined");
+    let status = "grep -E '^(NoNewPrivs|Seccomp|CapBnd):' /proc/self/status";
+    let field = |o: &Output, name: &str| -> String {
+        let line = o.stdout.lines().find(|l| l.starts_with(name));
+        let line = line.unwrap_or_else(|| panic!("no {name} in {}", o.describe()));
+        line.split_whitespace().nth(1).unwrap().to_string()
+    };
+    const NET_RAW: u64 = 1 << 13;
+    let cap_bnd = |o: &Output| u64::from_str_radix(&field(o, "CapBnd:"), 16).unwrap();
+    let o = e.run(&["--rm"], &["sh", "-c", status]).ok();
+    assert_eq!(field(&o, "NoNewPrivs:"), "1", "{}", o.describe());
+    assert_eq!(field(&o, "Seccomp:"), "2", "{}", o.describe());
+    assert_eq!(cap_bnd(&o) & NET_RAW, 0, "{}", o.describe());
+    let o = e.run(&["--rm"], &["ls", "/sys/class/net"]).ok();
+    assert_eq!(lines(&o), ["lo"], "{}", o.describe());
+    // No user namespace (unshare(CLONE_NEWUSER)), no keyring: EPERM.
+    let o = e.run(&["--rm"], &["unshare", "-U", "true"]);
+    assert_ne!(o.status.code(), Some(0), "{}", o.describe());
+    assert!(o.stderr.contains("not permitted"), "{}", o.describe());
+    let keyctl = "import ctypes, os; l = ctypes.CDLL(None, use_errno=True); \
+                  r = l.syscall(250, 0, -3, 0, 0, 0); print(r, os.strerror(ctypes.get_errno()))";
+    let o = e.run(&["--rm"], &["python3", "-c", keyctl]).ok();
+    assert_eq!(
+        o.stdout.trim(),
+        "-1 Operation not permitted",
+        "{}",
+        o.describe()
+    );
+    let asked = [
+        "--rm",
+        "--cap-add",
+        "NET_RAW",
+        "--security-opt",
+        "no-new-privileges=false",
+        "--security-opt",
+        "seccomp=unconfined",
+    ];
+    let o = e.run(&asked, &["sh", "-c", status]).ok();
+    assert_eq!(field(&o, "NoNewPrivs:"), "0", "{}", o.describe());
+    assert_eq!(field(&o, "Seccomp:"), "0", "{}", o.describe());
+    assert_eq!(cap_bnd(&o) & NET_RAW, NET_RAW, "{}", o.describe());
+    e.run(&["--rm", "--cap-add", "NET_MAGIC"], &["true"])
+        .code_is(125);
+    e.assert_clean();
+}
+
 #[test]
 fn net_none_has_only_loopback() {
     if !require(TOOLS) {

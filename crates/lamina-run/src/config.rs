@@ -46,6 +46,14 @@ pub enum ConfigError {
     /// A `--net` argument.
     #[error("bad network {0:?}: expected host or none")]
     Network(String),
+    /// A `--cap-add` argument.
+    #[error("unknown capability {0:?} (e.g. NET_RAW or CAP_NET_RAW)")]
+    Capability(String),
+    /// A `--security-opt` argument.
+    #[error(
+        "bad security option {0:?}: expected no-new-privileges[=true|false] or seccomp=unconfined"
+    )]
+    SecurityOpt(String),
 }
 
 /// The runtime part of an OCI image config (`config` in the config JSON).
@@ -363,10 +371,83 @@ impl FromStr for Volume {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Network {
     /// The host's network namespace.
-    #[default]
     Host,
-    /// A new network namespace with only loopback.
+    /// A new network namespace with only loopback (the default: an
+    /// untrusted image reaches no network unless asked).
+    #[default]
     None,
+}
+
+/// Linux capabilities, without their `CAP_` prefix.
+const CAPABILITIES: &[&str] = &[
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
+];
+
+/// A `--cap-add` argument (`NET_RAW`, `CAP_NET_RAW`, any case) as its
+/// `CAP_` name.
+pub fn parse_capability(s: &str) -> Result<String, ConfigError> {
+    let upper = s.to_ascii_uppercase();
+    let bare = upper.strip_prefix("CAP_").unwrap_or(&upper);
+    match CAPABILITIES.contains(&bare) {
+        true => Ok(format!("CAP_{bare}")),
+        false => Err(ConfigError::Capability(s.to_string())),
+    }
+}
+
+/// Applies a `--security-opt` argument, as docker takes it:
+/// `no-new-privileges[=true|false]` or `seccomp=unconfined`.
+pub fn apply_security_opt(
+    opt: &str,
+    security: &mut crate::spec::Security,
+) -> Result<(), ConfigError> {
+    match opt.split_once(['=', ':']) {
+        None if opt == "no-new-privileges" => security.no_new_privileges = true,
+        Some(("no-new-privileges", "true")) => security.no_new_privileges = true,
+        Some(("no-new-privileges", "false")) => security.no_new_privileges = false,
+        Some(("seccomp", "unconfined")) => security.seccomp = false,
+        _ => return Err(ConfigError::SecurityOpt(opt.to_string())),
+    }
+    Ok(())
 }
 
 impl FromStr for Network {
@@ -644,5 +725,21 @@ mod tests {
         assert_eq!("none".parse::<Network>().unwrap(), Network::None);
         assert_eq!("host".parse::<Network>().unwrap(), Network::Host);
         assert!("bridge".parse::<Network>().is_err());
+        assert_eq!(Network::default(), Network::None);
+    }
+
+    #[test]
+    fn capabilities_and_security_options() {
+        assert_eq!(parse_capability("net_raw").unwrap(), "CAP_NET_RAW");
+        assert_eq!(parse_capability("CAP_SYS_ADMIN").unwrap(), "CAP_SYS_ADMIN");
+        assert!(parse_capability("NET_MAGIC").is_err());
+        let mut s = crate::spec::Security::default();
+        assert!(s.no_new_privileges && s.seccomp);
+        apply_security_opt("no-new-privileges=false", &mut s).unwrap();
+        apply_security_opt("seccomp=unconfined", &mut s).unwrap();
+        assert!(!s.no_new_privileges && !s.seccomp);
+        apply_security_opt("no-new-privileges", &mut s).unwrap();
+        assert!(s.no_new_privileges);
+        assert!(apply_security_opt("apparmor=x", &mut s).is_err());
     }
 }

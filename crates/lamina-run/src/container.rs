@@ -58,6 +58,9 @@ pub struct RunOptions {
     pub volumes: Vec<Volume>,
     /// `--net`.
     pub network: Network,
+    /// Capabilities, `noNewPrivileges`, seccomp (`--cap-add`,
+    /// `--security-opt`).
+    pub security: crate::spec::Security,
     /// `--user`, replacing the image's `User`.
     pub user: Option<String>,
     /// `--workdir`, replacing the image's `WorkingDir`.
@@ -326,6 +329,7 @@ impl Container {
             network: opts.network,
             volumes: &opts.volumes,
             etc_files: &etc_files,
+            security: &opts.security,
         });
         let bundle_config = self.state.join("config.json");
         let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| RunError::Io {

@@ -14,8 +14,10 @@
 pub mod config;
 pub mod container;
 mod runc;
+pub mod seccomp;
 pub mod spec;
 
 pub use config::{ConfigError, ImageConfig, Network, User, Volume};
 pub use container::{remove, run, RunError, RunOptions, RunReport};
 pub use runc::Failure;
+pub use spec::Security;

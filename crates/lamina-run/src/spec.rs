@@ -2,7 +2,9 @@
 //!
 //! Defaults follow `runc spec` (mounts, masked and read-only paths, device
 //! rules) and docker (capability set, effective capabilities only for uid
-//! 0). No seccomp profile and no cgroup limits: runc's defaults apply.
+//! 0, its default seccomp profile's rules: [`crate::seccomp`]), made safe
+//! for untrusted images: no `CAP_NET_RAW` and `noNewPrivileges` unless
+//! asked ([`Security`]). No cgroup limits.
 
 use std::path::{Path, PathBuf};
 
@@ -13,14 +15,14 @@ use crate::config::{Network, User, Volume};
 /// The OCI runtime spec version written (runc 1.1 reads 1.0.x).
 const OCI_VERSION: &str = "1.0.2";
 
-/// docker's default capability set.
-const CAPS: &[&str] = &[
+/// docker's default capability set without `CAP_NET_RAW` (raw sockets:
+/// forged packets on the host's networks), as podman's.
+pub const DEFAULT_CAPS: &[&str] = &[
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",
     "CAP_FOWNER",
     "CAP_MKNOD",
-    "CAP_NET_RAW",
     "CAP_SETGID",
     "CAP_SETUID",
     "CAP_SETFCAP",
@@ -52,6 +54,41 @@ const READONLY: &[&str] = &[
     "/proc/sysrq-trigger",
 ];
 
+/// What the container may do beyond docker's defaults, or less.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Security {
+    /// Capabilities added to [`DEFAULT_CAPS`] (`CAP_*` names).
+    pub cap_add: Vec<String>,
+    /// `noNewPrivileges`: execve never grants more (setuid bits, file
+    /// capabilities). On unless asked.
+    pub no_new_privileges: bool,
+    /// The default seccomp profile ([`crate::seccomp`]). On unless asked.
+    pub seccomp: bool,
+}
+
+impl Default for Security {
+    fn default() -> Self {
+        Security {
+            cap_add: Vec::new(),
+            no_new_privileges: true,
+            seccomp: true,
+        }
+    }
+}
+
+impl Security {
+    /// The capability set: the defaults and those added, each once.
+    pub fn capabilities(&self) -> Vec<String> {
+        let mut caps: Vec<String> = DEFAULT_CAPS.iter().map(|c| c.to_string()).collect();
+        for c in &self.cap_add {
+            if !caps.contains(c) {
+                caps.push(c.clone());
+            }
+        }
+        caps
+    }
+}
+
 /// Everything the spec depends on.
 #[derive(Debug)]
 pub struct SpecInput<'a> {
@@ -76,14 +113,16 @@ pub struct SpecInput<'a> {
     /// Generated files bound over `/etc/hosts` etc.: (host file, path in
     /// the container).
     pub etc_files: &'a [(PathBuf, &'static str)],
+    /// Capabilities, `noNewPrivileges`, seccomp.
+    pub security: &'a Security,
 }
 
 /// The runtime spec as JSON.
 pub fn runtime_spec(input: &SpecInput) -> Value {
-    let caps: &[&str] = CAPS;
+    let caps = input.security.capabilities();
     // As docker: a non-root user gets the bounding set only, so its
     // processes hold no capability unless a file grants one.
-    let effective: &[&str] = if input.user.uid == 0 { caps } else { &[] };
+    let effective: &[String] = if input.user.uid == 0 { &caps } else { &[] };
     let mut namespaces = vec![
         json!({"type": "pid"}),
         json!({"type": "ipc"}),
@@ -94,7 +133,7 @@ pub fn runtime_spec(input: &SpecInput) -> Value {
         // A new namespace: runc brings up its loopback and nothing else.
         namespaces.push(json!({"type": "network"}));
     }
-    json!({
+    let mut spec = json!({
         "ociVersion": OCI_VERSION,
         "process": {
             "terminal": input.terminal,
@@ -111,7 +150,7 @@ pub fn runtime_spec(input: &SpecInput) -> Value {
                 "effective": effective,
                 "permitted": effective,
             },
-            "noNewPrivileges": false,
+            "noNewPrivileges": input.security.no_new_privileges,
         },
         "root": {"path": input.rootfs, "readonly": false},
         "hostname": input.hostname,
@@ -122,7 +161,11 @@ pub fn runtime_spec(input: &SpecInput) -> Value {
             "maskedPaths": MASKED,
             "readonlyPaths": READONLY,
         },
-    })
+    });
+    if input.security.seccomp {
+        spec["linux"]["seccomp"] = crate::seccomp::default_profile(&caps);
+    }
+    spec
 }
 
 fn mounts(input: &SpecInput) -> Vec<Value> {
@@ -213,6 +256,7 @@ mod tests {
             network,
             volumes,
             etc_files: &etc,
+            security: &Security::default(),
         })
     }
 
@@ -263,8 +307,28 @@ mod tests {
         assert_eq!(p["capabilities"]["permitted"], json!([]));
         assert_eq!(
             p["capabilities"]["bounding"].as_array().map(Vec::len),
-            Some(CAPS.len())
+            Some(DEFAULT_CAPS.len())
         );
+    }
+
+    /// Point 8 of the many-tenants issue: no raw sockets, no new
+    /// privileges, docker's seccomp rules, unless asked.
+    #[test]
+    fn untrusted_images_get_no_raw_sockets_no_new_privileges_and_seccomp() {
+        let s = spec(root(), Network::None, &[]);
+        let p = &s["process"];
+        let bounding = p["capabilities"]["bounding"].as_array().unwrap();
+        assert!(!bounding.iter().any(|c| c == "CAP_NET_RAW"));
+        assert_eq!(p["noNewPrivileges"], true);
+        assert_eq!(s["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+        let asked = Security {
+            cap_add: vec!["CAP_NET_RAW".into()],
+            no_new_privileges: false,
+            seccomp: false,
+        };
+        let caps = asked.capabilities();
+        assert!(caps.iter().any(|c| c == "CAP_NET_RAW"));
+        assert_eq!(caps.len(), DEFAULT_CAPS.len() + 1);
     }
 
     fn has_netns(s: &Value) -> bool {
