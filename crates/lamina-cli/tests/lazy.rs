@@ -2273,6 +2273,53 @@ fn a_removed_binary_still_restarts_its_worker() {
     m.unmount();
 }
 
+/// Issue 28 point 2: a cache file replaced under a live lazy mount (here
+/// by hand: a new sparse file renamed over each, then the worker killed so
+/// that it opens its stores again) is never served from: reads fail with
+/// EIO, never zeros. Before, the new worker filled the new file and let the
+/// kernel read the old, sparse inode: zeros.
+#[test]
+fn a_cache_file_replaced_under_a_live_mount_is_never_served_from() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("lazy-replaced");
+    let edge = edge_image(&t.join("edge"));
+    let cache = t.join("cache");
+    let m = Mount::with_args(
+        &edge,
+        &t.join("mnt"),
+        &cache,
+        &["--lazy", "--mode", "kernel"],
+    );
+    let worker = worker_pid(&m);
+    for blob in m.blob_paths() {
+        let size = fs::metadata(&blob).unwrap().len();
+        let other = blob.with_extension("other");
+        fs::File::create(&other).unwrap().set_len(size).unwrap();
+        fs::rename(&other, &blob).unwrap();
+    }
+    kill9(worker);
+    let reference = ociunpack(&edge_layout(), "edge");
+    let (mut failed, mut wrong) = (0, Vec::new());
+    for rel in regular_files(&reference) {
+        let want = fs::read(reference.join(&rel)).unwrap();
+        match fs::read(m.path.join(&rel)) {
+            Ok(got) if got == want => {}
+            Ok(_) => wrong.push(rel),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(5), "{}: {e}", rel.display());
+                failed += 1;
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "wrong bytes read from {wrong:?}");
+    assert!(failed > 0, "no read failed: the replaced files were served");
+    let log = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap();
+    assert!(log.contains("replaced since"), "worker log:\n{log}");
+    drop(m);
+}
+
 /// One live lazy mount (Debian) and one image mounted and unmounted before
 /// (edge) in one cache dir: gc --max-size 0 evicts exactly the edge files and
 /// the live mount reads every file right afterwards.

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use lamina_format::fill::FileIdentity;
+
 /// Where blob bytes come from.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -54,6 +56,62 @@ pub struct BlobSpec {
     pub cache_path: PathBuf,
     /// Already complete when the mount started (never watched).
     pub complete: bool,
+    /// The cache file the mount made or found there: the holder, the
+    /// worker and the FUSE daemon serve from this inode and no other
+    /// (`None`: the filesystem keeps no birth time, and no record is
+    /// trusted either).
+    #[serde(default)]
+    pub file: Option<CacheFileId>,
+}
+
+/// A cache file's identity (inode number and birth time), as a config
+/// carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheFileId {
+    /// Inode number.
+    pub ino: u64,
+    /// Birth time, seconds.
+    pub btime_sec: i64,
+    /// Birth time, nanoseconds.
+    pub btime_nsec: u32,
+}
+
+impl From<FileIdentity> for CacheFileId {
+    fn from(id: FileIdentity) -> Self {
+        CacheFileId {
+            ino: id.ino,
+            btime_sec: id.btime_sec,
+            btime_nsec: id.btime_nsec,
+        }
+    }
+}
+
+impl BlobSpec {
+    /// Checks that `file` is the cache file this mount was made with; a
+    /// file put in its place since (deleted and recreated, renamed over)
+    /// is never served from nor recorded for.
+    pub fn check_file(&self, file: &std::fs::File) -> std::io::Result<()> {
+        let Some(want) = self.file else {
+            return Ok(());
+        };
+        let got = lamina_fetch::store::identity(file)?.map(CacheFileId::from);
+        match got == Some(want) {
+            true => Ok(()),
+            false => Err(std::io::Error::other(format!(
+                "cache file {} is not the one this mount was made with (replaced since): \
+                 not serving from it",
+                self.cache_path.display()
+            ))),
+        }
+    }
+
+    /// Opens the mount's cache file, read-only, checked with
+    /// [`check_file`](Self::check_file).
+    pub fn open_checked(&self) -> std::io::Result<std::fs::File> {
+        let file = lamina_fetch::private::open_existing(&self.cache_path)?;
+        self.check_file(&file)?;
+        Ok(file)
+    }
 }
 
 /// Everything the daemon processes need.
@@ -224,6 +282,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Point 2 of the many-tenants issue: a file put at a cache file's path
+    /// since the mount was made is refused; the mount's own file passes.
+    #[test]
+    fn only_the_mounts_own_cache_file_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.cache");
+        std::fs::write(&path, b"x").unwrap();
+        let file = lamina_fetch::private::open_existing(&path).unwrap();
+        let Some(id) = lamina_fetch::store::identity(&file).unwrap() else {
+            return; // no birth times here: nothing can be bound
+        };
+        let spec = BlobSpec {
+            digest: "sha256:00".into(),
+            cache_path: path.clone(),
+            complete: false,
+            file: Some(id.into()),
+        };
+        spec.open_checked().unwrap();
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"x").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let err = spec.open_checked().unwrap_err();
+        assert!(err.to_string().contains("replaced since"), "{err}");
+        spec.check_file(&file).unwrap();
+    }
 
     /// A config written before boot segments (`boot_pages`: one object or
     /// null) still loads, so a worker restarted after an upgrade serves on.

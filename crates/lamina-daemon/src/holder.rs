@@ -192,7 +192,7 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
     }
     let config = DaemonConfig::load(config_path)?;
     match setup(&config, config_path) {
-        Ok((group, worker, watched, superblock)) => {
+        Ok((group, worker, watched, superblock, files)) => {
             let readahead = if watched.is_empty() {
                 None
             } else {
@@ -216,10 +216,7 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
             serve(
                 &config,
                 config_path,
-                group,
-                worker,
-                watched,
-                superblock,
+                (group, worker, watched, superblock, files),
                 readahead,
             )
         }
@@ -231,7 +228,15 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
     }
 }
 
-type Setup = (FanotifyGroup, Worker, HashMap<(u64, u64), u32>, OwnedFd);
+/// The group, the worker, the watched cache files (by device and inode:
+/// blob), the watch on the mount's root, and the mount's cache files.
+type Setup = (
+    FanotifyGroup,
+    Worker,
+    HashMap<(u64, u64), u32>,
+    OwnedFd,
+    Vec<std::fs::File>,
+);
 
 fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
     let group = FanotifyGroup::new().map_err(|e| {
@@ -239,27 +244,32 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
             "fanotify pre-content group: {e} (lazy mounts need root and Linux 6.14+ with CONFIG_FANOTIFY_ACCESS_PERMISSIONS)"
         ))
     })?;
+    // The holder acts on the cache files the mount made, never on a name
+    // looked up again: each is opened and checked once, then marked and
+    // mounted through its fd (`/proc/self/fd/N`).
+    let files = config
+        .blobs
+        .iter()
+        .map(|b| b.open_checked())
+        .collect::<io::Result<Vec<_>>>()?;
+    let fd_paths: Vec<PathBuf> = files.iter().map(lamina_sys::fd_path).collect();
     let mut watched = HashMap::new();
     for (i, b) in config.blobs.iter().enumerate() {
         if b.complete {
             continue;
         }
-        group.watch(&b.cache_path).map_err(|e| {
+        group.watch(&fd_paths[i]).map_err(|e| {
             io::Error::other(format!(
                 "watching {}: {e} (the cache directory's filesystem does not support fanotify pre-content events; ext4 does, tmpfs does not: choose another --cache-dir)",
                 b.cache_path.display()
             ))
         })?;
-        let m = std::fs::metadata(&b.cache_path)?;
+        let m = files[i].metadata()?;
         watched.insert((m.dev(), m.ino()), i as u32);
     }
     let worker = Worker::spawn(config_path, &config.run_dir.join("worker.log"))?;
     mount_options(config)?;
-    let devices: Vec<&Path> = config
-        .blobs
-        .iter()
-        .map(|b| b.cache_path.as_path())
-        .collect();
+    let devices: Vec<&Path> = fd_paths.iter().map(PathBuf::as_path).collect();
     let mounted = mount_erofs(
         &config.metadata_path,
         &config.mountpoint,
@@ -280,7 +290,7 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
             rustix::mount::UnmountFlags::DETACH,
         );
     })?;
-    Ok((group, worker, watched, superblock))
+    Ok((group, worker, watched, superblock, files))
 }
 
 /// An inotify watch on the root of the mount just made. It reports
@@ -312,10 +322,7 @@ pub(crate) fn superblock_gone(fd: &OwnedFd) -> bool {
 fn serve(
     config: &DaemonConfig,
     config_path: &Path,
-    group: FanotifyGroup,
-    worker: Worker,
-    mut watched: HashMap<(u64, u64), u32>,
-    superblock: OwnedFd,
+    (group, worker, mut watched, superblock, files): Setup,
     mut readahead: Option<BdiReadahead>,
 ) -> io::Result<()> {
     let group = Rc::new(group);
@@ -323,7 +330,8 @@ fn serve(
     let timeout = Duration::from_secs(config.timeout_secs);
     let mut relay = Relay::new(worker, config_path, &log, timeout);
     let mut buf = Vec::new();
-    let paths: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
+    // Unwatched through the files the mount was made with.
+    let paths: Vec<PathBuf> = files.iter().map(lamina_sys::fd_path).collect();
 
     loop {
         let wait = relay.poll_wait(Duration::from_millis(200));

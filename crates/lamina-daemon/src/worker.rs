@@ -22,7 +22,9 @@ use lamina_format::index::{BlobSummary, ChunkIndex, IndexBlob};
 use lamina_oci::{Digest, HostsConfig, RegistryClient, SourceOptions};
 use lamina_sys::{FanotifyGroup, Response};
 
-use crate::config::{write_atomic, AdoptSpec, BootPagesSpec, DaemonConfig, LayerSpec, SourceSpec};
+use crate::config::{
+    write_atomic, AdoptSpec, BlobSpec, BootPagesSpec, DaemonConfig, LayerSpec, SourceSpec,
+};
 use crate::latency::{Histogram, Recorder};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
@@ -99,6 +101,9 @@ struct LazyStore {
     /// The mount found the cache file complete.
     complete: bool,
     store: Mutex<Option<BlobStore>>,
+    /// Why the store can never be opened (its cache file is not the
+    /// mount's any more): every read of the blob fails, at once.
+    refused: OnceLock<String>,
 }
 
 /// A locked, opened store.
@@ -118,9 +123,11 @@ impl std::ops::DerefMut for StoreGuard<'_> {
     }
 }
 
-/// Opens the store of `blob` in `dir`; fills it through a quiet fd.
-fn open_store(dir: &Path, blob: IndexBlob) -> io::Result<BlobStore> {
+/// Opens the store of `blob` in `dir`, which must be the very cache file
+/// the mount was made with (`spec`); fills it through a quiet fd.
+fn open_store(dir: &Path, blob: IndexBlob, spec: &BlobSpec) -> io::Result<BlobStore> {
     let mut store = BlobStore::open(dir, blob)?;
+    spec.check_file(store.cache_file())?;
     if !store.is_complete() {
         // Background fills must not become misses in other mounts
         // that share this cache file: write them through a quiet fd.
@@ -209,11 +216,23 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                 })
             }
         };
-        let store = table.map(|t| open_store(&config.blob_dir, t)).transpose()?;
+        let refused = OnceLock::new();
+        let store = match table
+            .map(|t| open_store(&config.blob_dir, t, spec))
+            .transpose()
+        {
+            Ok(store) => store,
+            Err(e) => {
+                tracing::error!("blob {}: {e}; failing its reads", spec.digest);
+                let _ = refused.set(e.to_string());
+                None
+            }
+        };
         stores.push(LazyStore {
             summary,
             complete: spec.complete,
             store: Mutex::new(store),
+            refused,
         });
     }
     let source: Box<dyn RangeSource> = match &config.source {
@@ -548,8 +567,12 @@ impl Shared {
             .lock()
             .map_err(|_| io::Error::other("store lock poisoned"))?;
         if slot.is_none() {
+            let lazy = &self.stores[blob as usize];
+            if let Some(why) = lazy.refused.get() {
+                return Err(io::Error::other(why.clone()));
+            }
             let table = self.fetch_table(blob)?;
-            *slot = Some(open_store(&self.config.blob_dir, table)?);
+            *slot = Some(self.open_or_refuse(blob, table)?);
         }
         Ok(StoreGuard(slot))
     }
@@ -566,9 +589,19 @@ impl Shared {
             let parsed = IndexBlob::from_table(&lazy.summary, self.chunk_bits, table)
                 .map_err(io::Error::other)?;
             self.keep_table(blob, table);
-            *slot = Some(open_store(&self.config.blob_dir, parsed)?);
+            *slot = Some(self.open_or_refuse(blob, parsed)?);
         }
         Ok(())
+    }
+
+    /// Opens the store of `blob` (see [`open_store`]); a cache file that is
+    /// not the mount's any more refuses the blob for good.
+    fn open_or_refuse(&self, blob: u32, table: IndexBlob) -> io::Result<BlobStore> {
+        let spec = &self.config.blobs[blob as usize];
+        open_store(&self.config.blob_dir, table, spec).inspect_err(|e| {
+            tracing::error!("blob {blob}: {e}; failing its reads");
+            let _ = self.stores[blob as usize].refused.set(e.to_string());
+        })
     }
 
     /// The store of `blob` if it is open (status and records never fetch).

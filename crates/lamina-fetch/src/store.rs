@@ -108,6 +108,18 @@ pub struct BlobStore {
     boot_bytes: u64,
 }
 
+/// A cache file made ready for a mount before its chunks are known
+/// ([`BlobStore::prepare`]).
+#[derive(Debug)]
+pub struct Prepared {
+    /// Where it is.
+    pub cache_path: PathBuf,
+    /// Whether a record says it is complete.
+    pub complete: bool,
+    /// The file's identity: the daemons serve this file and no other.
+    pub identity: Option<FileIdentity>,
+}
+
 /// What [`BlobStore::place_page`] did with a boot page.
 enum PagePlaced {
     /// The page was a hole: the boot page is there now.
@@ -453,13 +465,17 @@ impl BlobStore {
     /// Creates `blob`'s cache file in `dir` at its size if need be, before
     /// its chunks are known (paged index: the table comes with the first
     /// read); returns its path and whether a record says it is complete.
-    pub fn prepare(dir: &Path, blob: &BlobSummary) -> io::Result<(PathBuf, bool)> {
+    pub fn prepare(dir: &Path, blob: &BlobSummary) -> io::Result<Prepared> {
         private::private_dir(dir)?;
         let key = paged_key(blob)?;
         let (cache_path, _) = store_paths(dir, &key);
-        open_cache_file(&cache_path, blob.cache_size)?;
+        let file = open_cache_file(&cache_path, blob.cache_size)?;
         let complete = Self::recorded_complete(dir, &key, blob)?;
-        Ok((cache_path, complete))
+        Ok(Prepared {
+            identity: identity(&file)?,
+            cache_path,
+            complete,
+        })
     }
 
     /// Whether `blob`'s cache file in `dir` exists and a fill record bound
@@ -715,6 +731,12 @@ impl BlobStore {
     pub fn range_ready(&self, offset: u64, len: u64) -> bool {
         let end = offset.saturating_add(len.max(1)).min(self.blob.cache_size);
         (offset / PAGE..end.div_ceil(PAGE)).all(|p| self.page_ready(p))
+    }
+
+    /// The identity of the cache file this store was opened on (`None`
+    /// where the filesystem keeps no birth time).
+    pub fn identity(&self) -> Option<FileIdentity> {
+        self.identity
     }
 
     /// The cache file this store was opened on.

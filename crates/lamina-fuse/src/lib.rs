@@ -882,6 +882,11 @@ pub struct ServeConfig {
     pub xattrs: bool,
     /// Complete blob cache files, in device-table order.
     pub blob_paths: Vec<PathBuf>,
+    /// The identity of each, as the mount found or made it: the daemon
+    /// serves from those files and no other (`None` or missing: no birth
+    /// time to check).
+    #[serde(default)]
+    pub blob_files: Vec<Option<lamina_daemon::config::CacheFileId>>,
     /// Where to mount.
     pub mountpoint: PathBuf,
     /// A lazy mount: the worker's config (its blobs are filled on demand
@@ -1069,6 +1074,27 @@ fn lower_readahead_while_incomplete(config: &ServeConfig, filler: Arc<Filler>) {
 /// nodev itself).
 const ROOTLESS_OPTIONS: &str = "ro,fsname=lamina,subtype=lamina,default_permissions";
 
+/// Opens a blob's cache file, checked to be the file the mount was made
+/// with (`want`): one put at its path since is never served from.
+fn open_blob(
+    path: &Path,
+    want: Option<lamina_daemon::config::CacheFileId>,
+) -> Result<File, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(want) = want else {
+        return Ok(file);
+    };
+    let got =
+        lamina_fetch::store::identity(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+    match got.map(lamina_daemon::config::CacheFileId::from) == Some(want) {
+        true => Ok(file),
+        false => Err(format!(
+            "{}: not the cache file this mount was made with (replaced since); not serving from it",
+            path.display()
+        )),
+    }
+}
+
 /// The session serving `config`'s image: on `fuse_fd` when fusermount3 has
 /// mounted it already, else mounted here; its counters; and the metadata's
 /// frames when they are still being written.
@@ -1081,7 +1107,8 @@ fn open_session(
     let blobs = config
         .blob_paths
         .iter()
-        .map(|p| File::open(p).map_err(|e| format!("{}: {e}", p.display())))
+        .enumerate()
+        .map(|(i, p)| open_blob(p, config.blob_files.get(i).copied().flatten()))
         .collect::<Result<Vec<_>, _>>()?;
     let path = &config.metadata_path;
     let at = |e: std::io::Error| format!("{}: {e}", path.display());

@@ -7,7 +7,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use lamina_daemon::config::Privileges;
+use lamina_daemon::config::{CacheFileId, Privileges};
 use lamina_fetch::private;
 use lamina_fuse::ServeConfig;
 use lamina_oci::ImageRef;
@@ -39,6 +39,15 @@ pub(crate) fn objects_dir(cache_dir: &Path, metadata: &Path, blobs: &[PathBuf]) 
     Some(cache_dir.join("objects").join(format!("{hex}.{entries}")))
 }
 
+/// The identity of the (complete, recorded) cache file at `path`, as an
+/// eager mount hands it to its daemon.
+fn file_id(path: &Path) -> Option<CacheFileId> {
+    let file = private::open_existing(path).ok()?;
+    lamina_fetch::store::identity(&file)
+        .ok()?
+        .map(CacheFileId::from)
+}
+
 /// Mounts `image` at `mountpoint` through FUSE, filling the cache first.
 pub fn mount_fuse(
     image: &ImageRef,
@@ -57,6 +66,7 @@ pub fn mount_fuse(
         blobs: &info.blob_paths,
         xattrs: info.xattrs,
         privileges: opts.privileges,
+        blob_files: info.blob_paths.iter().map(|p| file_id(p)).collect(),
     };
     start_fuse_daemon(&opts.cache_dir, &run, &image, &info.mountpoint, None)?;
     record_eager(opts, &info);
@@ -79,6 +89,9 @@ pub(crate) struct FuseImage<'a> {
     pub xattrs: bool,
     /// setuid and device nodes: off unless asked for.
     pub privileges: Privileges,
+    /// The identity of each blob's cache file, as the mount found or made
+    /// it.
+    pub blob_files: Vec<Option<CacheFileId>>,
 }
 
 /// Starts the FUSE daemon serving `image` (in `cache_dir`) at `mountpoint`,
@@ -104,6 +117,7 @@ pub(crate) fn start_fuse_daemon(
         xattrs: image.xattrs,
         privileges: image.privileges,
         blob_paths: image.blobs.to_vec(),
+        blob_files: image.blob_files.clone(),
         mountpoint: mountpoint.to_path_buf(),
         worker_config,
         threads: FUSE_THREADS,

@@ -11,11 +11,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lamina_daemon::config::{
-    AdoptSpec, BlobSpec, BootPagesSpec, DaemonConfig, LayerSpec, SourceSpec,
+    AdoptSpec, BlobSpec, BootPagesSpec, CacheFileId, DaemonConfig, LayerSpec, SourceSpec,
 };
 use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
-use lamina_fetch::store::BlobStore;
+use lamina_fetch::store::{BlobStore, Prepared};
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_fuse::frames::{FrameSpan, MetadataFrames};
 use lamina_fuse::LookupLater;
@@ -276,16 +276,20 @@ pub fn mount_lazy_from(
     for (i, desc) in layers.blobs.iter().enumerate() {
         // A paged index's chunk tables come with the first read of their
         // blob (the worker's); the cache file is made now, for the kernel.
-        let (cache_path, complete) = match index.inline.get(i) {
-            Some(blob) => BlobStore::open(&blob_dir, blob.clone())
-                .map(|s| (s.cache_path.clone(), s.is_complete())),
+        let prepared = match index.inline.get(i) {
+            Some(blob) => BlobStore::open(&blob_dir, blob.clone()).map(|s| Prepared {
+                cache_path: s.cache_path.clone(),
+                complete: s.is_complete(),
+                identity: s.identity(),
+            }),
             None => BlobStore::prepare(&blob_dir, &index.blobs[i]),
         }
         .map_err(io_err(&blob_dir))?;
         blobs.push(BlobSpec {
             digest: desc.digest.to_string(),
-            cache_path,
-            complete,
+            cache_path: prepared.cache_path,
+            complete: prepared.complete,
+            file: prepared.identity.map(CacheFileId::from),
         });
     }
 
@@ -382,6 +386,7 @@ pub fn mount_lazy_from(
                 blobs: &blobs,
                 xattrs: artifact::may_have_xattrs(&img.manifest),
                 privileges: opts.privileges,
+                blob_files: config.blobs.iter().map(|b| b.file).collect(),
             };
             let worker = Some(config_path.clone());
             crate::fuse::start_fuse_daemon(&opts.cache_dir, &run, &image, &mountpoint, worker)?

@@ -17,6 +17,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 mod quiet;
+/// The path of `file`'s own fd, `/proc/self/fd/N`: opening it, marking it
+/// or mounting it reaches that very inode, whatever its name now names.
+pub fn fd_path(file: &impl std::os::fd::AsRawFd) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
 /// This very binary, for starting lamina's own daemons: `/proc/self/exe`
 /// names the file this process runs even after it was replaced (an upgrade)
 /// or removed (a build dir cleaned), so a holder always restarts its worker

@@ -34,7 +34,7 @@ const METADATA_LEN: usize = 24;
 /// (`/proc/self/fd/N`), never through a name that could meanwhile name
 /// another file; the result is checked to be that inode.
 pub fn open_quiet(file: &File) -> io::Result<File> {
-    let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let path = crate::fd_path(file);
     let want = file.metadata()?;
     let group = crate::fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC)?;
     crate::fanotify_mark(group.as_fd(), FAN_MARK_ADD, FAN_OPEN, &path)?;
