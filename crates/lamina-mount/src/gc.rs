@@ -29,6 +29,34 @@ pub struct GcReport {
     pub in_use: usize,
 }
 
+/// The lock that keeps gc from a starting mount's files: `gc.lock` in the
+/// cache dir.
+const GC_LOCK: &str = "gc.lock";
+
+/// Taken (shared) by a mount from before it creates its cache files until
+/// its daemons are ready or its eager record is written: until then no
+/// `ready` file names it, and gc would count its files unused. gc holds
+/// the lock exclusively while it looks and evicts, so it waits for mounts
+/// that are starting, and they for it. Released when dropped.
+pub(crate) fn starting_mount(cache_dir: &Path) -> Result<fs::File, crate::MountError> {
+    lock(cache_dir, rustix::fs::FlockOperation::LockShared)
+        .map_err(|e| crate::MountError::Io(cache_dir.join(GC_LOCK), e))
+}
+
+fn lock(cache_dir: &Path, how: rustix::fs::FlockOperation) -> std::io::Result<fs::File> {
+    lamina_fetch::private::private_dir(cache_dir)?;
+    let path = cache_dir.join(GC_LOCK);
+    let file = match lamina_fetch::private::create_new(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            lamina_fetch::private::open_existing(&path)?
+        }
+        Err(e) => return Err(e),
+    };
+    rustix::fs::flock(&file, how)?;
+    Ok(file)
+}
+
 /// Files used by live mounts (lazy: holder alive; eager: still mounted).
 fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
     let mut used = HashSet::new();
@@ -108,6 +136,7 @@ fn metadata_of(cache_dir: &Path, objects: &Path) -> PathBuf {
 /// Removes unused cache files (and objects dirs), oldest first, until the cache's allocated
 /// size is at most `max_size` bytes.
 pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
+    let _no_mount_starts = lock(cache_dir, rustix::fs::FlockOperation::LockExclusive)?;
     let used = files_in_use(cache_dir);
     let mut report = GcReport::default();
     // (mtime, allocated bytes, paths removed together)
@@ -215,6 +244,32 @@ mod tests {
         assert!(report.kept_bytes <= 20_000 + 4096, "{report:?}");
         let report = gc(dir.path(), 0).unwrap();
         assert_eq!(report.kept_bytes, 0);
+    }
+
+    /// Point 9 of the many-tenants issue: while a mount is starting (its
+    /// cache files made, no `ready` file yet), gc waits; then it evicts.
+    #[test]
+    fn gc_waits_for_a_starting_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = dir.path().join("blobs");
+        fs::create_dir_all(&blobs).unwrap();
+        let file = blobs.join("x.cache");
+        fs::write(&file, vec![1u8; 8192]).unwrap();
+        let starting = starting_mount(dir.path()).unwrap();
+        let cache = dir.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let gc_thread = std::thread::spawn(move || {
+            let report = gc(&cache, 0);
+            let _ = tx.send(());
+            report
+        });
+        // A gc that did not wait would be done long before this.
+        let waited = rx.recv_timeout(std::time::Duration::from_millis(500));
+        assert!(waited.is_err(), "gc ran while a mount was starting");
+        assert!(file.exists());
+        drop(starting);
+        let report = gc_thread.join().unwrap().unwrap();
+        assert!(report.evicted.contains(&file), "{report:?}");
     }
 
     #[test]

@@ -187,6 +187,7 @@ pub fn mount(
     lazy: Option<&LazyOptions>,
     mode: Mode,
 ) -> Result<MountInfo, MountError> {
+    let _starting = crate::gc::starting_mount(&opts.cache_dir)?;
     match (mode, lazy) {
         (mode, Some(lazy)) => open_and_mount(image, mountpoint, opts, lazy, mode),
         (Mode::Fuse, None) => crate::fuse::mount_fuse(image, mountpoint, opts),
@@ -208,7 +209,7 @@ pub fn mount_lazy_from(
     mode: Mode,
 ) -> Result<MountInfo, MountError> {
     let mountpoint = mountpoint_dir(mountpoint)?;
-    private::private_dir(&opts.cache_dir).map_err(io_err(&opts.cache_dir))?;
+    let _starting = crate::gc::starting_mount(&opts.cache_dir)?;
     let img = source.image();
     let layers = LaminaLayers::from_manifest(&img.manifest)?;
     // Index and metadata are independent: fetch them at once. Boot pages
