@@ -1912,6 +1912,79 @@ fn stalled_reads_fail_within_timeout(test: &'static str, mode: &str) {
     m.unmount();
 }
 
+/// Issue 28 point 10: reads waiting on a stalled registry never hold up
+/// reads of local data through FUSE. Eight readers of files not yet local
+/// wait on a registry that never answers (--timeout 60); meanwhile a file
+/// read before on the same cache reads right, and the eight are still
+/// waiting when it has. Before, four of them held the daemon's four FUSE
+/// threads and the local read waited for their timeout.
+#[test]
+fn fuse_misses_never_hold_up_local_reads() {
+    let Some(Lazy { _time, deb, reg, t }) =
+        start("fuse_misses_never_hold_up_local_reads", "lazy-fuse-hol")
+    else {
+        return;
+    };
+    let cache = t.join("cache");
+    let sample = eio_sample(deb, 9);
+    let (local, waiting) = sample.split_last().expect("a sample");
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("warm"),
+        &cache,
+        &["--mode", "fuse"],
+    );
+    assert_eq!(sha256_file(&m.path.join(local)), deb.hashes[local]);
+    m.unmount();
+    let proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "stall", &["--stall", "300"]);
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    let args = ["--mode", "fuse", "--timeout", "60"];
+    let m = Mount::with_args(&image, &t.join("mnt"), &cache, &args);
+    let mut readers: Vec<Background> = waiting
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mut c = command("cat", [m.path.join(f)]);
+            c.stdout(std::process::Stdio::null());
+            Background::spawn(&format!("reader-{i}"), &mut c, t.path())
+        })
+        .collect();
+    // Wait until the daemon has their reads (the proxy counts a request
+    // only once it is answered).
+    let status = run_dir(&m).join("fuse-status.json");
+    let held = Instant::now();
+    loop {
+        let reads = fs::read(&status)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|s| s["daemon_reads"].as_u64())
+            .unwrap_or(0);
+        if reads >= waiting.len() as u64 {
+            break;
+        }
+        let readers: Vec<String> = readers.iter().map(Background::describe).collect();
+        assert!(
+            held.elapsed() < Duration::from_secs(30),
+            "the daemon got {reads} reads:\n{}",
+            readers.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(sha256_file(&m.path.join(local)), deb.hashes[local]);
+    let still = readers
+        .iter_mut()
+        .map(Background::running)
+        .filter(|r| *r)
+        .count();
+    assert_eq!(
+        still,
+        readers.len(),
+        "the local read waited for the stalled ones"
+    );
+    drop(readers);
+    m.unmount();
+}
+
 // ---------------------------------------------------------------------------
 // 7. boot set
 

@@ -481,6 +481,11 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     );
                     continue;
                 }
+                if shared.answer_if_ready(id, blob, offset, count, response_fd) {
+                    shared.miss_latency.observe(Duration::ZERO);
+                    shared.active_misses.fetch_sub(1, Ordering::Relaxed);
+                    continue;
+                }
                 let _ = tx.send(Job {
                     id,
                     blob,
@@ -835,6 +840,38 @@ impl Shared {
             }
             wanted = needed.clone().collect();
         }
+    }
+
+    /// Answers a miss at once, on the thread that receives misses, when
+    /// its range is local already; false when it must be served by a miss
+    /// thread. Misses waiting on the network then never hold up reads of
+    /// local data (a FUSE daemon asks about every read of an incomplete
+    /// blob). Not while recording a trace: every miss is written to it.
+    fn answer_if_ready(
+        &self,
+        id: u64,
+        blob: u32,
+        offset: u64,
+        count: u64,
+        response_fd: i32,
+    ) -> bool {
+        if self.trace.is_some() {
+            return false;
+        }
+        // Never wait here: a store held by a fill is served by a thread.
+        let Ok(slot) = self.stores[blob as usize].store.try_lock() else {
+            return false;
+        };
+        let Some(store) = slot.as_ref() else {
+            return false;
+        };
+        if !store.range_ready(offset, count) {
+            return false;
+        }
+        self.read_ahead_of(blob, store, store.chunks_covering(offset, count.max(1)));
+        drop(slot);
+        self.answer(id, response_fd, 0);
+        true
     }
 
     /// While boot pages are still coming and the range lies in boot-set

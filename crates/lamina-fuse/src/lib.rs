@@ -26,7 +26,6 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -49,6 +48,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod frames;
 pub mod fusermount;
+mod misses;
 mod objects;
 
 use frames::{FrameFill, MetadataFrames};
@@ -87,6 +87,8 @@ pub struct ImageFs {
     no_opendir: bool,
     /// Set when files may be passed through to the kernel.
     passthrough: Option<Passthrough>,
+    /// A lazy mount's reads that wait for fills, off the FUSE threads.
+    misses: Option<misses::MissPool>,
     stats: Arc<Stats>,
 }
 
@@ -203,10 +205,22 @@ impl ImageFs {
                 blobs.len()
             )));
         }
+        let blobs: Arc<[File]> = blobs.into();
+        let misses = match &filler {
+            Some(f) => match misses::MissPool::start(blobs.clone(), f.clone()) {
+                Ok(pool) => Some(pool),
+                Err(e) => {
+                    tracing::warn!("misses served on the FUSE threads: starting their pool: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
         Ok(ImageFs {
             image,
             image_len,
-            blobs: blobs.into(),
+            blobs,
+            misses,
             filler,
             lookup: Arc::default(),
             xattrs: true,
@@ -497,38 +511,33 @@ impl ImageFs {
     /// blob is incomplete); short only at the end of the file. `pid` is
     /// the reading process.
     pub fn read_at(&self, ino: u64, offset: u64, size: u32, pid: u32) -> Result<Vec<u8>, Errno> {
+        let (nid, len, pieces) = self.plan_read(ino, offset, size)?;
+        let filler = self.filler.as_deref();
+        misses::fill_and_read(&self.blobs, filler, len, &pieces, pid, nid)
+    }
+
+    /// Where a read's bytes are: the inode's nid, the reply's length and
+    /// its pieces. Reads metadata only.
+    fn plan_read(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<(u64, usize, Vec<Piece>), Errno> {
         let inode = self.inode(ino)?;
         if inode.kind() != Some(Kind::Regular) {
             return Err(Errno::EISDIR);
         }
         let end = inode.size.min(offset.saturating_add(u64::from(size)));
-        let mut out = vec![0; end.saturating_sub(offset) as usize];
-        for piece in self.pieces(&inode, offset, end)? {
-            let Some((blob, at)) = piece.data else {
-                continue; // a hole reads as zeros
-            };
-            let into = &mut out[piece.start..piece.start + piece.len];
-            if let Some(filler) = &self.filler {
-                filler
-                    .fill(blob, at, piece.len as u64, pid as i32)
-                    .map_err(|errno| {
-                        tracing::error!(
-                            nid = inode.nid,
-                            blob,
-                            at,
-                            "lazy read failed: errno {errno}"
-                        );
-                        Errno::from_i32(errno)
-                    })?;
-            }
-            self.blobs[blob as usize]
-                .read_exact_at(into, at)
-                .map_err(|e| {
-                    tracing::error!(nid = inode.nid, blob, "reading the blob cache: {e}");
-                    Errno::EIO
-                })?;
-        }
-        Ok(out)
+        let pieces = self.pieces(&inode, offset, end)?;
+        Ok((inode.nid, end.saturating_sub(offset) as usize, pieces))
+    }
+
+    /// Whether reading `pieces` may wait for the worker.
+    fn may_wait(&self, pieces: &[Piece]) -> bool {
+        pieces
+            .iter()
+            .any(|p| p.data.is_some_and(|(blob, _)| !self.blob_complete(blob)))
     }
 
     /// Where bytes `[offset, end)` of a regular file are: runs of holes and
@@ -727,7 +736,23 @@ impl Filesystem for ImageFs {
         reply: ReplyData,
     ) {
         self.stats.daemon_reads.fetch_add(1, Ordering::Relaxed);
-        match self.read_at(ino.0, offset, size, req.pid()) {
+        let (nid, len, pieces) = match self.plan_read(ino.0, offset, size) {
+            Ok(plan) => plan,
+            Err(e) => return reply.error(e),
+        };
+        let filler = self.filler.as_deref();
+        if let (Some(pool), true) = (&self.misses, self.may_wait(&pieces)) {
+            let pid = req.pid();
+            let read = misses::PendingRead {
+                len,
+                pieces,
+                pid,
+                nid,
+                reply,
+            };
+            return pool.submit(read, &self.blobs, filler);
+        }
+        match misses::fill_and_read(&self.blobs, filler, len, &pieces, req.pid(), nid) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(e),
         }
@@ -1341,6 +1366,7 @@ mod tests {
     use lamina_format::object::ObjectRecord;
     use lamina_tree::{DirEntry, Metadata, Node, NodeKind, Tree};
     use std::io::Write;
+    use std::os::unix::fs::FileExt;
 
     fn add(
         t: &mut Tree<FileChunks>,
