@@ -146,6 +146,24 @@ impl PendingSave {
     }
 }
 
+/// Where the locks of writes into a cache file start: a lock space of
+/// their own, apart from the chunk claims (the ranges themselves, held for
+/// a whole fetch). A write holds the lock of its range only while it
+/// writes; a boot page is checked to be a hole and written under its lock,
+/// so no chunk write lands between the check and the page.
+const WRITE_LOCKS: u64 = 1 << 62;
+
+/// Writes `data` at `offset` of the cache file `fd` under the write lock
+/// of that range: what every writer of verified chunks does (a worker's
+/// fills, an eager mount's install into a live file).
+pub fn write_locked(fd: &File, data: &[u8], offset: u64) -> io::Result<()> {
+    let len = data.len() as u64;
+    lamina_sys::lock_range(fd, WRITE_LOCKS + offset, len)?;
+    let written = fd.write_all_at(data, offset);
+    lamina_sys::unlock_range(fd, WRITE_LOCKS + offset, len)?;
+    written
+}
+
 /// Paths of an entry's cache file and fill record under `dir`.
 pub fn store_paths(dir: &Path, key: &EntryKey) -> (PathBuf, PathBuf) {
     let stem = key.stem();
@@ -586,8 +604,7 @@ impl BlobStore {
         if data.len() != chunk.size.get() as usize {
             return Err(io::Error::other("chunk size does not match the index"));
         }
-        self.io_fd(via)
-            .write_all_at(data, chunk.cache_offset.get())?;
+        write_locked(self.io_fd(via), data, chunk.cache_offset.get())?;
         self.mark_filled(i);
         self.unsaved += 1;
         if self.is_complete() {
@@ -680,11 +697,8 @@ impl BlobStore {
     /// finds it there already; refuses where the page holds other bytes or
     /// another process is writing the range.
     fn place_page(&self, at: u64, page: &[u8]) -> io::Result<PagePlaced> {
-        // Locked through the fd pages are written by: a fetch of the chunk
-        // by this very process (locked through the store's own fd) keeps
-        // the page out too.
         let fd = self.io_fd(None);
-        if !lamina_sys::try_lock_range(fd, at, PAGE)? {
+        if !lamina_sys::try_lock_range(fd, WRITE_LOCKS + at, PAGE)? {
             return Ok(PagePlaced::Refused);
         }
         let placed = (|| {
@@ -704,7 +718,7 @@ impl BlobStore {
                 false => PagePlaced::Refused,
             })
         })();
-        lamina_sys::unlock_range(fd, at, PAGE)?;
+        lamina_sys::unlock_range(fd, WRITE_LOCKS + at, PAGE)?;
         placed
     }
 
@@ -1000,7 +1014,7 @@ mod tests {
     fn boot_pages_never_change_what_another_store_reads() {
         let dir = tempfile::tempdir().unwrap();
         let big = vec![3u8; 3 * 4096];
-        let data: [&[u8]; 3] = [&big, b"tail", b"end"];
+        let data: [&[u8]; 4] = [&big, b"tail", b"end", b"more"];
         let mut verified = open(dir.path(), &data);
         verified.fill(0, data[0], None).unwrap();
         verified.save().unwrap();
@@ -1029,9 +1043,11 @@ mod tests {
         assert_eq!(restarted.fill_pages(4 * 4096, &end_page).unwrap(), 0);
         assert!(restarted.range_ready(4 * 4096, 1));
         // A page whose range another process is writing is left alone.
-        assert!(verified.try_lock_chunk(2).unwrap());
         let mut other = open(dir.path(), &data);
-        assert_eq!(other.fill_pages(4 * 4096, &end_page).unwrap(), 0);
-        assert!(!other.range_ready(4 * 4096, 1));
+        let (writing, at) = (verified.cache_file(), WRITE_LOCKS + 5 * 4096);
+        assert!(lamina_sys::try_lock_range(writing, at, 4096).unwrap());
+        assert_eq!(other.fill_pages(5 * 4096, &[1u8; 4096]).unwrap(), 0);
+        assert!(!other.range_ready(5 * 4096, 1));
+        lamina_sys::unlock_range(writing, at, 4096).unwrap();
     }
 }

@@ -161,7 +161,8 @@ pub fn materialize_blob(
 /// hold that inode: it is never renamed over. Its chunks are written in
 /// place instead, through a quiet fd (no mount is asked about the
 /// writes), with bytes the same table verified, so whoever reads it gets
-/// the same bytes before and after.
+/// the same bytes before and after; each under its write lock, so that no
+/// boot page lands on it.
 fn install(tmp: &Path, file: &File, path: &Path, blob: &IndexBlob) -> Result<File, CacheError> {
     let placed = rustix::fs::renameat_with(
         rustix::fs::CWD,
@@ -191,8 +192,7 @@ fn install(tmp: &Path, file: &File, path: &Path, blob: &IndexBlob) -> Result<Fil
         buf.resize(chunk.size.get() as usize, 0);
         file.read_exact_at(&mut buf, chunk.cache_offset.get())
             .map_err(io_err(tmp))?;
-        quiet
-            .write_all_at(&buf, chunk.cache_offset.get())
+        lamina_fetch::store::write_locked(&quiet, &buf, chunk.cache_offset.get())
             .map_err(io_err(path))?;
     }
     quiet.sync_data().map_err(io_err(path))?;

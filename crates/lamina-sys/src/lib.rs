@@ -30,7 +30,7 @@ pub fn fd_path(file: &impl std::os::fd::AsRawFd) -> std::path::PathBuf {
 /// for want of a path.
 pub const OWN_BINARY: &str = "/proc/self/exe";
 
-pub use quiet::{open_quiet, try_lock_range, unlock_range};
+pub use quiet::{lock_range, open_quiet, try_lock_range, unlock_range};
 
 /// `FAN_CLASS_PRE_CONTENT`.
 const FAN_CLASS_PRE_CONTENT: u32 = 0x08;

@@ -106,6 +106,39 @@ pub fn try_lock_range(fd: impl AsFd, start: u64, len: u64) -> io::Result<bool> {
     ofd_lock(fd.as_fd(), libc::F_WRLCK as i16, start, len)
 }
 
+/// Takes the lock of [`try_lock_range`], waiting while another open file
+/// description holds one that meets the range (held only briefly: the
+/// writes of `lamina_fetch::store`).
+pub fn lock_range(fd: impl AsFd, start: u64, len: u64) -> io::Result<()> {
+    loop {
+        match ofd_lock_wait(fd.as_fd(), start, len) {
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            other => return other,
+        }
+    }
+}
+
+fn ofd_lock_wait(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
+    let (Ok(start), Ok(len)) = (libc::off_t::try_from(start), libc::off_t::try_from(len)) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "lock range"));
+    };
+    let lock = libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: start,
+        l_len: len,
+        l_pid: 0, // must be 0 for open-file-description locks
+    };
+    // SAFETY: fd is a valid open fd for the duration of the call and `lock`
+    // is a properly initialised struct flock that outlives it; F_OFD_SETLKW
+    // does not keep the pointer.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLKW, &lock) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// Releases a lock taken with [`try_lock_range`].
 pub fn unlock_range(fd: impl AsFd, start: u64, len: u64) -> io::Result<()> {
     ofd_lock(fd.as_fd(), libc::F_UNLCK as i16, start, len).map(|_| ())
