@@ -279,6 +279,11 @@ pub(crate) enum Command {
         /// unix:/PATH.
         #[arg(long, value_name = "ADDR")]
         metrics_address: Option<MetricsAddress>,
+        /// Keep the shared cache at most SIZE bytes (K, M, G suffixes):
+        /// collected in the background, as `lamina gc` does, never what a
+        /// live or starting mount uses. Unset: never collected.
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        cache_max_size: Option<u64>,
     },
     /// Internal: the FUSE daemon of one mount.
     #[command(hide = true)]
@@ -726,6 +731,7 @@ pub fn run(args: Args) -> Result<u8> {
             fill_ahead,
             mode,
             metrics_address,
+            cache_max_size,
         } => lamina_snapshotter::serve(lamina_snapshotter::Options {
             mode: match mode.as_str() {
                 "kernel" => Some(Mode::Kernel),
@@ -742,6 +748,7 @@ pub fn run(args: Args) -> Result<u8> {
                 ..lamina_mount::LazyOptions::default()
             },
             metrics_address,
+            cache_max_size,
         })?,
         Command::InternalFuse { config } => {
             lamina_fuse::serve(&lamina_fuse::load_config(&config)?)?

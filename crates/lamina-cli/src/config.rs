@@ -29,7 +29,7 @@
 //! [run]                   # lamina run: [mount]'s keys, and
 //! runtime = "runc"
 //! stop_timeout = 10       # seconds
-//! net = "host"            # host | none
+//! net = "none"            # none | host
 //!
 //! [snapshotter]
 //! root = "/var/lib/lamina/snapshotter"
@@ -38,6 +38,7 @@
 //! prefetch = "boot"
 //! fill_ahead = "8M"
 //! metrics_address = "127.0.0.1:9464"   # or "unix:/run/lamina/metrics.sock"
+//! cache_max_size = "50G"  # the shared cache, collected in the background
 //!
 //! [convert]
 //! chunk_size = "256K"
@@ -234,6 +235,7 @@ struct SnapshotterSection {
     mode: Option<MountMode>,
     #[serde(default, deserialize_with = "parsed")]
     metrics_address: Option<MetricsAddress>,
+    cache_max_size: Option<Size>,
 }
 
 /// `[convert]`.
@@ -416,8 +418,11 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             fill_ahead,
             mode,
             metrics_address,
+            cache_max_size,
         } => {
             let s = &file.snapshotter;
+            let max = s.cache_max_size.map(|v| Some(v.0));
+            m.fill(cache_max_size, "cache_max_size", max);
             m.fill(mode, "mode", s.mode.map(|v| v.as_str().into()));
             m.fill(root, "root", s.root.clone());
             m.fill(address, "address", s.address.clone());

@@ -86,6 +86,37 @@ pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
     cache_dir.join("mounts").join(hex::encode(&digest[..8]))
 }
 
+/// Whether the lazy mount at `mountpoint` (cache `cache_dir`) has its
+/// daemon: the `ready` file of its run dir names a live lamina daemon (its
+/// holder, or its FUSE daemon) that reported no error. A mount whose daemon
+/// died serves no new data (reads of what is not local fail, or for FUSE
+/// every read does) and should be detached and mounted again.
+pub fn is_served(cache_dir: &Path, mountpoint: &Path) -> bool {
+    let ready = fs::read(run_dir(cache_dir, mountpoint).join("ready"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Ready>(&b).ok());
+    let Some(ready) = ready.filter(|r| r.error.is_none()) else {
+        return false;
+    };
+    // The pid of a lamina daemon, not of whatever took it over since.
+    fs::read(format!("/proc/{}/cmdline", ready.pid))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a.starts_with(b"internal-")))
+}
+
+/// The daemons this process started that outlive their start (holders,
+/// FUSE daemons): a long-lived process (the snapshotter) reaps exactly
+/// these ([`reap_daemons`]), never a child another thread waits for.
+static STARTED: std::sync::Mutex<Vec<Child>> = std::sync::Mutex::new(Vec::new());
+
+/// Reaps the daemons this process started that have exited; returns how
+/// many.
+pub fn reap_daemons() -> usize {
+    let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
+    let before = started.len();
+    started.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+    before - started.len()
+}
+
 /// Opens `image` and mounts it lazily in `mode`; a bad mount point fails
 /// before anything is fetched.
 fn open_and_mount(
@@ -452,7 +483,15 @@ pub(crate) fn start_daemon(
         .spawn()
         .map_err(io_err(config_path))?;
     let ready_path = config_path.with_file_name("ready");
-    wait_ready(&mut daemon, &ready_path, log_path, what)
+    let result = wait_ready(&mut daemon, &ready_path, log_path, what);
+    // Running (serving, or left running): reaped by `reap_daemons`.
+    if matches!(daemon.try_wait(), Ok(None)) {
+        STARTED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(daemon);
+    }
+    result
 }
 
 fn wait_ready(

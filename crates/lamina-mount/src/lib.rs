@@ -38,6 +38,7 @@ pub use gc::{gc, EagerRecord, GcReport};
 pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
 pub use lamina_daemon::config::Privileges;
 pub use lazy::{
-    finish_unmount, last_status, mount, mount_lazy_from, run_dir, LazyOptions, Prefetch, Unmounted,
+    finish_unmount, is_served, last_status, mount, mount_lazy_from, reap_daemons, run_dir,
+    LazyOptions, Prefetch, Unmounted,
 };
 pub use mode::{choose as choose_mode, host_facts, HostFacts, Mode};

@@ -40,6 +40,9 @@ pub struct Options {
     pub mode: Option<Mode>,
     /// Where Prometheus metrics are served, if anywhere.
     pub metrics_address: Option<metrics::MetricsAddress>,
+    /// The shared cache's size limit in bytes: collected in the background
+    /// (`None`: never collected).
+    pub cache_max_size: Option<u64>,
 }
 
 /// The real lamina side: manifests from registries, lazy mounts (kernel or
@@ -211,7 +214,24 @@ impl Images for RegistryImages {
     }
 
     fn is_mounted(&self, mountpoint: &Path) -> bool {
-        is_mountpoint(mountpoint)
+        is_mountpoint(mountpoint) && lamina_mount::is_served(&self.cache_dir, mountpoint)
+    }
+
+    fn is_pending(&self, mountpoint: &Path) -> bool {
+        self.pending.contains_key(mountpoint)
+    }
+
+    fn detach_dead(&mut self, mountpoint: &Path) -> bool {
+        if !is_mountpoint(mountpoint) || lamina_mount::is_served(&self.cache_dir, mountpoint) {
+            return false;
+        }
+        let detach = rustix::mount::UnmountFlags::DETACH;
+        if let Err(e) = rustix::mount::unmount(mountpoint, detach) {
+            tracing::warn!("detaching the dead mount {}: {e}", mountpoint.display());
+            return false;
+        }
+        lamina_mount::finish_unmount(&self.cache_dir, mountpoint);
+        true
     }
 }
 
@@ -264,15 +284,19 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
         None => lamina_mount::choose_mode(&lamina_mount::host_facts(&cache), true),
     };
     tracing::info!("lamina images mount with the {mode} path: {why}");
-    let images = RegistryImages::new(opts.source.clone(), cache, opts.lazy.clone(), mode);
-    let mut sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
-    for line in sn.reconcile() {
-        tracing::warn!("{line}");
-    }
+    let images = RegistryImages::new(opts.source.clone(), cache.clone(), opts.lazy.clone(), mode);
+    let sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
     let metrics = Arc::new(metrics::Metrics::new(opts.root.join("cache")));
     metrics.set_snapshots(sn.census());
     let inner = Arc::new(Mutex::new(sn));
-    spawn_reaper(inner.clone());
+    spawn_reaper();
+    // Mounts are checked (and mounted again) in the background, from the
+    // start: the socket listens at once, and only a call that needs a
+    // lamina image waits for its mount.
+    spawn_reconciler(inner.clone(), metrics.clone());
+    if let Some(max) = opts.cache_max_size {
+        spawn_gc(cache, max, metrics.clone());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -293,22 +317,13 @@ async fn listen<I: Images + 'static>(
     svc: service::Service<I>,
 ) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    if let Some(dir) = address.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
     if std::os::unix::net::UnixStream::connect(&address).is_ok() {
         bail!(
             "{} is in use: is another snapshotter running?",
             address.display()
         );
     }
-    let _ = std::fs::remove_file(&address); // a stale socket
-    let listener = tokio::net::UnixListener::bind(&address)
-        .with_context(|| format!("listening on {}", address.display()))?;
-    std::fs::set_permissions(
-        &address,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )?;
+    let listener = bind_private(&address)?;
     tracing::info!(address = %address.display(), "lamina snapshotter serving");
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -331,22 +346,135 @@ async fn listen<I: Images + 'static>(
     Ok(())
 }
 
-/// Mount daemons are this process's children until they exit: reap them,
-/// under the snapshotter's lock so no mount in progress loses its own
-/// child's status.
-fn spawn_reaper<I: Send + 'static>(inner: Arc<Mutex<Snapshotter<I>>>) {
-    std::thread::spawn(move || loop {
+/// How often the mounts are checked, and the cache collected.
+const RECONCILE_EVERY: Duration = Duration::from_secs(5);
+const GC_EVERY: Duration = Duration::from_secs(60);
+
+/// Listens on the unix socket `address`, which is never reachable by
+/// anyone but root, not even for a moment: its dir is made 0700 if it is
+/// new, and the socket is bound in a private (0700) dir beside it, made
+/// 0600, and only then renamed into place.
+fn bind_private(address: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = address.parent().unwrap_or(Path::new("/"));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".lamina-socket-")
+        .tempdir_in(dir)
+        .with_context(|| format!("a private dir in {}", dir.display()))?;
+    let staged = staging.path().join("s");
+    let listener = std::os::unix::net::UnixListener::bind(&staged)
+        .with_context(|| format!("listening on {}", staged.display()))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+    let _ = std::fs::remove_file(address); // a stale socket
+    std::fs::rename(&staged, address)
+        .with_context(|| format!("placing the socket at {}", address.display()))?;
+    listener.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(listener).context("the socket")
+}
+
+/// Mount daemons are this process's children until they exit: reap those,
+/// and only those (`lamina_mount::reap_daemons`), so that no other wait
+/// (a mount in progress waiting for its daemon) loses its child's status.
+fn spawn_reaper() {
+    std::thread::spawn(|| loop {
         std::thread::sleep(Duration::from_secs(2));
-        let _guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-        while let Ok(Some((_pid, _))) = rustix::process::wait(rustix::process::WaitOptions::NOHANG)
-        {
+        reap_once();
+    });
+}
+
+fn reap_once() {
+    lamina_mount::reap_daemons();
+}
+
+/// Mounts every lamina image whose mount is gone or dead again, at start
+/// and then every [`RECONCILE_EVERY`], in the background (see
+/// [`Snapshotter::reconcile`]); each one is logged and counted.
+fn spawn_reconciler<I: Images + 'static>(
+    inner: Arc<Mutex<Snapshotter<I>>>,
+    metrics: Arc<metrics::Metrics>,
+) {
+    std::thread::spawn(move || loop {
+        let lines = inner.lock().unwrap_or_else(|p| p.into_inner()).reconcile();
+        for line in lines {
+            tracing::warn!("{line}");
+            metrics.count_remount();
         }
+        std::thread::sleep(RECONCILE_EVERY);
+    });
+}
+
+/// Keeps the cache at most `max` bytes: `lamina gc` every [`GC_EVERY`]
+/// (it never evicts what a live or starting mount uses).
+fn spawn_gc(cache: PathBuf, max: u64, metrics: Arc<metrics::Metrics>) {
+    std::thread::spawn(move || loop {
+        match lamina_mount::gc(&cache, max) {
+            Ok(report) => {
+                if !report.evicted.is_empty() {
+                    tracing::info!(
+                        evicted = report.evicted.len(),
+                        freed_bytes = report.freed_bytes,
+                        kept_bytes = report.kept_bytes,
+                        "cache collected"
+                    );
+                }
+                metrics.record_gc(report.freed_bytes, report.kept_bytes);
+            }
+            Err(e) => tracing::warn!("cache gc: {e}"),
+        }
+        std::thread::sleep(GC_EVERY);
     });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Point 7 of the many-tenants issue: the reaper never takes the exit
+    /// status of a child it did not start (a mount in progress waits for
+    /// its daemon's).
+    #[test]
+    fn the_reaper_reaps_only_the_daemons_it_started() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .unwrap();
+        let stat = format!("/proc/{}/stat", child.id());
+        let started = std::time::Instant::now();
+        // Until it is a zombie: exited, its status waiting to be taken.
+        while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the child never exited"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        reap_once();
+        assert_eq!(child.wait().unwrap().code(), Some(7));
+    }
+
+    /// Point 7: the socket is 0600 in a dir lamina made 0700, and no
+    /// staging dir is left.
+    #[tokio::test]
+    async fn the_socket_is_private() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let root = tempfile::tempdir().unwrap();
+        let address = root.path().join("run/lamina/snapshotter.sock");
+        let _listener = bind_private(&address).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert!(std::fs::metadata(&address).unwrap().file_type().is_socket());
+        assert_eq!(mode(&address), 0o600);
+        assert_eq!(mode(address.parent().unwrap()), 0o700);
+        let left = std::fs::read_dir(address.parent().unwrap())
+            .unwrap()
+            .count();
+        assert_eq!(left, 1, "only the socket is left");
+        std::os::unix::net::UnixStream::connect(&address).unwrap();
+    }
 
     #[test]
     fn mount_points_are_found_through_symlinks_and_escapes() {

@@ -71,6 +71,10 @@ pub struct Metrics {
     grpc_requests: Family<MethodLabel, Counter>,
     grpc_errors: Family<ErrorLabels, Counter>,
     snapshots: Family<SnapshotLabels, Gauge>,
+    remounts: Counter,
+    gc_runs: Counter,
+    gc_freed_bytes: Counter,
+    cache_bytes: Gauge,
     registry: Registry,
 }
 
@@ -113,11 +117,37 @@ impl Metrics {
             "Snapshots, by kind and by what backs them",
             snapshots.clone(),
         );
+        let (remounts, gc_runs, gc_freed_bytes) = Default::default();
+        let cache_bytes = Gauge::default();
+        registry.register(
+            "lamina_snapshotter_remounts",
+            "Lamina images mounted again because their mount was gone or its daemon dead",
+            Counter::clone(&remounts),
+        );
+        registry.register(
+            "lamina_snapshotter_gc_runs",
+            "Background collections of the shared cache (--cache-max-size)",
+            Counter::clone(&gc_runs),
+        );
+        registry.register(
+            "lamina_snapshotter_gc_freed_bytes",
+            "Bytes the background collections freed",
+            Counter::clone(&gc_freed_bytes),
+        );
+        registry.register(
+            "lamina_snapshotter_cache_bytes",
+            "The shared cache's allocated bytes after the last collection",
+            Gauge::clone(&cache_bytes),
+        );
         registry.register_collector(Box::new(MountsCollector::new(cache_dir)));
         let metrics = Metrics {
             grpc_requests,
             grpc_errors,
             snapshots,
+            remounts,
+            gc_runs,
+            gc_freed_bytes,
+            cache_bytes,
             registry,
         };
         // Every series from the start, at 0 (errors appear with the first:
@@ -130,6 +160,19 @@ impl Metrics {
         }
         metrics.set_snapshots(std::iter::empty());
         metrics
+    }
+
+    /// Counts a lamina image mounted again (`Snapshotter::reconcile`).
+    pub fn count_remount(&self) {
+        self.remounts.inc();
+    }
+
+    /// Records a background collection of the cache.
+    pub fn record_gc(&self, freed: u64, kept: u64) {
+        self.gc_runs.inc();
+        self.gc_freed_bytes.inc_by(freed);
+        self.cache_bytes
+            .set(i64::try_from(kept).unwrap_or(i64::MAX));
     }
 
     /// Counts a gRPC call of `method` and, if it failed, its code.

@@ -89,8 +89,15 @@ pub trait Images: Send {
     fn wait_mount(&mut self, mountpoint: &Path) -> Option<std::result::Result<(), String>>;
     /// Unmounts what `mount` mounted; an error when busy.
     fn unmount(&mut self, mountpoint: &Path) -> std::result::Result<(), String>;
-    /// Whether `mountpoint` has a mount on it.
+    /// Whether `mountpoint` has a live mount on it: mounted, and its
+    /// daemons (holder or FUSE daemon) alive.
     fn is_mounted(&self, mountpoint: &Path) -> bool;
+    /// Whether a mount `start_mount` began at `mountpoint` is still pending.
+    fn is_pending(&self, mountpoint: &Path) -> bool;
+    /// Detaches a dead mount at `mountpoint` (mounted, its daemons gone):
+    /// containers that use it keep it, new ones get a new mount. Returns
+    /// whether there was one.
+    fn detach_dead(&mut self, mountpoint: &Path) -> bool;
 }
 
 /// A snapshot as callers see it.
@@ -395,6 +402,11 @@ impl<I: Images> Snapshotter<I> {
             Some(Ok(())) => return Ok(()),
             None if self.images.is_mounted(&mnt) => return Ok(()),
             Some(Err(e)) => tracing::warn!(image, "lazy mount failed: {e}; trying once more"),
+            None if self.images.detach_dead(&mnt) => tracing::warn!(
+                image,
+                "{}: its daemon is gone; detached it, mounting it again",
+                mnt.display()
+            ),
             None => tracing::warn!(image, "{} is not mounted; mounting it", mnt.display()),
         }
         self.images
@@ -623,8 +635,11 @@ impl<I: Images> Snapshotter<I> {
         Ok(removed)
     }
 
-    /// After a start: every lamina image the state names is mounted again
-    /// if its mount is gone. Returns what it did, one line each.
+    /// After a start, and then every few seconds: every lamina image the
+    /// state names whose mount is gone, or dead (its daemons gone: detached
+    /// first), is mounted again in the background (`start_mount`), so that
+    /// no call waits on a registry unless it needs that image (it waits in
+    /// `ensure_mounted`). Returns what it did, one line each.
     pub fn reconcile(&mut self) -> Vec<String> {
         let mut done = Vec::new();
         let images: Vec<(String, PathBuf, String)> = self
@@ -639,17 +654,17 @@ impl<I: Images> Snapshotter<I> {
             })
             .collect();
         for (name, mnt, image) in images {
-            if self.images.is_mounted(&mnt) {
+            if self.images.is_pending(&mnt) || self.images.is_mounted(&mnt) {
                 continue;
             }
-            match self.images.mount(&image, &mnt) {
-                Ok(()) => done.push(format!(
-                    "snapshot {name}: {image} was not mounted; mounted it again"
-                )),
-                Err(e) => done.push(format!(
-                    "snapshot {name}: {image} is not mounted and mounting it failed: {e}"
-                )),
-            }
+            let was = match self.images.detach_dead(&mnt) {
+                true => "served by no daemon (detached it)",
+                false => "not mounted",
+            };
+            self.images.start_mount(&image, &mnt);
+            done.push(format!(
+                "snapshot {name}: {image} was {was}; mounting it again in the background"
+            ));
         }
         done
     }
@@ -716,6 +731,8 @@ mod tests {
     #[derive(Debug, Default)]
     struct FakeImages {
         mounted: BTreeSet<PathBuf>,
+        /// Mounted, but their daemons are gone.
+        dead: BTreeSet<PathBuf>,
         mounts: usize,
         pending: BTreeSet<PathBuf>,
         failing_mounts: usize,
@@ -765,7 +782,17 @@ mod tests {
             Ok(())
         }
         fn is_mounted(&self, mountpoint: &Path) -> bool {
-            self.mounted.contains(mountpoint)
+            self.mounted.contains(mountpoint) && !self.dead.contains(mountpoint)
+        }
+        fn is_pending(&self, mountpoint: &Path) -> bool {
+            self.pending.contains(mountpoint)
+        }
+        fn detach_dead(&mut self, mountpoint: &Path) -> bool {
+            let dead = self.dead.remove(mountpoint);
+            if dead {
+                self.mounted.remove(mountpoint);
+            }
+            dead
         }
     }
 
@@ -936,9 +963,24 @@ mod tests {
         assert_eq!(sn.stat("container").unwrap().parent, top);
         let done = sn.reconcile();
         assert_eq!(done.len(), 1, "{done:?}");
-        assert!(done[0].contains("mounted it again"), "{done:?}");
+        assert!(done[0].contains("mounting it again"), "{done:?}");
+        // Point 7 of the many-tenants issue: in the background; the first
+        // call that needs the image waits for it, no other call does.
+        assert_eq!(sn.images.mounts, 0, "reconcile mounted in the foreground");
+        assert!(sn.reconcile().is_empty(), "a pending mount is left alone");
+        sn.stat("container").unwrap();
+        assert_eq!(sn.images.mounts, 0);
+        sn.mounts("container").unwrap();
         assert_eq!(sn.images.mounts, 1);
         assert!(sn.reconcile().is_empty(), "a mounted image is left alone");
+        // A mount whose daemon died is detached and mounted again.
+        let mnt = sn.images.mounted.iter().next().unwrap().clone();
+        sn.images.dead.insert(mnt.clone());
+        let done = sn.reconcile();
+        assert!(done[0].contains("served by no daemon"), "{done:?}");
+        assert!(sn.images.pending.contains(&mnt));
+        sn.mounts("container").unwrap();
+        assert!(sn.images.is_mounted(&mnt));
     }
 
     #[test]
