@@ -1985,6 +1985,52 @@ fn fuse_misses_never_hold_up_local_reads() {
     m.unmount();
 }
 
+/// Issue 28 point 5: two kernel mounts of one image share its cache files,
+/// and so their inodes: every read of either asks both workers. Mount B's
+/// registry is dead (every range answered 503) or stalled; reads through
+/// mount A, on its own healthy registry, all get the image's bytes. Before,
+/// B's worker failed its fetch and answered EIO (at once, or at its
+/// timeout), and the kernel failed A's read with it.
+#[test]
+fn one_mounts_dead_registry_never_fails_anothers_reads() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "one_mounts_dead_registry_never_fails_anothers_reads",
+        "lazy-tenants",
+    ) else {
+        return;
+    };
+    let sample = eio_sample(deb, 12);
+    let mut f = Failures::default();
+    for (fault, extra) in [("stall", &["--stall", "300"][..]), ("503", &[][..])] {
+        let label = format!("b-{fault}");
+        let proxy = FaultProxy::start(t.path(), &label, 0, reg.port, fault, extra);
+        let cache = t.join(&format!("cache-{fault}"));
+        let b_image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+        let args = ["--mode", "kernel", "--timeout", "30"];
+        let b = Mount::with_args(&b_image, &t.join(&format!("b-{fault}")), &cache, &args);
+        let a_mnt = t.join(&format!("a-{fault}"));
+        let a = Mount::with_args(&reg.reference(IMAGE), &a_mnt, &cache, &args);
+        let deadline = Duration::from_secs(600);
+        match hash_files(&a.path, &sample, t.path(), &format!("a-{fault}"), deadline) {
+            Ok(got) => {
+                let mut secs: Vec<f64> = got.values().map(|r| r.secs).collect();
+                secs.sort_by(f64::total_cmp);
+                eprintln!(
+                    "figures: mount A's reads, B's registry {fault}: median {:.2} s, max {:.2} s",
+                    secs[secs.len() / 2],
+                    secs[secs.len() - 1]
+                );
+                let what = format!("mount A, B's registry {fault}");
+                check_reads(&mut f, &what, deb, &sample, &got);
+            }
+            Err(e) => f.check(false, || e),
+        }
+        a.unmount();
+        b.unmount();
+    }
+    f.finish("one mount's dead registry");
+}
+
 // ---------------------------------------------------------------------------
 // 7. boot set
 

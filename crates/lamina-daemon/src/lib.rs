@@ -18,4 +18,5 @@ pub mod latency;
 pub mod protocol;
 pub mod readahead;
 mod relay;
+mod sources;
 pub mod worker;

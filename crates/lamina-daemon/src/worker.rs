@@ -12,19 +12,14 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use lamina_fetch::fetch::{
-    attempt_timeout, fetch_chunks, FetchOptions, FetchStats, LayoutSource, RangeSource,
-    RegistrySource,
-};
+use lamina_fetch::fetch::{fetch_chunks, FetchOptions, FetchStats, RangeSource};
 use lamina_fetch::store::{load_table, save_table, BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
 use lamina_format::index::{BlobSummary, ChunkIndex, IndexBlob};
-use lamina_oci::{Digest, HostsConfig, RegistryClient, SourceOptions};
+use lamina_oci::Digest;
 use lamina_sys::{FanotifyGroup, Response};
 
-use crate::config::{
-    write_atomic, AdoptSpec, BlobSpec, BootPagesSpec, DaemonConfig, LayerSpec, SourceSpec,
-};
+use crate::config::{write_atomic, AdoptSpec, BlobSpec, BootPagesSpec, DaemonConfig, LayerSpec};
 use crate::latency::{Histogram, Recorder};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
@@ -191,6 +186,65 @@ struct Shared {
     superblock: OnceLock<OwnedFd>,
     /// The holder died: misses are answered through `group`.
     holder_gone: AtomicBool,
+    /// This very `Shared`, for work handed to threads of its own.
+    me: OnceLock<std::sync::Weak<Shared>>,
+}
+
+/// How long a miss waits for chunks another mount claimed before it
+/// fetches them too (the mounts may reach different registries, one of
+/// them slow or stalled).
+const HEDGE_AFTER: Duration = Duration::from_secs(1);
+
+/// How often a miss looks for fills by others while it waits.
+const SETTLE_TICK: Duration = Duration::from_millis(10);
+
+/// A fetch a miss waits for, in the background.
+enum Fetch {
+    /// Not started.
+    NotYet,
+    /// Under way: its result comes on the channel.
+    Running(mpsc::Receiver<io::Result<()>>),
+    /// Done, and it worked (the chunks are filled, or were by others).
+    Done,
+    /// Done, and it failed.
+    Failed(io::Error),
+}
+
+impl Fetch {
+    fn not_yet(&self) -> bool {
+        matches!(self, Fetch::NotYet)
+    }
+
+    fn failed(&self) -> bool {
+        matches!(self, Fetch::Failed(_))
+    }
+
+    /// Waits up to `tick` for a running fetch to end; true when it did
+    /// (look again at what is filled).
+    fn wait(&mut self, tick: Duration) -> bool {
+        let Fetch::Running(done) = self else {
+            return false;
+        };
+        let result = match done.recv_timeout(tick) {
+            Ok(result) => result,
+            Err(mpsc::RecvTimeoutError::Timeout) => return false,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(io::Error::other("the fetch thread is gone"))
+            }
+        };
+        *self = match result {
+            Ok(()) => Fetch::Done,
+            Err(e) => Fetch::Failed(e),
+        };
+        true
+    }
+
+    fn into_error(self) -> Option<io::Error> {
+        match self {
+            Fetch::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// Runs the worker on the socket `sock` from the holder.
@@ -235,37 +289,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             refused,
         });
     }
-    let source: Box<dyn RangeSource> = match &config.source {
-        SourceSpec::Registry {
-            host,
-            repository,
-            insecure_hosts,
-            tls_hosts,
-            ca_file,
-            hosts_dir,
-        } => {
-            let opts = SourceOptions {
-                insecure_hosts: insecure_hosts.clone(),
-                tls_hosts: tls_hosts.clone(),
-                ca_file: ca_file.clone(),
-                hosts: hosts_dir
-                    .as_ref()
-                    .map_or_else(HostsConfig::none, HostsConfig::new),
-                ..SourceOptions::default()
-            };
-            let client = RegistryClient::with_timeout(
-                host,
-                &opts,
-                attempt_timeout(Duration::from_secs(config.timeout_secs.max(1))),
-            )
-            .map_err(io::Error::other)?;
-            Box::new(RegistrySource {
-                client,
-                repository: repository.clone(),
-            })
-        }
-        SourceSpec::Layout { dir } => Box::new(LayoutSource { dir: dir.clone() }),
-    };
+    let source = crate::sources::range_source(&config.source, config.timeout_secs)?;
     let trace = match &config.record_trace {
         Some(p) => Some(Mutex::new(
             File::options().create(true).append(true).open(p)?,
@@ -320,7 +344,9 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         group: OnceLock::new(),
         superblock: OnceLock::new(),
         holder_gone: AtomicBool::new(false),
+        me: OnceLock::new(),
     });
+    let _ = shared.me.set(Arc::downgrade(&shared));
     // Blobs completed by an earlier worker: tell the holder again.
     for b in 0..n {
         shared.check_complete(b as u32);
@@ -576,7 +602,7 @@ impl Shared {
             if let Some(why) = lazy.refused.get() {
                 return Err(io::Error::other(why.clone()));
             }
-            let table = self.fetch_table(blob)?;
+            let table = self.table_of(blob)?;
             *slot = Some(self.open_or_refuse(blob, table)?);
         }
         Ok(StoreGuard(slot))
@@ -618,10 +644,85 @@ impl Shared {
         Ok(slot.is_some().then_some(StoreGuard(slot)))
     }
 
+    /// The chunk table of `blob`: kept by another mount of it (since this
+    /// worker started), or fetched, whichever comes first: a mount whose
+    /// registry is dead or stalled takes the table another mount fetched
+    /// (every mount sharing the cache file must allow each read of it).
+    fn table_of(&self, blob: u32) -> io::Result<IndexBlob> {
+        let summary = &self.stores[blob as usize].summary;
+        let kept = || {
+            load_table(&self.config.blob_dir, summary, self.chunk_bits)
+                .ok()
+                .flatten()
+        };
+        if let Some(table) = kept() {
+            return Ok(table);
+        }
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return self.fetch_table(blob);
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let started = Instant::now();
+        let mine = me.clone();
+        std::thread::Builder::new()
+            .name("table-fetch".into())
+            .spawn(move || {
+                let _ = tx.send(mine.fetch_table(blob));
+            })?;
+        let mut failed: Option<(io::Error, Instant)> = None;
+        let mut borrowed = false;
+        loop {
+            // Ours failed, or is slow: other mounts' registries too (a
+            // table fetched there is kept, and found below).
+            if !borrowed && (failed.is_some() || started.elapsed() >= HEDGE_AFTER) {
+                borrowed = true;
+                let me = me.clone();
+                std::thread::Builder::new()
+                    .name("table-borrow".into())
+                    .spawn(move || {
+                        let sources = crate::sources::of_other_mounts(&me.config, blob as usize);
+                        for source in &sources {
+                            match me.fetch_table_from(blob, source.as_ref()) {
+                                Ok(_) => break,
+                                Err(e) => tracing::warn!(blob, "another mount's registry: {e}"),
+                            }
+                        }
+                    })?;
+            }
+            if failed.is_none() {
+                match rx.recv_timeout(SETTLE_TICK * 5) {
+                    Ok(Ok(table)) => return Ok(table),
+                    Ok(Err(e)) => failed = Some((e, Instant::now())),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        failed = Some((io::Error::other("the table fetch is gone"), Instant::now()))
+                    }
+                }
+            } else {
+                std::thread::sleep(SETTLE_TICK * 5);
+            }
+            if let Some(table) = kept() {
+                return Ok(table);
+            }
+            // Ours failed: another mount's may still land, for a while.
+            if let Some((e, at)) = failed.take() {
+                if at.elapsed() >= HEDGE_AFTER * 4 {
+                    return Err(e);
+                }
+                failed = Some((e, at));
+            }
+        }
+    }
+
     /// Fetches the chunk table at the end of `blob` (paged index): one
     /// range request, checked against the digest the index gives, retried
     /// on a fresh connection; kept beside the cache file for later mounts.
     fn fetch_table(&self, blob: u32) -> io::Result<IndexBlob> {
+        self.fetch_table_from(blob, self.source.as_ref())
+    }
+
+    /// [`fetch_table`](Self::fetch_table) from `source`.
+    fn fetch_table_from(&self, blob: u32, source: &dyn RangeSource) -> io::Result<IndexBlob> {
         let summary = &self.stores[blob as usize].summary;
         let Some((at, len)) = summary.table_range() else {
             return Err(io::Error::other("a version 1 blob without its chunks"));
@@ -631,8 +732,8 @@ impl Shared {
         let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
         let fetched = self.retried(&what, Some(deadline), |fresh| {
             let bytes = match fresh {
-                false => self.source.read_range(digest, at, len),
-                true => self.source.read_range_again(digest, at, len),
+                false => source.read_range(digest, at, len),
+                true => source.read_range_again(digest, at, len),
             }?;
             self.stats
                 .bytes
@@ -781,10 +882,20 @@ impl Shared {
     /// Fills the chunks under `[offset, offset + count)` (and the rest of the
     /// fill window around it), writing through the event's `file`. Chunks
     /// that another thread or another mount sharing the cache file is
-    /// fetching are waited for and then verified, never fetched twice; a
-    /// fetch that fails leaves its chunks to the next claimant.
+    /// fetching are waited for and then verified, fetched here too only
+    /// once another mount has held them for [`HEDGE_AFTER`]; a fetch that
+    /// fails leaves its chunks to the next claimant.
+    ///
+    /// Mounts of one cache file share its inode, so every mount's worker is
+    /// asked about every read of it, and the read fails if any of them
+    /// says EIO. So the miss is answered as soon as its chunks are filled
+    /// by anyone (verified here), even while this worker's own fetch is
+    /// still on its way; and this worker's failure fails the read only when
+    /// no other mount is fetching those chunks. A dead registry, expired
+    /// credentials or a slow link of one mount never fail, and do not delay
+    /// beyond the hedge, a read another mount can serve.
     fn serve_miss(
-        &self,
+        self: &Arc<Self>,
         blob: u32,
         offset: u64,
         count: u64,
@@ -815,31 +926,158 @@ impl Shared {
             let win = store.chunks_covering(start, w.max(offset + count - start));
             (needed, win)
         };
-        let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(self.config.timeout_secs);
         let mut wanted: Vec<usize> = window.chain(needed.clone()).collect();
+        let (mut own, mut borrowed) = (Fetch::NotYet, Fetch::NotYet);
         loop {
-            let mine = self.claim(blob, wanted.iter().copied(), file)?;
-            if !mine.is_empty() {
-                let result = self.fetch_into(blob, &mine, file);
-                self.release(blob, &mine);
-                result?;
-            }
-            if self.all_filled(blob, needed.clone())? {
+            if self.settled(blob, needed.clone(), file)? {
                 return Ok(());
             }
-            if mine.is_empty() {
-                // Others are fetching what we need: wait for them (a thread
-                // of ours wakes us; another process's lock is polled).
-                if Instant::now() >= deadline {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "waiting for chunks another fetch holds",
-                    ));
+            if own.not_yet() {
+                let hedge = started.elapsed() >= HEDGE_AFTER;
+                let mine = self.claim(blob, wanted.iter().copied(), file, hedge)?;
+                if !mine.is_empty() {
+                    own = Fetch::Running(self.fetch_in_background(blob, mine, file)?);
                 }
-                self.wait_landed(Duration::from_millis(10))?;
+                wanted = needed.clone().collect();
             }
-            wanted = needed.clone().collect();
+            // Ours failed, or is slow: other mounts' registries too.
+            if borrowed.not_yet() && (own.failed() || started.elapsed() >= HEDGE_AFTER) {
+                borrowed = match self.fetch_from_others(blob, needed.clone(), file)? {
+                    Some(done) => Fetch::Running(done),
+                    None => Fetch::Failed(io::Error::other("no other mount of this blob")),
+                };
+            }
+            if Instant::now() >= deadline {
+                return Err(own.into_error().unwrap_or_else(|| {
+                    io::Error::new(io::ErrorKind::TimedOut, "waiting for chunks")
+                }));
+            }
+            if own.wait(SETTLE_TICK) || borrowed.wait(SETTLE_TICK) {
+                continue;
+            }
+            // Ours failed (and others' registries did not help): only
+            // another mount's fetch can still fill the chunks; with none
+            // under way, the read fails now.
+            if own.failed() && borrowed.failed() && !self.others_fetching(blob, needed.clone())? {
+                return Err(own
+                    .into_error()
+                    .unwrap_or_else(|| io::Error::other("fetch failed")));
+            }
+            // Others (a thread of ours, another mount) are fetching what
+            // we need: a thread of ours wakes us, others' fills are polled.
+            self.wait_landed(SETTLE_TICK)?;
         }
+    }
+
+    /// Fetches the unfilled chunks of `needed` from the sources of other
+    /// mounts of this blob's cache entry (`crate::sources`), on a thread
+    /// of its own; `None` when there are none.
+    fn fetch_from_others(
+        self: &Arc<Self>,
+        blob: u32,
+        needed: std::ops::Range<usize>,
+        via: Option<&File>,
+    ) -> io::Result<Option<mpsc::Receiver<io::Result<()>>>> {
+        let sources = crate::sources::of_other_mounts(&self.config, blob as usize);
+        if sources.is_empty() {
+            return Ok(None);
+        }
+        let via = via.map(File::try_clone).transpose()?;
+        let (tx, rx) = mpsc::sync_channel(1);
+        let shared = self.clone();
+        std::thread::Builder::new()
+            .name("miss-borrow".into())
+            .spawn(move || {
+                let mut result = Err(io::Error::other("no other mount's source served"));
+                for source in &sources {
+                    let chunks: Vec<usize> = match shared.lock_store(blob) {
+                        Ok(store) => needed.clone().filter(|&i| !store.is_filled(i)).collect(),
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    };
+                    let (opts, stats) = (&shared.fetch, Some(&shared.miss_stats));
+                    result = shared.fetch_from(
+                        source.as_ref(),
+                        blob,
+                        &chunks,
+                        via.as_ref(),
+                        opts,
+                        stats,
+                    );
+                    match &result {
+                        Ok(()) => {
+                            tracing::info!(blob, "chunks fetched from another mount's registry");
+                            break;
+                        }
+                        Err(e) => tracing::warn!(blob, "another mount's registry: {e}"),
+                    }
+                }
+                let _ = tx.send(result);
+            })?;
+        Ok(Some(rx))
+    }
+
+    /// Whether every chunk of `needed` is filled: verified by this worker,
+    /// or recorded, or written and re-hashed here, by another mount's.
+    fn settled(
+        &self,
+        blob: u32,
+        needed: std::ops::Range<usize>,
+        via: Option<&File>,
+    ) -> io::Result<bool> {
+        let mut store = self.lock_store(blob)?;
+        for i in needed {
+            if !store.is_filled(i) && !store.adopt(i, via)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether another mount holds the claim of a chunk of `needed` that
+    /// is not filled (is fetching it).
+    fn others_fetching(&self, blob: u32, needed: std::ops::Range<usize>) -> io::Result<bool> {
+        let store = self.lock_store(blob)?;
+        for i in needed.filter(|&i| !store.is_filled(i)) {
+            if !store.try_lock_chunk(i)? {
+                return Ok(true);
+            }
+            store.unlock_chunk(i)?;
+        }
+        Ok(false)
+    }
+
+    /// Fetches `chunks` (claimed) on a thread of their own, then releases
+    /// them: the miss waits for this or for others' fills, whichever comes
+    /// first. The result arrives on the returned channel.
+    fn fetch_in_background(
+        self: &Arc<Self>,
+        blob: u32,
+        chunks: Vec<usize>,
+        via: Option<&File>,
+    ) -> io::Result<mpsc::Receiver<io::Result<()>>> {
+        let via = via.map(File::try_clone).transpose();
+        let via = match via {
+            Ok(via) => via,
+            Err(e) => {
+                self.release(blob, &chunks);
+                return Err(e);
+            }
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let shared = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("miss-fetch".into())
+            .spawn(move || {
+                let result = shared.fetch_into(blob, &chunks, via.as_ref());
+                shared.release(blob, &chunks);
+                let _ = tx.send(result);
+            });
+        spawned.map(|_| rx)
     }
 
     /// Answers a miss at once, on the thread that receives misses, when
@@ -920,7 +1158,7 @@ impl Shared {
 
     /// Fetches a window ahead of a stream: what no one else holds.
     fn fetch_ahead(&self, blob: u32, chunks: std::ops::Range<usize>) {
-        let Ok(mine) = self.claim(blob, chunks, None) else {
+        let Ok(mine) = self.claim(blob, chunks, None, false) else {
             return;
         };
         if mine.is_empty() {
@@ -937,11 +1175,6 @@ impl Shared {
             tracing::warn!("fetching ahead: {e}");
         }
         self.release(blob, &mine);
-    }
-
-    fn all_filled(&self, blob: u32, chunks: std::ops::Range<usize>) -> io::Result<bool> {
-        let store = self.lock_store(blob)?;
-        Ok(chunks.into_iter().all(|i| store.is_filled(i)))
     }
 
     fn wait_landed(&self, at_most: Duration) -> io::Result<()> {
@@ -1123,11 +1356,16 @@ impl Shared {
     /// lock in the cache file). A chunk whose bytes another process already
     /// wrote is verified (read through `via` or the quiet writer) and
     /// adopted instead of fetched. Returns the chunks to fetch.
+    ///
+    /// With `hedge`, a chunk another mount has claimed is taken all the
+    /// same (its claim is not ours to release): that fetch has taken too
+    /// long, and the bytes both write are the same verified bytes.
     fn claim(
         &self,
         blob: u32,
         chunks: impl Iterator<Item = usize>,
         via: Option<&File>,
+        hedge: bool,
     ) -> io::Result<Vec<usize>> {
         let mut inflight = self
             .inflight
@@ -1139,11 +1377,14 @@ impl Shared {
             if store.is_filled(i) || inflight.contains(&(blob, i)) {
                 continue;
             }
-            if !store.try_lock_chunk(i)? {
+            let locked = store.try_lock_chunk(i)?;
+            if !locked && !hedge {
                 continue; // another mount is fetching it
             }
             if store.adopt(i, via)? {
-                store.unlock_chunk(i)?;
+                if locked {
+                    store.unlock_chunk(i)?;
+                }
                 continue;
             }
             inflight.insert((blob, i));
@@ -1181,10 +1422,24 @@ impl Shared {
         opts: &FetchOptions,
         also_count: Option<&FetchStats>,
     ) -> io::Result<()> {
+        let source = self.source.as_ref();
+        self.fetch_from(source, blob, chunks, via, opts, also_count)
+    }
+
+    /// [`fetch_with`](Self::fetch_with) from `source`.
+    fn fetch_from(
+        &self,
+        source: &dyn RangeSource,
+        blob: u32,
+        chunks: &[usize],
+        via: Option<&File>,
+        opts: &FetchOptions,
+        also_count: Option<&FetchStats>,
+    ) -> io::Result<()> {
         let entries = self.lock_store(blob)?.blob.chunks.clone();
         let counted = FetchStats::default();
         let result = fetch_chunks(
-            self.source.as_ref(),
+            source,
             &self.digests[blob as usize],
             &entries,
             chunks,
@@ -1333,7 +1588,7 @@ impl Shared {
     }
 
     fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
-        if let Ok(mine) = self.claim(blob, chunks.into_iter(), None) {
+        if let Ok(mine) = self.claim(blob, chunks.into_iter(), None, false) {
             if let Err(e) = self.fetch_with(blob, &mine, None, opts, None) {
                 tracing::warn!("prefetch: {e}");
             }
