@@ -42,13 +42,14 @@ import itertools
 import json
 import os
 import re
-import signal
 import socket
 import struct
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import bounded_server
 
 FAULTS = ("flip", "flipall", "truncate", "reset", "500", "503", "stall")
 MIX = ("flip", "truncate", "reset", "500", "503", "stall")
@@ -273,34 +274,10 @@ def main():
     server = Server(("127.0.0.1", cfg.listen_port), Handler)
     server.plan = plan
     server.cfg = cfg
-    port = server.server_address[1]
     plan.write()
 
-    parent = os.getppid()
-    started = time.monotonic()
-
-    def watchdog():
-        while True:
-            time.sleep(0.2)
-            if os.getppid() != parent:
-                log("parent gone; exiting")
-                os._exit(0)
-            if time.monotonic() - started > cfg.lifetime:
-                log(f"lifetime of {cfg.lifetime:g} s over; exiting")
-                os._exit(0)
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: os._exit(0))
-
-    if cfg.port_file:
-        tmp = cfg.port_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{port}\n")
-        os.replace(tmp, cfg.port_file)
-    print(f"listening {port}", flush=True)
-    log(f"127.0.0.1:{port} -> 127.0.0.1:{cfg.upstream}, mode {cfg.mode}, every {cfg.every}")
-    server.serve_forever(poll_interval=0.2)
+    what = f"-> 127.0.0.1:{cfg.upstream}, mode {cfg.mode}, every {cfg.every}"
+    bounded_server.serve(server, cfg.lifetime, cfg.port_file, log, what)
 
 
 if __name__ == "__main__":

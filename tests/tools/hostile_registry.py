@@ -33,11 +33,11 @@ import hashlib
 import json
 import os
 import re
-import signal
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import bounded_server
 
 MANIFEST = re.compile(r"^/v2/(?P<repo>.+)/manifests/(?P<ref>[^/]+)$")
 BLOB = re.compile(r"^/v2/(?P<repo>.+)/blobs/(?P<alg>[a-z0-9]+):(?P<hex>[0-9a-f]{32,})$")
@@ -199,33 +199,8 @@ def main():
     server.cfg = cfg
     server.layout = cfg.layout
     server.log_lock = threading.Lock()
-    port = server.server_address[1]
 
-    parent = os.getppid()
-    started = time.monotonic()
-
-    def watchdog():
-        while True:
-            time.sleep(0.2)
-            if os.getppid() != parent:
-                log("parent gone; exiting")
-                os._exit(0)
-            if time.monotonic() - started > cfg.lifetime:
-                log(f"lifetime of {cfg.lifetime:g} s over; exiting")
-                os._exit(0)
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: os._exit(0))
-
-    if cfg.port_file:
-        tmp = cfg.port_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{port}\n")
-        os.replace(tmp, cfg.port_file)
-    print(f"listening {port}", flush=True)
-    log(f"127.0.0.1:{port} serving {cfg.layout}")
-    server.serve_forever(poll_interval=0.2)
+    bounded_server.serve(server, cfg.lifetime, cfg.port_file, log, f"serving {cfg.layout}")
 
 
 if __name__ == "__main__":

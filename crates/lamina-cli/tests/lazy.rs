@@ -502,26 +502,6 @@ fn check_reads(
 // ---------------------------------------------------------------------------
 // lazy mounts: run dir, status, daemon processes
 
-/// The run directory of a lazy mount (`CACHE/mounts/<id>`), found by its
-/// config's mountpoint.
-#[track_caller]
-fn run_dir(m: &Mount) -> PathBuf {
-    let me = m.path.canonicalize().unwrap();
-    let mounts = m.cache.join("mounts");
-    for e in fs::read_dir(&mounts)
-        .unwrap_or_else(|e| panic!("readdir {}: {e}", mounts.display()))
-        .flatten()
-    {
-        let config: Option<Value> = fs::read(e.path().join("config.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
-        if config.is_some_and(|c| c["mountpoint"].as_str().map(Path::new) == Some(me.as_path())) {
-            return e.path();
-        }
-    }
-    panic!("no run dir for {} in {}", me.display(), mounts.display());
-}
-
 /// The log of the daemon in the holder's place: the holder (kernel path)
 /// or the FUSE daemon.
 fn relay_log(rd: &Path) -> String {

@@ -355,22 +355,7 @@ impl HostileRegistry {
             .arg(&log)
             .args(["--lifetime", "900"]);
         let mut bg = Background::spawn("hostile-registry", &mut c, dir);
-        let start = Instant::now();
-        let port = loop {
-            if let Some(p) = fs::read_to_string(&port_file)
-                .ok()
-                .and_then(|s| s.trim().parse::<u16>().ok())
-            {
-                break p;
-            }
-            assert!(bg.running(), "hostile registry exited:\n{}", bg.describe());
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "hostile registry did not start:\n{}",
-                bg.describe()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let port = wait_port_file(&mut bg, &port_file, "hostile registry");
         HostileRegistry { bg, port, log }
     }
 
@@ -795,26 +780,6 @@ fn a_hostile_image_naming_anothers_blob_never_changes_its_bytes() {
 
 // ---------------------------------------------------------------------------
 // point 2
-
-/// The run dir of a lazy mount (`CACHE/mounts/<id>`), by its config's
-/// mountpoint.
-#[track_caller]
-fn run_dir(m: &Mount) -> PathBuf {
-    let me = m.path.canonicalize().unwrap();
-    let mounts = m.cache.join("mounts");
-    for e in fs::read_dir(&mounts)
-        .unwrap_or_else(|e| panic!("readdir {}: {e}", mounts.display()))
-        .flatten()
-    {
-        let config: Option<Value> = fs::read(e.path().join("config.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
-        if config.is_some_and(|c| c["mountpoint"].as_str().map(Path::new) == Some(me.as_path())) {
-            return e.path();
-        }
-    }
-    panic!("no run dir for {} in {}", me.display(), mounts.display());
-}
 
 /// The pid of the lazy mount's live worker, from its `status.json`.
 #[track_caller]

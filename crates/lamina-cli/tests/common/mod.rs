@@ -630,6 +630,48 @@ impl Drop for Mount {
     }
 }
 
+/// The run directory of a lazy mount (`CACHE/mounts/<id>`), found by its
+/// config's mountpoint.
+#[track_caller]
+pub fn run_dir(m: &Mount) -> PathBuf {
+    let me = m.path.canonicalize().unwrap();
+    let mounts = m.cache.join("mounts");
+    for e in fs::read_dir(&mounts)
+        .unwrap_or_else(|e| panic!("readdir {}: {e}", mounts.display()))
+        .flatten()
+    {
+        let config: Option<Value> = fs::read(e.path().join("config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if config.is_some_and(|c| c["mountpoint"].as_str().map(Path::new) == Some(me.as_path())) {
+            return e.path();
+        }
+    }
+    panic!("no run dir for {} in {}", me.display(), mounts.display());
+}
+
+/// The port a test server started in `bg` writes to `port_file` once it
+/// listens; panics (with its output) if it exits or takes over 20 s.
+#[track_caller]
+pub fn wait_port_file(bg: &mut Background, port_file: &Path, what: &str) -> u16 {
+    let start = Instant::now();
+    loop {
+        if let Some(p) = fs::read_to_string(port_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u16>().ok())
+        {
+            return p;
+        }
+        assert!(bg.running(), "{what} exited:\n{}", bg.describe());
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what} did not start:\n{}",
+            bg.describe()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Unmounts `path` on drop if something is mounted there (for mounts that
 /// are expected to fail).
 #[derive(Debug)]
@@ -1400,22 +1442,7 @@ impl FaultProxy {
             .args(["--lifetime", "600"])
             .args(extra);
         let mut bg = Background::spawn(label, &mut c, dir);
-        let start = Instant::now();
-        let port = loop {
-            if let Some(p) = fs::read_to_string(&port_file)
-                .ok()
-                .and_then(|s| s.trim().parse::<u16>().ok())
-            {
-                break p;
-            }
-            assert!(bg.running(), "faultproxy exited:\n{}", bg.describe());
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "faultproxy did not start:\n{}",
-                bg.describe()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let port = wait_port_file(&mut bg, &port_file, "faultproxy");
         FaultProxy { bg, port, stats }
     }
 
