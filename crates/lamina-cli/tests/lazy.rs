@@ -2970,6 +2970,55 @@ fn mounts_sharing_a_cache_fetch_each_chunk_once() {
 /// worker holds a copy of the group: the read gets the image's bytes or EIO,
 /// never zeros, and the filesystem can still be unmounted, after which the
 /// worker leaves.
+/// Issue 28 point 5: two lazy mounts share the image's cache files, and the
+/// holder of one (B) is killed with -9. Its worker takes the holder's place
+/// (it keeps the fanotify group), so reads through the other mount (A), which
+/// the kernel asks B's group about too, and through B itself get the image's
+/// bytes. Before, B's worker answered every later event with EIO, and every
+/// read of data not yet local failed through either mount.
+#[test]
+fn a_dead_holder_fails_no_reads_of_another_mount() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_dead_holder_fails_no_reads_of_another_mount",
+        "lazy-holder-shared",
+    ) else {
+        return;
+    };
+    let cache = t.join("cache");
+    let args = ["--prefetch", "none", "--timeout", "20", "--mode", "kernel"];
+    let a = Mount::with_args(&reg.reference(IMAGE), &t.join("a"), &cache, &args);
+    let b = Mount::with_args(&reg.reference(IMAGE), &t.join("b"), &cache, &args);
+    let holder = holder_pid(&b);
+    let worker = worker_pid(&b);
+    kill9(holder);
+    assert!(
+        process_exits(holder, Duration::from_secs(10)),
+        "holder survived kill -9"
+    );
+    let sample = eio_sample(deb, 12);
+    let (through_a, through_b) = sample.split_at(sample.len() / 2);
+    let mut f = Failures::default();
+    let deadline = Duration::from_secs(300);
+    for (name, m, files) in [("A", &a, through_a), ("B", &b, through_b)] {
+        match hash_files(&m.path, files, t.path(), &format!("via-{name}"), deadline) {
+            Ok(got) => check_reads(&mut f, &format!("through {name}"), deb, files, &got),
+            Err(e) => f.check(false, || e),
+        }
+    }
+    f.check(pid_alive(worker), || "B's worker left".into());
+    let log = fs::read_to_string(run_dir(&b).join("worker.log")).unwrap_or_default();
+    f.check(log.contains("serving the group here"), || {
+        format!("B's worker log:\n{log}")
+    });
+    run(Command::new("umount").arg(&b.path), TIMEOUT).ok();
+    std::mem::forget(b);
+    f.check(process_exits(worker, Duration::from_secs(10)), || {
+        format!("B's worker {worker} still runs after the unmount")
+    });
+    a.unmount();
+    f.finish("a dead holder");
+}
+
 #[test]
 fn holder_killed_reads_fail_closed_not_zeros() {
     let Some(Lazy { _time, deb, reg, t }) = start(
