@@ -367,11 +367,15 @@ fn fuse_passthrough_serves_big_complete_files_from_their_objects() {
         "{} does not hold {big}'s bytes",
         object.display()
     );
-    let meta = dirs[0].file_name().unwrap().to_string_lossy().to_string();
+    // objects/<metadata layer hex>.<entries>: named by what its objects
+    // were copied from (docs/lazy.md, "Many tenants").
+    let name = dirs[0].file_name().unwrap().to_string_lossy().to_string();
+    let (meta, entries) = name.split_once('.').expect("objects/<metadata>.<entries>");
     assert!(
         cache.join("meta").join(format!("{meta}.erofs")).exists(),
-        "objects dir {meta} is not named after the metadata"
+        "objects dir {name} is not named after the metadata"
     );
+    assert_eq!(entries.len(), 32, "objects dir {name}: entries part");
 
     // Who reads: change the object under the open file.
     let at = 4096 + 7;

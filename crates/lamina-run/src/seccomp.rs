@@ -30,7 +30,9 @@ const PERSONAS: [u64; 5] = [0x0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
 
 /// Syscalls allowed to every container, whatever its capabilities.
 const ALLOWED: &[&str] = &[
-    // files and directories
+    // files, directories and pipes
+    "pipe",
+    "pipe2",
     "access",
     "chdir",
     "chmod",
@@ -573,6 +575,8 @@ mod tests {
             "chroot",
             "futex",
             "rt_sigreturn",
+            "pipe",
+            "pipe2",
         ] {
             assert!(names.iter().any(|n| n == needed), "{needed} refused");
         }
