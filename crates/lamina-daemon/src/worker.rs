@@ -1018,6 +1018,11 @@ impl Shared {
             if self.settled(blob, needed.clone(), file)? {
                 return Ok(());
             }
+            // Ours landed but chunks are still missing (others held some
+            // when we claimed, and may have given them up): claim again.
+            if matches!(own, Fetch::Done) {
+                own = Fetch::NotYet;
+            }
             if own.not_yet() {
                 let hedge = started.elapsed() >= HEDGE_AFTER;
                 let mine = self.claim(blob, wanted.iter().copied(), file, hedge)?;
