@@ -1908,14 +1908,19 @@ fn fuse_misses_never_hold_up_local_reads() {
     let cache = t.join("cache");
     let sample = eio_sample(deb, 9);
     let (local, waiting) = sample.split_last().expect("a sample");
+    // Warmed through a proxy that is gone afterwards: a worker may fetch
+    // from the registries of other mounts of the same cache files, and
+    // this one must not serve the waiting readers.
+    let warm = FaultProxy::start(t.path(), "warm", 0, reg.port, "none", &[]);
     let m = Mount::with_args(
-        &reg.reference(IMAGE),
+        &format!("docker://127.0.0.1:{}/{IMAGE}", warm.port),
         &t.join("warm"),
         &cache,
         &["--mode", "fuse"],
     );
     assert_eq!(sha256_file(&m.path.join(local)), deb.hashes[local]);
     m.unmount();
+    drop(warm);
     let proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "stall", &["--stall", "300"]);
     let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
     let args = ["--mode", "fuse", "--timeout", "60"];
