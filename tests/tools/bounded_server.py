@@ -8,8 +8,23 @@ away, or on SIGTERM/SIGINT/SIGHUP, so no test leaves one behind.
 
 import os
 import signal
+import sys
 import threading
 import time
+from http.server import ThreadingHTTPServer
+
+
+class Server(ThreadingHTTPServer):
+    """A threaded test server for which a client going away mid-answer is
+    routine (not a traceback)."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handle_error(request, client_address)
 
 
 def serve(server, lifetime, port_file, log, what):

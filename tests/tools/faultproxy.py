@@ -47,7 +47,7 @@ import struct
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import bounded_server
 
@@ -244,17 +244,6 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(status, out_headers, data)
 
 
-class Server(ThreadingHTTPServer):
-    allow_reuse_address = True
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # A client going away mid-answer (or our own reset) is routine here.
-        exc = sys.exc_info()[1]
-        if not isinstance(exc, OSError):
-            super().handle_error(request, client_address)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("listen_port", type=int)
@@ -271,7 +260,7 @@ def main():
     cfg.upstream = cfg.upstream_port
 
     plan = Plan(cfg.mode, cfg.every, cfg.stats)
-    server = Server(("127.0.0.1", cfg.listen_port), Handler)
+    server = bounded_server.Server(("127.0.0.1", cfg.listen_port), Handler)
     server.plan = plan
     server.cfg = cfg
     plan.write()

@@ -35,7 +35,7 @@ import os
 import re
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import bounded_server
 
@@ -174,17 +174,6 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(206, data[start : end + 1], headers, rng)
 
 
-class Server(ThreadingHTTPServer):
-    allow_reuse_address = True
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # A client going away mid-answer is routine.
-        exc = sys.exc_info()[1]
-        if not isinstance(exc, OSError):
-            super().handle_error(request, client_address)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("layout")
@@ -195,7 +184,7 @@ def main():
     if not os.path.isfile(os.path.join(cfg.layout, "index.json")):
         raise SystemExit(f"hostile_registry: {cfg.layout} is not an OCI layout (no index.json)")
 
-    server = Server(("127.0.0.1", 0), Handler)
+    server = bounded_server.Server(("127.0.0.1", 0), Handler)
     server.cfg = cfg
     server.layout = cfg.layout
     server.log_lock = threading.Lock()
