@@ -3,14 +3,16 @@
 
 Usage:
     faultproxy.py LISTEN_PORT UPSTREAM_PORT MODE [--every N] [--stall SECS]
-                  [--lifetime SECS] [--port-file FILE] [--stats FILE]
+                  [--blob DIGEST] [--lifetime SECS] [--port-file FILE]
+                  [--stats FILE]
 
 Listens on 127.0.0.1:LISTEN_PORT (0: any free port; it is printed on stdout as
 `listening PORT` and written to --port-file) and forwards every request to
 http://127.0.0.1:UPSTREAM_PORT. Only blob range reads are tampered with:
 GET /v2/<repo>/blobs/<digest> requests carrying a Range header ("eligible"
-requests). Manifests, the full-blob GETs lamina uses for its index and
-metadata, HEADs and uploads pass through untouched.
+requests), of blob DIGEST alone with --blob. Manifests, the full-blob GETs
+lamina uses for its index and metadata, HEADs and uploads pass through
+untouched.
 
 MODE says what happens to an eligible request that is faulted:
 
@@ -182,6 +184,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         range_hdr = self.headers.get("Range")
         eligible = self.command == "GET" and range_hdr is not None and BLOB_PATH.match(path) is not None
+        if cfg.blob:
+            eligible = eligible and path.endswith("/" + cfg.blob)
         fault = plan.next_fault(eligible)
         if fault:
             log(f"{self.command} {self.path} {range_hdr}: {fault}")
@@ -251,6 +255,7 @@ def main():
     ap.add_argument("mode")
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("--stall", type=float, default=2.0)
+    ap.add_argument("--blob", default="", help="fault range reads of this blob (sha256:...) only")
     ap.add_argument("--lifetime", type=float, default=600.0)
     ap.add_argument("--port-file")
     ap.add_argument("--stats")

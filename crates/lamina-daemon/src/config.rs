@@ -223,9 +223,49 @@ pub struct BootPagesSpec {
     pub digest: String,
     /// Size of the uncompressed boot pages.
     pub size: u64,
-    /// Where the uncompressed boot pages are kept (a cached copy is used
-    /// only if it still hashes to `digest`).
+    /// Where frame `k` is kept, compressed, at `<path>.<k>` (a cached copy
+    /// is used only if it still hashes to the frame's digest).
     pub path: PathBuf,
+    /// The layer's zstd frames, in read order: each a segment of its own,
+    /// fetched as a range and checked against its digest. Empty: the
+    /// whole layer is one frame.
+    #[serde(default)]
+    pub frames: Vec<BootFrameSpec>,
+}
+
+/// One frame of a boot-pages layer (see `lamina_image::artifact::BootFrame`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct BootFrameSpec {
+    /// Where it starts in the compressed layer.
+    pub offset: u64,
+    /// Its compressed size.
+    pub compressed_size: u64,
+    /// Its size decompressed (bounded at mount).
+    pub size: u64,
+    /// Digest of its compressed bytes (`sha256:<hex>`).
+    pub digest: String,
+}
+
+impl BootPagesSpec {
+    /// The frames to fetch: the listed ones, else the whole layer.
+    pub fn frames(&self) -> Vec<BootFrameSpec> {
+        if !self.frames.is_empty() {
+            return self.frames.clone();
+        }
+        vec![BootFrameSpec {
+            offset: 0,
+            compressed_size: self.layer_size,
+            size: self.size,
+            digest: self.layer_digest.clone(),
+        }]
+    }
+
+    /// Where frame `k` is kept.
+    pub fn frame_path(&self, k: usize) -> PathBuf {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!(".{k}"));
+        PathBuf::from(name)
+    }
 }
 fn yes() -> bool {
     true

@@ -13,6 +13,7 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lamina_fetch::fetch::{attempt_timeout, LayoutSource, RangeSource, RegistrySource};
@@ -25,7 +26,7 @@ use crate::config::{DaemonConfig, SourceSpec};
 pub(crate) fn range_source(
     spec: &SourceSpec,
     timeout_secs: u64,
-) -> io::Result<Box<dyn RangeSource>> {
+) -> io::Result<Arc<dyn RangeSource>> {
     Ok(match spec {
         SourceSpec::Registry {
             host,
@@ -47,12 +48,12 @@ pub(crate) fn range_source(
             let timeout = attempt_timeout(Duration::from_secs(timeout_secs.max(1)));
             let client =
                 RegistryClient::with_timeout(host, &opts, timeout).map_err(io::Error::other)?;
-            Box::new(RegistrySource {
+            Arc::new(RegistrySource {
                 client,
                 repository: repository.clone(),
             })
         }
-        SourceSpec::Layout { dir } => Box::new(LayoutSource { dir: dir.clone() }),
+        SourceSpec::Layout { dir } => Arc::new(LayoutSource { dir: dir.clone() }),
     })
 }
 
@@ -60,7 +61,7 @@ pub(crate) fn range_source(
 /// `config`'s run dir) whose blob lies in the same cache file as `config`'s
 /// blob `blob`: the same entry, so the same chunk table. Mounts with the
 /// same source as ours are left out (no help).
-pub(crate) fn of_other_mounts(config: &DaemonConfig, blob: usize) -> Vec<Box<dyn RangeSource>> {
+pub(crate) fn of_other_mounts(config: &DaemonConfig, blob: usize) -> Vec<Arc<dyn RangeSource>> {
     let Some(ours) = config.blobs.get(blob) else {
         return Vec::new();
     };

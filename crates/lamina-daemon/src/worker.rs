@@ -13,13 +13,16 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lamina_fetch::fetch::{fetch_chunks, FetchOptions, FetchStats, RangeSource};
+use lamina_fetch::hedge::{read_first_answer, Hedging};
 use lamina_fetch::store::{load_table, save_table, BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
 use lamina_format::index::{BlobSummary, ChunkIndex, IndexBlob};
 use lamina_oci::Digest;
 use lamina_sys::{FanotifyGroup, Response};
 
-use crate::config::{write_atomic, AdoptSpec, BlobSpec, BootPagesSpec, DaemonConfig, LayerSpec};
+use crate::config::{
+    write_atomic, AdoptSpec, BlobSpec, BootFrameSpec, BootPagesSpec, DaemonConfig, LayerSpec,
+};
 use crate::latency::{Histogram, Recorder};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
@@ -55,6 +58,12 @@ pub struct Status {
     /// Bytes written into the cache from the image's boot pages.
     #[serde(default)]
     pub boot_page_bytes: u64,
+    /// Boot-pages frames to load (0: none, or not asked to).
+    #[serde(default)]
+    pub boot_frames: u64,
+    /// Of `boot_frames`, those applied or given up on.
+    #[serde(default)]
+    pub boot_frames_done: u64,
     /// Of `fetched_bytes`, what readers waited for (misses).
     #[serde(default)]
     pub miss_fetched_bytes: u64,
@@ -68,6 +77,16 @@ pub struct Status {
     /// Of `requests`, those fetched ahead.
     #[serde(default)]
     pub ahead_requests: u64,
+    /// Requests sent a second time because the first had not answered
+    /// within the hedging bound (see `lamina_fetch::hedge`).
+    #[serde(default)]
+    pub hedges: u64,
+    /// Of `hedges`, those whose answer was the one used.
+    #[serde(default)]
+    pub hedge_wins: u64,
+    /// The current hedging bound for a 256 KiB request, in ms.
+    #[serde(default)]
+    pub hedge_bound_ms: u64,
     /// How long readers waited on misses: from the miss's arrival in the
     /// worker to its answer (EIO included).
     #[serde(default)]
@@ -140,7 +159,9 @@ struct Shared {
     /// log2 of the chunk size (to check fetched chunk tables).
     chunk_bits: u8,
     stores: Vec<LazyStore>,
-    source: Box<dyn RangeSource>,
+    source: Arc<dyn RangeSource>,
+    /// Hedging of miss and boot requests (not of fill-ahead).
+    hedging: Arc<Hedging>,
     fetch: FetchOptions,
     /// Boot-set requests: gaps up to 128 KiB are fetched rather than split.
     boot_fetch: FetchOptions,
@@ -176,7 +197,8 @@ struct Shared {
     /// The boot set, to look up: a miss on one of these chunks waits for
     /// the boot pages still on their way instead of fetching it.
     boot_chunks: HashSet<(u32, u32)>,
-    /// Boot-pages segments not yet applied (or given up on).
+    /// Boot-pages frames to load, and those not yet applied (or given up on).
+    boot_frames: AtomicUsize,
     boot_pending: AtomicUsize,
     sock: OwnedFd,
     trace: Option<Mutex<File>>,
@@ -194,6 +216,24 @@ struct Shared {
 /// fetches them too (the mounts may reach different registries, one of
 /// them slow or stalled).
 const HEDGE_AFTER: Duration = Duration::from_secs(1);
+
+/// Boot-pages frames fetched at once (after the first, which goes alone).
+const BOOT_STREAMS: usize = 4;
+
+/// Decompresses zstd `compressed` to exactly `size` bytes (bounded at
+/// mount: nothing is allocated for what a frame header claims).
+fn decompress_exactly(compressed: &[u8], size: u64) -> io::Result<Vec<u8>> {
+    let decoder = zstd::stream::read::Decoder::new(compressed)?;
+    let mut raw = Vec::with_capacity(size as usize);
+    io::copy(
+        &mut io::Read::take(decoder, size.saturating_add(1)),
+        &mut raw,
+    )?;
+    if raw.len() as u64 != size {
+        return Err(io::Error::other("wrong uncompressed size"));
+    }
+    Ok(raw)
+}
 
 /// How often a miss looks for fills by others while it waits.
 const SETTLE_TICK: Duration = Duration::from_millis(10);
@@ -305,6 +345,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         None => None,
     };
     let n = stores.len();
+    let hedging = Arc::new(Hedging::default());
     // A few windows queued are plenty: each is up to `fill_ahead` bytes.
     let (ahead_tx, ahead_rx) = mpsc::sync_channel(8);
     let shared = Arc::new(Shared {
@@ -313,11 +354,13 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         ahead_stats: FetchStats::default(),
         fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
+            hedging: Some(hedging.clone()),
             ..FetchOptions::default()
         },
         boot_fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
             merge_gap: 128 << 10,
+            hedging: Some(hedging.clone()),
             ..FetchOptions::default()
         },
         ahead_fetch: FetchOptions {
@@ -331,6 +374,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         chunk_bits: index.chunk_bits,
         stores,
         source,
+        hedging,
         stats: FetchStats::default(),
         miss_stats: FetchStats::default(),
         last_miss_ms: AtomicU64::new(0),
@@ -346,6 +390,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
         boot_chunks: boot_set.iter().copied().collect(),
         boot_set,
+        boot_frames: AtomicUsize::new(0),
         boot_pending: AtomicUsize::new(0),
         sock,
         trace,
@@ -364,9 +409,11 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     // the segments. A miss on a boot-set chunk waits for them (it would
     // fetch the whole chunk otherwise); any other miss is served at once.
     if shared.config.prefetch && !shared.config.boot_pages.is_empty() {
-        shared
-            .boot_pending
-            .store(shared.config.boot_pages.len(), Ordering::SeqCst);
+        let frames = shared.config.boot_pages.iter().map(|b| b.frames().len());
+        let frames: usize = frames.sum();
+        // Pending first: `boot_frames_done` never reads more than done.
+        shared.boot_pending.store(frames, Ordering::SeqCst);
+        shared.boot_frames.store(frames, Ordering::SeqCst);
         let shared = shared.clone();
         std::thread::spawn(move || shared.load_boot_pages());
     }
@@ -789,9 +836,12 @@ impl Shared {
         loop {
             match attempt(tries > 0) {
                 Ok(value) => return Ok(value),
-                Err(e) if tries < 3 && deadline.is_none_or(|d| Instant::now() < d) => {
+                // At once on a fresh connection, then after 0.1 to 1.6 s.
+                Err(e) if tries < 6 && deadline.is_none_or(|d| Instant::now() < d) => {
                     tracing::warn!("{what}: {e}; retrying");
-                    std::thread::sleep(Duration::from_millis(100 << tries));
+                    if tries > 0 {
+                        std::thread::sleep(Duration::from_millis(100 << (tries - 1)));
+                    }
                     tries += 1;
                 }
                 Err(e) => return Err(e),
@@ -1089,14 +1139,7 @@ impl Shared {
                         }
                     };
                     let (opts, stats) = (&shared.fetch, Some(&shared.miss_stats));
-                    result = shared.fetch_from(
-                        source.as_ref(),
-                        blob,
-                        &chunks,
-                        via.as_ref(),
-                        opts,
-                        stats,
-                    );
+                    result = shared.fetch_from(source, blob, &chunks, via.as_ref(), opts, stats);
                     match &result {
                         Ok(()) => {
                             tracing::info!(blob, "chunks fetched from another mount's registry");
@@ -1305,40 +1348,66 @@ impl Shared {
         t.write_all(lines.as_bytes())
     }
 
-    /// Fetches and applies the boot-pages segments: the first alone (the
-    /// start's first pages, as soon as possible), then the rest at once.
+    /// Fetches and applies the boot pages, frame by frame in read order:
+    /// the first alone (the start's first pages, as soon as possible), then
+    /// [`BOOT_STREAMS`] at a time, each applied as soon as it is verified,
+    /// so the start reads (and computes) while later frames are on the wire.
     fn load_boot_pages(&self) {
-        let apply = |k: usize, spec: &BootPagesSpec| {
-            if let Err(e) = self.apply_boot_pages(k, spec) {
-                tracing::warn!("boot pages {}: {e}", spec.path.display());
+        let frames: Vec<(usize, &BootPagesSpec, BootFrameSpec)> = self
+            .config
+            .boot_pages
+            .iter()
+            .flat_map(|spec| {
+                spec.frames()
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(k, f)| (k, spec, f))
+            })
+            .collect();
+        let apply = |(k, spec, frame): &(usize, &BootPagesSpec, BootFrameSpec)| {
+            if let Err(e) = self.apply_boot_frame(*k, spec, frame) {
+                tracing::warn!("boot pages frame {k} of {}: {e}", spec.layer_digest);
             }
             self.boot_pending.fetch_sub(1, Ordering::SeqCst);
             self.landed.notify_all();
         };
-        let specs = &self.config.boot_pages;
-        let Some(first) = specs.first() else { return };
-        apply(0, first);
+        let Some((first, rest)) = frames.split_first() else {
+            return;
+        };
+        apply(first);
+        let next = AtomicUsize::new(0);
         std::thread::scope(|scope| {
-            for (k, spec) in specs.iter().enumerate().skip(1) {
-                scope.spawn(move || apply(k, spec));
+            for _ in 0..BOOT_STREAMS.min(rest.len()) {
+                scope.spawn(|| {
+                    while let Some(frame) = rest.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        apply(frame);
+                    }
+                });
             }
         });
     }
 
-    /// Loads one segment of boot pages (a cached copy that still hashes right, else
-    /// one request for the whole layer, checked against its digest) and
-    /// writes them into the cache files.
-    fn apply_boot_pages(&self, segment: usize, spec: &BootPagesSpec) -> io::Result<()> {
-        let cached = std::fs::read(&spec.path)
+    /// Loads frame `k` of a boot-pages layer (a cached copy that still
+    /// hashes right, else a range of the layer, retried and hedged, checked
+    /// against the frame's digest), decompresses it to exactly its size and
+    /// writes its pages into the cache files.
+    fn apply_boot_frame(
+        &self,
+        k: usize,
+        spec: &BootPagesSpec,
+        frame: &BootFrameSpec,
+    ) -> io::Result<()> {
+        let digest = Digest::parse(&frame.digest).map_err(io::Error::other)?;
+        let cache_path = spec.frame_path(k);
+        let cached = std::fs::read(&cache_path)
             .ok()
-            .filter(|raw| Digest::of_bytes(raw).to_string() == spec.digest);
+            .filter(|z| Digest::of_bytes(z) == digest);
         let fresh = cached.is_none();
-        let raw = match cached {
-            Some(raw) => raw,
-            None => {
-                self.fetch_layer("boot pages", &spec.layer_digest, spec.layer_size, spec.size)?
-            }
+        let compressed = match cached {
+            Some(z) => z,
+            None => self.fetch_boot_frame(spec, frame, &digest)?,
         };
+        let raw = decompress_exactly(&compressed, frame.size)?;
         let sizes: Vec<u64> = self.stores.iter().map(|s| s.summary.cache_size).collect();
         let table_lens: Vec<u64> = self
             .stores
@@ -1355,18 +1424,45 @@ impl Shared {
                 .lock_store(extent.blob.get())?
                 .fill_pages(extent.cache_offset.get(), bytes)?;
         }
-        tracing::info!(
-            "boot pages segment {segment}: {} runs, {written} bytes written {:.0} ms after the worker started",
+        tracing::debug!(
+            "boot pages frame {k}: {} runs, {written} bytes written {:.0} ms after the worker started",
             boot.extents.len(),
             self.started.elapsed().as_secs_f64() * 1e3
         );
         if fresh {
-            // Kept for later workers (after the cache is served, not before),
-            // which check it against the content digest before use, so a
-            // torn copy is only fetched again.
-            let _ = write_atomic(&spec.path, &raw);
+            // Kept for later workers, which check it against the frame's
+            // digest before use, so a torn copy is only fetched again.
+            let _ = write_atomic(&cache_path, &compressed);
         }
         Ok(())
+    }
+
+    /// One frame of a boot-pages layer from the registry: a range, retried
+    /// and hedged like a miss's, checked against the frame's digest.
+    fn fetch_boot_frame(
+        &self,
+        spec: &BootPagesSpec,
+        frame: &BootFrameSpec,
+        digest: &Digest,
+    ) -> io::Result<Vec<u8>> {
+        let layer = Digest::parse(&spec.layer_digest).map_err(io::Error::other)?;
+        let range = (frame.offset, frame.compressed_size);
+        let hedging = Some(self.hedging.as_ref());
+        let z = self.retried("boot pages", None, |fresh| {
+            let z = read_first_answer(&self.source, hedging, &layer, range, fresh)?;
+            self.stats
+                .bytes
+                .fetch_add(z.len() as u64, Ordering::Relaxed);
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            match Digest::of_bytes(&z) == *digest {
+                true => Ok(z),
+                false => Err(io::Error::other(format!(
+                    "frame at {} does not match its digest {digest}",
+                    frame.offset
+                ))),
+            }
+        })?;
+        Ok(z)
     }
 
     /// A zstd lamina layer, fetched whole (one request, retried), checked
@@ -1393,16 +1489,7 @@ impl Shared {
                 "{what} layer does not match its digest {layer}"
             )));
         }
-        let decoder = zstd::stream::read::Decoder::new(&compressed[..])?;
-        let mut raw = Vec::with_capacity(size as usize);
-        io::copy(
-            &mut io::Read::take(decoder, size.saturating_add(1)),
-            &mut raw,
-        )?;
-        if raw.len() as u64 != size {
-            return Err(io::Error::other(format!("{what}: wrong uncompressed size")));
-        }
-        Ok(raw)
+        decompress_exactly(&compressed, size).map_err(|e| io::Error::other(format!("{what}: {e}")))
     }
 
     /// Fetches the layers the mount left for later (after the boot pages:
@@ -1511,14 +1598,14 @@ impl Shared {
         opts: &FetchOptions,
         also_count: Option<&FetchStats>,
     ) -> io::Result<()> {
-        let source = self.source.as_ref();
+        let source = &self.source;
         self.fetch_from(source, blob, chunks, via, opts, also_count)
     }
 
     /// [`fetch_with`](Self::fetch_with) from `source`.
     fn fetch_from(
         &self,
-        source: &dyn RangeSource,
+        source: &Arc<dyn RangeSource>,
         blob: u32,
         chunks: &[usize],
         via: Option<&File>,
@@ -1709,6 +1796,13 @@ impl Shared {
             prefetch_done: self.prefetch_done.load(Ordering::Relaxed),
             prefetch_total: self.prefetch_total.load(Ordering::Relaxed),
             miss_latency: self.miss_latency.snapshot(),
+            boot_frames: self.boot_frames.load(Ordering::SeqCst) as u64,
+            boot_frames_done: (self.boot_frames.load(Ordering::SeqCst))
+                .saturating_sub(self.boot_pending.load(Ordering::SeqCst))
+                as u64,
+            hedges: self.hedging.hedges.load(Ordering::Relaxed),
+            hedge_wins: self.hedging.wins.load(Ordering::Relaxed),
+            hedge_bound_ms: self.hedging.bound(256 << 10).as_millis() as u64,
             ..Status::default()
         };
         for (b, digest) in self.digests.iter().enumerate() {

@@ -5,12 +5,15 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lamina_format::index::{ChunkEntry, CHUNK_ZSTD};
 use lamina_oci::sha256;
 use lamina_oci::{Digest, RegistryClient};
+
+use crate::hedge::{Answers, Hedging};
 
 /// Where compressed blob bytes come from.
 pub trait RangeSource: Send + Sync + std::fmt::Debug {
@@ -36,13 +39,13 @@ pub struct RegistrySource {
 impl RangeSource for RegistrySource {
     fn read_range(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
         self.client
-            .get_blob_range(&self.repository, digest, offset, len)
+            .get_blob_range_once(&self.repository, digest, (offset, len), false)
             .map_err(|e| e.into_io())
     }
 
     fn read_range_again(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
         self.client
-            .get_blob_range_fresh(&self.repository, digest, offset, len)
+            .get_blob_range_once(&self.repository, digest, (offset, len), true)
             .map_err(|e| e.into_io())
     }
 }
@@ -76,6 +79,10 @@ pub struct FetchOptions {
     pub backoff: Duration,
     /// Give up when this much time has passed, whatever the attempts left.
     pub deadline: Duration,
+    /// Requests in flight at once.
+    pub parallel: usize,
+    /// Hedge slow requests (see [`crate::hedge`]); `None`: never.
+    pub hedging: Option<Arc<Hedging>>,
 }
 
 /// How long one request may wait for its answer and then for each read of
@@ -91,9 +98,13 @@ impl Default for FetchOptions {
         FetchOptions {
             merge_gap: 64 * 1024,
             max_request: 16 << 20,
-            attempts: 4,
+            // 0, 0.1, 0.2, ... 3.2 s between them: 6.3 s in all, as long
+            // as a registry's own retries used to wait.
+            attempts: 8,
             backoff: Duration::from_millis(100),
             deadline: Duration::from_secs(30),
+            parallel: 4,
+            hedging: None,
         }
     }
 }
@@ -182,93 +193,213 @@ pub fn decode_chunk(
 /// Fetches, decompresses and verifies the chunks `wanted` of a blob, calling
 /// `deliver(index, bytes)` for each verified chunk as it arrives. Chunks that
 /// fail verification are fetched again; nothing unverified is delivered.
+/// Requests go out up to [`FetchOptions::parallel`] at once, in blob order.
 pub fn fetch_chunks(
-    source: &dyn RangeSource,
+    source: &Arc<dyn RangeSource>,
     blob: &Digest,
     chunks: &[ChunkEntry],
     wanted: &[usize],
     opts: &FetchOptions,
     stats: &FetchStats,
-    mut deliver: impl FnMut(usize, Vec<u8>) -> io::Result<()>,
+    deliver: impl Fn(usize, Vec<u8>) -> io::Result<()> + Sync,
 ) -> Result<(), FetchError> {
-    let started = Instant::now();
-    let mut decompressor =
-        zstd::bulk::Decompressor::new().map_err(|e| FetchError::Decoder(e.to_string()))?;
-    for span in plan_requests(chunks, wanted, opts) {
+    let spans = plan_requests(chunks, wanted, opts);
+    let run = SpanRun {
+        source,
+        blob,
+        chunks,
+        opts,
+        stats,
+        started: Instant::now(),
+        deliver: &deliver,
+    };
+    let threads = opts.parallel.clamp(1, spans.len().max(1));
+    if threads == 1 {
+        let mut decompressor = new_decompressor()?;
+        return spans
+            .into_iter()
+            .try_for_each(|span| run.fetch_span(span, &mut decompressor));
+    }
+    let next = AtomicUsize::new(0);
+    let failed: Mutex<Option<FetchError>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let mut decompressor = match new_decompressor() {
+                    Ok(d) => d,
+                    Err(e) => return note_failure(&failed, e),
+                };
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(span) = spans.get(k) else { return };
+                    if failed.lock().map_or(true, |f| f.is_some()) {
+                        return; // one span failed: the call fails
+                    }
+                    if let Err(e) = run.fetch_span(span.clone(), &mut decompressor) {
+                        return note_failure(&failed, e);
+                    }
+                }
+            });
+        }
+    });
+    match failed.into_inner() {
+        Ok(None) => Ok(()),
+        Ok(Some(e)) => Err(e),
+        Err(_) => Err(FetchError::Decoder("a fetch thread panicked".into())),
+    }
+}
+
+fn new_decompressor() -> Result<zstd::bulk::Decompressor<'static>, FetchError> {
+    zstd::bulk::Decompressor::new().map_err(|e| FetchError::Decoder(e.to_string()))
+}
+
+fn note_failure(failed: &Mutex<Option<FetchError>>, e: FetchError) {
+    if let Ok(mut f) = failed.lock() {
+        f.get_or_insert(e);
+    }
+}
+
+/// What the requests of one [`fetch_chunks`] call share.
+struct SpanRun<'a, D> {
+    source: &'a Arc<dyn RangeSource>,
+    blob: &'a Digest,
+    chunks: &'a [ChunkEntry],
+    opts: &'a FetchOptions,
+    stats: &'a FetchStats,
+    started: Instant,
+    deliver: &'a D,
+}
+
+impl<D: Fn(usize, Vec<u8>) -> io::Result<()> + Sync> SpanRun<'_, D> {
+    /// Fetches one request's chunks: the first retry goes out at once on
+    /// a fresh connection (a reset or a spoilt answer is usually one bad
+    /// connection), later ones after a doubling backoff.
+    fn fetch_span(
+        &self,
+        span: Vec<usize>,
+        decompressor: &mut zstd::bulk::Decompressor<'_>,
+    ) -> Result<(), FetchError> {
+        let (chunks, opts) = (self.chunks, self.opts);
         let mut pending = span;
         let mut attempt = 0;
         let mut last_err = String::new();
         while !pending.is_empty() {
-            if attempt >= opts.attempts || (attempt > 0 && started.elapsed() > opts.deadline) {
-                let first = &chunks[pending[0]];
-                return Err(FetchError::Exhausted {
-                    blob: blob.to_string(),
-                    offset: first.compressed_offset.get(),
-                    len: pending
-                        .iter()
-                        .map(|&i| u64::from(chunks[i].compressed_size.get()))
-                        .sum(),
-                    attempts: attempt,
-                    last: last_err,
-                });
+            if attempt >= opts.attempts || (attempt > 0 && self.started.elapsed() > opts.deadline) {
+                return Err(self.exhausted(&pending, attempt, last_err));
             }
-            if attempt > 0 {
-                std::thread::sleep(opts.backoff * 2u32.pow(attempt - 1));
+            if attempt > 1 {
+                std::thread::sleep(opts.backoff * 2u32.pow(attempt - 2));
             }
             attempt += 1;
-            let first = &chunks[pending[0]];
-            let last = &chunks[*pending.last().unwrap_or(&pending[0])];
-            let start = first.compressed_offset.get();
-            let end = last.compressed_offset.get() + u64::from(last.compressed_size.get());
-            stats.requests.fetch_add(1, Ordering::Relaxed);
-            let read = if attempt > 1 {
-                source.read_range_again(blob, start, end - start)
-            } else {
-                source.read_range(blob, start, end - start)
-            };
-            let bytes = match read {
-                Ok(b) => b,
-                Err(e) => {
-                    last_err = e.to_string();
-                    continue;
+            let (start, end) = extent(chunks, &pending);
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            let mut answers = Answers::send(
+                self.source,
+                opts.hedging.as_deref(),
+                self.blob,
+                (start, end - start),
+                attempt > 1,
+            );
+            while let Some((hedge, read)) = answers.next() {
+                if hedge {
+                    self.stats.requests.fetch_add(1, Ordering::Relaxed);
                 }
-            };
-            stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            let mut failed = Vec::new();
-            for &i in &pending {
-                let c = &chunks[i];
-                let from = (c.compressed_offset.get() - start) as usize;
-                let to = from + c.compressed_size.get() as usize;
-                let Some(stored) = bytes.get(from..to) else {
-                    last_err = format!("short read: {} of {} bytes", bytes.len(), end - start);
-                    failed.push(i);
-                    continue;
-                };
-                match decode_chunk(&mut decompressor, c, stored) {
-                    Ok(data) => deliver(i, data).map_err(|e| FetchError::Exhausted {
-                        blob: blob.to_string(),
-                        offset: c.compressed_offset.get(),
-                        len: u64::from(c.compressed_size.get()),
-                        attempts: attempt,
-                        last: format!("writing the cache: {e}"),
-                    })?,
-                    Err(reason) => {
-                        stats.bad_chunks.fetch_add(1, Ordering::Relaxed);
-                        last_err = reason;
-                        failed.push(i);
+                let bytes = match read {
+                    Ok(b) => b,
+                    Err(e) => {
+                        last_err = e.to_string();
+                        continue;
                     }
+                };
+                self.stats
+                    .bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                let before = pending.len();
+                pending = self.take(
+                    decompressor,
+                    &pending,
+                    start,
+                    &bytes,
+                    attempt,
+                    &mut last_err,
+                )?;
+                if hedge && pending.len() < before {
+                    answers.hedge_won();
+                }
+                if pending.is_empty() {
+                    break;
                 }
             }
-            pending = failed;
+        }
+        Ok(())
+    }
+
+    /// Delivers the chunks of `pending` that `bytes` (read from `start`)
+    /// holds intact; returns those it does not.
+    fn take(
+        &self,
+        decompressor: &mut zstd::bulk::Decompressor<'_>,
+        pending: &[usize],
+        start: u64,
+        bytes: &[u8],
+        attempt: u32,
+        last_err: &mut String,
+    ) -> Result<Vec<usize>, FetchError> {
+        let mut failed = Vec::new();
+        for &i in pending {
+            let c = &self.chunks[i];
+            let from = (c.compressed_offset.get() - start) as usize;
+            let to = from + c.compressed_size.get() as usize;
+            let Some(stored) = bytes.get(from..to) else {
+                *last_err = format!("short read: {} bytes", bytes.len());
+                failed.push(i);
+                continue;
+            };
+            match decode_chunk(decompressor, c, stored) {
+                Ok(data) => (self.deliver)(i, data).map_err(|e| FetchError::Exhausted {
+                    blob: self.blob.to_string(),
+                    offset: c.compressed_offset.get(),
+                    len: u64::from(c.compressed_size.get()),
+                    attempts: attempt,
+                    last: format!("writing the cache: {e}"),
+                })?,
+                Err(reason) => {
+                    self.stats.bad_chunks.fetch_add(1, Ordering::Relaxed);
+                    *last_err = reason;
+                    failed.push(i);
+                }
+            }
+        }
+        Ok(failed)
+    }
+
+    fn exhausted(&self, pending: &[usize], attempts: u32, last: String) -> FetchError {
+        let (start, _) = extent(self.chunks, pending);
+        FetchError::Exhausted {
+            blob: self.blob.to_string(),
+            offset: start,
+            len: pending
+                .iter()
+                .map(|&i| u64::from(self.chunks[i].compressed_size.get()))
+                .sum(),
+            attempts,
+            last,
         }
     }
-    Ok(())
+}
+
+/// The blob bytes from the first to the end of the last of `span`.
+fn extent(chunks: &[ChunkEntry], span: &[usize]) -> (u64, u64) {
+    let first = &chunks[span[0]];
+    let last = &chunks[*span.last().unwrap_or(&span[0])];
+    let end = last.compressed_offset.get() + u64::from(last.compressed_size.get());
+    (first.compressed_offset.get(), end)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use std::sync::mpsc;
 
     #[derive(Debug)]
     struct Flaky {
@@ -329,15 +460,15 @@ mod tests {
     fn run(script: Vec<u8>) -> (Result<(), FetchError>, Delivered) {
         let parts: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8 + 1; 10_000 + i * 7]).collect();
         let (blob, chunks) = make(&parts);
-        let src = Flaky {
+        let src: Arc<dyn RangeSource> = Arc::new(Flaky {
             blob,
             script: Mutex::new(script),
-        };
+        });
         let opts = FetchOptions {
             backoff: Duration::from_millis(1),
             ..FetchOptions::default()
         };
-        let mut got = Vec::new();
+        let got = Mutex::new(Vec::new());
         let digest = Digest::of_bytes(b"x");
         let r = fetch_chunks(
             &src,
@@ -348,11 +479,11 @@ mod tests {
             &FetchStats::default(),
             |i, d| {
                 assert_eq!(d, parts[i]);
-                got.push((i, d));
+                got.lock().unwrap().push((i, d));
                 Ok(())
             },
         );
-        (r, got)
+        (r, got.into_inner().unwrap())
     }
 
     #[test]
@@ -373,8 +504,102 @@ mod tests {
 
     #[test]
     fn gives_up_after_attempts_without_delivering_bad_bytes() {
-        let (r, got) = run(vec![2, 2, 2, 2, 2, 2]);
+        let (r, got) = run(vec![2; FetchOptions::default().attempts as usize]);
         assert!(r.is_err());
         assert!(got.is_empty(), "nothing unverified may be delivered");
+    }
+
+    /// Stalls every first copy until the test ends; a retry or hedge (on a
+    /// fresh connection) answers at once.
+    #[derive(Debug)]
+    struct Stalling {
+        blob: Vec<u8>,
+        release: Mutex<mpsc::Receiver<()>>,
+    }
+
+    impl RangeSource for Stalling {
+        fn read_range(&self, _: &Digest, _: u64, _: u64) -> io::Result<Vec<u8>> {
+            let _ = self.release.lock().unwrap().recv();
+            Err(io::Error::other("stalled"))
+        }
+
+        fn read_range_again(&self, _: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+            Ok(self.blob[offset as usize..(offset + len) as usize].to_vec())
+        }
+    }
+
+    #[test]
+    fn a_stalled_request_is_hedged_and_the_hedge_answers() {
+        let parts: Vec<Vec<u8>> = (0..3).map(|i| vec![i as u8 + 1; 50_000]).collect();
+        let (blob, chunks) = make(&parts);
+        let (release, stalled) = mpsc::channel();
+        let src: Arc<dyn RangeSource> = Arc::new(Stalling {
+            blob,
+            release: Mutex::new(stalled),
+        });
+        let hedging = Arc::new(Hedging::default());
+        let opts = FetchOptions {
+            merge_gap: 0,
+            parallel: 1,
+            hedging: Some(hedging.clone()),
+            ..FetchOptions::default()
+        };
+        let got = Mutex::new(Vec::new());
+        let r = fetch_chunks(
+            &src,
+            &Digest::of_bytes(b"x"),
+            &chunks,
+            &[0, 2],
+            &opts,
+            &FetchStats::default(),
+            |i, d| {
+                assert_eq!(d, parts[i]);
+                got.lock().unwrap().push(i);
+                Ok(())
+            },
+        );
+        r.unwrap();
+        assert_eq!(got.into_inner().unwrap(), vec![0, 2]);
+        // Both requests stalled: each was hedged, and each hedge's answer
+        // was the one used (the stalled copies never answered).
+        assert_eq!(hedging.requests.load(Ordering::Relaxed), 2);
+        assert_eq!(hedging.hedges.load(Ordering::Relaxed), 2);
+        assert_eq!(hedging.wins.load(Ordering::Relaxed), 2);
+        drop(release);
+    }
+
+    #[test]
+    fn spans_fetched_in_parallel_deliver_every_chunk_once() {
+        let parts: Vec<Vec<u8>> = (0..12).map(|i| vec![i as u8; 30_000 + i]).collect();
+        let (blob, chunks) = make(&parts);
+        let src: Arc<dyn RangeSource> = Arc::new(Flaky {
+            blob,
+            script: Mutex::new(vec![1, 0, 2, 0, 3]),
+        });
+        let opts = FetchOptions {
+            merge_gap: 0,
+            max_request: 1,
+            backoff: Duration::from_millis(1),
+            ..FetchOptions::default()
+        };
+        let got = Mutex::new(Vec::new());
+        let wanted: Vec<usize> = (0..12).collect();
+        fetch_chunks(
+            &src,
+            &Digest::of_bytes(b"x"),
+            &chunks,
+            &wanted,
+            &opts,
+            &FetchStats::default(),
+            |i, d| {
+                assert_eq!(d, parts[i]);
+                got.lock().unwrap().push(i);
+                Ok(())
+            },
+        )
+        .unwrap();
+        let mut got = got.into_inner().unwrap();
+        got.sort();
+        assert_eq!(got, wanted);
     }
 }

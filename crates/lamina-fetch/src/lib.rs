@@ -5,5 +5,6 @@
 #![warn(missing_docs)]
 
 pub mod fetch;
+pub mod hedge;
 pub mod private;
 pub mod store;

@@ -24,11 +24,15 @@
 //! segment with its blob's first pages. Boot pages written before tables
 //! have `table_count` 0 (the field was reserved, zero).
 //!
-//! An image may carry its boot pages as several such blobs, *segments*, each
-//! a complete boot-pages blob of its own (its own extents and digest), in
-//! read order: see [`BootPages::segments`]. A worker applies each segment as
-//! soon as it is verified, so a start can read its first pages while the
-//! later ones are still on the wire.
+//! An image carries its boot pages as several such blobs, *segments*, each
+//! a complete boot-pages blob of its own (its own extents and tables), in
+//! read order: see [`BootPages::segments`]. Each segment is one zstd frame
+//! of the boot-pages layer, with its own digest in the layer's frame list
+//! (an annotation, see docs/format.md), so a worker fetches the frames as
+//! ranges, several in flight in read order, and applies each as soon as
+//! it is verified: a start reads its first pages while the later ones are
+//! still on the wire, and a read waits only for the frame of its pages.
+//! Older images carry segments as layers of their own (one frame each).
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -40,8 +44,9 @@ pub const BOOT_PAGE: u64 = 4096;
 /// Pages in the first boot segment (256 KiB: python3's start reads ~1,000
 /// pages, so its first segment is a few milliseconds on a 100 Mbit/s link).
 pub const FIRST_SEGMENT_PAGES: u64 = 64;
-/// Pages in the largest boot segment (256 MiB).
-pub const MAX_SEGMENT_PAGES: u64 = 65536;
+/// Pages in each later segment (512 KiB: at 100 Mbit/s with four in
+/// flight, one lands every ~40 ms; smaller ones compress worse).
+pub const SEGMENT_PAGES: u64 = 128;
 
 /// Start of a boot-pages blob.
 #[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -217,10 +222,10 @@ impl BootPages {
     }
 
     /// Splits into segments in read order: the first holds up to
-    /// [`FIRST_SEGMENT_PAGES`] pages, each next one four times as many, up
-    /// to [`MAX_SEGMENT_PAGES`]. The first pages a start reads thus arrive
-    /// in a small blob of their own, while the count stays small (1 GiB of
-    /// pages makes 9). An extent that does not fit is cut at a page.
+    /// [`FIRST_SEGMENT_PAGES`] pages, each next one up to [`SEGMENT_PAGES`].
+    /// The first pages a start reads thus arrive in a small frame of their
+    /// own, and every later page with few others. An extent that does not
+    /// fit is cut at a page.
     pub fn segments(&self) -> Vec<BootPages> {
         let page = BOOT_PAGE as usize;
         let mut out = Vec::new();
@@ -243,7 +248,7 @@ impl BootPages {
                 room -= pages as u64;
                 if room == 0 {
                     out.push(std::mem::take(&mut current));
-                    cap = (cap * 4).min(MAX_SEGMENT_PAGES);
+                    cap = SEGMENT_PAGES;
                     room = cap;
                 }
             }
@@ -364,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn segments_keep_every_page_in_read_order_and_grow() {
+    fn segments_keep_every_page_in_read_order() {
         // 400 pages in three extents, read out of blob order.
         let extents = vec![extent(1, 400, 50), extent(0, 0, 30), extent(1, 0, 320)];
         let data: Vec<u8> = (0..400 * BOOT_PAGE as usize)
@@ -380,7 +385,7 @@ mod tests {
             .iter()
             .map(|s| s.data.len() as u64 / BOOT_PAGE)
             .collect();
-        assert_eq!(pages, vec![64, 256, 80]);
+        assert_eq!(pages, vec![64, 128, 128, 80]);
         // Concatenated, the segments are the same pages at the same places.
         let flat: Vec<(u32, u64, &[u8])> = segments.iter().flat_map(pages_of).collect();
         assert_eq!(flat, pages_of(&boot));

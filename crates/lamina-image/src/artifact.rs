@@ -52,6 +52,11 @@ pub const ANNOTATION_STATS_XATTR_INODES: &str = "dev.lamina.stats.xattr-inodes";
 pub const ANNOTATION_UNCOMPRESSED_DIGEST: &str = "dev.lamina.uncompressed.digest";
 /// Layer annotation: size of the uncompressed content; for blobs, the cache file size.
 pub const ANNOTATION_UNCOMPRESSED_SIZE: &str = "dev.lamina.uncompressed.size";
+/// Boot-pages layer annotation: its zstd frames, in read order, as a JSON
+/// array of `[compressed size, size, "sha256:<digest of the compressed
+/// frame>"]`. Each frame decompresses to a boot-pages segment of its own.
+/// Without it the layer is one frame (images before frames).
+pub const ANNOTATION_BOOT_FRAMES: &str = "dev.lamina.boot.frames";
 
 /// The format version this build writes and reads.
 pub const FORMAT_VERSION: &str = "1";
@@ -105,10 +110,13 @@ pub const MAX_BOOT_PAGES_SIZE: u64 = 1 << 30;
 /// Largest lookup table lamina writes or reads, uncompressed (a million
 /// entries take about 45 MB).
 pub const MAX_LOOKUP_SIZE: u64 = 1 << 30;
-/// Most boot-pages layers (segments) an image may have: a mount fetches
-/// them at once. [`lamina_format::boot::BootPages::segments`] makes 9 of
-/// [`MAX_BOOT_PAGES_SIZE`].
+/// Most boot-pages layers an image may have (images before frames carried
+/// each segment as a layer of its own: 9 at most).
 pub const MAX_BOOT_SEGMENTS: usize = 16;
+/// Most frames of boot pages, all layers together:
+/// [`lamina_format::boot::BootPages::segments`] makes ~2,050 of
+/// [`MAX_BOOT_PAGES_SIZE`].
+pub const MAX_BOOT_FRAMES: usize = 4096;
 
 /// Why an image is not a usable lamina image.
 #[derive(Debug, thiserror::Error)]
@@ -822,6 +830,81 @@ pub struct BootLayer {
     pub size: u64,
     /// Digest of the uncompressed boot pages.
     pub digest: Digest,
+    /// Its zstd frames, in read order.
+    pub frames: Vec<BootFrame>,
+}
+
+/// One zstd frame of a boot-pages layer: one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootFrame {
+    /// Where it starts in the compressed layer.
+    pub offset: u64,
+    /// Its compressed size.
+    pub compressed_size: u64,
+    /// Its size decompressed (a whole boot-pages segment).
+    pub size: u64,
+    /// Digest of its compressed bytes.
+    pub digest: Digest,
+}
+
+/// The [`ANNOTATION_BOOT_FRAMES`] value for frames of these compressed
+/// bytes and sizes, in layer order.
+pub fn boot_frames_annotation(frames: &[(&[u8], u64)]) -> String {
+    let list: Vec<serde_json::Value> = frames
+        .iter()
+        .map(|(z, size)| serde_json::json!([z.len(), size, Digest::of_bytes(z).to_string()]))
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+/// A boot-pages layer's frames, from its annotation (else the whole layer
+/// as one), checked to tile the layer and its uncompressed size exactly.
+fn boot_frames(desc: &Descriptor, size: u64) -> Result<Vec<BootFrame>, ArtifactError> {
+    let corrupt = |reason: String| ArtifactError::Corrupt {
+        what: "boot pages",
+        reason,
+    };
+    let Some(list) = desc.annotations.get(ANNOTATION_BOOT_FRAMES) else {
+        return Ok(vec![BootFrame {
+            offset: 0,
+            compressed_size: desc.size,
+            size,
+            digest: desc.digest.clone(),
+        }]);
+    };
+    let list: Vec<(u64, u64, String)> = serde_json::from_str(list)
+        .map_err(|e| corrupt(format!("bad {ANNOTATION_BOOT_FRAMES} annotation: {e}")))?;
+    if list.len() > MAX_BOOT_FRAMES {
+        return Err(corrupt(format!("more than {MAX_BOOT_FRAMES} frames")));
+    }
+    let (mut offset, mut total) = (0u64, 0u64);
+    let mut frames = Vec::with_capacity(list.len());
+    for (compressed_size, frame_size, digest) in list {
+        let digest = Digest::parse(&digest).map_err(|e| corrupt(format!("frame digest: {e}")))?;
+        if frame_size < size_of::<BootHeader>() as u64 {
+            return Err(corrupt(format!("a frame of {frame_size} bytes")));
+        }
+        too_large(
+            "boot pages frame (compressed)",
+            compressed_size,
+            compressed_limit(frame_size),
+        )?;
+        frames.push(BootFrame {
+            offset,
+            compressed_size,
+            size: frame_size,
+            digest,
+        });
+        offset = offset.saturating_add(compressed_size);
+        total = total.saturating_add(frame_size);
+    }
+    if offset != desc.size || total != size || frames.is_empty() {
+        return Err(corrupt(format!(
+            "frames of {offset} bytes ({total} decompressed) in a layer of {} ({size})",
+            desc.size
+        )));
+    }
+    Ok(frames)
 }
 
 /// Checks an image's boot-pages layers (its segments) before anything is
@@ -836,7 +919,15 @@ pub fn boot_layers(
         .map(|d| boot_layer(d, index))
         .collect::<Result<Vec<_>, _>>()?;
     let total = layers.iter().map(|l| l.size).fold(0, u64::saturating_add);
-    let headers = (size_of::<BootHeader>() * layers.len()) as u64;
+    let frames: usize = layers.iter().map(|l| l.frames.len()).sum();
+    if frames > MAX_BOOT_FRAMES {
+        return Err(ArtifactError::Corrupt {
+            what: "boot pages",
+            reason: format!("more than {MAX_BOOT_FRAMES} frames"),
+        });
+    }
+    // Each frame is a segment with a header of its own.
+    let headers = (size_of::<BootHeader>() * frames) as u64;
     too_large(
         "boot pages (uncompressed, all segments)",
         total,
@@ -884,8 +975,10 @@ pub fn boot_layer(desc: &Descriptor, index: &[BlobSummary]) -> Result<BootLayer,
         what: WHAT,
         reason: format!("bad {ANNOTATION_UNCOMPRESSED_DIGEST} annotation: {e}"),
     })?;
+    let frames = boot_frames(desc, size)?;
+    // A header for each frame (each is a segment of its own).
     let most = boot_pages_bound(index)
-        .saturating_add(size_of::<BootHeader>() as u64)
+        .saturating_add((size_of::<BootHeader>() * frames.len()) as u64)
         .min(MAX_BOOT_PAGES_SIZE);
     too_large("boot pages (uncompressed)", size, most)?;
     if size < size_of::<BootHeader>() as u64 {
@@ -899,6 +992,7 @@ pub fn boot_layer(desc: &Descriptor, index: &[BlobSummary]) -> Result<BootLayer,
         compressed_size: desc.size,
         size,
         digest,
+        frames,
     })
 }
 
@@ -1413,6 +1507,55 @@ mod tests {
         bad.annotations
             .insert(ANNOTATION_UNCOMPRESSED_DIGEST.into(), "sha256:zz".into());
         corrupt(&bad);
+    }
+
+    /// Issue 29: a boot-pages layer's frames tile it exactly, each
+    /// with its digest; a list that does not is refused before a fetch.
+    #[test]
+    fn boot_frames_tile_their_layer() {
+        let index = index_with_cache(8 << 20);
+        let raws = [vec![1u8; 4096], vec![2u8; 9000]];
+        let zs: Vec<Vec<u8>> = raws
+            .iter()
+            .map(|r| zstd::bulk::compress(r, 3).unwrap())
+            .collect();
+        let (raw, z) = (raws.concat(), zs.concat());
+        let sizes: Vec<(&[u8], u64)> = zs
+            .iter()
+            .zip(&raws)
+            .map(|(z, r)| (z.as_slice(), r.len() as u64))
+            .collect();
+        let mut desc = layer(MEDIA_TYPE_BOOT, &raw, &z, Some(raw.len() as u64));
+        desc.annotations.insert(
+            ANNOTATION_BOOT_FRAMES.into(),
+            boot_frames_annotation(&sizes),
+        );
+        let boot = boot_layer(&desc, &index).unwrap();
+        assert_eq!(boot.frames.len(), 2);
+        assert_eq!(boot.frames[1].offset, zs[0].len() as u64);
+        assert_eq!(boot.frames[1].size, 9000);
+        assert_eq!(boot.frames[1].digest, Digest::of_bytes(&zs[1]));
+        // Without the annotation: the whole layer, by the layer's digest.
+        let plain = layer(MEDIA_TYPE_BOOT, &raw, &z, Some(raw.len() as u64));
+        let whole = boot_layer(&plain, &index).unwrap().frames;
+        assert_eq!(whole.len(), 1);
+        assert_eq!(whole[0].digest, plain.digest);
+        let refused = |value: String| {
+            let mut bad = desc.clone();
+            bad.annotations.insert(ANNOTATION_BOOT_FRAMES.into(), value);
+            assert!(boot_layer(&bad, &index).is_err());
+        };
+        let d = Digest::of_bytes(b"x").to_string();
+        let (z0, z1) = (zs[0].len(), zs[1].len());
+        refused(format!("[[{z0},4096,\"{d}\"]]")); // short of the layer
+        refused(format!("[[{z0},4096,\"{d}\"],[{z1},9001,\"{d}\"]]")); // sizes
+        refused(format!("[[{z0},4,\"{d}\"],[{z1},13092,\"{d}\"]]")); // under a header
+        refused(format!("[[{z0},4096,\"sha256:zz\"],[{z1},9000,\"{d}\"]]"));
+        refused("{}".into());
+        refused(format!(
+            "[{}]",
+            vec![format!("[0,16,\"{d}\"]"); MAX_BOOT_FRAMES + 1].join(",")
+        ));
     }
 
     /// Boot segments: each bounded as one, and all together as one; a

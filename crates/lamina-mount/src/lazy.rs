@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lamina_daemon::config::{
-    AdoptSpec, BlobSpec, BootPagesSpec, CacheFileId, DaemonConfig, LayerSpec, SourceSpec,
+    AdoptSpec, BlobSpec, BootFrameSpec, BootPagesSpec, CacheFileId, DaemonConfig, LayerSpec,
+    SourceSpec,
 };
 use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
@@ -300,6 +301,16 @@ pub fn mount_lazy_from(
             digest: boot.digest.to_string(),
             size: boot.size,
             path: meta_dir.join(format!("{}.boot", desc.digest.hex())),
+            frames: boot
+                .frames
+                .iter()
+                .map(|f| BootFrameSpec {
+                    offset: f.offset,
+                    compressed_size: f.compressed_size,
+                    size: f.size,
+                    digest: f.digest.to_string(),
+                })
+                .collect(),
         })
         .collect::<Vec<_>>();
 

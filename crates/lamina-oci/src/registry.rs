@@ -310,7 +310,24 @@ impl RegistryClient {
         offset: u64,
         len: u64,
     ) -> Result<Vec<u8>, OciError> {
-        self.blob_range(false, repo, digest, offset, len)
+        self.blob_range(false, true, repo, digest, offset, len)
+    }
+
+    /// One try of [`get_blob_range`](Self::get_blob_range) per host (on a
+    /// new connection when `fresh`), without the backoff and retries on a
+    /// 5xx or a failed connect: for a caller that retries on its own terms
+    /// (the lazy fetcher retries at once on a fresh connection, and hedges).
+    pub fn get_blob_range_once(
+        &self,
+        repo: &str,
+        digest: &Digest,
+        (offset, len): (u64, u64),
+        fresh: bool,
+    ) -> Result<Vec<u8>, OciError> {
+        if fresh {
+            self.distrust_sender(digest, offset, len);
+        }
+        self.blob_range(fresh, false, repo, digest, offset, len)
     }
 
     /// [`get_blob_range`](Self::get_blob_range) on a new connection: the
@@ -325,12 +342,13 @@ impl RegistryClient {
         len: u64,
     ) -> Result<Vec<u8>, OciError> {
         self.distrust_sender(digest, offset, len);
-        self.blob_range(true, repo, digest, offset, len)
+        self.blob_range(true, true, repo, digest, offset, len)
     }
 
     fn blob_range(
         &self,
         fresh: bool,
+        retry: bool,
         repo: &str,
         digest: &Digest,
         offset: u64,
@@ -343,7 +361,7 @@ impl RegistryClient {
         let (bytes, endpoint) = self.on_hosts(Op::Pull, |ep, retries| {
             let req = RangeRequest {
                 fresh,
-                retries,
+                retries: if retry { retries } else { 0 },
                 repo: &repo,
                 digest,
                 offset,
