@@ -17,7 +17,8 @@ BEGIN = "<!-- coldstart-tables:begin -->"
 END = "<!-- coldstart-tables:end -->"
 VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina + boot set",
           "snapshotter": "snapshotter", "snapshotter-boot": "snapshotter + boot set", "run": "lamina run",
-          "run-boot": "lamina run + boot set"}
+          "run-boot": "lamina run + boot set", "faults": "lamina, fault mix",
+          "faults-nohedge": "lamina, fault mix, --no-hedge"}
 THROUGH = ("containerd", "snapshotter", "snapshotter-boot", "run", "run-boot")
 WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis", "readall": "read all"}
 
@@ -95,6 +96,7 @@ def render(r):
               f"{f'{rl:.1f}×' if rl else '–'} | {f'{rb:.1f}×' if rb else '–'} |")
 
     through(w, r)
+    faults(w, r)
     w("")
     w("### Where the time goes (medians, seconds)")
     w("")
@@ -232,6 +234,44 @@ def render(r):
     for link, c in r["links"].items():
         w(f"| {link} | {c['nominal_MBps']:.2f} | {c['MBps']:.2f} | {c['range_request_1byte_ms']:.1f} |")
     return "\n".join(out) + "\n"
+
+
+def faults(w, r):
+    """Issue 29: starts through the demo's fault mix, with and without hedging."""
+    med, cfg = r["medians"], r["config"]
+    if "faults" not in cfg["variants"] and "faults-nohedge" not in cfg["variants"]:
+        return
+    w("")
+    w("### Through faults")
+    w("")
+    w("`lamina mount` (no boot set) through `tests/tools/faultproxy.py mix --every 5 --stall 3`: every 5th range "
+      "answer spoilt in turn by a flipped byte, a truncated body, a reset, a 500, a 503 and a 3 s stall. Median "
+      "(min–max) seconds to first output; × = that / the clean `lamina mount` start; answers spoilt, hedges sent "
+      "(won) per start (medians).")
+    w("")
+    w("| link | workload | clean | fault mix | × | spoilt | hedges (won) | --no-hedge | × |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for link, per_w in med.items():
+        for wl, per_v in per_w.items():
+            if "faults" not in per_v and "faults-nohedge" not in per_v:
+                continue
+            clean = per_v.get("lamina")
+
+            def cell(v):
+                if v not in per_v:
+                    return "–", "–"
+                x = per_v[v]["time_s"]["median"] / clean["time_s"]["median"] if clean else None
+                return spread(per_v[v]["time_s"]), f"{x:.2f}×" if x else "–"
+            runs = [x for x in r["runs"] if x["workload"] == wl and x["link"] == link and x["variant"] == "faults"]
+
+            def median_of(key):
+                vals = sorted(key(x) or 0 for x in runs)
+                return vals[len(vals) // 2] if vals else 0
+            spoilt = median_of(lambda x: (x.get("proxy") or {}).get("faulted"))
+            hedges, won = median_of(lambda x: x.get("hedges")), median_of(lambda x: x.get("hedge_wins"))
+            (t, x), (tn, xn) = cell("faults"), cell("faults-nohedge")
+            w(f"| {link} | {WLABEL.get(wl, wl)} | {spread(clean['time_s']) if clean else '–'} | {t} | {x} | "
+              f"{spoilt} | {hedges} ({won}) | {tn} | {xn} |")
 
 
 def through(w, r):

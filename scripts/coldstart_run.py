@@ -84,7 +84,14 @@ TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
 # bytes fetched for a cold start, % of the image's compressed size (source layers)
 BYTES_TARGET_PCT = 3.0
 TBF = ["burst", "64kb", "latency", "50ms"]
-VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot"]
+VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
+            "faults", "faults-nohedge"]
+# The fault runs: `lamina mount` (no boot set) through tests/tools/faultproxy.py
+# with the demo's mix: every 5th range answer spoilt (flip, truncate, reset,
+# 500, 503, a 3 s stall in turn); with hedging and with --no-hedge.
+FAULT_MIX = ["mix", "--every", "5", "--stall", "3"]
+FAULTS_OVER_CLEAN_MAX = 2.0
+FAULTPROXY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tools", "faultproxy.py")
 LAMINA_VARIANTS = [v for v in VARIANTS if v != "containerd"]
 # Through containerd with a boot set: its time at most this many times `lamina run`'s (issue 8)
 SNAPSHOTTER_OVER_RUN_MAX = 1.3
@@ -524,7 +531,34 @@ class Bench:
                 out.close()
             err.close()
 
-    def lamina_run(self, tag, workload, record_trace=None, second=True):
+    def lamina_faults(self, workload, hedge):
+        """`lamina_run` of the plain image through a fault proxy in the namespace."""
+        d = os.path.join(self.work, "proxies", f"{self.next_seq():03d}")
+        os.makedirs(d)
+        port_file, stats = os.path.join(d, "port"), os.path.join(d, "stats.json")
+        reg_port = self.reg.rsplit(":", 1)[1]
+        proxy = subprocess.Popen(self.ns + [sys.executable, FAULTPROXY, "0", reg_port] + FAULT_MIX +
+                                 ["--port-file", port_file, "--stats", stats, "--lifetime", "900"],
+                                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "log"), "wb"))
+        try:
+            end = time.monotonic() + 30
+            while not (os.path.exists(port_file) and open(port_file).read().strip()):
+                if time.monotonic() > end or proxy.poll() is not None:
+                    raise RuntimeError("the fault proxy did not start")
+                time.sleep(0.05)
+            port = open(port_file).read().strip()
+            rec = self.lamina_run("lamina", workload,
+                                  ref=f"docker://127.0.0.1:{port}/debian:lamina",
+                                  mount_args=[] if hedge else ["--no-hedge"])
+            with open(stats) as f:
+                st = json.load(f)
+            rec["proxy"] = {k: st.get(k) for k in ("eligible", "faulted", "faults")}
+            return rec
+        finally:
+            proxy.terminate()
+            proxy.wait()
+
+    def lamina_run(self, tag, workload, record_trace=None, second=True, ref=None, mount_args=()):
         seq = self.next_seq()
         rd = os.path.join(self.work, "runs", f"{seq:03d}-{tag}-{workload}")
         cache, mnt = os.path.join(rd, "cache"), os.path.join(rd, "mnt")
@@ -532,8 +566,8 @@ class Bench:
         port = free_port()
         c1 = self.bundle(os.path.join(rd, "c1"), workload, port)
         cid = f"{self.a.id}-{seq}"
-        ref = f"docker://{self.reg}/debian:{tag}"
-        extra = ["--record-trace", record_trace] if record_trace else []
+        ref = ref or f"docker://{self.reg}/debian:{tag}"
+        extra = (["--record-trace", record_trace] if record_trace else []) + list(mount_args)
         rec = {"tag": tag}
         try:
             drop_caches()
@@ -566,7 +600,8 @@ class Bench:
                 st = self.fresh_status(cache, mnt)
             rec.update(wire_bytes=self.tx_bytes() - tx0,
                        **{k: st.get(k) for k in ("fetched_bytes", "requests", "misses", "failed_misses",
-                                                 "bad_chunks", "cached_bytes", "prefetch_done", "prefetch_total")})
+                                                 "bad_chunks", "cached_bytes", "prefetch_done", "prefetch_total",
+                                                 "hedges", "hedge_wins", "boot_frames")})
             if second:
                 port2 = free_port()
                 c2 = self.bundle(os.path.join(rd, "c2"), workload, port2)
@@ -1133,6 +1168,11 @@ def time_targets(ratios, agg):
                     targets.append({"what": f"time {snap} / {own}", "workload": w, "link": link, "value": got,
                                     "target_max": SNAPSHOTTER_OVER_RUN_MAX, "unit": "x",
                                     "met": got <= SNAPSHOTTER_OVER_RUN_MAX})
+            if "faults" in per_v and "lamina" in per_v:
+                got = per_v["faults"]["time_s"]["median"] / per_v["lamina"]["time_s"]["median"]
+                targets.append({"what": "time through the fault mix / clean (lamina mount)", "workload": w,
+                                "link": link, "value": got, "target_max": FAULTS_OVER_CLEAN_MAX, "unit": "x",
+                                "met": got <= FAULTS_OVER_CLEAN_MAX})
             for v in LAMINA_VARIANTS:
                 got = ratios.get(link, {}).get(w, {}).get(v)
                 if got is not None:
@@ -1190,7 +1230,8 @@ def aggregate(result):
 
 
 SHORT = {"containerd": "containerd", "lamina": "mount", "lamina-boot": "mount+b", "snapshotter": "snap",
-         "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b"}
+         "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b", "faults": "faults",
+         "faults-nohedge": "faults-nh"}
 
 
 def print_table(r):
@@ -1342,6 +1383,8 @@ def main():
                             rec = b.snapshotter_run(tag, w)
                         elif v.startswith("run"):
                             rec = b.lamina_run_cmd(tag, w)
+                        elif v.startswith("faults"):
+                            rec = b.lamina_faults(w, hedge=v == "faults")
                         else:
                             rec = b.lamina_run(tag, w)
                         rec.update(link=link, workload=w, variant=v, run=i + 1, loadavg_1min_before=load)

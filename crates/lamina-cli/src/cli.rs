@@ -353,6 +353,11 @@ pub(crate) struct ServeArgs {
     /// order (windows start at 512K and double); 0 turns it off.
     #[arg(long, default_value = "8M", value_parser = parse_size)]
     pub(crate) fill_ahead: u64,
+    /// Never send a second copy of a slow range request (by default one
+    /// goes out, on a fresh connection, when a request is slower than
+    /// recent ones: their 95th percentile, 50 ms at least).
+    #[arg(long)]
+    pub(crate) no_hedge: bool,
     /// Same as `--prefetch all`.
     #[arg(long)]
     pub(crate) prefetch_all: bool,
@@ -396,6 +401,7 @@ impl ServeArgs {
             },
             record_trace,
             readahead_kb: self.readahead,
+            hedge: !self.no_hedge,
             ..lamina_mount::LazyOptions::default()
         })
     }

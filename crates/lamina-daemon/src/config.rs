@@ -143,6 +143,9 @@ pub struct DaemonConfig {
     /// order; 0: never.
     #[serde(default = "default_fill_ahead")]
     pub fill_ahead: u64,
+    /// Hedge slow range requests (see `lamina_fetch::hedge`).
+    #[serde(default = "yes")]
+    pub hedge: bool,
     /// Threads serving misses.
     pub workers: usize,
     /// Fetch the image's boot set in the background.

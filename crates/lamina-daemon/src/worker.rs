@@ -354,13 +354,13 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         ahead_stats: FetchStats::default(),
         fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
-            hedging: Some(hedging.clone()),
+            hedging: config.hedge.then(|| hedging.clone()),
             ..FetchOptions::default()
         },
         boot_fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
             merge_gap: 128 << 10,
-            hedging: Some(hedging.clone()),
+            hedging: config.hedge.then(|| hedging.clone()),
             ..FetchOptions::default()
         },
         ahead_fetch: FetchOptions {
@@ -1447,7 +1447,7 @@ impl Shared {
     ) -> io::Result<Vec<u8>> {
         let layer = Digest::parse(&spec.layer_digest).map_err(io::Error::other)?;
         let range = (frame.offset, frame.compressed_size);
-        let hedging = Some(self.hedging.as_ref());
+        let hedging = self.config.hedge.then_some(self.hedging.as_ref());
         let z = self.retried("boot pages", None, |fresh| {
             let z = read_first_answer(&self.source, hedging, &layer, range, fresh)?;
             self.stats

@@ -64,6 +64,8 @@ pub struct LazyOptions {
     /// when recording a trace or when the image has boot pages, else the
     /// kernel's).
     pub readahead_kb: Option<u32>,
+    /// Hedge slow range requests (`lamina_fetch::hedge`).
+    pub hedge: bool,
 }
 
 impl Default for LazyOptions {
@@ -76,6 +78,7 @@ impl Default for LazyOptions {
             prefetch: Prefetch::Boot,
             record_trace: None,
             readahead_kb: None,
+            hedge: true,
         }
     }
 }
@@ -383,6 +386,7 @@ pub fn mount_lazy_from(
         timeout_secs: lazy.timeout.as_secs().max(1),
         fill_window: lazy.fill_window,
         fill_ahead: lazy.fill_ahead,
+        hedge: lazy.hedge,
         workers: lazy.workers,
         prefetch: lazy.record_trace.is_none() && lazy.prefetch != Prefetch::None,
         prefetch_all: lazy.prefetch == Prefetch::All && lazy.record_trace.is_none(),
