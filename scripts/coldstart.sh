@@ -25,7 +25,10 @@
 #                  no boot set, links of 100mbit and more only)
 #   --readall-runs N  runs of readall per link and variant (default 1)
 #   --variants V   of containerd, lamina, lamina-boot, snapshotter,
-#                  snapshotter-boot, run, run-boot (default: all)
+#                  snapshotter-boot, run, run-boot, proxy, faults,
+#                  faults-nohedge (default: all; faults: lamina mount through
+#                  the demo's fault mix, with hedging and with --no-hedge;
+#                  proxy: through the same proxy, spoiling nothing)
 #   --idle-images N  images mounted for the idle footprint (default 20; 0: skip)
 #   --out FILE     JSON results (default docs/coldstart-results.json)
 #   --plot FILE    chart (default: coldstart.png next to --out); --no-plot to skip
@@ -60,7 +63,7 @@ OUT="$ROOT/docs/coldstart-results.json"
 PLOT=
 NO_PLOT=0
 MAX_MINUTES=60
-VARIANTS=containerd,lamina,lamina-boot,snapshotter,snapshotter-boot,run,run-boot
+VARIANTS=containerd,lamina,lamina-boot,snapshotter,snapshotter-boot,run,run-boot,proxy,faults,faults-nohedge
 IDLE_IMAGES=20
 CONTAINERD_BIN=
 KEEP_LOGS=
@@ -93,8 +96,9 @@ done
 [[ "$MAX_MINUTES" =~ ^[1-9][0-9]*$ ]] || die "--max-minutes wants a positive integer"
 [[ "$LINKS" =~ ^[0-9]+[kmg]bit(,[0-9]+[kmg]bit)*$ ]] || die "--links wants rates like 1gbit,100mbit,10mbit"
 [[ "$IDLE_IMAGES" =~ ^[0-9]+$ ]] || die "--idle-images wants a number"
-[[ "$VARIANTS" =~ ^(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot)(,(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot))*$ ]] ||
-    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot"
+V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge)'
+[[ "$VARIANTS" =~ ^$V(,$V)*$ ]] ||
+    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge"
 [[ "$WORKLOADS" =~ ^(python|nginx|redis|readall)(,(python|nginx|redis|readall))*$ ]] ||
     die "--workloads: python, nginx, redis, readall"
 [[ "$READALL_RUNS" =~ ^[1-9][0-9]*$ ]] || die "--readall-runs wants a positive integer"

@@ -85,10 +85,13 @@ TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
 BYTES_TARGET_PCT = 3.0
 TBF = ["burst", "64kb", "latency", "50ms"]
 VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
-            "faults", "faults-nohedge"]
+            "proxy", "faults", "faults-nohedge"]
 # The fault runs: `lamina mount` (no boot set) through tests/tools/faultproxy.py
 # with the demo's mix: every 5th range answer spoilt (flip, truncate, reset,
-# 500, 503, a 3 s stall in turn); with hedging and with --no-hedge.
+# 500, 503, a 3 s stall in turn); with hedging and with --no-hedge. Their
+# baseline is `proxy`, the same proxy spoiling nothing: it runs in the
+# namespace, so every byte crosses the shaped link twice (registry to proxy,
+# proxy to lamina), and it forwards an answer only once it has all of it.
 FAULT_MIX = ["mix", "--every", "5", "--stall", "3"]
 FAULTS_OVER_CLEAN_MAX = 2.0
 FAULTPROXY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tools", "faultproxy.py")
@@ -531,13 +534,13 @@ class Bench:
                 out.close()
             err.close()
 
-    def lamina_faults(self, workload, hedge):
+    def lamina_faults(self, workload, hedge, mode=FAULT_MIX):
         """`lamina_run` of the plain image through a fault proxy in the namespace."""
         d = os.path.join(self.work, "proxies", f"{self.next_seq():03d}")
         os.makedirs(d)
         port_file, stats = os.path.join(d, "port"), os.path.join(d, "stats.json")
         reg_port = self.reg.rsplit(":", 1)[1]
-        proxy = subprocess.Popen(self.ns + [sys.executable, FAULTPROXY, "0", reg_port] + FAULT_MIX +
+        proxy = subprocess.Popen(self.ns + [sys.executable, FAULTPROXY, "0", reg_port] + mode +
                                  ["--port-file", port_file, "--stats", stats, "--lifetime", "900"],
                                  stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "log"), "wb"))
         try:
@@ -1168,9 +1171,9 @@ def time_targets(ratios, agg):
                     targets.append({"what": f"time {snap} / {own}", "workload": w, "link": link, "value": got,
                                     "target_max": SNAPSHOTTER_OVER_RUN_MAX, "unit": "x",
                                     "met": got <= SNAPSHOTTER_OVER_RUN_MAX})
-            if "faults" in per_v and "lamina" in per_v:
-                got = per_v["faults"]["time_s"]["median"] / per_v["lamina"]["time_s"]["median"]
-                targets.append({"what": "time through the fault mix / clean (lamina mount)", "workload": w,
+            if "faults" in per_v and "proxy" in per_v:
+                got = per_v["faults"]["time_s"]["median"] / per_v["proxy"]["time_s"]["median"]
+                targets.append({"what": "time through the fault mix / through the same proxy, clean", "workload": w,
                                 "link": link, "value": got, "target_max": FAULTS_OVER_CLEAN_MAX, "unit": "x",
                                 "met": got <= FAULTS_OVER_CLEAN_MAX})
             for v in LAMINA_VARIANTS:
@@ -1230,7 +1233,7 @@ def aggregate(result):
 
 
 SHORT = {"containerd": "containerd", "lamina": "mount", "lamina-boot": "mount+b", "snapshotter": "snap",
-         "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b", "faults": "faults",
+         "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b", "proxy": "proxy", "faults": "faults",
          "faults-nohedge": "faults-nh"}
 
 
@@ -1383,6 +1386,8 @@ def main():
                             rec = b.snapshotter_run(tag, w)
                         elif v.startswith("run"):
                             rec = b.lamina_run_cmd(tag, w)
+                        elif v == "proxy":
+                            rec = b.lamina_faults(w, hedge=True, mode=["none"])
                         elif v.startswith("faults"):
                             rec = b.lamina_faults(w, hedge=v == "faults")
                         else:
