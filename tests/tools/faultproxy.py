@@ -93,11 +93,15 @@ class Plan:
             "faults": {k: 0 for k in FAULTS},
             "upstream_errors": 0,
             "body_bytes": 0,
+            # The first 1,000 requests, in order: "METHOD PATH [RANGE]".
+            "log": [],
         }
 
-    def next_fault(self, eligible):
+    def next_fault(self, eligible, line=""):
         with self.lock:
             self.stats["requests"] += 1
+            if line and len(self.stats["log"]) < 1000:
+                self.stats["log"].append(line)
             if not eligible:
                 return None
             self.stats["eligible"] += 1
@@ -186,7 +190,7 @@ class Handler(BaseHTTPRequestHandler):
         eligible = self.command == "GET" and range_hdr is not None and BLOB_PATH.match(path) is not None
         if cfg.blob:
             eligible = eligible and path.endswith("/" + cfg.blob)
-        fault = plan.next_fault(eligible)
+        fault = plan.next_fault(eligible, f"{self.command} {path} {range_hdr or ''}".strip())
         if fault:
             log(f"{self.command} {self.path} {range_hdr}: {fault}")
         try:

@@ -217,6 +217,12 @@ struct Shared {
 /// them slow or stalled).
 const HEDGE_AFTER: Duration = Duration::from_secs(1);
 
+/// No miss for this long after the first one: the start is over.
+const START_QUIET: Duration = Duration::from_millis(500);
+/// No miss at all for this long after the worker started: the mount is
+/// idle, or walked without reads (lookups only); later layers go now.
+const START_AT_MOST: Duration = Duration::from_secs(10);
+
 /// Boot-pages frames fetched at once (after the first, which goes alone).
 const BOOT_STREAMS: usize = 4;
 
@@ -1498,6 +1504,7 @@ impl Shared {
         while self.boot_pending.load(Ordering::SeqCst) > 0 {
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.wait_start_over();
         for spec in &self.config.later_layers {
             match self.store_layer(spec) {
                 Ok(()) => tracing::info!(
@@ -1748,6 +1755,18 @@ impl Shared {
                 .fetch_add((end - at) as u64, Ordering::Relaxed);
             at = end;
         }
+    }
+
+    /// Returns once the start the mount was made for seems over: its first
+    /// miss came and then none for [`START_QUIET`], or no miss came for
+    /// [`START_AT_MOST`]. Layers no reader waits for (the FUSE lookup table:
+    /// 8.5 MB of a million-file image) go on the wire after it, not
+    /// before the first read or beside the start's misses.
+    fn wait_start_over(&self) {
+        while self.misses.load(Ordering::Relaxed) == 0 && self.started.elapsed() < START_AT_MOST {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_quiet(START_QUIET);
     }
 
     /// Returns once no miss has arrived for `quiet` and none is in progress.
