@@ -80,7 +80,7 @@ OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")
 [ "$(id -u)" = 0 ] || die "must run as root (mounts, drop_caches)"
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3) || die "missing python3"
-for tool in mkfs.erofs findmnt tar chroot; do
+for tool in mkfs.erofs findmnt tar chroot skopeo docker-registry; do
     command -v "$tool" >/dev/null || die "missing tool: $tool (run scripts/setup.sh)"
 done
 [ -x /usr/bin/time ] || die "missing /usr/bin/time (apt-get install time)"
