@@ -99,12 +99,36 @@ const FSCONFIG_VALUE_MAX: usize = 255;
 /// filesystem, stops asking (one syscall less per file and two per
 /// directory; a warm `ls -lR` of a million files took 3.4 s instead of
 /// 4.5-5.0 s on the machine of docs/bench-scale.md).
+///
+/// With `direct`, EROFS reads the cache files with direct I/O (its
+/// `directio` option; kernels without it mount without): each page is
+/// read once from disk into EROFS's own page cache, not first into the
+/// cache file's and then copied. For a cache file that is complete before
+/// the mount (an eager mount), not for a lazy one: the worker writes its
+/// fills through the page cache, and a direct read of a range just
+/// filled would first wait for it to be written back.
 pub fn mount_erofs(
     metadata: &Path,
     mountpoint: &Path,
     devices: &[&Path],
     acl: bool,
     privileges: Privileges,
+    direct: bool,
+) -> Result<(), rustix::io::Errno> {
+    let mount = |direct| mount_erofs_once(metadata, mountpoint, devices, acl, privileges, direct);
+    match mount(direct) {
+        Err(rustix::io::Errno::INVAL) if direct => mount(false),
+        result => result,
+    }
+}
+
+fn mount_erofs_once(
+    metadata: &Path,
+    mountpoint: &Path,
+    devices: &[&Path],
+    acl: bool,
+    privileges: Privileges,
+    direct: bool,
 ) -> Result<(), rustix::io::Errno> {
     use rustix::mount::{
         fsconfig_create, fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen, move_mount,
@@ -121,6 +145,9 @@ pub fn mount_erofs(
                 fsconfig_set_flag(&fs, "ro")?;
                 if !acl {
                     fsconfig_set_flag(&fs, "noacl")?;
+                }
+                if direct {
+                    fsconfig_set_flag(&fs, "directio")?;
                 }
                 fsconfig_create(&fs)?;
                 let mut attrs = MountAttrFlags::MOUNT_ATTR_RDONLY;
@@ -144,11 +171,10 @@ pub fn mount_erofs(
         }
     }
     let devices = device_options(devices.iter().copied()).map_err(|_| rustix::io::Errno::INVAL)?;
-    let data = match acl {
-        true => devices,
-        false => std::ffi::CString::new(format!("noacl,{}", devices.to_string_lossy()))
-            .map_err(|_| rustix::io::Errno::INVAL)?,
-    };
+    let flags = [(!acl, "noacl,"), (direct, "directio,")];
+    let prefix: String = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
+    let data = std::ffi::CString::new(format!("{prefix}{}", devices.to_string_lossy()))
+        .map_err(|_| rustix::io::Errno::INVAL)?;
     // The kernel reads one page of options and drops the rest unseen.
     if data.as_bytes().len() >= 4096 {
         return Err(rustix::io::Errno::TOOBIG);
@@ -276,6 +302,7 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
         &devices,
         config.xattrs,
         config.privileges,
+        false, // a lazy mount's cache files are written while read
     );
     if let Err(e) = mounted {
         worker.kill();
@@ -541,7 +568,7 @@ mod tests {
             options.as_bytes().len()
         );
 
-        mount_erofs(&meta, &mnt, &devices, true, Privileges::default()).unwrap();
+        mount_erofs(&meta, &mnt, &devices, true, Privileges::default(), false).unwrap();
         let _guard = Unmount(mnt.clone());
         for i in 0..N {
             let got = std::fs::read(mnt.join(format!("f{i:03}"))).unwrap();

@@ -278,26 +278,35 @@ pub fn mount_image(
     let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
     let acl = info.xattrs;
     let privileges = opts.privileges;
-    lamina_daemon::holder::mount_erofs(&info.metadata_path, mountpoint, &devices, acl, privileges)
-        .map_err(|errno| MountError::Syscall {
-            op: "mount",
-            path: mountpoint.to_path_buf(),
-            errno,
-            hint: match errno {
-                rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => " (mounting needs root)",
-                rustix::io::Errno::NODEV => " (the kernel has no EROFS support: modprobe erofs)",
-                rustix::io::Errno::TOOBIG => {
-                    " (a cache path is longer than fsconfig(2) takes, and the cache paths \
+    // Complete before the mount: read with direct I/O, cached once.
+    let direct = true;
+    lamina_daemon::holder::mount_erofs(
+        &info.metadata_path,
+        mountpoint,
+        &devices,
+        acl,
+        privileges,
+        direct,
+    )
+    .map_err(|errno| MountError::Syscall {
+        op: "mount",
+        path: mountpoint.to_path_buf(),
+        errno,
+        hint: match errno {
+            rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => " (mounting needs root)",
+            rustix::io::Errno::NODEV => " (the kernel has no EROFS support: modprobe erofs)",
+            rustix::io::Errno::TOOBIG => {
+                " (a cache path is longer than fsconfig(2) takes, and the cache paths \
                  together longer than mount(2)'s options: choose a shorter --cache-dir)"
-                }
-                rustix::io::Errno::NOTBLK | rustix::io::Errno::INVAL => {
-                    " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later, and \
+            }
+            rustix::io::Errno::NOTBLK | rustix::io::Errno::INVAL => {
+                " (the kernel needs CONFIG_EROFS_FS_BACKED_BY_FILE, Linux 6.12 or later, and \
                  the cache dir on a disk filesystem: it refuses tmpfs files; --mode auto \
                  serves through FUSE there)"
-                }
-                _ => "",
-            },
-        })?;
+            }
+            _ => "",
+        },
+    })?;
     record_eager(opts, &info);
     Ok(info)
 }
