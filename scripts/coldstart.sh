@@ -23,6 +23,13 @@
 #   --workloads W  python (python3 -c 'print("hello")'), nginx (first HTTP 200),
 #                  redis (first +PONG), readall (every file read, then "hello";
 #                  no boot set, links of 100mbit and more only)
+#                  datasci, node: the heavy images of scripts/heavy-image.sh
+#                  (built or reused here): a Python data-science start
+#                  (imports numpy, pandas, scipy, scikit-learn, pyarrow,
+#                  statsmodels, matplotlib) and a Node.js start that requires
+#                  8 npm packages; with variants containerd, lamina,
+#                  lamina-boot and local only (local: the same start from the
+#                  image unpacked on local disk, page cache dropped)
 #   --readall-runs N  runs of readall per link and variant (default 1)
 #   --variants V   of containerd, lamina, lamina-boot, snapshotter,
 #                  snapshotter-boot, run, run-boot, proxy, faults,
@@ -63,7 +70,7 @@ OUT="$ROOT/docs/coldstart-results.json"
 PLOT=
 NO_PLOT=0
 MAX_MINUTES=60
-VARIANTS=containerd,lamina,lamina-boot,snapshotter,snapshotter-boot,run,run-boot,proxy,faults,faults-nohedge
+VARIANTS=containerd,lamina,lamina-boot,snapshotter,snapshotter-boot,run,run-boot,proxy,faults,faults-nohedge,local
 IDLE_IMAGES=20
 CONTAINERD_BIN=
 KEEP_LOGS=
@@ -96,11 +103,11 @@ done
 [[ "$MAX_MINUTES" =~ ^[1-9][0-9]*$ ]] || die "--max-minutes wants a positive integer"
 [[ "$LINKS" =~ ^[0-9]+[kmg]bit(,[0-9]+[kmg]bit)*$ ]] || die "--links wants rates like 1gbit,100mbit,10mbit"
 [[ "$IDLE_IMAGES" =~ ^[0-9]+$ ]] || die "--idle-images wants a number"
-V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge)'
+V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge|local)'
 [[ "$VARIANTS" =~ ^$V(,$V)*$ ]] ||
-    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge"
-[[ "$WORKLOADS" =~ ^(python|nginx|redis|readall)(,(python|nginx|redis|readall))*$ ]] ||
-    die "--workloads: python, nginx, redis, readall"
+    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge, local"
+W='(python|nginx|redis|readall|datasci|node)'
+[[ "$WORKLOADS" =~ ^$W(,$W)*$ ]] || die "--workloads: python, nginx, redis, readall, datasci, node"
 [[ "$READALL_RUNS" =~ ^[1-9][0-9]*$ ]] || die "--readall-runs wants a positive integer"
 mkdir -p "$(dirname "$OUT")"
 OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")
@@ -267,9 +274,14 @@ done
 ctr --address "$CTD_SOCK" version >/dev/null 2>&1 || die "containerd did not answer on $CTD_SOCK"
 log "containerd $(containerd --version | awk '{print $3}') on $CTD_SOCK (pid $CTD_PID)"
 
+HEAVY_DIR=/var/cache/lamina-test/heavy-oci
+if [[ ",$WORKLOADS," =~ ,(datasci|node), ]]; then
+    bash "$ROOT/scripts/heavy-image.sh" "$HEAVY_DIR"
+fi
+
 # ---- measurements --------------------------------------------------------------------
 "$PY" "$ROOT/scripts/coldstart_run.py" \
-    --lamina "$WORK/lamina" --image "$IMAGE_DIR:bookworm" --work "$WORK" --id "$ID" \
+    --lamina "$WORK/lamina" --image "$IMAGE_DIR:bookworm" --heavy "$HEAVY_DIR" --work "$WORK" --id "$ID" \
     --netns "$NSPATH" --registry "127.0.0.1:$PORT" --registry-pid "$REG_PID" \
     --containerd-sock "$CTD_SOCK" --containerd-root "$CTD/root" --snapshotter-sock "$SNAP_SOCK" \
     --variants "$VARIANTS" --idle-images "$IDLE_IMAGES" --readall-runs "$READALL_RUNS" \

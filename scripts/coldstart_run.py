@@ -85,7 +85,7 @@ TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
 BYTES_TARGET_PCT = 3.0
 TBF = ["burst", "64kb", "latency", "50ms"]
 VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
-            "proxy", "faults", "faults-nohedge"]
+            "proxy", "faults", "faults-nohedge", "local"]
 # The fault runs: `lamina mount` (no boot set) through tests/tools/faultproxy.py
 # with the demo's mix: every 5th range answer spoilt (flip, truncate, reset,
 # 500, 503, a 3 s stall in turn); with hedging and with --no-hedge. Their
@@ -95,7 +95,7 @@ VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-b
 FAULT_MIX = ["mix", "--every", "5", "--stall", "3"]
 FAULTS_OVER_CLEAN_MAX = 2.0
 FAULTPROXY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tools", "faultproxy.py")
-LAMINA_VARIANTS = [v for v in VARIANTS if v != "containerd"]
+LAMINA_VARIANTS = [v for v in VARIANTS if v not in ("containerd", "local")]
 # Through containerd with a boot set: its time at most this many times `lamina run`'s (issue 8)
 SNAPSHOTTER_OVER_RUN_MAX = 1.3
 # containerd / snapshotter-boot for python3 at 100mbit (issue 8)
@@ -104,7 +104,20 @@ IDLE_IMAGES = 20
 IDLE_RSS_TARGET_MIB = 32
 READY_TIMEOUT = 300
 # workloads whose first useful output is "hello" on stdout
-STDOUT_WORKLOADS = ("python", "readall")
+STDOUT_WORKLOADS = ("python", "readall", "datasci", "node")
+# Heavy workloads (issue 29), each on its own image: a tag of the layout that
+# scripts/heavy-image.sh builds (--heavy). They run with these variants only;
+# "local" is the limit: the same start from the source image unpacked on
+# local disk (umoci), page cache dropped.
+HEAVY = ("datasci", "node")
+HEAVY_VARIANTS = ("containerd", "lamina", "lamina-boot", "local")
+DATASCI_IMPORTS = "numpy, pandas, scipy.stats, sklearn.linear_model, pyarrow, statsmodels.api, matplotlib.pyplot"
+NODE_REQUIRES = ["express", "lodash", "moment", "axios", "@babel/core", "rxjs", "date-fns", "typescript"]
+# Heavy starts with a boot set: at most this times the limit; without: HEAVY_NO_BOOT_OVER_LIMIT_MAX,
+# and at least HEAVY_VS_CONTAINERD_MIN times faster than containerd's full pull at 100mbit.
+HEAVY_BOOT_OVER_LIMIT_MAX = 1.3
+HEAVY_NO_BOOT_OVER_LIMIT_MAX = 2.0
+HEAVY_VS_CONTAINERD_MIN = 10.0
 # readall (every file of the image read once) has no boot set of its own and
 # runs only on links of 100mbit and more: at 10mbit each start is minutes
 READALL_MIN_BPS = 100 * 10**6
@@ -291,6 +304,12 @@ def wait_ready(workload, proc, port, timeout=READY_TIMEOUT, netns=None):
 def workload_args(workload, port):
     if workload == "python":
         return ["python3", "-c", 'print("hello")']
+    if workload == "datasci":
+        return ["python3", "-c", f'import matplotlib; matplotlib.use("Agg"); import {DATASCI_IMPORTS}; print("hello")']
+    if workload == "node":
+        requires = "".join(f"require({json.dumps(m)});" for m in NODE_REQUIRES)
+        return ["sh", "-c", f"cd /opt/app && LD_LIBRARY_PATH=/opt/node/lib exec /opt/node/bin/node -e "
+                            f"'{requires} console.log(\"hello\")'"]
     if workload == "readall":
         return ["sh", "-c", "find / -xdev -type f -exec cat {} + >/dev/null; echo hello"]
     if workload == "nginx":
@@ -430,10 +449,17 @@ class Bench:
         p = run(self.ns + [self.lamina, "--json", *args], capture=True, timeout=timeout)
         return json.loads(p.stdout)
 
-    def convert(self, dst_tag, prefetch=None):
+    @staticmethod
+    def tags(workload):
+        """(source, lamina, lamina with the workload's boot set) tags of a workload's image."""
+        if workload in HEAVY:
+            return workload, f"{workload}-lamina", f"{workload}-lamina-boot"
+        return "bookworm", "lamina", f"lamina-boot-{workload}"
+
+    def convert(self, dst_tag, prefetch=None, src_tag="bookworm"):
         t = time.perf_counter()
         args = ["convert"] + (["--prefetch", prefetch] if prefetch else []) + [
-            f"docker://{self.reg}/debian:bookworm", f"docker://{self.reg}/debian:{dst_tag}"]
+            f"docker://{self.reg}/debian:{src_tag}", f"docker://{self.reg}/debian:{dst_tag}"]
         doc = self.lamina_json(*args)
         secs = time.perf_counter() - t
         blobs = doc.get("blobs") or []
@@ -631,6 +657,34 @@ class Bench:
             if not busy:
                 shutil.rmtree(rd, ignore_errors=True)
 
+    def local_run(self, workload, rootfs):
+        """The limit: the same start from the source image unpacked on local disk (`rootfs`), page cache
+        dropped, through the same overlay + runc as `lamina_run`; then a second, warm one."""
+        seq = self.next_seq()
+        rd = os.path.join(self.work, "runs", f"{seq:03d}-local-{workload}")
+        cid = f"{self.a.id}-{seq}"
+        rec = {}
+        try:
+            port = free_port()
+            c1 = self.bundle(os.path.join(rd, "c1"), workload, port)
+            drop_caches()
+            tx0 = self.tx_bytes()
+            t0 = time.perf_counter()
+            self.overlay(rootfs, c1)
+            t_ready = self.runc_container(c1, cid, workload, port)
+            rec.update(time_s=t_ready - t0, wire_bytes=self.tx_bytes() - tx0)
+            port2 = free_port()
+            c2 = self.bundle(os.path.join(rd, "c2"), workload, port2)
+            self.overlay(rootfs, c2)
+            t1 = time.perf_counter()
+            t2 = self.runc_container(c2, f"{cid}b", workload, port2)
+            rec["second"] = {"time_s": t2 - t1, "wire_bytes": 0}
+            return rec
+        finally:
+            for sub in ("c2", "c1"):
+                umount(os.path.join(rd, sub, "rootfs"))
+            shutil.rmtree(rd, ignore_errors=True)
+
     def worker_log(self, cache):
         out = []
         for root, _dirs, files in os.walk(os.path.join(cache, "mounts")):
@@ -689,7 +743,7 @@ class Bench:
     def containerd_run(self, workload):
         seq = self.next_seq()
         ns = f"cs{seq}"
-        ref = f"{self.reg}/debian:bookworm"
+        ref = f"{self.reg}/debian:{self.tags(workload)[0]}"
         cid = f"{self.a.id}-{seq}"
         d = os.path.join(self.work, "runs", f"{seq:03d}-containerd-{workload}")
         os.makedirs(d)
@@ -1185,15 +1239,43 @@ def time_targets(ratios, agg):
     return targets
 
 
+def heavy_targets(result, agg):
+    """Issue 29: heavy starts against their limit, the larger of the same start from local disk (cold page
+    cache) and the boot set's bytes (fetched to first output) at the link's measured rate."""
+    targets = []
+    for link, per_w in agg.items():
+        rate = (result["links"].get(link) or {}).get("MBps")
+        for w in HEAVY:
+            per_v = per_w.get(w) or {}
+            loc, boot, plain = per_v.get("local"), per_v.get("lamina-boot"), per_v.get("lamina")
+            if not (loc and boot and rate):
+                continue
+            boot_bytes = (boot.get("fetched_bytes_ready") or {}).get("median") or 0
+            limit = max(loc["time_s"]["median"], boot_bytes / 1e6 / rate)
+            per_v["limit_s"] = limit
+            for v, bound in (("lamina-boot", HEAVY_BOOT_OVER_LIMIT_MAX), ("lamina", HEAVY_NO_BOOT_OVER_LIMIT_MAX)):
+                if per_v.get(v):
+                    got = per_v[v]["time_s"]["median"] / limit
+                    targets.append({"what": f"time {v} / limit (local disk, or boot set bytes at link rate)",
+                                    "workload": w, "link": link, "value": got, "target_max": bound, "unit": "x",
+                                    "met": got <= bound})
+            cd = per_v.get("containerd")
+            if cd and plain and link == "100mbit":
+                got = cd["time_s"]["median"] / plain["time_s"]["median"]
+                targets.append({"what": "time containerd / lamina (no boot set)", "workload": w, "link": link,
+                                "value": got, "target_min": HEAVY_VS_CONTAINERD_MIN, "met": got >= HEAVY_VS_CONTAINERD_MIN})
+    return targets
+
+
 def aggregate(result):
     """Medians per link / workload / variant, ratios, targets."""
-    img_bytes = result["image"]["layer_bytes"]
     cfg = result["config"]
     agg, ratios = {}, {}
     for link in cfg["links"]:
         agg[link], ratios[link] = {}, {}
         for w in cfg["workloads"]:
             agg[link][w] = {}
+            img_bytes = (result.get("images") or {}).get(w, result["image"])["layer_bytes"]
             for v in cfg["variants"]:
                 rs = [r for r in result["runs"] if r["link"] == link and r["workload"] == w and r["variant"] == v]
                 if rs:
@@ -1204,9 +1286,10 @@ def aggregate(result):
                 la = agg[link][w].get(v)
                 if cd and la:
                     ratios[link][w][v] = cd["time_s"]["median"] / la["time_s"]["median"]
-    targets = time_targets(ratios, agg)
+    targets = time_targets(ratios, agg) + heavy_targets(result, agg)
+    img_bytes = result["image"]["layer_bytes"]
     # issue 2's bytes target is for starts; reading the whole image needs every byte
-    for w in [w for w in cfg["workloads"] if w != "readall"]:
+    for w in [w for w in cfg["workloads"] if w not in ("readall",) + HEAVY]:
         for v in ("lamina", "lamina-boot"):
             # The target is the bytes *for that start*: counted to its first output.
             fetched = [r["fetched_bytes_ready"] for r in result["runs"]
@@ -1234,7 +1317,7 @@ def aggregate(result):
 
 SHORT = {"containerd": "containerd", "lamina": "mount", "lamina-boot": "mount+b", "snapshotter": "snap",
          "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b", "proxy": "proxy", "faults": "faults",
-         "faults-nohedge": "faults-nh"}
+         "faults-nohedge": "faults-nh", "local": "local"}
 
 
 def print_table(r):
@@ -1284,6 +1367,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--slow-runs", type=int, default=1, help="containerd runs on links below 100mbit")
     ap.add_argument("--workloads", default="python,nginx,redis,readall")
+    ap.add_argument("--heavy", help="the layout of scripts/heavy-image.sh (tags datasci, node): needed by "
+                                    "the heavy workloads")
     ap.add_argument("--readall-runs", type=int, default=1, help="runs of the readall workload per link")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--snapshotter-sock", required=True, help="the address of containerd's lamina proxy plugin")
@@ -1337,25 +1422,41 @@ def main():
     result["lamina_image"]["manifest_layers"] = [
         {"mediaType": x.get("mediaType"), "size": x.get("size")} for x in json.loads(p.stdout).get("layers", [])]
     result["setup"]["traces"] = {}
-    owners = chunk_owners(img, int(insp.get("chunk_size") or 1 << 18))
+    chunk_size = int(insp.get("chunk_size") or 1 << 18)
+    owners = {w: chunk_owners(img, chunk_size) for w in workloads if w not in HEAVY}
+    result["images"] = {}
+    local = {}
+    for w in [w for w in workloads if w in HEAVY]:
+        if not a.heavy:
+            ap.error(f"workload {w} needs --heavy LAYOUT (scripts/heavy-image.sh)")
+        himg = result["images"][w] = source_image(a.heavy, w)
+        run(b.ns + ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--preserve-digests",
+                    f"oci:{a.heavy}:{w}", f"docker://{a.registry}/debian:{w}"])
+        result["setup"]["convert"][b.tags(w)[1]] = b.convert(b.tags(w)[1], src_tag=w)
+        owners[w] = chunk_owners(himg, chunk_size)
+        if "local" in variants:
+            local[w] = os.path.join(b.work, f"local-{w}")
+            run(["umoci", "unpack", "--image", f"{a.heavy}:{w}", local[w]], timeout=1200)
+            local[w] = os.path.join(local[w], "rootfs")
     for w in [w for w in workloads if w != "readall"]:
         trace = os.path.join(b.work, f"trace-{w}.txt")
+        _, plain_tag, boot_tag = b.tags(w)
         # Two recorded starts, appended to one trace: a start under runc can
         # read a few pages another start did not; the boot pages get both.
-        rec = b.lamina_run("lamina", w, record_trace=trace, second=False)
-        b.lamina_run("lamina", w, record_trace=trace, second=False)
+        rec = b.lamina_run(plain_tag, w, record_trace=trace, second=False)
+        b.lamina_run(plain_tag, w, record_trace=trace, second=False)
         # lines: CHUNK_DIGEST OFFSET LEN, one per read of data not yet local
         with open(trace) as f:
             reads = [x.split() for x in f.read().splitlines() if x.strip()]
         lines = [r[0] for r in reads]
-        files = trace_files(lines, owners)
+        files = trace_files(lines, owners[w])
         result["setup"]["traces"][w] = {"reads": len(lines), "distinct_chunks": len(set(lines)),
                                         "bytes_read": sum(int(r[2]) for r in reads if len(r) == 3),
                                         "bytes": sum(e["bytes"] for e in files), "files": files,
                                         "record_run": rec}
         log(f"boot set {w}: {len(lines)} reads in {len(set(lines))} chunks recorded ({rec['fetched_bytes']:,} bytes fetched, "
             f"{rec['time_s']:.2f} s unshaped)")
-        result["setup"]["convert"][f"lamina-boot-{w}"] = b.convert(f"lamina-boot-{w}", prefetch=trace)
+        result["setup"]["convert"][boot_tag] = b.convert(boot_tag, prefetch=trace, src_tag=b.tags(w)[0])
 
     if a.idle_images and any(v.startswith("snapshotter") for v in variants):
         result["idle"] = b.idle_footprint(layout, tag, a.idle_images)
@@ -1376,11 +1477,17 @@ def main():
                         if w == "readall" and (v.endswith("-boot") or i >= a.readall_runs
                                                or rate_bps(link) < READALL_MIN_BPS):
                             continue
+                        if w in HEAVY and v not in HEAVY_VARIANTS:
+                            continue  # the heavy images run with HEAVY_VARIANTS only
+                        if v == "local" and w not in HEAVY:
+                            continue
                         b.check_deadline()
                         with open("/proc/loadavg") as f:
                             load = float(f.read().split()[0])
-                        tag = f"lamina-boot-{w}" if v.endswith("-boot") else "lamina"
-                        if v == "containerd":
+                        tag = b.tags(w)[2] if v.endswith("-boot") else b.tags(w)[1]
+                        if v == "local":
+                            rec = b.local_run(w, local[w])
+                        elif v == "containerd":
                             rec = b.containerd_run(w)
                         elif v.startswith("snapshotter"):
                             rec = b.snapshotter_run(tag, w)

@@ -12,10 +12,13 @@
 #      whose rootfs is an overlayfs: lowerdir = the lamina mount, upper/work in a temp dir
 #   7. boot pages: the same start recorded (`lamina mount --record-trace`), the image
 #      converted again with `--prefetch TRACE` (tag bookworm-boot), mounted with a fresh
-#      cache and started again: it fetches the pages it reads in one request
+#      cache and started again: it fetches the pages it reads, in the order it reads
+#      them, as frames of one layer (four in flight), each written as it lands
 #   8. faults: the same start through a proxy (tests/tools/faultproxy.py) that spoils
 #      every fifth range request in turn (flipped bytes, truncated body, reset, 500, 503,
-#      3 s stall): the container starts anyway, with the image's bytes
+#      3 s stall): the container starts anyway, with the image's bytes; a stalled
+#      answer costs a hedge (a second copy on a fresh connection once a request is
+#      slower than recent ones), not a timeout
 #   9. containerd: a private containerd 2.x (built by setup.sh) with `lamina snapshotter`
 #      as its proxy snapshotter pulls the boot image (`ctr image pull --snapshotter
 #      lamina`: no data layer is downloaded) and runs the same container (`ctr run`)
@@ -292,7 +295,7 @@ if [ "$LAZY" = 1 ]; then
     step "lamina mount (boot image)" "$t" "$(now)"
     run_container boot
     settled_status >"$TMP/status-boot.json"
-    jq -r '"  fetched for the start: \(.fetched_bytes) bytes in \(.requests) requests (boot pages; \(.miss_fetched_bytes) bytes of chunks for readers), \(.misses) misses"' \
+    jq -r '"  fetched for the start: \(.fetched_bytes) bytes in \(.requests) requests (boot pages in \(.boot_frames) frames, streamed in read order; \(.miss_fetched_bytes) bytes of chunks for readers), \(.misses) misses"' \
         "$TMP/status-boot.json" >&2
 fi
 
@@ -313,7 +316,7 @@ if [ "$LAZY" = 1 ]; then
     step "lamina mount (through faults)" "$t" "$(now)"
     run_container faults
     settled_status >"$TMP/status-faults.json"
-    jq -r '"  through the proxy: \(.fetched_bytes) bytes in \(.requests) requests, \(.bad_chunks) corrupt chunks fetched again, \(.failed_misses) failed reads"' \
+    jq -r '"  through the proxy: \(.fetched_bytes) bytes in \(.requests) requests, \(.bad_chunks) corrupt chunks fetched again, \(.failed_misses) failed reads, \(.hedges) slow requests hedged (\(.hedge_wins) hedges answered first, bound \(.hedge_bound_ms) ms)"' \
         "$TMP/status-faults.json" >&2
     jq -r '"  the proxy spoilt \(.faulted) of \(.eligible) range requests: \(.faults)"' "$TMP/proxy.json" >&2
 fi
@@ -458,9 +461,10 @@ if [ "$BOOT" = 1 ]; then
         "$(human "$(jq -r .miss_fetched_bytes "$TMP/status-boot.json")")"
 fi
 if [ "$FAULTS" = 1 ]; then
-    printf '  %-36s %8s  (%s corrupt chunks refetched, %s failed reads)\n' "range requests spoilt by the proxy" \
+    printf '  %-36s %8s  (%s corrupt chunks refetched, %s failed reads, %s hedged)\n' "range requests spoilt by the proxy" \
         "$(jq -r '"\(.faulted)/\(.eligible)"' "$TMP/proxy.json")" \
-        "$(jq -r .bad_chunks "$TMP/status-faults.json")" "$(jq -r .failed_misses "$TMP/status-faults.json")"
+        "$(jq -r .bad_chunks "$TMP/status-faults.json")" "$(jq -r .failed_misses "$TMP/status-faults.json")" \
+        "$(jq -r .hedges "$TMP/status-faults.json")"
 fi
 if [ "$CTD" = 1 ]; then
     printf '  %-36s %8s  (data blobs in containerd: %s)\n' "fetched for the containerd start" \
