@@ -24,7 +24,7 @@ BASE=/var/cache/lamina-test/debian-oci
 WHEELS="numpy==1.26.4 pandas==2.2.2 scipy==1.13.1 scikit-learn==1.5.0 matplotlib==3.9.0 pyarrow==16.1.0
 sympy==1.12.1 statsmodels==0.14.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 joblib==1.6.0
 kiwisolver==1.5.1 mpmath==1.3.0 packaging==26.4 patsy==1.0.3 pillow==13.0.0 pyparsing==3.3.3
-python-dateutil==4.0.0 pytz==2026.6 threadpoolctl==3.8.0 tzdata==2026.6"
+python-dateutil==4.0.0 pytz==2026.6 threadpoolctl==3.8.0 tzdata==2026.6 cloudpickle==3.1.3"
 NPM_PACKAGES='{"express": "4.21.2", "lodash": "4.17.21", "moment": "2.30.1", "axios": "1.7.9",
 "@babel/core": "7.26.0", "rxjs": "7.8.1", "date-fns": "4.1.0", "typescript": "5.7.2"}'
 
