@@ -47,6 +47,9 @@
 #   --keep-logs DIR   containerd at debug level and every snapshotter (with its
 #                  mounts' daemons) at LAMINA_LOG=debug; their logs are copied
 #                  to DIR, one sub-directory per snapshotter run
+# To try a setting: COLDSTART_MOUNT_ARGS (more `lamina mount` options for the
+# lamina variants) and COLDSTART_CONVERT_ARGS (more `lamina convert` options),
+# e.g. COLDSTART_CONVERT_ARGS="--chunk-size 64K".
 # With the default --out, the tables in docs/coldstart.md are regenerated too
 # (scripts/coldstart_report.py prints them for any result file).
 #

@@ -458,7 +458,9 @@ class Bench:
 
     def convert(self, dst_tag, prefetch=None, src_tag="bookworm"):
         t = time.perf_counter()
-        args = ["convert"] + (["--prefetch", prefetch] if prefetch else []) + [
+        # COLDSTART_CONVERT_ARGS: more `lamina convert` options (to try a setting)
+        args = ["convert"] + (["--prefetch", prefetch] if prefetch else []) + \
+            os.environ.get("COLDSTART_CONVERT_ARGS", "").split() + [
             f"docker://{self.reg}/debian:{src_tag}", f"docker://{self.reg}/debian:{dst_tag}"]
         doc = self.lamina_json(*args)
         secs = time.perf_counter() - t
@@ -596,7 +598,9 @@ class Bench:
         c1 = self.bundle(os.path.join(rd, "c1"), workload, port)
         cid = f"{self.a.id}-{seq}"
         ref = ref or f"docker://{self.reg}/debian:{tag}"
-        extra = (["--record-trace", record_trace] if record_trace else []) + list(mount_args)
+        # COLDSTART_MOUNT_ARGS: more `lamina mount` options for every lamina_run (to try a setting)
+        extra = ((["--record-trace", record_trace] if record_trace else []) + list(mount_args)
+                 + os.environ.get("COLDSTART_MOUNT_ARGS", "").split())
         rec = {"tag": tag}
         try:
             drop_caches()

@@ -1141,6 +1141,13 @@ fn reading_in_order_fetches_ahead_in_few_requests() {
         num(&s, "ahead_fetched_bytes") * 2 > num(&s, "fetched_bytes"),
         || format!("less than half the bytes were fetched ahead: {s}"),
     );
+    // Issue 29: what was fetched ahead is accounted, and a whole-tree read
+    // reads nearly all of it (every file is read; only the last windows
+    // may run past what the reader still wanted).
+    let (ahead, used) = (num(&s, "ahead_chunk_bytes"), num(&s, "ahead_used_bytes"));
+    f.check(ahead > 0 && used <= ahead && used * 10 >= ahead * 9, || {
+        format!("fetched ahead {ahead} chunk bytes, {used} of them read since: {s}")
+    });
     f.check(num(&s, "failed_misses") == 0, || {
         format!("failed misses: {s}")
     });

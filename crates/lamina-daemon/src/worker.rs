@@ -77,6 +77,13 @@ pub struct Status {
     /// Of `requests`, those fetched ahead.
     #[serde(default)]
     pub ahead_requests: u64,
+    /// Chunk bytes (uncompressed) fetched ahead of readers.
+    #[serde(default)]
+    pub ahead_chunk_bytes: u64,
+    /// Of `ahead_chunk_bytes`, those a reader has read since: the rest is
+    /// what fetching ahead cost without use (so far).
+    #[serde(default)]
+    pub ahead_used_bytes: u64,
     /// Requests sent a second time because the first had not answered
     /// within the hedging bound (see `lamina_fetch::hedge`).
     #[serde(default)]
@@ -179,6 +186,11 @@ struct Shared {
     ahead_stats: FetchStats,
     /// Per blob: how it is being read, to fetch ahead of a stream.
     streams: Vec<Mutex<Stream>>,
+    /// Chunks fetched ahead that no reader has read yet.
+    ahead_unread: Mutex<HashSet<(u32, usize)>>,
+    /// Chunk bytes fetched ahead, and of those, read since.
+    ahead_chunk_bytes: AtomicU64,
+    ahead_used_bytes: AtomicU64,
     /// Windows to fetch ahead, for the fill-ahead threads (None: off).
     ahead: Option<mpsc::SyncSender<(u32, std::ops::Range<usize>)>>,
     /// When the last miss arrived (ms since the worker started).
@@ -357,6 +369,9 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let shared = Arc::new(Shared {
         ahead: (config.fill_ahead > 0).then_some(ahead_tx),
         streams: (0..n).map(|_| Mutex::new(Stream::default())).collect(),
+        ahead_unread: Mutex::new(HashSet::new()),
+        ahead_chunk_bytes: AtomicU64::new(0),
+        ahead_used_bytes: AtomicU64::new(0),
         ahead_stats: FetchStats::default(),
         fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
@@ -1281,6 +1296,7 @@ impl Shared {
     /// if the blob is being read in order.
     fn read_ahead_of(&self, blob: u32, store: &BlobStore, chunks: std::ops::Range<usize>) {
         let Some(ahead) = &self.ahead else { return };
+        self.note_ahead_read(blob, store, chunks.clone());
         let Ok(mut stream) = self.streams[blob as usize].lock() else {
             return;
         };
@@ -1294,6 +1310,22 @@ impl Shared {
         }
     }
 
+    /// Counts the chunks of a read that were fetched ahead (once each).
+    fn note_ahead_read(&self, blob: u32, store: &BlobStore, chunks: std::ops::Range<usize>) {
+        let Ok(mut unread) = self.ahead_unread.lock() else {
+            return;
+        };
+        if unread.is_empty() {
+            return;
+        }
+        for i in chunks {
+            if unread.remove(&(blob, i)) {
+                let size = u64::from(store.blob.chunks[i].size.get());
+                self.ahead_used_bytes.fetch_add(size, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Fetches a window ahead of a stream: what no one else holds.
     fn fetch_ahead(&self, blob: u32, chunks: std::ops::Range<usize>) {
         let Ok(mine) = self.claim(blob, chunks, None, false) else {
@@ -1301,6 +1333,11 @@ impl Shared {
         };
         if mine.is_empty() {
             return;
+        }
+        // Noted before the fetch: a reader that meets a chunk in flight
+        // has used what was fetched ahead too.
+        if let Ok(mut unread) = self.ahead_unread.lock() {
+            unread.extend(mine.iter().map(|&i| (blob, i)));
         }
         if let Err(e) = self.fetch_with(
             blob,
@@ -1312,7 +1349,29 @@ impl Shared {
             // Not fatal: the reader's own misses fetch (and retry) these.
             tracing::warn!("fetching ahead: {e}");
         }
+        self.note_fetched_ahead(blob, &mine);
         self.release(blob, &mine);
+    }
+
+    /// Counts the chunks of `mine` that a fetch ahead filled; forgets the
+    /// others (a reader's miss fetches them).
+    fn note_fetched_ahead(&self, blob: u32, mine: &[usize]) {
+        let Ok(store) = self.lock_store(blob) else {
+            return;
+        };
+        let (filled, failed): (Vec<usize>, Vec<usize>) =
+            mine.iter().partition(|&&i| store.is_filled(i));
+        let bytes: u64 = filled
+            .iter()
+            .map(|&i| u64::from(store.blob.chunks[i].size.get()))
+            .sum();
+        drop(store);
+        self.ahead_chunk_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Ok(mut unread) = self.ahead_unread.lock() {
+            for i in failed {
+                unread.remove(&(blob, i));
+            }
+        }
     }
 
     fn wait_landed(&self, at_most: Duration) -> io::Result<()> {
@@ -1809,6 +1868,8 @@ impl Shared {
             miss_requests: self.miss_stats.requests.load(Ordering::Relaxed),
             ahead_fetched_bytes: self.ahead_stats.bytes.load(Ordering::Relaxed),
             ahead_requests: self.ahead_stats.requests.load(Ordering::Relaxed),
+            ahead_chunk_bytes: self.ahead_chunk_bytes.load(Ordering::Relaxed),
+            ahead_used_bytes: self.ahead_used_bytes.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             failed_misses: self.failed.load(Ordering::Relaxed),
             bad_chunks: self.stats.bad_chunks.load(Ordering::Relaxed),
