@@ -19,9 +19,10 @@ VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina
           "snapshotter": "snapshotter", "snapshotter-boot": "snapshotter + boot set", "run": "lamina run",
           "run-boot": "lamina run + boot set", "proxy": "lamina, through the fault proxy (clean)",
           "faults": "lamina, fault mix",
-          "faults-nohedge": "lamina, fault mix, --no-hedge"}
+          "faults-nohedge": "lamina, fault mix, --no-hedge", "local": "local disk (limit)"}
 THROUGH = ("containerd", "snapshotter", "snapshotter-boot", "run", "run-boot")
-WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis", "readall": "read all"}
+WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis", "readall": "read all",
+          "datasci": "data science (python3)", "node": "Node.js"}
 
 
 def mb(n):
@@ -97,6 +98,7 @@ def render(r):
               f"{f'{rl:.1f}×' if rl else '–'} | {f'{rb:.1f}×' if rb else '–'} |")
 
     through(w, r)
+    heavy(w, r)
     faults(w, r)
     w("")
     w("### Where the time goes (medians, seconds)")
@@ -196,7 +198,7 @@ def render(r):
             ts = sorted(x["second"]["time_s"] for x in runs)
             t2 = ts[len(ts) // 2]
             wire = max(x["second"]["wire_bytes"] for x in runs)
-            if v == "containerd":
+            if v in ("containerd", "local"):
                 w(f"| {WLABEL.get(wl, wl)} | {VLABEL[v]} | {t2:.3f} | – | {wire:,} | – | – | – |")
                 continue
             fetched = max((x["second"].get("fetched_bytes") or 0) for x in runs)
@@ -235,6 +237,51 @@ def render(r):
     for link, c in r["links"].items():
         w(f"| {link} | {c['nominal_MBps']:.2f} | {c['MBps']:.2f} | {c['range_request_1byte_ms']:.1f} |")
     return "\n".join(out) + "\n"
+
+
+def heavy(w, r):
+    """Issue 29: heavy starts against their limit."""
+    med = r["medians"]
+    limits = r.get("limits") or {}
+    rows = [(link, wl, per_v) for link, per_w in med.items() for wl, per_v in per_w.items()
+            if per_v.get("local") or (limits.get(link) or {}).get(wl)]
+    if not rows:
+        return
+    w("")
+    w("### Heavy starts")
+    w("")
+    w("Each on its own image (scripts/heavy-image.sh): *datasci* imports numpy, pandas, scipy.stats, "
+      "sklearn.linear_model, pyarrow, statsmodels.api and matplotlib.pyplot; *node* requires 8 npm packages "
+      "(12,097 files in node_modules). *local*: the same start from the image unpacked on local disk (umoci), page "
+      "cache dropped, same overlay + runc. *limit*: the larger of *local* and the boot set's bytes (fetched to "
+      "first output) at the link's measured rate. Median seconds; × = that / limit (containerd: that / lamina).")
+    w("")
+    w("| link | workload | containerd | local | limit | lamina | × | lamina + boot set | × | MB to first output "
+      "(lamina / boot set) | requests (lamina / boot set) |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for link, wl, per_v in rows:
+        limit = (limits.get(link) or {}).get(wl)
+
+        def t(v):
+            return per_v[v]["time_s"]["median"] if per_v.get(v) else None
+
+        def over(v):
+            return f"{t(v) / limit:.2f}×" if t(v) and limit else "–"
+
+        def cell(v):
+            return f"{t(v):.2f}" if t(v) else "–"
+
+        def ready(v, key):
+            x = (per_v.get(v) or {}).get(key)
+            return x["median"] if x else None
+        mb = " / ".join(f"{ready(v, 'fetched_bytes_ready') / 1e6:.1f}" if ready(v, "fetched_bytes_ready") else "–"
+                        for v in ("lamina", "lamina-boot"))
+        rq = " / ".join(f"{ready(v, 'requests_ready'):.0f}" if ready(v, "requests_ready") else "–"
+                        for v in ("lamina", "lamina-boot"))
+        cd = f"{cell('containerd')}" + (f" ({t('containerd') / t('lamina'):.1f}×)" if t("containerd") and t("lamina")
+                                         else "")
+        w(f"| {link} | {WLABEL.get(wl, wl)} | {cd} | {cell('local')} | {f'{limit:.2f}' if limit else '–'} | "
+          f"{cell('lamina')} | {over('lamina')} | {cell('lamina-boot')} | {over('lamina-boot')} | {mb} | {rq} |")
 
 
 def faults(w, r):

@@ -1256,7 +1256,7 @@ def heavy_targets(result, agg):
                 continue
             boot_bytes = (boot.get("fetched_bytes_ready") or {}).get("median") or 0
             limit = max(loc["time_s"]["median"], boot_bytes / 1e6 / rate)
-            per_v["limit_s"] = limit
+            result.setdefault("limits", {}).setdefault(link, {})[w] = limit
             for v, bound in (("lamina-boot", HEAVY_BOOT_OVER_LIMIT_MAX), ("lamina", HEAVY_NO_BOOT_OVER_LIMIT_MAX)):
                 if per_v.get(v):
                     got = per_v[v]["time_s"]["median"] / limit
