@@ -18,14 +18,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {"containerd": "#7570b3", "lamina": "#d95f02", "lamina-boot": "#1b9e77", "snapshotter": "#e7298a",
-          "snapshotter-boot": "#66a61e", "run": "#e6ab02", "run-boot": "#a6761d"}
+          "snapshotter-boot": "#66a61e", "run": "#e6ab02", "run-boot": "#a6761d", "local": "#1f78b4",
+          "proxy": "#999999", "faults": "#e31a1c", "faults-nohedge": "#fb9a99"}
 LABELS = {"containerd": "containerd 1.6: pull + ctr run", "lamina": "lamina: lazy mount + runc",
           "lamina-boot": "lamina + boot set", "snapshotter": "containerd + lamina snapshotter",
           "snapshotter-boot": "lamina snapshotter + boot set", "run": "lamina run",
-          "run-boot": "lamina run + boot set"}
+          "run-boot": "lamina run + boot set", "local": "local disk, cold page cache (the limit)",
+          "proxy": "lamina via the fault proxy, clean", "faults": "lamina, fault mix",
+          "faults-nohedge": "lamina, fault mix, --no-hedge"}
 TITLES = {"python": "python3 -c 'print(\"hello\")'\n(first stdout line)",
           "nginx": "nginx\n(first HTTP 200)", "redis": "redis-server\n(first +PONG)",
-          "readall": "every file read once\n(find -exec cat, then echo)"}
+          "readall": "every file read once\n(find -exec cat, then echo)",
+          "datasci": "python3: import numpy, pandas, scipy, sklearn, ...\n(first stdout line)",
+          "node": "node: require 8 npm packages\n(first stdout line)"}
 
 
 def fmt(s):
@@ -89,7 +94,8 @@ def main():
     runs = r["config"]["runs"]
     cdr = r["config"]["containerd_runs"]
     slow = sorted({n for n in cdr.values() if n != runs})
-    fig.suptitle(f"Cold start of the Debian image ({r['image']['layer_bytes'] / 1e6:.1f} MB compressed) from a "
+    heavy = "".join(f", {w} {i['layer_bytes'] / 1e6:.1f} MB" for w, i in (r.get("images") or {}).items())
+    fig.suptitle(f"Cold start of the Debian image ({r['image']['layer_bytes'] / 1e6:.1f} MB compressed{heavy}) from a "
                  f"registry - {m['date'][:10]}, kernel {m['kernel']}, {m['nproc']} CPUs; medians of {runs} runs"
                  f"{f' ({slow[0]} for containerd at ' + ', '.join(k for k, n in cdr.items() if n != runs) + ')' if slow else ''}"
                  f"; white: containerd / lamina", fontsize=10)

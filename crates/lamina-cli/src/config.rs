@@ -22,6 +22,7 @@
 //! [mount]                 # lamina mount
 //! timeout = 60            # seconds
 //! fill_window = "1M"      # bytes, or with K, M, G
+//! hedge = true            # false: --no-hedge
 //! fill_ahead = "8M"       # largest window fetched ahead of an in-order reader; 0: off
 //! prefetch = "boot"       # none | pages | boot | all
 //! readahead = 0           # KiB
@@ -192,6 +193,7 @@ struct ServeSection {
     fill_ahead: Option<Size>,
     prefetch: Option<PrefetchMode>,
     readahead: Option<u32>,
+    hedge: Option<bool>,
 }
 
 /// `[run]`: `[mount]`'s keys and run's own (serde cannot flatten a
@@ -205,6 +207,7 @@ struct RunSection {
     fill_ahead: Option<Size>,
     prefetch: Option<PrefetchMode>,
     readahead: Option<u32>,
+    hedge: Option<bool>,
     runtime: Option<PathBuf>,
     stop_timeout: Option<u64>,
     net: Option<NetMode>,
@@ -219,6 +222,7 @@ impl RunSection {
             fill_ahead: self.fill_ahead,
             prefetch: self.prefetch,
             readahead: self.readahead,
+            hedge: self.hedge,
         }
     }
 }
@@ -454,6 +458,7 @@ fn fill_serve(m: &Sources, serve: &mut ServeArgs, cache_dir: Option<PathBuf>, s:
         s.fill_ahead.map(|w| w.0),
     );
     m.fill(&mut serve.readahead, "readahead", s.readahead.map(Some));
+    m.fill(&mut serve.no_hedge, "no_hedge", s.hedge.map(|h| !h));
     // --prefetch-all on the line is a --prefetch given.
     if !m.given("prefetch_all") {
         m.fill(
@@ -488,6 +493,7 @@ mod tests {
         fill_window = "1M"
         fill_ahead = "16M"
         prefetch = "all"
+        hedge = false
         [snapshotter]
         mode = "kernel"
         root = "/file/root"
@@ -513,6 +519,7 @@ mod tests {
         assert_eq!((serve.timeout, serve.fill_window), (7, 1 << 20));
         assert_eq!(serve.fill_ahead, 16 << 20);
         assert_eq!(serve.prefetch, "all");
+        assert!(serve.no_hedge, "hedge = false is --no-hedge");
         assert_eq!(serve.mode, "fuse");
         let args = parse_with(&["lamina", "mount", "--mode", "auto", "oci:x", "/m"], FILE);
         let Command::Mount { serve, .. } = &args.command else {

@@ -107,29 +107,39 @@ const FSCONFIG_VALUE_MAX: usize = 255;
 /// the mount (an eager mount), not for a lazy one: the worker writes its
 /// fills through the page cache, and a direct read of a range just
 /// filled would first wait for it to be written back.
-pub fn mount_erofs(
-    metadata: &Path,
-    mountpoint: &Path,
-    devices: &[&Path],
-    acl: bool,
-    privileges: Privileges,
-    direct: bool,
-) -> Result<(), rustix::io::Errno> {
-    let mount = |direct| mount_erofs_once(metadata, mountpoint, devices, acl, privileges, direct);
-    match mount(direct) {
-        Err(rustix::io::Errno::INVAL) if direct => mount(false),
+pub fn mount_erofs(spec: &ErofsMount<'_>) -> Result<(), rustix::io::Errno> {
+    match mount_erofs_once(spec, spec.direct) {
+        Err(rustix::io::Errno::INVAL) if spec.direct => mount_erofs_once(spec, false),
         result => result,
     }
 }
 
-fn mount_erofs_once(
-    metadata: &Path,
-    mountpoint: &Path,
-    devices: &[&Path],
-    acl: bool,
-    privileges: Privileges,
-    direct: bool,
-) -> Result<(), rustix::io::Errno> {
+/// What [`mount_erofs`] mounts, and how.
+#[derive(Debug, Clone, Copy)]
+pub struct ErofsMount<'a> {
+    /// The metadata image (a regular file).
+    pub metadata: &'a Path,
+    /// Where to mount it.
+    pub mountpoint: &'a Path,
+    /// The cache files, in device order.
+    pub devices: &'a [&'a Path],
+    /// Whether an inode may have an ACL (else `noacl`).
+    pub acl: bool,
+    /// `suid` and `dev`, when asked.
+    pub privileges: Privileges,
+    /// Direct I/O on the cache files (`directio`).
+    pub direct: bool,
+}
+
+fn mount_erofs_once(spec: &ErofsMount<'_>, direct: bool) -> Result<(), rustix::io::Errno> {
+    let ErofsMount {
+        metadata,
+        mountpoint,
+        devices,
+        acl,
+        privileges,
+        ..
+    } = *spec;
     use rustix::mount::{
         fsconfig_create, fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen, move_mount,
         FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags,
@@ -296,14 +306,14 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
     let worker = Worker::spawn(config_path, &config.run_dir.join("worker.log"))?;
     mount_options(config)?;
     let devices: Vec<&Path> = fd_paths.iter().map(PathBuf::as_path).collect();
-    let mounted = mount_erofs(
-        &config.metadata_path,
-        &config.mountpoint,
-        &devices,
-        config.xattrs,
-        config.privileges,
-        false, // a lazy mount's cache files are written while read
-    );
+    let mounted = mount_erofs(&ErofsMount {
+        metadata: &config.metadata_path,
+        mountpoint: &config.mountpoint,
+        devices: &devices,
+        acl: config.xattrs,
+        privileges: config.privileges,
+        direct: false, // a lazy mount's cache files are written while read
+    });
     if let Err(e) = mounted {
         worker.kill();
         return Err(io::Error::other(format!(
@@ -568,7 +578,15 @@ mod tests {
             options.as_bytes().len()
         );
 
-        mount_erofs(&meta, &mnt, &devices, true, Privileges::default(), false).unwrap();
+        let spec = ErofsMount {
+            metadata: &meta,
+            mountpoint: &mnt,
+            devices: &devices,
+            acl: true,
+            privileges: Privileges::default(),
+            direct: false,
+        };
+        mount_erofs(&spec).unwrap();
         let _guard = Unmount(mnt.clone());
         for i in 0..N {
             let got = std::fs::read(mnt.join(format!("f{i:03}"))).unwrap();

@@ -509,6 +509,33 @@ mod tests {
         assert!(got.is_empty(), "nothing unverified may be delivered");
     }
 
+    /// The chunks of `wanted` that `fetch_chunks` delivered, in delivery
+    /// order, each checked against `parts`.
+    fn fetched(
+        src: &Arc<dyn RangeSource>,
+        parts: &[Vec<u8>],
+        chunks: &[ChunkEntry],
+        wanted: &[usize],
+        opts: &FetchOptions,
+    ) -> Result<Vec<usize>, FetchError> {
+        let got = Mutex::new(Vec::new());
+        let stats = FetchStats::default();
+        fetch_chunks(
+            src,
+            &Digest::of_bytes(b"x"),
+            chunks,
+            wanted,
+            opts,
+            &stats,
+            |i, d| {
+                assert_eq!(d, parts[i]);
+                got.lock().unwrap().push(i);
+                Ok(())
+            },
+        )?;
+        Ok(got.into_inner().unwrap())
+    }
+
     /// Stalls every first copy until the test ends; a retry or hedge (on a
     /// fresh connection) answers at once.
     #[derive(Debug)]
@@ -544,22 +571,8 @@ mod tests {
             hedging: Some(hedging.clone()),
             ..FetchOptions::default()
         };
-        let got = Mutex::new(Vec::new());
-        let r = fetch_chunks(
-            &src,
-            &Digest::of_bytes(b"x"),
-            &chunks,
-            &[0, 2],
-            &opts,
-            &FetchStats::default(),
-            |i, d| {
-                assert_eq!(d, parts[i]);
-                got.lock().unwrap().push(i);
-                Ok(())
-            },
-        );
-        r.unwrap();
-        assert_eq!(got.into_inner().unwrap(), vec![0, 2]);
+        let got = fetched(&src, &parts, &chunks, &[0, 2], &opts).unwrap();
+        assert_eq!(got, vec![0, 2]);
         // Both requests stalled: each was hedged, and each hedge's answer
         // was the one used (the stalled copies never answered).
         assert_eq!(hedging.requests.load(Ordering::Relaxed), 2);
@@ -582,23 +595,8 @@ mod tests {
             backoff: Duration::from_millis(1),
             ..FetchOptions::default()
         };
-        let got = Mutex::new(Vec::new());
         let wanted: Vec<usize> = (0..12).collect();
-        fetch_chunks(
-            &src,
-            &Digest::of_bytes(b"x"),
-            &chunks,
-            &wanted,
-            &opts,
-            &FetchStats::default(),
-            |i, d| {
-                assert_eq!(d, parts[i]);
-                got.lock().unwrap().push(i);
-                Ok(())
-            },
-        )
-        .unwrap();
-        let mut got = got.into_inner().unwrap();
+        let mut got = fetched(&src, &parts, &chunks, &wanted, &opts).unwrap();
         got.sort();
         assert_eq!(got, wanted);
     }

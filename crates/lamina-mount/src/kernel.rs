@@ -276,18 +276,15 @@ pub fn mount_image(
     lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
         .map_err(MountError::BadCachePath)?;
     let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
-    let acl = info.xattrs;
-    let privileges = opts.privileges;
-    // Complete before the mount: read with direct I/O, cached once.
-    let direct = true;
-    lamina_daemon::holder::mount_erofs(
-        &info.metadata_path,
+    lamina_daemon::holder::mount_erofs(&lamina_daemon::holder::ErofsMount {
+        metadata: &info.metadata_path,
         mountpoint,
-        &devices,
-        acl,
-        privileges,
-        direct,
-    )
+        devices: &devices,
+        acl: info.xattrs,
+        privileges: opts.privileges,
+        // Complete before the mount: read with direct I/O, cached once.
+        direct: true,
+    })
     .map_err(|errno| MountError::Syscall {
         op: "mount",
         path: mountpoint.to_path_buf(),
