@@ -850,6 +850,10 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         .flatten();
     let boot_compressed =
         (!layers.boot.is_empty()).then(|| layers.boot.iter().map(|b| b.size).sum::<u64>());
+    // Segments: the frames of the boot-pages layers (one per layer before frames).
+    let boot_segments = artifact::boot_layers(&layers.boot, &index.blobs)
+        .map(|l| l.iter().map(|b| b.frames.len()).sum::<usize>())
+        .ok();
     let doc = serde_json::json!({
         "image": image.to_string(),
         "lamina": true,
@@ -869,7 +873,7 @@ fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
         "boot_set_chunks": index.prefetch.len(),
         "boot_pages_bytes": boot_bytes,
         "boot_pages_compressed_bytes": boot_compressed,
-        "boot_pages_segments": layers.boot.len(),
+        "boot_pages_segments": boot_segments,
         "chunks": chunks,
         "stored_bytes": stored,
         "compressed_bytes": compressed,

@@ -2492,7 +2492,11 @@ fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
         out.insert(p);
     }
     for boot in c["boot_pages"].as_array().unwrap() {
-        out.insert(PathBuf::from(boot["path"].as_str().unwrap()));
+        // Each frame's copy, `<path>.<k>`.
+        let frames = boot["frames"].as_array().map_or(1, Vec::len);
+        for k in 0..frames {
+            out.insert(PathBuf::from(format!("{}.{k}", boot["path"].as_str().unwrap())));
+        }
     }
     for b in c["blobs"].as_array().unwrap() {
         let p = PathBuf::from(b["cache_path"].as_str().unwrap());

@@ -88,7 +88,9 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
         if let Ok(config) = lamina_daemon::config::DaemonConfig::load(&run.join("config.json")) {
             used.insert(config.metadata_path);
             used.insert(config.index_path);
-            used.extend(config.boot_pages.into_iter().map(|b| b.path));
+            for boot in &config.boot_pages {
+                used.extend((0..boot.frames().len()).map(|k| boot.frame_path(k)));
+            }
             used.extend(config.later_layers.into_iter().map(|l| l.path));
             for b in config.blobs {
                 used.insert(b.cache_path.with_extension("fill"));
