@@ -2495,7 +2495,10 @@ fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
         // Each frame's copy, `<path>.<k>`.
         let frames = boot["frames"].as_array().map_or(1, Vec::len);
         for k in 0..frames {
-            out.insert(PathBuf::from(format!("{}.{k}", boot["path"].as_str().unwrap())));
+            out.insert(PathBuf::from(format!(
+                "{}.{k}",
+                boot["path"].as_str().unwrap()
+            )));
         }
     }
     for b in c["blobs"].as_array().unwrap() {
