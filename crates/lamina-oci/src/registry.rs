@@ -313,10 +313,14 @@ impl RegistryClient {
         self.blob_range(false, true, repo, digest, offset, len)
     }
 
-    /// One try of [`get_blob_range`](Self::get_blob_range) per host (on a
-    /// new connection when `fresh`), without the backoff and retries on a
-    /// 5xx or a failed connect: for a caller that retries on its own terms
-    /// (the lazy fetcher retries at once on a fresh connection, and hedges).
+    /// One try of [`get_blob_range`](Self::get_blob_range) per host,
+    /// without the backoff and retries on a 5xx or a failed connect: for a
+    /// caller that retries on its own terms (the lazy fetcher retries at
+    /// once on a fresh connection, and hedges). With `fresh`, on a new
+    /// connection: the retry after a reset, truncated or corrupt answer.
+    /// When the answer being retried came from a host of several, that host
+    /// is tried last for a while: a mirror that sent bad bytes is not asked
+    /// again first.
     pub fn get_blob_range_once(
         &self,
         repo: &str,
@@ -328,21 +332,6 @@ impl RegistryClient {
             self.distrust_sender(digest, offset, len);
         }
         self.blob_range(fresh, false, repo, digest, offset, len)
-    }
-
-    /// [`get_blob_range`](Self::get_blob_range) on a new connection: the
-    /// retry after a reset, truncated or corrupt answer. When the answer
-    /// being retried came from a host of several, that host is tried last
-    /// for a while: a mirror that sent bad bytes is not asked again first.
-    pub fn get_blob_range_fresh(
-        &self,
-        repo: &str,
-        digest: &Digest,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, OciError> {
-        self.distrust_sender(digest, offset, len);
-        self.blob_range(true, true, repo, digest, offset, len)
     }
 
     fn blob_range(
