@@ -37,6 +37,7 @@ time.perf_counter() around it. Mounts made here are unmounted on exit.
 """
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -146,6 +147,32 @@ def run(cmd, **kw):
     if p.returncode != 0:
         raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
     return p
+
+
+FAULTPROXY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tools", "faultproxy.py")
+
+
+@contextlib.contextmanager
+def fault_proxy(work_dir, upstream_port, mode_args, lifetime=900, prefix=()):
+    """tests/tools/faultproxy.py in front of 127.0.0.1:upstream_port (run under `prefix`, e.g. nsenter),
+    its files in work_dir; yields (port, stats path) once it listens, and stops it on exit."""
+    os.makedirs(work_dir, exist_ok=True)
+    port_file, stats = os.path.join(work_dir, "port"), os.path.join(work_dir, "stats.json")
+    with open(os.path.join(work_dir, "log"), "wb") as err:
+        proxy = subprocess.Popen(list(prefix) + [sys.executable, FAULTPROXY, "0", str(upstream_port)]
+                                 + list(mode_args) + ["--port-file", port_file, "--stats", stats,
+                                                      "--lifetime", str(lifetime)],
+                                 stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        end = time.monotonic() + 30
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            if time.monotonic() > end or proxy.poll() is not None:
+                raise RuntimeError(f"the fault proxy did not start (log: {work_dir}/log)")
+            time.sleep(0.05)
+        yield open(port_file).read().strip(), stats
+    finally:
+        proxy.terminate()
+        proxy.wait()
 
 
 def child_cpu():

@@ -48,7 +48,7 @@ from bench_fuse_run import (  # noqa: E402
     ANOMALIES, count_entries, lamina_mount, lamina_umount_wait, procs_of, time_v,
 )
 from bench_run import (  # noqa: E402
-    LAMINA_MOUNTS, MOUNTED, child_cpu, cpu_stat, dir_bytes, drop_caches, file_size, image_info,
+    LAMINA_MOUNTS, MOUNTED, child_cpu, cpu_stat, dir_bytes, drop_caches, fault_proxy, file_size, image_info,
     is_mountpoint, lamina_status, log, machine_info, own_cpu, round_robin, run, summary, sys_mount,
     sys_umount, timed,
 )
@@ -359,17 +359,8 @@ def registry_wire(a, lamina, P, out_oci, one):
         run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false",
              f"oci:{out_oci}:x", f"docker://127.0.0.1:{port}/scale:x"])
         for mode in MODES:
-            stats, port_file = P(f"proxy-{mode}.json"), P(f"proxy-{mode}.port")
-            proxy = subprocess.Popen([sys.executable, os.path.join(TOOLS, "faultproxy.py"), "0", port, "none",
-                                      "--stats", stats, "--port-file", port_file, "--lifetime", "1800"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                end = time.monotonic() + 30
-                while not (os.path.exists(port_file) and open(port_file).read().strip()):
-                    if time.monotonic() > end:
-                        raise RuntimeError("the fault proxy did not start")
-                    time.sleep(0.05)
-                ref = f"docker://127.0.0.1:{open(port_file).read().strip()}/scale:x"
+            with fault_proxy(P(f"proxy-{mode}"), port, ["none"], lifetime=1800) as (proxy_port, stats):
+                ref = f"docker://127.0.0.1:{proxy_port}/scale:x"
                 cache, mnt = P(f"cache-reg-{mode}"), P("mnt-reg")
                 fresh(cache)
                 os.makedirs(mnt, exist_ok=True)
@@ -381,15 +372,12 @@ def registry_wire(a, lamina, P, out_oci, one):
                 time.sleep(12)  # past the worker's wait for the start to be over
                 after = json.load(open(stats))
                 lamina_umount_wait(lamina, mnt, cache)
-                out[mode] = {"before_first_read_body_bytes": before["body_bytes"],
-                             "before_first_read_requests": before["requests"],
-                             "after_read_and_quiet_body_bytes": after["body_bytes"],
-                             "requests_log": after.get("log", [])[:50]}
-                log(f"registry, {mode}: {before['body_bytes']:,} B in {before['requests']} answers before the "
-                    f"first read; {after['body_bytes']:,} B once the start was over")
-            finally:
-                proxy.terminate()
-                proxy.wait()
+            out[mode] = {"before_first_read_body_bytes": before["body_bytes"],
+                         "before_first_read_requests": before["requests"],
+                         "after_read_and_quiet_body_bytes": after["body_bytes"],
+                         "requests_log": after.get("log", [])[:50]}
+            log(f"registry, {mode}: {before['body_bytes']:,} B in {before['requests']} answers before the "
+                f"first read; {after['body_bytes']:,} B once the start was over")
     finally:
         run(["bash", os.path.join(TOOLS, "registry.sh"), "stop", reg])
     return out

@@ -77,7 +77,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_run import cpu_stat, drop_caches, machine_info, own_cpu  # noqa: E402
+from bench_run import cpu_stat, drop_caches, fault_proxy, machine_info, own_cpu  # noqa: E402
 
 # containerd / lamina-boot time ratios wanted for python3, per link
 TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
@@ -94,7 +94,6 @@ VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-b
 # proxy to lamina), and it forwards an answer only once it has all of it.
 FAULT_MIX = ["mix", "--every", "5", "--stall", "3"]
 FAULTS_OVER_CLEAN_MAX = 2.0
-FAULTPROXY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tools", "faultproxy.py")
 LAMINA_VARIANTS = [v for v in VARIANTS if v not in ("containerd", "local")]
 # Through containerd with a boot set: its time at most this many times `lamina run`'s (issue 8)
 SNAPSHOTTER_OVER_RUN_MAX = 1.3
@@ -565,29 +564,15 @@ class Bench:
     def lamina_faults(self, workload, hedge, mode=FAULT_MIX):
         """`lamina_run` of the plain image through a fault proxy in the namespace."""
         d = os.path.join(self.work, "proxies", f"{self.next_seq():03d}")
-        os.makedirs(d)
-        port_file, stats = os.path.join(d, "port"), os.path.join(d, "stats.json")
         reg_port = self.reg.rsplit(":", 1)[1]
-        proxy = subprocess.Popen(self.ns + [sys.executable, FAULTPROXY, "0", reg_port] + mode +
-                                 ["--port-file", port_file, "--stats", stats, "--lifetime", "900"],
-                                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "log"), "wb"))
-        try:
-            end = time.monotonic() + 30
-            while not (os.path.exists(port_file) and open(port_file).read().strip()):
-                if time.monotonic() > end or proxy.poll() is not None:
-                    raise RuntimeError("the fault proxy did not start")
-                time.sleep(0.05)
-            port = open(port_file).read().strip()
+        with fault_proxy(d, reg_port, mode, prefix=self.ns) as (port, stats):
             rec = self.lamina_run("lamina", workload,
                                   ref=f"docker://127.0.0.1:{port}/debian:lamina",
                                   mount_args=[] if hedge else ["--no-hedge"])
             with open(stats) as f:
                 st = json.load(f)
-            rec["proxy"] = {k: st.get(k) for k in ("eligible", "faulted", "faults")}
-            return rec
-        finally:
-            proxy.terminate()
-            proxy.wait()
+        rec["proxy"] = {k: st.get(k) for k in ("eligible", "faulted", "faults")}
+        return rec
 
     def lamina_run(self, tag, workload, record_trace=None, second=True, ref=None, mount_args=()):
         seq = self.next_seq()
