@@ -358,6 +358,11 @@ pub(crate) struct ServeArgs {
     /// recent ones: their 95th percentile, 50 ms at least).
     #[arg(long)]
     pub(crate) no_hedge: bool,
+    /// Largest shared library or executable fetched whole on its first
+    /// miss (programs map these and touch their pages in no order a
+    /// stream shows); 0 fetches only what is read.
+    #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
+    pub(crate) predict_max: u64,
     /// Same as `--prefetch all`.
     #[arg(long)]
     pub(crate) prefetch_all: bool,
@@ -402,6 +407,7 @@ impl ServeArgs {
             record_trace,
             readahead_kb: self.readahead,
             hedge: !self.no_hedge,
+            predict_max: self.predict_max,
             ..lamina_mount::LazyOptions::default()
         })
     }

@@ -24,6 +24,7 @@
 //! fill_window = "1M"      # bytes, or with K, M, G
 //! hedge = true            # false: --no-hedge
 //! fill_ahead = "8M"       # largest window fetched ahead of an in-order reader; 0: off
+//! predict_max = "8M"      # largest library fetched whole on a first miss; 0: no predictions
 //! prefetch = "boot"       # none | pages | boot | all
 //! readahead = 0           # KiB
 //!
@@ -191,6 +192,7 @@ struct ServeSection {
     timeout: Option<u64>,
     fill_window: Option<Size>,
     fill_ahead: Option<Size>,
+    predict_max: Option<Size>,
     prefetch: Option<PrefetchMode>,
     readahead: Option<u32>,
     hedge: Option<bool>,
@@ -205,6 +207,7 @@ struct RunSection {
     timeout: Option<u64>,
     fill_window: Option<Size>,
     fill_ahead: Option<Size>,
+    predict_max: Option<Size>,
     prefetch: Option<PrefetchMode>,
     readahead: Option<u32>,
     hedge: Option<bool>,
@@ -220,6 +223,7 @@ impl RunSection {
             timeout: self.timeout,
             fill_window: self.fill_window,
             fill_ahead: self.fill_ahead,
+            predict_max: self.predict_max,
             prefetch: self.prefetch,
             readahead: self.readahead,
             hedge: self.hedge,
@@ -457,6 +461,11 @@ fn fill_serve(m: &Sources, serve: &mut ServeArgs, cache_dir: Option<PathBuf>, s:
         "fill_ahead",
         s.fill_ahead.map(|w| w.0),
     );
+    m.fill(
+        &mut serve.predict_max,
+        "predict_max",
+        s.predict_max.map(|w| w.0),
+    );
     m.fill(&mut serve.readahead, "readahead", s.readahead.map(Some));
     m.fill(&mut serve.no_hedge, "no_hedge", s.hedge.map(|h| !h));
     // --prefetch-all on the line is a --prefetch given.
@@ -494,6 +503,7 @@ mod tests {
         fill_ahead = "16M"
         prefetch = "all"
         hedge = false
+        predict_max = "2M"
         [snapshotter]
         mode = "kernel"
         root = "/file/root"
@@ -520,6 +530,7 @@ mod tests {
         assert_eq!(serve.fill_ahead, 16 << 20);
         assert_eq!(serve.prefetch, "all");
         assert!(serve.no_hedge, "hedge = false is --no-hedge");
+        assert_eq!(serve.predict_max, 2 << 20);
         assert_eq!(serve.mode, "fuse");
         let args = parse_with(&["lamina", "mount", "--mode", "auto", "oci:x", "/m"], FILE);
         let Command::Mount { serve, .. } = &args.command else {

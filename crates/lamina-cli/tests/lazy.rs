@@ -1164,6 +1164,95 @@ fn reading_in_order_fetches_ahead_in_few_requests() {
     m.unmount();
 }
 
+/// Issue 29: a first miss in a module fetches its directory's other
+/// modules (`lamina_daemon::predict`), so an import of the package after it
+/// waits on no more round trips; `--predict-max 0` turns that off, and then
+/// each module is a miss of its own. Reads give the reference bytes.
+#[test]
+fn a_first_miss_in_a_module_fetches_its_directorys_modules() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_first_miss_in_a_module_fetches_its_directorys_modules",
+        "lazy-predict",
+    ) else {
+        return;
+    };
+    let dir = "usr/lib/python3.11/asyncio/";
+    let modules: Vec<String> = deb
+        .files
+        .iter()
+        .filter(|p| p.starts_with(dir) && !p[dir.len()..].contains('/') && p.ends_with(".py"))
+        .cloned()
+        .collect();
+    let (first, rest) = modules
+        .split_first()
+        .expect("asyncio's modules in the image");
+    let mut f = Failures::default();
+    let mut misses_after_first = Vec::new();
+    for (predict, label) in [("8M", "predicted"), ("0", "not-predicted")] {
+        let m = Mount::with_args(
+            &reg.reference(IMAGE),
+            &t.join(&format!("mnt-{label}")),
+            &t.join(&format!("cache-{label}")),
+            &["--prefetch", "none", "--predict-max", predict],
+        );
+        let one = hash_files(
+            &m.path,
+            std::slice::from_ref(first),
+            t.path(),
+            label,
+            TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+        check_reads(&mut f, label, deb, std::slice::from_ref(first), &one);
+        // What was predicted counts once landed (a reader meeting it in
+        // flight waits for it, and sends no request of its own either).
+        wait_status(&m, "predicted chunks landed", TIMEOUT, |s| {
+            s["predictions"].as_u64() == Some(0) || s["ahead_chunk_bytes"].as_u64() > Some(0)
+        });
+        let before = settled_status(&m);
+        let label_rest = format!("{label}-rest");
+        let got = hash_files(&m.path, rest, t.path(), &label_rest, TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+        check_reads(&mut f, &label_rest, deb, rest, &got);
+        let after = settled_status(&m);
+        let new = num(&after, "miss_requests") - num(&before, "miss_requests");
+        eprintln!(
+            "figures: {label}: {} modules of {dir} after the first: {new} miss requests; \
+             predictions {}, {} predicted requests, {} ahead / {} read",
+            rest.len(),
+            num(&after, "predictions"),
+            num(&after, "predicted_requests"),
+            num(&after, "ahead_chunk_bytes"),
+            num(&after, "ahead_used_bytes"),
+        );
+        if predict == "0" {
+            f.check(num(&after, "predictions") == 0, || {
+                format!("--predict-max 0 predicted: {after}")
+            });
+        } else {
+            f.check(num(&after, "predictions") >= 1, || {
+                format!("the first miss in {first} predicted nothing: {after}")
+            });
+            f.check(num(&after, "ahead_used_bytes") > 0, || {
+                format!("nothing predicted was read: {after}")
+            });
+        }
+        misses_after_first.push(new);
+        finish_with_logs(std::mem::take(&mut f), &run_dir(&m), String::new, label);
+        m.unmount();
+    }
+    // Without predictions the package's modules span more than the first
+    // one's chunk (else this test could not fail); with them, none missed.
+    assert!(
+        misses_after_first[1] > 0,
+        "{dir} lies in one chunk: the test shows nothing"
+    );
+    assert_eq!(
+        misses_after_first[0], 0,
+        "modules predicted on the first miss were fetched again"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // 3. concurrency
 

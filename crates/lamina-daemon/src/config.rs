@@ -146,6 +146,15 @@ pub struct DaemonConfig {
     /// Hedge slow range requests (see `lamina_fetch::hedge`).
     #[serde(default = "yes")]
     pub hedge: bool,
+    /// Largest shared library or executable fetched whole on its first
+    /// miss (see `crate::predict`); 0: never.
+    #[serde(default = "default_predict_max")]
+    pub predict_max: u64,
+    /// `metadata_path` holds all of the metadata from the start (not a
+    /// FUSE mount's, filled frame by frame): only then does the worker
+    /// read it, to predict misses.
+    #[serde(default)]
+    pub metadata_complete: bool,
     /// Threads serving misses.
     pub workers: usize,
     /// Fetch the image's boot set in the background.
@@ -297,6 +306,13 @@ pub const DEFAULT_FILL_AHEAD: u64 = 8 << 20;
 
 fn default_fill_ahead() -> u64 {
     DEFAULT_FILL_AHEAD
+}
+
+/// The default largest mapped file fetched whole on its first miss.
+pub const DEFAULT_PREDICT_MAX: u64 = 8 << 20;
+
+fn default_predict_max() -> u64 {
+    DEFAULT_PREDICT_MAX
 }
 
 impl DaemonConfig {

@@ -16,6 +16,7 @@ use lamina_fetch::fetch::{fetch_chunks, FetchOptions, FetchStats, RangeSource};
 use lamina_fetch::hedge::{read_first_answer, Hedging};
 use lamina_fetch::store::{load_table, save_table, BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
+use lamina_format::erofs::Image;
 use lamina_format::index::{BlobSummary, ChunkIndex, IndexBlob};
 use lamina_oci::Digest;
 use lamina_sys::{FanotifyGroup, Response};
@@ -24,6 +25,7 @@ use crate::config::{
     write_atomic, AdoptSpec, BlobSpec, BootFrameSpec, BootPagesSpec, DaemonConfig, LayerSpec,
 };
 use crate::latency::{Histogram, Recorder};
+use crate::predict::{FileMap, MapError};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
 use rustix::event::{poll, PollFd, PollFlags};
@@ -77,13 +79,26 @@ pub struct Status {
     /// Of `requests`, those fetched ahead.
     #[serde(default)]
     pub ahead_requests: u64,
-    /// Chunk bytes (uncompressed) fetched ahead of readers.
+    /// Of `fetched_bytes`, what was fetched for predicted misses (files
+    /// fetched together on a first miss, `lamina_daemon::predict`).
+    #[serde(default)]
+    pub predicted_fetched_bytes: u64,
+    /// Of `requests`, those for predicted misses.
+    #[serde(default)]
+    pub predicted_requests: u64,
+    /// Chunk bytes (uncompressed) fetched ahead of readers, in order or
+    /// predicted.
     #[serde(default)]
     pub ahead_chunk_bytes: u64,
     /// Of `ahead_chunk_bytes`, those a reader has read since: the rest is
     /// what fetching ahead cost without use (so far).
     #[serde(default)]
     pub ahead_used_bytes: u64,
+    /// First misses in a shared library or a group of small files that
+    /// fetched the rest of it (`crate::predict`); its bytes count in
+    /// `ahead_chunk_bytes`.
+    #[serde(default)]
+    pub predictions: u64,
     /// Requests sent a second time because the first had not answered
     /// within the hedging bound (see `lamina_fetch::hedge`).
     #[serde(default)]
@@ -184,6 +199,8 @@ struct Shared {
     miss_stats: FetchStats,
     /// Fetched ahead of a reader reading in blob order.
     ahead_stats: FetchStats,
+    /// Fetched for predicted misses.
+    predict_stats: FetchStats,
     /// Per blob: how it is being read, to fetch ahead of a stream.
     streams: Vec<Mutex<Stream>>,
     /// Chunks fetched ahead that no reader has read yet.
@@ -193,6 +210,13 @@ struct Shared {
     ahead_used_bytes: AtomicU64,
     /// Windows to fetch ahead, for the fill-ahead threads (None: off).
     ahead: Option<mpsc::SyncSender<(u32, std::ops::Range<usize>)>>,
+    /// Mapped files to fetch whole on a first miss, once built.
+    file_map: OnceLock<FileMap>,
+    /// Groups queued so far, by (blob, group).
+    predicted: Mutex<HashSet<(u32, u32)>>,
+    predictions: AtomicU64,
+    /// Batches of predicted chunks, for the prediction threads (None: off).
+    predict: Option<mpsc::Sender<(u32, std::ops::Range<usize>)>>,
     /// When the last miss arrived (ms since the worker started).
     last_miss_ms: AtomicU64,
     started: Instant,
@@ -234,6 +258,13 @@ const START_QUIET: Duration = Duration::from_millis(500);
 /// No miss at all for this long after the worker started: the mount is
 /// idle, or walked without reads (lookups only); later layers go now.
 const START_AT_MOST: Duration = Duration::from_secs(10);
+
+/// Chunks per predicted request: a reader that misses in a batch being
+/// fetched waits for that batch only (2 MiB of 256 KiB chunks).
+const PREDICT_BATCH: usize = 8;
+
+/// Metadata larger than this is not read to predict misses.
+const PREDICT_METADATA_MAX: u64 = 128 << 20;
 
 /// Boot-pages frames fetched at once (after the first, which goes alone).
 const BOOT_STREAMS: usize = 4;
@@ -366,13 +397,21 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let hedging = Arc::new(Hedging::default());
     // A few windows queued are plenty: each is up to `fill_ahead` bytes.
     let (ahead_tx, ahead_rx) = mpsc::sync_channel(8);
+    // Unbounded: a batch per 2 MiB of the mapped files the start touches.
+    let (predict_tx, predict_rx) = mpsc::channel();
+    let predicting = config.predict_max > 0 && config.metadata_complete;
     let shared = Arc::new(Shared {
+        file_map: OnceLock::new(),
+        predicted: Mutex::new(HashSet::new()),
+        predictions: AtomicU64::new(0),
+        predict: predicting.then_some(predict_tx),
         ahead: (config.fill_ahead > 0).then_some(ahead_tx),
         streams: (0..n).map(|_| Mutex::new(Stream::default())).collect(),
         ahead_unread: Mutex::new(HashSet::new()),
         ahead_chunk_bytes: AtomicU64::new(0),
         ahead_used_bytes: AtomicU64::new(0),
         ahead_stats: FetchStats::default(),
+        predict_stats: FetchStats::default(),
         fetch: FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
             hedging: config.hedge.then(|| hedging.clone()),
@@ -521,18 +560,12 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         let shared = shared.clone();
         std::thread::spawn(move || shared.prefetch());
     }
-    // Two threads: the next window is requested while one is in flight.
-    let ahead_rx = Arc::new(Mutex::new(ahead_rx));
-    for _ in 0..2 {
-        let (shared, rx) = (shared.clone(), ahead_rx.clone());
-        std::thread::spawn(move || loop {
-            let job = match rx.lock() {
-                Ok(r) => r.recv(),
-                Err(_) => return,
-            };
-            let Ok((blob, chunks)) = job else { return };
-            shared.fetch_ahead(blob, chunks);
-        });
+    // Two threads each: the next window is requested while one is in flight.
+    serve_ahead(&shared, ahead_rx, 2, |s| &s.ahead_stats);
+    if predicting {
+        serve_ahead(&shared, predict_rx, 2, |s| &s.predict_stats);
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.build_file_map());
     }
 
     loop {
@@ -652,6 +685,28 @@ fn adopt_in_background(files: Vec<AdoptSpec>) {
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot start the thread that records layer files: {e}");
+    }
+}
+
+/// Starts `threads` threads fetching the windows `rx` gives, ahead of
+/// readers, counted in the `stats` of `Shared`.
+fn serve_ahead(
+    shared: &Arc<Shared>,
+    rx: mpsc::Receiver<(u32, std::ops::Range<usize>)>,
+    threads: usize,
+    stats: fn(&Shared) -> &FetchStats,
+) {
+    let rx = Arc::new(Mutex::new(rx));
+    for _ in 0..threads {
+        let (shared, rx) = (shared.clone(), rx.clone());
+        std::thread::spawn(move || loop {
+            let job = match rx.lock() {
+                Ok(r) => r.recv(),
+                Err(_) => return,
+            };
+            let Ok((blob, chunks)) = job else { return };
+            shared.fetch_ahead(blob, chunks, stats(&shared));
+        });
     }
 }
 
@@ -1075,6 +1130,7 @@ impl Shared {
             if self.wait_boot_pages(blob, offset, count, needed.clone())? {
                 return Ok(());
             }
+            self.predict_from(blob, offset, &needed);
             let store = self.lock_store(blob)?;
             let w = self.config.fill_window.max(1);
             let start = offset / w * w;
@@ -1310,6 +1366,69 @@ impl Shared {
         }
     }
 
+    /// Reads the metadata's tree into the map of files to fetch whole on
+    /// a first miss; without it (too large, unreadable) nothing is
+    /// predicted, and the log says why.
+    fn build_file_map(&self) {
+        let path = &self.config.metadata_path;
+        let bytes = match std::fs::metadata(path) {
+            Ok(m) if m.len() > PREDICT_METADATA_MAX => {
+                tracing::info!(bytes = m.len(), "no predicted misses: metadata too large");
+                return;
+            }
+            Ok(_) => std::fs::read(path),
+            Err(e) => Err(e),
+        };
+        let map = bytes.map_err(MapError::from).and_then(|bytes| {
+            let image = Image::new(&bytes)?;
+            FileMap::build(&image, self.stores.len(), self.config.predict_max)
+        });
+        match map {
+            Ok(map) => {
+                tracing::info!(
+                    groups = map.groups(),
+                    mapped = map.mapped_files(),
+                    "predicting misses: files fetched together on a first miss"
+                );
+                let _ = self.file_map.set(map);
+            }
+            Err(e) => tracing::info!("no predicted misses: {e}"),
+        }
+    }
+
+    /// On the first miss in a mapped file or a group of small files
+    /// (`crate::predict`), queues the rest of it, from the miss on.
+    fn predict_from(&self, blob: u32, offset: u64, needed: &std::ops::Range<usize>) {
+        let (Some(tx), Some(map)) = (&self.predict, self.file_map.get()) else {
+            return;
+        };
+        let Some(group) = map.group_at(blob, offset) else {
+            return;
+        };
+        let first = self
+            .predicted
+            .lock()
+            .is_ok_and(|mut queued| queued.insert((blob, group)));
+        if !first {
+            return;
+        }
+        let Ok(store) = self.lock_store(blob) else {
+            return;
+        };
+        let mut chunks: Vec<usize> = map
+            .ranges(group, blob)
+            .flat_map(|r| store.chunks_covering(r.start, r.end - r.start))
+            .collect();
+        drop(store);
+        chunks.sort_unstable();
+        chunks.dedup();
+        self.predictions.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(blob, group, chunks = chunks.len(), "fetching a file group");
+        for batch in crate::predict::batches(&chunks, needed, PREDICT_BATCH) {
+            let _ = tx.send((blob, batch));
+        }
+    }
+
     /// Counts the chunks of a read that were fetched ahead (once each).
     fn note_ahead_read(&self, blob: u32, store: &BlobStore, chunks: std::ops::Range<usize>) {
         let Ok(mut unread) = self.ahead_unread.lock() else {
@@ -1326,8 +1445,8 @@ impl Shared {
         }
     }
 
-    /// Fetches a window ahead of a stream: what no one else holds.
-    fn fetch_ahead(&self, blob: u32, chunks: std::ops::Range<usize>) {
+    /// Fetches a window ahead of a reader: what no one else holds.
+    fn fetch_ahead(&self, blob: u32, chunks: std::ops::Range<usize>, stats: &FetchStats) {
         let Ok(mine) = self.claim(blob, chunks, None, false) else {
             return;
         };
@@ -1339,13 +1458,7 @@ impl Shared {
         if let Ok(mut unread) = self.ahead_unread.lock() {
             unread.extend(mine.iter().map(|&i| (blob, i)));
         }
-        if let Err(e) = self.fetch_with(
-            blob,
-            &mine,
-            None,
-            &self.ahead_fetch,
-            Some(&self.ahead_stats),
-        ) {
+        if let Err(e) = self.fetch_with(blob, &mine, None, &self.ahead_fetch, Some(stats)) {
             // Not fatal: the reader's own misses fetch (and retry) these.
             tracing::warn!("fetching ahead: {e}");
         }
@@ -1868,6 +1981,8 @@ impl Shared {
             miss_requests: self.miss_stats.requests.load(Ordering::Relaxed),
             ahead_fetched_bytes: self.ahead_stats.bytes.load(Ordering::Relaxed),
             ahead_requests: self.ahead_stats.requests.load(Ordering::Relaxed),
+            predicted_fetched_bytes: self.predict_stats.bytes.load(Ordering::Relaxed),
+            predicted_requests: self.predict_stats.requests.load(Ordering::Relaxed),
             ahead_chunk_bytes: self.ahead_chunk_bytes.load(Ordering::Relaxed),
             ahead_used_bytes: self.ahead_used_bytes.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
@@ -1880,6 +1995,7 @@ impl Shared {
             boot_frames_done: (self.boot_frames.load(Ordering::SeqCst))
                 .saturating_sub(self.boot_pending.load(Ordering::SeqCst))
                 as u64,
+            predictions: self.predictions.load(Ordering::Relaxed),
             hedges: self.hedging.hedges.load(Ordering::Relaxed),
             hedge_wins: self.hedging.wins.load(Ordering::Relaxed),
             hedge_bound_ms: self.hedging.bound(256 << 10).as_millis() as u64,

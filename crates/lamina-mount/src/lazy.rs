@@ -66,6 +66,9 @@ pub struct LazyOptions {
     pub readahead_kb: Option<u32>,
     /// Hedge slow range requests (`lamina_fetch::hedge`).
     pub hedge: bool,
+    /// Largest shared library or executable fetched whole on its first
+    /// miss (`lamina_daemon::predict`; 0: never).
+    pub predict_max: u64,
 }
 
 impl Default for LazyOptions {
@@ -79,6 +82,7 @@ impl Default for LazyOptions {
             record_trace: None,
             readahead_kb: None,
             hedge: true,
+            predict_max: lamina_daemon::config::DEFAULT_PREDICT_MAX,
         }
     }
 }
@@ -387,6 +391,13 @@ pub fn mount_lazy_from(
         fill_window: lazy.fill_window,
         fill_ahead: lazy.fill_ahead,
         hedge: lazy.hedge,
+        // A trace must hold every page the start reads: nothing predicted.
+        predict_max: if lazy.record_trace.is_some() {
+            0
+        } else {
+            lazy.predict_max
+        },
+        metadata_complete: mode == Mode::Kernel || metadata_frames.is_none(),
         workers: lazy.workers,
         prefetch: lazy.record_trace.is_none() && lazy.prefetch != Prefetch::None,
         prefetch_all: lazy.prefetch == Prefetch::All && lazy.record_trace.is_none(),
