@@ -151,10 +151,15 @@ pub struct DaemonConfig {
     #[serde(default = "default_predict_max")]
     pub predict_max: u64,
     /// `metadata_path` holds all of the metadata from the start (not a
-    /// FUSE mount's, filled frame by frame): only then does the worker
-    /// read it, to predict misses.
+    /// FUSE mount's, filled frame by frame): the worker reads it at once,
+    /// to predict misses.
     #[serde(default)]
     pub metadata_complete: bool,
+    /// Metadata filled frame by frame: the SHA-256 of its content (hex).
+    /// The worker reads it, to predict misses, once a record says the
+    /// file is whole with that content.
+    #[serde(default)]
+    pub metadata_digest: Option<String>,
     /// Threads serving misses.
     pub workers: usize,
     /// Fetch the image's boot set in the background.

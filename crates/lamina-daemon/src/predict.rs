@@ -20,8 +20,10 @@
 //! data is read) and is only a hint: what it fetches is verified and
 //! recorded like every other fill.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use lamina_format::erofs::{Chunk, Image, Kind, ReadError};
 
@@ -36,6 +38,55 @@ pub const SMALL_FILE: u64 = 512 << 10;
 /// A group of small files holds at most this many bytes: a directory with
 /// more is split into several groups, in name order.
 pub const GROUP_MAX: u64 = 4 << 20;
+
+/// Below this rate of miss answers (bytes over the time readers waited
+/// for them, round trips included) nothing is predicted: the link's bytes,
+/// not its round trips, bound a start there, and predicted bytes would
+/// delay the reader's own. 4 MB/s lies between what 256 KiB chunks come
+/// at over 10 Mbit/s (about 1.2 MB/s) and over 100 Mbit/s (about 7 MB/s).
+pub const MIN_RATE: f64 = 4e6;
+
+/// Miss fetches timed before the rate is trusted, and at most kept.
+const RATE_MIN_SAMPLES: usize = 8;
+const RATE_SAMPLES: usize = 64;
+
+/// The rate of recent miss fetches.
+#[derive(Debug, Default)]
+pub struct RateMeter {
+    samples: Mutex<VecDeque<(Duration, u64)>>,
+}
+
+impl RateMeter {
+    /// Notes a fetch of `bytes` that took `took`.
+    pub fn note(&self, took: Duration, bytes: u64) {
+        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if samples.len() == RATE_SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back((took, bytes));
+    }
+
+    /// Bytes per second over the recent fetches; `None` before
+    /// [`RATE_MIN_SAMPLES`] were timed.
+    pub fn rate(&self) -> Option<f64> {
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if samples.len() < RATE_MIN_SAMPLES {
+            return None;
+        }
+        let bytes: u64 = samples.iter().map(|s| s.1).sum();
+        let secs: f64 = samples.iter().map(|s| s.0.as_secs_f64()).sum();
+        Some(if secs > 0.0 {
+            bytes as f64 / secs
+        } else {
+            f64::MAX
+        })
+    }
+
+    /// Whether misses come fast enough for predictions to pay.
+    pub fn fast_enough(&self) -> bool {
+        self.rate().is_some_and(|r| r >= MIN_RATE)
+    }
+}
 
 /// Bytes of one blob that belong to a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,6 +337,22 @@ mod tests {
         ] {
             assert!(!is_mapped(name, mode), "{}", String::from_utf8_lossy(name));
         }
+    }
+
+    #[test]
+    fn predictions_wait_for_a_link_fast_enough() {
+        let meter = RateMeter::default();
+        assert!(!meter.fast_enough(), "nothing timed yet");
+        // 40 kB answers in 33 ms: a 10 Mbit/s link.
+        for _ in 0..RATE_SAMPLES {
+            meter.note(Duration::from_millis(33), 40_000);
+        }
+        assert!(!meter.fast_enough(), "{:?}", meter.rate());
+        // In 5 ms: 100 Mbit/s and a registry's round trip.
+        for _ in 0..RATE_SAMPLES {
+            meter.note(Duration::from_millis(5), 40_000);
+        }
+        assert!(meter.fast_enough(), "{:?}", meter.rate());
     }
 
     #[test]

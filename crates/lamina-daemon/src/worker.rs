@@ -25,7 +25,7 @@ use crate::config::{
     write_atomic, AdoptSpec, BlobSpec, BootFrameSpec, BootPagesSpec, DaemonConfig, LayerSpec,
 };
 use crate::latency::{Histogram, Recorder};
-use crate::predict::{FileMap, MapError};
+use crate::predict::{FileMap, MapError, RateMeter};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
 use rustix::event::{poll, PollFd, PollFlags};
@@ -212,6 +212,8 @@ struct Shared {
     ahead: Option<mpsc::SyncSender<(u32, std::ops::Range<usize>)>>,
     /// Mapped files to fetch whole on a first miss, once built.
     file_map: OnceLock<FileMap>,
+    /// How fast misses are fetched: predictions wait for a fast link.
+    miss_rate: RateMeter,
     /// Groups queued so far, by (blob, group).
     predicted: Mutex<HashSet<(u32, u32)>>,
     predictions: AtomicU64,
@@ -399,10 +401,12 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let (ahead_tx, ahead_rx) = mpsc::sync_channel(8);
     // Unbounded: a batch per 2 MiB of the mapped files the start touches.
     let (predict_tx, predict_rx) = mpsc::channel();
-    let predicting = config.predict_max > 0 && config.metadata_complete;
+    let predicting =
+        config.predict_max > 0 && (config.metadata_complete || config.metadata_digest.is_some());
     let shared = Arc::new(Shared {
         file_map: OnceLock::new(),
         predicted: Mutex::new(HashSet::new()),
+        miss_rate: RateMeter::default(),
         predictions: AtomicU64::new(0),
         predict: predicting.then_some(predict_tx),
         ahead: (config.fill_ahead > 0).then_some(ahead_tx),
@@ -1370,16 +1374,23 @@ impl Shared {
     /// a first miss; without it (too large, unreadable) nothing is
     /// predicted, and the log says why.
     fn build_file_map(&self) {
-        let path = &self.config.metadata_path;
-        let bytes = match std::fs::metadata(path) {
-            Ok(m) if m.len() > PREDICT_METADATA_MAX => {
-                tracing::info!(bytes = m.len(), "no predicted misses: metadata too large");
-                return;
+        let file = if self.config.metadata_complete {
+            File::open(&self.config.metadata_path)
+        } else {
+            match self.wait_metadata_whole() {
+                Some(file) => Ok(file),
+                None => return,
             }
-            Ok(_) => std::fs::read(path),
-            Err(e) => Err(e),
         };
-        let map = bytes.map_err(MapError::from).and_then(|bytes| {
+        let map = file.map_err(MapError::from).and_then(|mut file| {
+            let len = file.metadata()?.len();
+            if len > PREDICT_METADATA_MAX {
+                return Err(MapError::Io(io::Error::other(format!(
+                    "{len} bytes, too large"
+                ))));
+            }
+            let mut bytes = Vec::with_capacity(len as usize);
+            io::Read::read_to_end(&mut file, &mut bytes)?;
             let image = Image::new(&bytes)?;
             FileMap::build(&image, self.stores.len(), self.config.predict_max)
         });
@@ -1396,6 +1407,31 @@ impl Shared {
         }
     }
 
+    /// Waits until the metadata, filled frame by frame by the FUSE
+    /// daemon, is recorded whole with the content the image names, and
+    /// returns the file the record describes; `None` (and a log line) if
+    /// it is not within `START_AT_MOST`.
+    fn wait_metadata_whole(&self) -> Option<File> {
+        let path = &self.config.metadata_path;
+        let mut digest = [0u8; 32];
+        let named = self.config.metadata_digest.as_deref().unwrap_or_default();
+        if hex::decode_to_slice(named, &mut digest).is_err() {
+            tracing::info!("no predicted misses: the metadata's digest {named:?} is not SHA-256");
+            return None;
+        }
+        let deadline = Instant::now() + START_AT_MOST;
+        while Instant::now() < deadline {
+            if let Ok(file) = lamina_fetch::private::open_existing(path) {
+                if lamina_fetch::store::recorded_whole(&file, path, &digest).unwrap_or(false) {
+                    return Some(file);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        tracing::info!("no predicted misses: the metadata was not recorded whole in time");
+        None
+    }
+
     /// On the first miss in a mapped file or a group of small files
     /// (`crate::predict`), queues the rest of it, from the miss on.
     fn predict_from(&self, blob: u32, offset: u64, needed: &std::ops::Range<usize>) {
@@ -1405,6 +1441,11 @@ impl Shared {
         let Some(group) = map.group_at(blob, offset) else {
             return;
         };
+        // Not marked as queued: a later miss asks again, once the link
+        // proved fast.
+        if !self.miss_rate.fast_enough() {
+            return;
+        }
         let first = self
             .predicted
             .lock()
@@ -1766,7 +1807,14 @@ impl Shared {
 
     /// Fetches chunks a reader is waiting for.
     fn fetch_into(&self, blob: u32, chunks: &[usize], via: Option<&File>) -> io::Result<()> {
-        self.fetch_with(blob, chunks, via, &self.fetch, Some(&self.miss_stats))
+        let (started, mine) = (Instant::now(), FetchStats::default());
+        let result = self.fetch_with(blob, chunks, via, &self.fetch, Some(&mine));
+        add_stats(&self.miss_stats, &mine);
+        if result.is_ok() {
+            let bytes = mine.bytes.load(Ordering::Relaxed);
+            self.miss_rate.note(started.elapsed(), bytes);
+        }
+        result
     }
 
     fn fetch_with(

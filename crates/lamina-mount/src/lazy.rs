@@ -398,6 +398,10 @@ pub fn mount_lazy_from(
             lazy.predict_max
         },
         metadata_complete: mode == Mode::Kernel || metadata_frames.is_none(),
+        metadata_digest: match &metadata_frames {
+            Some(_) => Some(hex::encode(content_digest(&layers.metadata, "metadata")?)),
+            None => None,
+        },
         workers: lazy.workers,
         prefetch: lazy.record_trace.is_none() && lazy.prefetch != Prefetch::None,
         prefetch_all: lazy.prefetch == Prefetch::All && lazy.record_trace.is_none(),
