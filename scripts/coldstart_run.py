@@ -619,7 +619,9 @@ class Bench:
             rec.update(wire_bytes=self.tx_bytes() - tx0,
                        **{k: st.get(k) for k in ("fetched_bytes", "requests", "misses", "failed_misses",
                                                  "bad_chunks", "cached_bytes", "prefetch_done", "prefetch_total",
-                                                 "hedges", "hedge_wins", "boot_frames")})
+                                                 "hedges", "hedge_wins", "boot_frames", "ahead_chunk_bytes",
+                                                 "ahead_used_bytes", "predictions", "predicted_requests",
+                                                 "predicted_fetched_bytes")})
             if second:
                 port2 = free_port()
                 c2 = self.bundle(os.path.join(rd, "c2"), workload, port2)
@@ -1165,7 +1167,8 @@ def mount_default(lamina, flag):
 # per-variant figures summarised over runs, when the runs have them
 SUMMARY_KEYS = ("pull_s", "mount_s", "overlay_s", "container_s", "wire_bytes_pull", "wire_bytes_mount",
                 "wire_bytes_ready", "fetched_bytes", "requests", "misses", "prefetch_total", "fetched_bytes_ready",
-                "requests_ready", "misses_ready", "content_blobs")
+                "requests_ready", "misses_ready", "content_blobs", "ahead_chunk_bytes", "ahead_used_bytes",
+                "predictions", "predicted_requests")
 
 
 def summarise(rs, variant, img_bytes):
