@@ -193,6 +193,9 @@ struct Shared {
     /// for it, and must have most of its timeout left to fetch the chunks
     /// itself if the window fails.
     ahead_fetch: FetchOptions,
+    /// Predicted requests: as fill-ahead's, and hedged, since a reader
+    /// that meets a predicted chunk in flight waits for it.
+    predict_fetch: FetchOptions,
     /// Everything fetched (misses, boot pages, background).
     stats: FetchStats,
     /// Fetched because a reader was waiting.
@@ -433,6 +436,13 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             merge_gap: 0,
             ..FetchOptions::default()
         },
+        predict_fetch: FetchOptions {
+            deadline: Duration::from_secs(config.timeout_secs) / 4,
+            attempts: 2,
+            merge_gap: 0,
+            hedging: config.hedge.then(|| hedging.clone()),
+            ..FetchOptions::default()
+        },
         config,
         digests,
         chunk_bits: index.chunk_bits,
@@ -565,9 +575,11 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         std::thread::spawn(move || shared.prefetch());
     }
     // Two threads each: the next window is requested while one is in flight.
-    serve_ahead(&shared, ahead_rx, 2, |s| &s.ahead_stats);
+    serve_ahead(&shared, ahead_rx, 2, |s| (&s.ahead_fetch, &s.ahead_stats));
     if predicting {
-        serve_ahead(&shared, predict_rx, 2, |s| &s.predict_stats);
+        serve_ahead(&shared, predict_rx, 2, |s| {
+            (&s.predict_fetch, &s.predict_stats)
+        });
         let shared = shared.clone();
         std::thread::spawn(move || shared.build_file_map());
     }
@@ -693,12 +705,12 @@ fn adopt_in_background(files: Vec<AdoptSpec>) {
 }
 
 /// Starts `threads` threads fetching the windows `rx` gives, ahead of
-/// readers, counted in the `stats` of `Shared`.
+/// readers, with the options and into the stats `how` picks of `Shared`.
 fn serve_ahead(
     shared: &Arc<Shared>,
     rx: mpsc::Receiver<(u32, std::ops::Range<usize>)>,
     threads: usize,
-    stats: fn(&Shared) -> &FetchStats,
+    how: fn(&Shared) -> (&FetchOptions, &FetchStats),
 ) {
     let rx = Arc::new(Mutex::new(rx));
     for _ in 0..threads {
@@ -709,7 +721,8 @@ fn serve_ahead(
                 Err(_) => return,
             };
             let Ok((blob, chunks)) = job else { return };
-            shared.fetch_ahead(blob, chunks, stats(&shared));
+            let (opts, stats) = how(&shared);
+            shared.fetch_ahead(blob, chunks, opts, stats);
         });
     }
 }
@@ -1487,7 +1500,13 @@ impl Shared {
     }
 
     /// Fetches a window ahead of a reader: what no one else holds.
-    fn fetch_ahead(&self, blob: u32, chunks: std::ops::Range<usize>, stats: &FetchStats) {
+    fn fetch_ahead(
+        &self,
+        blob: u32,
+        chunks: std::ops::Range<usize>,
+        opts: &FetchOptions,
+        stats: &FetchStats,
+    ) {
         let Ok(mine) = self.claim(blob, chunks, None, false) else {
             return;
         };
@@ -1499,7 +1518,7 @@ impl Shared {
         if let Ok(mut unread) = self.ahead_unread.lock() {
             unread.extend(mine.iter().map(|&i| (blob, i)));
         }
-        if let Err(e) = self.fetch_with(blob, &mine, None, &self.ahead_fetch, Some(stats)) {
+        if let Err(e) = self.fetch_with(blob, &mine, None, opts, Some(stats)) {
             // Not fatal: the reader's own misses fetch (and retry) these.
             tracing::warn!("fetching ahead: {e}");
         }
