@@ -270,6 +270,10 @@ pub(crate) enum Command {
         /// image in order (as `lamina mount --fill-ahead`); 0 turns it off.
         #[arg(long, default_value = "8M", value_parser = parse_size)]
         fill_ahead: u64,
+        /// Largest shared library or executable fetched whole on its first
+        /// miss (as `lamina mount --predict-max`); 0 predicts nothing.
+        #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
+        predict_max: u64,
         /// `auto`, `kernel` or `fuse`: how lamina images are mounted (as
         /// `lamina mount --mode`; auto decides once, at start).
         #[arg(long, value_name = "MODE", default_value = "auto", value_parser = MODES)]
@@ -741,6 +745,7 @@ pub fn run(args: Args) -> Result<u8> {
             timeout,
             prefetch,
             fill_ahead,
+            predict_max,
             mode,
             metrics_address,
             cache_max_size,
@@ -757,6 +762,7 @@ pub fn run(args: Args) -> Result<u8> {
                 timeout: std::time::Duration::from_secs(timeout.max(1)),
                 prefetch: parse_prefetch(&prefetch),
                 fill_ahead,
+                predict_max,
                 ..lamina_mount::LazyOptions::default()
             },
             metrics_address,

@@ -39,6 +39,7 @@
 //! timeout = 60
 //! prefetch = "boot"
 //! fill_ahead = "8M"
+//! predict_max = "8M"
 //! metrics_address = "127.0.0.1:9464"   # or "unix:/run/lamina/metrics.sock"
 //! cache_max_size = "50G"  # the shared cache, collected in the background
 //!
@@ -240,6 +241,7 @@ struct SnapshotterSection {
     timeout: Option<u64>,
     prefetch: Option<PrefetchMode>,
     fill_ahead: Option<Size>,
+    predict_max: Option<Size>,
     mode: Option<MountMode>,
     #[serde(default, deserialize_with = "parsed")]
     metrics_address: Option<MetricsAddress>,
@@ -424,6 +426,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             timeout,
             prefetch,
             fill_ahead,
+            predict_max,
             mode,
             metrics_address,
             cache_max_size,
@@ -437,6 +440,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             m.fill(timeout, "timeout", s.timeout);
             m.fill(prefetch, "prefetch", s.prefetch.map(|p| p.as_str().into()));
             m.fill(fill_ahead, "fill_ahead", s.fill_ahead.map(|w| w.0));
+            m.fill(predict_max, "predict_max", s.predict_max.map(|w| w.0));
             let metrics = s.metrics_address.clone().map(Some);
             m.fill(metrics_address, "metrics_address", metrics);
         }
@@ -509,6 +513,7 @@ mod tests {
         root = "/file/root"
         address = "/file/sock"
         fill_ahead = "2M"
+        predict_max = "1M"
         metrics_address = "unix:/file/metrics.sock"
         [convert]
         chunk_size = "1M"
@@ -549,6 +554,7 @@ mod tests {
             address,
             metrics_address,
             fill_ahead,
+            predict_max,
             mode,
             ..
         } = &args.command
@@ -564,6 +570,7 @@ mod tests {
             &Some(MetricsAddress::Unix("/file/metrics.sock".into()))
         );
         assert_eq!(*fill_ahead, 2 << 20);
+        assert_eq!(*predict_max, 1 << 20);
         assert_eq!(mode, "kernel");
         assert!(parse("[snapshotter]\nmode = \"both\"\n").is_err());
 
