@@ -10,6 +10,8 @@
 #                      registry images mount lazily: chunks are fetched on first read)
 #   6. runc runs `python3 -c 'print("hello from a lamina container")'` in a container
 #      whose rootfs is an overlayfs: lowerdir = the lamina mount, upper/work in a temp dir
+#      (a first miss in a module fetches its directory's modules along, one in a shared
+#      library the whole library: predicted misses)
 #   7. boot pages: the same start recorded (`lamina mount --record-trace`), the image
 #      converted again with `--prefetch TRACE` (tag bookworm-boot), mounted with a fresh
 #      cache and started again: it fetches the pages it reads, in the order it reads
@@ -240,7 +242,7 @@ FETCHED=$MOUNT_FETCHED
 if [ "$LAZY" = 1 ]; then
     settled_status >"$TMP/status.json"
     FETCHED=$(jq -r '.fetched_bytes' "$TMP/status.json")
-    jq -r '"  lazy fetches for the container: \(.fetched_bytes) bytes in \(.requests) requests (\(.misses) misses, \(.failed_misses) failed); \(.cached_bytes) of \(.total_bytes) bytes now cached"' \
+    jq -r '"  lazy fetches for the container: \(.fetched_bytes) bytes in \(.requests) requests (\(.misses) misses, \(.failed_misses) failed; \(.predictions) first misses fetched their module directory or library along, \(.predicted_fetched_bytes) bytes); \(.cached_bytes) of \(.total_bytes) bytes now cached"' \
         "$TMP/status.json" >&2
 fi
 grep -qx "hello from a lamina container" "$TMP/container.out" || die "unexpected container output"
