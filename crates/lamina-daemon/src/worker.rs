@@ -213,7 +213,8 @@ struct Shared {
     ahead_used_bytes: AtomicU64,
     /// Windows to fetch ahead, for the fill-ahead threads (None: off).
     ahead: Option<mpsc::SyncSender<(u32, std::ops::Range<usize>)>>,
-    /// Mapped files to fetch whole on a first miss, once built.
+    /// Files fetched together on a first miss (`crate::predict`), once
+    /// built.
     file_map: OnceLock<FileMap>,
     /// How fast misses are fetched: predictions wait for a fast link.
     miss_rate: RateMeter,
@@ -1383,9 +1384,9 @@ impl Shared {
         }
     }
 
-    /// Reads the metadata's tree into the map of files to fetch whole on
-    /// a first miss; without it (too large, unreadable) nothing is
-    /// predicted, and the log says why.
+    /// Reads the metadata's tree into the map of files fetched together
+    /// on a first miss (`crate::predict`); without it (too large,
+    /// unreadable) nothing is predicted, and the log says why.
     fn build_file_map(&self) {
         let file = if self.config.metadata_complete {
             File::open(&self.config.metadata_path)
