@@ -159,29 +159,12 @@ impl FileMap {
                     Some(Kind::Directory) if seen_dirs.insert(entry.nid) => dirs.push(entry.nid),
                     Some(Kind::Regular) if seen_files.insert(entry.nid) => {
                         let inode = image.inode(entry.nid)?;
-                        let group = if inode.size == 0 {
-                            continue;
-                        } else if is_mapped(entry.name, inode.mode) && inode.size > SMALL_FILE {
-                            if inode.size > max_mapped {
-                                continue;
-                            }
-                            map.mapped += 1;
-                            map.new_group()
-                        } else if let (Some(ext), true) =
-                            (extension(entry.name), inode.size <= SMALL_FILE)
+                        let name = entry.name;
+                        if let Some(group) =
+                            map.group_for(name, &inode, max_mapped, &mut by_extension)
                         {
-                            match by_extension.get(ext) {
-                                Some(&g) if map.fits(g, inode.size) => g,
-                                _ => {
-                                    let g = map.new_group();
-                                    by_extension.insert(ext, g);
-                                    g
-                                }
-                            }
-                        } else {
-                            continue;
-                        };
-                        map.add_file(image, &inode, group)?;
+                            map.add_file(image, &inode, group)?;
+                        }
                     }
                     _ => {}
                 }
@@ -191,6 +174,39 @@ impl FileMap {
             extents.sort_by_key(|e| (e.start, e.end));
         }
         Ok(map)
+    }
+
+    /// The group a regular file joins: a group of its own for a mapped
+    /// file over [`SMALL_FILE`] (up to `max_mapped`), its directory's open
+    /// group for its extension (`by_extension`) for a small file; `None`
+    /// for anything else (empty, too large, no extension).
+    fn group_for<'a>(
+        &mut self,
+        name: &'a [u8],
+        inode: &lamina_format::erofs::Inode<'_>,
+        max_mapped: u64,
+        by_extension: &mut HashMap<&'a [u8], u32>,
+    ) -> Option<u32> {
+        let size = inode.size;
+        if size == 0 {
+            return None;
+        }
+        if size > SMALL_FILE {
+            if !is_mapped(name, inode.mode) || size > max_mapped {
+                return None;
+            }
+            self.mapped += 1;
+            return Some(self.new_group());
+        }
+        let ext = extension(name)?;
+        match by_extension.get(ext) {
+            Some(&g) if self.fits(g, size) => Some(g),
+            _ => {
+                let g = self.new_group();
+                by_extension.insert(ext, g);
+                Some(g)
+            }
+        }
     }
 
     fn new_group(&mut self) -> u32 {
@@ -318,24 +334,25 @@ mod tests {
 
     #[test]
     fn libraries_and_executables_are_mapped_data_is_not() {
-        for (name, mode) in [
-            (&b"libc.so.6"[..], 0o644),
-            (b"libarrow.so.1601", 0o644),
-            (b"libz.so.1.2.13", 0o644),
-            (b"_multiarray_umath.cpython-311-x86_64-linux-gnu.so", 0o644),
-            (b"python3.11", 0o755),
-            (b"node", 0o700),
+        for (name, mode, mapped) in [
+            (&b"libc.so.6"[..], 0o644, true),
+            (b"libarrow.so.1601", 0o644, true),
+            (b"libz.so.1.2.13", 0o644, true),
+            (
+                b"_multiarray_umath.cpython-311-x86_64-linux-gnu.so",
+                0o644,
+                true,
+            ),
+            (b"python3.11", 0o755, true),
+            (b"node", 0o700, true),
+            (b"os.pyc", 0o644, false),
+            (b"libfoo.so.conf", 0o644, false),
+            (b"also.sorted", 0o644, false),
+            (b"index.js", 0o644, false),
+            (b"data.so.txt", 0o644, false),
         ] {
-            assert!(is_mapped(name, mode), "{}", String::from_utf8_lossy(name));
-        }
-        for (name, mode) in [
-            (&b"os.pyc"[..], 0o644),
-            (b"libfoo.so.conf", 0o644),
-            (b"also.sorted", 0o644),
-            (b"index.js", 0o644),
-            (b"data.so.txt", 0o644),
-        ] {
-            assert!(!is_mapped(name, mode), "{}", String::from_utf8_lossy(name));
+            let what = String::from_utf8_lossy(name);
+            assert_eq!(is_mapped(name, mode), mapped, "{what}");
         }
     }
 
