@@ -150,16 +150,10 @@ pub struct DaemonConfig {
     /// miss (see `crate::predict`); 0: never.
     #[serde(default = "default_predict_max")]
     pub predict_max: u64,
-    /// `metadata_path` holds all of the metadata from the start (not a
-    /// FUSE mount's, filled frame by frame): the worker reads it at once,
-    /// to predict misses.
+    /// When the worker may read `metadata_path`, to predict misses
+    /// (`None`, a config written before: never).
     #[serde(default)]
-    pub metadata_complete: bool,
-    /// Metadata filled frame by frame: the SHA-256 of its content (hex).
-    /// The worker reads it, to predict misses, once a record says the
-    /// file is whole with that content.
-    #[serde(default)]
-    pub metadata_digest: Option<String>,
+    pub metadata_fill: Option<MetadataFill>,
     /// Threads serving misses.
     pub workers: usize,
     /// Fetch the image's boot set in the background.
@@ -200,6 +194,20 @@ pub struct DaemonConfig {
     /// manifest says no inode has any): mounted `noacl`.
     #[serde(default = "yes")]
     pub xattrs: bool,
+}
+
+/// How `metadata_path` is filled.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetadataFill {
+    /// Whole before the mount (the kernel path, FUSE without frames).
+    Whole,
+    /// Frame by frame by the FUSE daemon: whole once a record says the
+    /// file holds the content of this SHA-256 (hex).
+    Frames {
+        /// The content's SHA-256, hex.
+        digest: String,
+    },
 }
 
 /// A zstd lamina layer for the worker to fetch whole and store.

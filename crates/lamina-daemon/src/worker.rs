@@ -23,6 +23,7 @@ use lamina_sys::{FanotifyGroup, Response};
 
 use crate::config::{
     write_atomic, AdoptSpec, BlobSpec, BootFrameSpec, BootPagesSpec, DaemonConfig, LayerSpec,
+    MetadataFill,
 };
 use crate::latency::{Histogram, Recorder};
 use crate::predict::{FileMap, MapError, RateMeter};
@@ -405,8 +406,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let (ahead_tx, ahead_rx) = mpsc::sync_channel(8);
     // Unbounded: a batch per 2 MiB of the mapped files the start touches.
     let (predict_tx, predict_rx) = mpsc::channel();
-    let predicting =
-        config.predict_max > 0 && (config.metadata_complete || config.metadata_digest.is_some());
+    let predicting = config.predict_max > 0 && config.metadata_fill.is_some();
     let shared = Arc::new(Shared {
         file_map: OnceLock::new(),
         predicted: Mutex::new(HashSet::new()),
@@ -1388,13 +1388,13 @@ impl Shared {
     /// on a first miss (`crate::predict`); without it (too large,
     /// unreadable) nothing is predicted, and the log says why.
     fn build_file_map(&self) {
-        let file = if self.config.metadata_complete {
-            File::open(&self.config.metadata_path)
-        } else {
-            match self.wait_metadata_whole() {
+        let file = match &self.config.metadata_fill {
+            Some(MetadataFill::Whole) => File::open(&self.config.metadata_path),
+            Some(MetadataFill::Frames { digest }) => match self.wait_metadata_whole(digest) {
                 Some(file) => Ok(file),
                 None => return,
-            }
+            },
+            None => return,
         };
         let map = file.map_err(MapError::from).and_then(|mut file| {
             let len = file.metadata()?.len();
@@ -1425,10 +1425,9 @@ impl Shared {
     /// daemon, is recorded whole with the content the image names, and
     /// returns the file the record describes; `None` (and a log line) if
     /// it is not within `START_AT_MOST`.
-    fn wait_metadata_whole(&self) -> Option<File> {
+    fn wait_metadata_whole(&self, named: &str) -> Option<File> {
         let path = &self.config.metadata_path;
         let mut digest = [0u8; 32];
-        let named = self.config.metadata_digest.as_deref().unwrap_or_default();
         if hex::decode_to_slice(named, &mut digest).is_err() {
             tracing::info!("no predicted misses: the metadata's digest {named:?} is not SHA-256");
             return None;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lamina_daemon::config::{
     AdoptSpec, BlobSpec, BootFrameSpec, BootPagesSpec, CacheFileId, DaemonConfig, LayerSpec,
-    SourceSpec,
+    MetadataFill, SourceSpec,
 };
 use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
@@ -397,11 +397,12 @@ pub fn mount_lazy_from(
         } else {
             lazy.predict_max
         },
-        metadata_complete: mode == Mode::Kernel || metadata_frames.is_none(),
-        metadata_digest: match &metadata_frames {
-            Some(_) => Some(hex::encode(content_digest(&layers.metadata, "metadata")?)),
-            None => None,
-        },
+        metadata_fill: Some(match &metadata_frames {
+            Some(_) => MetadataFill::Frames {
+                digest: hex::encode(content_digest(&layers.metadata, "metadata")?),
+            },
+            None => MetadataFill::Whole,
+        }),
         workers: lazy.workers,
         prefetch: lazy.record_trace.is_none() && lazy.prefetch != Prefetch::None,
         prefetch_all: lazy.prefetch == Prefetch::All && lazy.record_trace.is_none(),
