@@ -648,6 +648,11 @@ impl Filesystem for ImageFs {
         ] {
             let _ = config.add_capabilities(flag);
         }
+        if self.misses.is_some() {
+            // Readahead of local data must not queue in the kernel behind
+            // readahead waiting on a stalled registry (misses.rs).
+            let _ = config.set_max_background(misses::MAX_BACKGROUND);
+        }
         // Otherwise every directory listed costs an opendir and a
         // releasedir round trip, the only ones left in a warm `ls -lR`.
         self.no_opendir = config

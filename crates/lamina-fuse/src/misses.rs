@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -18,9 +19,21 @@ use lamina_daemon::filler::Filler;
 
 use crate::Piece;
 
-/// Threads waiting for fills: misses mostly wait on the network, so more
-/// of them than cores.
+/// Threads started with the pool: misses mostly wait on the network, so
+/// more of them than cores.
 pub(crate) const MISS_THREADS: usize = 16;
+
+/// Reads the kernel keeps outstanding at once for background work
+/// (readahead), which the FUSE init raises to this from its default 16: a
+/// stalled registry holding 16 readahead requests would otherwise queue a
+/// read of local data behind them in the kernel.
+pub(crate) const MAX_BACKGROUND: u16 = 96;
+
+/// The pool grows to this many threads when every one waits: one for each
+/// request the kernel may have outstanding (background plus a synchronous
+/// read per FUSE thread), so a read of local data never queues behind reads
+/// waiting on the network.
+const MAX_MISS_THREADS: usize = MAX_BACKGROUND as usize + 32;
 
 /// A read handed off: its pieces, where the reply goes.
 pub(crate) struct PendingRead {
@@ -40,30 +53,50 @@ pub(crate) struct PendingRead {
 #[derive(Debug)]
 pub(crate) struct MissPool {
     queue: Mutex<mpsc::Sender<PendingRead>>,
+    shared: Arc<PoolShared>,
+}
+
+/// What the pool's threads share.
+#[derive(Debug)]
+struct PoolShared {
+    rx: Mutex<mpsc::Receiver<PendingRead>>,
+    blobs: Arc<[File]>,
+    filler: Arc<Filler>,
+    /// Threads started.
+    threads: AtomicUsize,
+    /// Threads waiting for a read to serve.
+    idle: AtomicUsize,
 }
 
 impl MissPool {
     /// Starts [`MISS_THREADS`] threads reading `blobs`, filled by `filler`.
     pub(crate) fn start(blobs: Arc<[File]>, filler: Arc<Filler>) -> std::io::Result<MissPool> {
         let (tx, rx) = mpsc::channel::<PendingRead>();
-        let rx = Arc::new(Mutex::new(rx));
-        for n in 0..MISS_THREADS {
-            let (rx, blobs, filler) = (rx.clone(), blobs.clone(), filler.clone());
-            std::thread::Builder::new()
-                .name(format!("fuse-miss-{n}"))
-                .spawn(move || loop {
-                    let next = rx.lock().map(|r| r.recv());
-                    let Ok(Ok(read)) = next else { return };
-                    serve(&blobs, Some(&filler), read);
-                })?;
+        let shared = Arc::new(PoolShared {
+            rx: Mutex::new(rx),
+            blobs,
+            filler,
+            threads: AtomicUsize::new(0),
+            idle: AtomicUsize::new(0),
+        });
+        for _ in 0..MISS_THREADS {
+            spawn_thread(&shared)?;
         }
         Ok(MissPool {
             queue: Mutex::new(tx),
+            shared,
         })
     }
 
-    /// Hands `read` to the pool; served here if the pool is gone.
+    /// Hands `read` to the pool (growing it when no thread is free); served
+    /// here if the pool is gone.
     pub(crate) fn submit(&self, read: PendingRead, blobs: &[File], filler: Option<&Filler>) {
+        let busy = self.shared.idle.load(Ordering::Acquire) == 0;
+        if busy && self.shared.threads.load(Ordering::Acquire) < MAX_MISS_THREADS {
+            if let Err(e) = spawn_thread(&self.shared) {
+                tracing::warn!("no more FUSE miss threads: {e}");
+            }
+        }
         let sent = match self.queue.lock() {
             Ok(queue) => queue.send(read).map_err(|e| e.0),
             Err(_) => Err(read),
@@ -72,6 +105,25 @@ impl MissPool {
             serve(blobs, filler, read);
         }
     }
+}
+
+fn spawn_thread(shared: &Arc<PoolShared>) -> std::io::Result<()> {
+    let n = shared.threads.fetch_add(1, Ordering::AcqRel);
+    let pool = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("fuse-miss-{n}"))
+        .spawn(move || loop {
+            pool.idle.fetch_add(1, Ordering::AcqRel);
+            let next = pool.rx.lock().map(|r| r.recv());
+            pool.idle.fetch_sub(1, Ordering::AcqRel);
+            let Ok(Ok(read)) = next else { return };
+            serve(&pool.blobs, Some(&pool.filler), read);
+        });
+    if let Err(e) = spawned {
+        shared.threads.fetch_sub(1, Ordering::AcqRel);
+        return Err(e);
+    }
+    Ok(())
 }
 
 fn serve(blobs: &[File], filler: Option<&Filler>, read: PendingRead) {
