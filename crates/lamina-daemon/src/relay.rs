@@ -25,6 +25,11 @@ use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
 use crate::protocol::{self, Message};
 
+/// How long a stopping worker may take to save its fill records: that
+/// syncs its cache files, which under write load takes seconds. A worker
+/// killed first loses the records of its last fills (their chunks are
+/// fetched again by the next mount: time, never a wrong byte).
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(10);
 /// A running worker and the holder's end of its socket.
 pub(crate) struct Worker {
     child: Child,
@@ -76,8 +81,8 @@ impl Worker {
     }
 
     /// Tells it the mount is gone and closes its socket, so that it saves
-    /// its fill records and exits; kills it if it has not within two
-    /// seconds.
+    /// its fill records and exits; kills it if it has not within
+    /// [`STOP_GRACE`].
     fn stop(self) {
         let Worker {
             mut child, sock, ..
@@ -86,7 +91,7 @@ impl Worker {
             tracing::warn!("telling the worker to stop: {e}");
         }
         drop(sock);
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = Instant::now() + STOP_GRACE;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
                 return;

@@ -597,7 +597,9 @@ pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Unmounted {
     let proc = PathBuf::from(format!("/proc/{}", ready.pid));
     let started = Instant::now();
     let mut alive = proc.exists();
-    while alive && started.elapsed() < Duration::from_secs(5) {
+    // The holder stops its worker first, which may take up to ten seconds
+    // to save its fill records (lamina-daemon's relay).
+    while alive && started.elapsed() < Duration::from_secs(15) {
         // A zombie (our own child) still has /proc; check its state.
         if fs::read_to_string(proc.join("stat")).is_ok_and(|s| s.contains(") Z ")) {
             alive = false;
