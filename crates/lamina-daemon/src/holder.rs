@@ -504,8 +504,8 @@ fn answer(group: &FanotifyGroup, fd: i32, response: Response) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lamina_format::erofs::{write_image, ChunkAddr, Device, FileChunks};
-    use lamina_tree::{DirEntry, Metadata, Node, NodeKind, Tree};
+    use lamina_format::erofs::{write_image, write_image_with, ChunkAddr, Device, FileChunks};
+    use lamina_tree::{DirEntry, Metadata, Node, NodeId, NodeKind, Tree};
 
     /// Unmounts on drop, so a failed assertion leaves nothing mounted.
     struct Unmount(PathBuf);
@@ -520,14 +520,132 @@ mod tests {
     /// they take ~20 KB, five times the page mount(2) reads, and the kernel
     /// saw only the first ~25 ("extra devices don't match"). Every device
     /// reaches it, and each file reads its own device's bytes (issue 10).
+    /// Whether this test may mount: root, or told to skip (and says so).
+    fn may_mount() -> bool {
+        if rustix::process::geteuid().is_root() {
+            return true;
+        }
+        if std::env::var("LAMINA_SKIP_PRIVILEGED").as_deref() == Ok("1") {
+            println!("skipped: mounting EROFS needs root");
+            return false;
+        }
+        panic!("this test mounts EROFS: run it as root, or set LAMINA_SKIP_PRIVILEGED=1");
+    }
+
+    fn add(tree: &mut Tree<FileChunks>, dir: NodeId, name: &[u8], node: Node<FileChunks>) {
+        let id = tree.add_node(node);
+        if let NodeKind::Directory { entries } = &mut tree.nodes[dir].kind {
+            entries.insert(name.to_vec(), DirEntry { node: id, layer: 0 });
+        }
+    }
+
+    fn regular(size: u64, chunk_bits: u8, blocks: &[u32]) -> Node<FileChunks> {
+        let chunks = blocks
+            .iter()
+            .map(|&blkaddr| ChunkAddr::Data { device: 1, blkaddr })
+            .collect();
+        Node {
+            meta: Metadata {
+                mode: 0o644,
+                ..Metadata::default()
+            },
+            kind: NodeKind::Regular {
+                size,
+                content: FileChunks { chunk_bits, chunks },
+            },
+        }
+    }
+
+    /// An image of 512-byte blocks (how a tar index points into a layer's
+    /// tar, docs/format.md) mounts file-backed, and its files read the
+    /// bytes at their 512-byte-aligned places in the device; a directory
+    /// over several blocks and a symlink longer than a block read back.
+    #[test]
+    fn mount_erofs_takes_512_byte_blocks() {
+        if !may_mount() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let blob: Vec<u8> = (0..65536usize).map(|i| (i * 7 + i / 512) as u8).collect();
+        let cache = tmp.path().join("layer.tar");
+        std::fs::write(&cache, &blob).unwrap();
+        let mut tree: Tree<FileChunks> = Tree::new();
+        let root = tree.root;
+        add(&mut tree, root, b"a", regular(1000, 9, &[3, 4]));
+        add(&mut tree, root, b"b", regular(5000, 12, &[20, 28]));
+        let names: Vec<String> = (0..200).map(|i| format!("entry-{i:04}")).collect();
+        let dir = tree.add_node(Node {
+            meta: Metadata {
+                mode: 0o755,
+                ..Metadata::default()
+            },
+            kind: NodeKind::Directory {
+                entries: Default::default(),
+            },
+        });
+        if let NodeKind::Directory { entries } = &mut tree.nodes[root].kind {
+            entries.insert(
+                b"dir".to_vec(),
+                DirEntry {
+                    node: dir,
+                    layer: 0,
+                },
+            );
+        }
+        for name in &names {
+            add(&mut tree, dir, name.as_bytes(), regular(0, 9, &[]));
+        }
+        let target = vec![b'z'; 700];
+        let link = Node {
+            meta: Metadata::default(),
+            kind: NodeKind::Symlink {
+                target: target.clone(),
+            },
+        };
+        add(&mut tree, root, b"link", link);
+        let devices = [Device {
+            tag: "layer".into(),
+            blocks: 128,
+        }];
+        let (image, _) = write_image_with(&tree, &devices, 9).unwrap();
+        let meta = tmp.path().join("meta.erofs");
+        std::fs::write(&meta, image).unwrap();
+        let mnt = tmp.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let spec = ErofsMount {
+            metadata: &meta,
+            mountpoint: &mnt,
+            devices: &[cache.as_path()],
+            acl: true,
+            privileges: Privileges::default(),
+            direct: false,
+        };
+        mount_erofs(&spec).unwrap();
+        let _guard = Unmount(mnt.clone());
+        // a: two 512-byte chunks from block 3; b: a 4 KiB chunk from block
+        // 20 (blocks 20 to 27) and 904 bytes from block 28.
+        let a = std::fs::read(mnt.join("a")).unwrap();
+        assert!(a == blob[1536..2536], "a reads other bytes");
+        let mut b = blob[20 * 512..28 * 512].to_vec();
+        b.extend_from_slice(&blob[28 * 512..28 * 512 + 904]);
+        let got = std::fs::read(mnt.join("b")).unwrap();
+        assert!(got == b, "b reads other bytes");
+        let mut listed: Vec<String> = std::fs::read_dir(mnt.join("dir"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        listed.sort();
+        assert_eq!(listed, names);
+        let read_link = std::fs::read_link(mnt.join("link")).unwrap();
+        let read_link = std::os::unix::ffi::OsStrExt::as_bytes(read_link.as_os_str());
+        assert_eq!(read_link, target.as_slice());
+        rustix::mount::unmount(&mnt, rustix::mount::UnmountFlags::empty()).unwrap();
+    }
+
     #[test]
     fn mount_erofs_takes_more_devices_than_a_page_of_options() {
-        if !rustix::process::geteuid().is_root() {
-            if std::env::var("LAMINA_SKIP_PRIVILEGED").as_deref() == Ok("1") {
-                println!("skipped: mounting EROFS needs root");
-                return;
-            }
-            panic!("this test mounts EROFS: run it as root, or set LAMINA_SKIP_PRIVILEGED=1");
+        if !may_mount() {
+            return;
         }
         const N: u16 = 120;
         let tmp = tempfile::tempdir().unwrap();

@@ -12,8 +12,13 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub const EROFS_MAGIC: u32 = 0xE0F5_E1E2;
 /// The superblock lives at this byte offset of block 0.
 pub const SUPERBLOCK_OFFSET: usize = 1024;
-/// log2 of the block size; lamina always writes 4 KiB blocks.
+/// log2 of the block size of converted images: 4 KiB blocks.
 pub const BLOCK_BITS: u8 = 12;
+/// log2 of the block size of tar-index images: 512-byte blocks, tar's own
+/// alignment, so a chunk can point at a file's data inside its layer's
+/// uncompressed tar. Linux mounts EROFS with blocks smaller than a page
+/// (checked on 6.18, docs/format.md).
+pub const TAR_BLOCK_BITS: u8 = 9;
 /// Block size in bytes.
 pub const BLOCK_SIZE: usize = 1 << BLOCK_BITS;
 /// Inode slots are this many bytes; a nid is `offset / 32`.

@@ -6,7 +6,9 @@ mod reader;
 mod writer;
 
 pub use reader::{Chunk, Chunks, DeviceInfo, Entry, Gate, Image, Inode, Kind, ReadError, Xattr};
-pub use writer::{write_image, ChunkAddr, Device, FileChunks, FormatError, ImageStats};
+pub use writer::{
+    write_image, write_image_with, ChunkAddr, Device, FileChunks, FormatError, ImageStats,
+};
 
 /// Building trees in the writer's and the reader's tests.
 #[cfg(test)]

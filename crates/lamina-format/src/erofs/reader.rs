@@ -52,6 +52,8 @@ pub struct Image<'a> {
     root_nid: u64,
     build_time: (u64, u32),
     devices: Vec<DeviceInfo<'a>>,
+    /// log2 of the block size ([`TAR_BLOCK_BITS`] to [`BLOCK_BITS`]).
+    block_bits: u8,
 }
 
 /// One extra device (a data blob) of the device table.
@@ -145,6 +147,8 @@ pub enum Chunk {
 pub struct Chunks<'a> {
     /// log2 of the chunk size.
     pub chunk_bits: u8,
+    /// log2 of the image's block size, the unit of chunk addresses.
+    block_bits: u8,
     table: &'a [ChunkIndex],
 }
 
@@ -168,7 +172,7 @@ impl Chunks<'_> {
         } else {
             Chunk::Data {
                 device: c.device_id.get(),
-                offset: u64::from(blkaddr) << BLOCK_BITS,
+                offset: u64::from(blkaddr) << self.block_bits,
             }
         })
     }
@@ -209,7 +213,7 @@ impl<'a> Image<'a> {
                 sb.magic.get()
             )));
         }
-        if sb.blkszbits != BLOCK_BITS {
+        if !(TAR_BLOCK_BITS..=BLOCK_BITS).contains(&sb.blkszbits) {
             return Err(ReadError::Unsupported(format!(
                 "block size 2^{}",
                 sb.blkszbits
@@ -227,11 +231,21 @@ impl<'a> Image<'a> {
         Ok(Image {
             bytes,
             gate,
-            meta_start: u64::from(sb.meta_blkaddr.get()) << BLOCK_BITS,
+            meta_start: u64::from(sb.meta_blkaddr.get()) << sb.blkszbits,
             root_nid: u64::from(sb.root_nid.get()),
             build_time: (sb.build_time.get(), sb.build_time_nsec.get()),
             devices,
+            block_bits: sb.blkszbits,
         })
+    }
+
+    /// log2 of the block size.
+    pub fn block_bits(&self) -> u8 {
+        self.block_bits
+    }
+
+    fn block_size(&self) -> u64 {
+        1 << self.block_bits
     }
 
     /// The root directory's nid.
@@ -326,27 +340,27 @@ impl<'a> Image<'a> {
     /// Bytes `block` (0-based) of a directory's or symlink's data: a full
     /// block from `raw_blkaddr`, or the inline tail right after the inode.
     fn flat_block(&self, inode: &Inode<'a>, block: u64) -> Result<&'a [u8], ReadError> {
-        let blocks = inode.size.div_ceil(BLOCK_SIZE as u64);
+        let blocks = inode.size.div_ceil(self.block_size());
         if block >= blocks {
             return corrupt(format!("nid {}: block {block} of {blocks}", inode.nid));
         }
         let len = if block + 1 == blocks {
-            inode.size - block * BLOCK_SIZE as u64
+            inode.size - block * self.block_size()
         } else {
-            BLOCK_SIZE as u64
+            self.block_size()
         };
         let inline = inode.layout == DataLayout::FlatInline && block + 1 == blocks;
         if inline {
             // The tail must not cross the inode's block.
             let end = inode.body + len;
-            if inode.body / BLOCK_SIZE as u64 != (end - 1) / BLOCK_SIZE as u64 {
+            if inode.body / self.block_size() != (end - 1) / self.block_size() {
                 return corrupt(format!("nid {}: inline tail crosses a block", inode.nid));
             }
             return self.slice(inode.body..end, "inline data");
         }
         match inode.layout {
             DataLayout::FlatPlain | DataLayout::FlatInline => {
-                let start = (u64::from(inode.i_u) + block) << BLOCK_BITS;
+                let start = (u64::from(inode.i_u) + block) << self.block_bits;
                 self.slice(start..start + len, "data block")
             }
             DataLayout::ChunkBased => corrupt(format!(
@@ -368,7 +382,7 @@ impl<'a> Image<'a> {
             ));
         }
         let mut target = Vec::with_capacity(inode.size as usize);
-        for b in 0..inode.size.div_ceil(BLOCK_SIZE as u64) {
+        for b in 0..inode.size.div_ceil(self.block_size()) {
             target.extend_from_slice(self.flat_block(inode, b)?);
         }
         Ok(target)
@@ -378,7 +392,7 @@ impl<'a> Image<'a> {
     pub fn entries(&self, dir: &Inode<'a>) -> Result<Vec<Entry<'a>>, ReadError> {
         self.check_dir(dir)?;
         let mut out = Vec::new();
-        for b in 0..dir.size.div_ceil(BLOCK_SIZE as u64) {
+        for b in 0..dir.size.div_ceil(self.block_size()) {
             let block = self.flat_block(dir, b)?;
             let count = dirent_count(block, dir.nid)?;
             for i in 0..count {
@@ -400,7 +414,7 @@ impl<'a> Image<'a> {
         max: usize,
     ) -> Result<Vec<(u64, Entry<'a>)>, ReadError> {
         self.check_dir(dir)?;
-        let blocks = dir.size.div_ceil(BLOCK_SIZE as u64);
+        let blocks = dir.size.div_ceil(self.block_size());
         let (mut b, mut i) = (position >> 16, (position & 0xffff) as usize);
         let mut out = Vec::new();
         while b < blocks && out.len() < max {
@@ -426,7 +440,7 @@ impl<'a> Image<'a> {
     /// within one block (names are stored sorted), or `None`.
     pub fn lookup(&self, dir: &Inode<'a>, name: &[u8]) -> Result<Option<Entry<'a>>, ReadError> {
         self.check_dir(dir)?;
-        let (mut lo, mut hi) = (0u64, dir.size.div_ceil(BLOCK_SIZE as u64));
+        let (mut lo, mut hi) = (0u64, dir.size.div_ceil(self.block_size()));
         // The last block whose first name is <= name holds it, if any does.
         let mut candidate = None;
         while lo < hi {
@@ -509,7 +523,8 @@ impl<'a> Image<'a> {
         }
         if inode.size == 0 {
             return Ok(Chunks {
-                chunk_bits: BLOCK_BITS,
+                chunk_bits: self.block_bits,
+                block_bits: self.block_bits,
                 table: &[],
             });
         }
@@ -523,7 +538,7 @@ impl<'a> Image<'a> {
         if format & CHUNK_FORMAT_INDEXES == 0 {
             return Err(ReadError::Unsupported("4-byte chunk block maps".into()));
         }
-        let chunk_bits = BLOCK_BITS + (format & CHUNK_FORMAT_BLKBITS_MASK) as u8;
+        let chunk_bits = self.block_bits + (format & CHUNK_FORMAT_BLKBITS_MASK) as u8;
         let count = inode.size.div_ceil(1u64 << chunk_bits);
         let start = inode.body.next_multiple_of(size_of::<ChunkIndex>() as u64);
         let len = count
@@ -540,7 +555,11 @@ impl<'a> Image<'a> {
                 return corrupt(format!("nid {}: chunk on device {device}", inode.nid));
             }
         }
-        Ok(Chunks { chunk_bits, table })
+        Ok(Chunks {
+            chunk_bits,
+            block_bits: self.block_bits,
+            table,
+        })
     }
 }
 
@@ -672,7 +691,7 @@ fn dirent(block: &[u8], i: usize, count: usize, nid: u64) -> Result<Entry<'_>, R
 mod tests {
     use super::*;
     use crate::erofs::test_tree::add;
-    use crate::erofs::{write_image, ChunkAddr, Device, FileChunks};
+    use crate::erofs::{write_image, write_image_with, ChunkAddr, Device, FileChunks};
     use lamina_tree::{Metadata, Node, NodeKind, Tree};
 
     fn meta(mode: u32, mtime: i64) -> Metadata {
@@ -919,9 +938,20 @@ mod tests {
 
     #[test]
     fn reads_back_what_the_writer_wrote() {
+        reads_back_in_blocks_of(BLOCK_BITS);
+    }
+
+    #[test]
+    fn reads_back_what_the_writer_wrote_in_512_byte_blocks() {
+        reads_back_in_blocks_of(TAR_BLOCK_BITS);
+    }
+
+    fn reads_back_in_blocks_of(block_bits: u8) {
         let (tree, devices) = sample();
-        let (bytes, _) = write_image(&tree, &devices).unwrap();
+        let (bytes, _) = write_image_with(&tree, &devices, block_bits).unwrap();
+        assert_eq!(bytes.len() % (1 << block_bits), 0);
         let img = Image::new(&bytes).unwrap();
+        assert_eq!(img.block_bits(), block_bits);
         assert_eq!(img.devices().len(), 2);
         assert_eq!(img.devices()[0].tag, "a".repeat(64).as_bytes());
         assert_eq!(
@@ -981,7 +1011,7 @@ mod tests {
                             ChunkAddr::Hole => Chunk::Hole,
                             ChunkAddr::Data { device, blkaddr } => Chunk::Data {
                                 device,
-                                offset: u64::from(blkaddr) << BLOCK_BITS,
+                                offset: u64::from(blkaddr) << block_bits,
                             },
                         };
                         assert_eq!(chunks.get(i), Some(want));

@@ -19,7 +19,8 @@ use super::format::*;
 /// bytes (the last one partial).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileChunks {
-    /// log2 of the chunk size; at least 12 (one block).
+    /// log2 of the chunk size; at least one block (12, or 9 in an image of
+    /// 512-byte blocks).
     pub chunk_bits: u8,
     /// The chunks, in file order.
     pub chunks: Vec<ChunkAddr>,
@@ -148,30 +149,46 @@ impl Plan {
     fn base(&self) -> usize {
         self.inode_size() + self.xattrs.len()
     }
-    fn full_blocks(&self) -> u32 {
+    fn full_blocks(&self, bs: usize) -> u32 {
         match &self.payload {
             Payload::Flat { inline_tail, .. } => {
-                let blocks = self.size.div_ceil(BLOCK_SIZE as u64) as u32;
+                let blocks = self.size.div_ceil(bs as u64) as u32;
                 blocks - u32::from(*inline_tail)
             }
             _ => 0,
         }
     }
-    fn tail_len(&self) -> usize {
+    fn tail_len(&self, bs: usize) -> usize {
         match &self.payload {
             Payload::Flat {
                 inline_tail: true, ..
-            } => (self.size % BLOCK_SIZE as u64) as usize,
+            } => (self.size % bs as u64) as usize,
             _ => 0,
         }
     }
 }
 
-/// Writes the EROFS image of `tree` with `devices` as its extra devices.
+/// Writes the EROFS image of `tree` with `devices` as its extra devices,
+/// in 4 KiB blocks.
 pub fn write_image(
     tree: &Tree<FileChunks>,
     devices: &[Device],
 ) -> Result<(Vec<u8>, ImageStats), FormatError> {
+    write_image_with(tree, devices, BLOCK_BITS)
+}
+
+/// [`write_image`] with blocks of `1 << block_bits` bytes
+/// ([`TAR_BLOCK_BITS`] to [`BLOCK_BITS`]); chunk addresses and device
+/// sizes count in those blocks.
+pub fn write_image_with(
+    tree: &Tree<FileChunks>,
+    devices: &[Device],
+    block_bits: u8,
+) -> Result<(Vec<u8>, ImageStats), FormatError> {
+    if !(TAR_BLOCK_BITS..=BLOCK_BITS).contains(&block_bits) {
+        return Err(FormatError::BadChunk(format!("block bits {block_bits}")));
+    }
+    let bs = 1usize << block_bits;
     if devices.len() > usize::from(u16::MAX) - 1 {
         return Err(FormatError::TooLarge("more than 65534 devices"));
     }
@@ -188,6 +205,7 @@ pub fn write_image(
             parents[i],
             build_time,
             devices.len(),
+            block_bits,
         )?);
     }
 
@@ -197,31 +215,31 @@ pub fn write_image(
     // one region; the inode cursor flows around such reserved blocks.
     let slot_of: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let devt_end = SUPERBLOCK_OFFSET + 128 + devices.len() * size_of::<DeviceSlot>();
-    let mut cursor = devt_end.next_multiple_of(BLOCK_SIZE);
+    let mut cursor = devt_end.next_multiple_of(bs);
     let mut reserved: Vec<std::ops::Range<usize>> = Vec::new(); // byte ranges, increasing
     let mut reserved_end = 0usize; // bytes
     for k in 0..plans.len() {
         if let Some(dir) = group_starts.get(&k) {
             let d = slot_of[dir];
-            let full = plans[d].full_blocks() as usize;
+            let full = plans[d].full_blocks(bs) as usize;
             if full > 0 {
-                let at = cursor.next_multiple_of(BLOCK_SIZE).max(reserved_end);
+                let at = cursor.next_multiple_of(bs).max(reserved_end);
                 plans[d].raw_blkaddr =
-                    u32::try_from(at / BLOCK_SIZE).map_err(|_| FormatError::TooLarge("blocks"))?;
-                reserved_end = at + full * BLOCK_SIZE;
+                    u32::try_from(at / bs).map_err(|_| FormatError::TooLarge("blocks"))?;
+                reserved_end = at + full * bs;
                 reserved.push(at..reserved_end);
             }
         }
         let plan = &mut plans[k];
-        let in_block = plan.base() + plan.tail_len();
+        let in_block = plan.base() + plan.tail_len(bs);
         let indexes = match &plan.payload {
             Payload::Chunked { indexes, .. } => indexes.len() * 8,
             _ => 0,
         };
         let mut start = cursor.next_multiple_of(INODE_SLOT_SIZE);
         loop {
-            if start % BLOCK_SIZE + in_block > BLOCK_SIZE {
-                start = start.next_multiple_of(BLOCK_SIZE);
+            if start % bs + in_block > bs {
+                start = start.next_multiple_of(bs);
             }
             let end = (start + in_block).next_multiple_of(size_of::<ChunkIndex>()) + indexes;
             match reserved.iter().find(|r| r.start < end && start < r.end) {
@@ -245,10 +263,10 @@ pub fn write_image(
 
     // Remaining full data blocks (symlinks, and directories placed above
     // already have theirs) after everything else.
-    let mut next_block = u32::try_from(cursor.max(reserved_end).div_ceil(BLOCK_SIZE))
+    let mut next_block = u32::try_from(cursor.max(reserved_end).div_ceil(bs))
         .map_err(|_| FormatError::TooLarge("blocks"))?;
     for plan in &mut plans {
-        let full = plan.full_blocks();
+        let full = plan.full_blocks(bs);
         if full == 0 {
             plan.raw_blkaddr = NULL_ADDR;
         } else if plan.raw_blkaddr == NULL_ADDR {
@@ -261,7 +279,7 @@ pub fn write_image(
     let total_blocks = next_block;
 
     // Emit.
-    let mut out = vec![0u8; total_blocks as usize * BLOCK_SIZE];
+    let mut out = vec![0u8; total_blocks as usize * bs];
     let mut stats = ImageStats {
         inodes: plans.len() as u64,
         blocks: total_blocks,
@@ -341,12 +359,12 @@ pub fn write_image(
             Payload::Flat { data, inline_tail } => {
                 let bytes = match data {
                     FlatData::Symlink(target) => target.clone(),
-                    FlatData::Dir { blocks, entries } => dir_bytes(blocks, entries, &nid_of),
+                    FlatData::Dir { blocks, entries } => dir_bytes(blocks, entries, &nid_of, bs),
                 };
-                let full = plan.full_blocks() as usize * BLOCK_SIZE;
+                let full = plan.full_blocks(bs) as usize * bs;
                 let full_len = full.min(bytes.len());
                 if full_len > 0 {
-                    let at = plan.raw_blkaddr as usize * BLOCK_SIZE;
+                    let at = plan.raw_blkaddr as usize * bs;
                     out[at..at + full_len].copy_from_slice(&bytes[..full_len]);
                 }
                 if *inline_tail {
@@ -375,7 +393,7 @@ pub fn write_image(
     volume_name[..6].copy_from_slice(b"lamina");
     let mut sb = SuperBlock {
         magic: EROFS_MAGIC.into(),
-        blkszbits: BLOCK_BITS,
+        blkszbits: block_bits,
         root_nid: root_nid.into(),
         inos: (plans.len() as u64).into(),
         build_time: (build_time.0 as u64).into(),
@@ -487,7 +505,9 @@ fn plan_inode(
     parent: NodeId,
     build_time: (i64, u32),
     device_count: usize,
+    block_bits: u8,
 ) -> Result<Plan, FormatError> {
+    let bs = 1usize << block_bits;
     let node = &tree.nodes[id];
     let xattrs = encode_xattrs(&node.meta.xattrs)?;
     let (size, payload) = match &node.kind {
@@ -514,7 +534,7 @@ fn plan_inode(
                 ));
             }
             list.sort_by(|a, b| a.0.cmp(&b.0));
-            let (blocks, size) = pack_dir_blocks(&list);
+            let (blocks, size) = pack_dir_blocks(&list, bs);
             (
                 size,
                 FlatData::Dir {
@@ -532,7 +552,7 @@ fn plan_inode(
                 (0, Payload::None { rdev: NULL_ADDR })
             } else {
                 let bits = content.chunk_bits;
-                if !(BLOCK_BITS..=BLOCK_BITS + 31).contains(&bits) {
+                if !(block_bits..=block_bits + 31).contains(&bits) {
                     return Err(FormatError::BadChunk(format!("chunk bits {bits}")));
                 }
                 let expected = size.div_ceil(1u64 << bits);
@@ -565,7 +585,7 @@ fn plan_inode(
                         }
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                let format = u16::from(bits - BLOCK_BITS) | CHUNK_FORMAT_INDEXES;
+                let format = u16::from(bits - block_bits) | CHUNK_FORMAT_INDEXES;
                 (*size, Payload::Chunked { format, indexes })
             }
         }
@@ -594,8 +614,8 @@ fn plan_inode(
         raw_blkaddr: NULL_ADDR,
     };
     // Inline the tail only when it fits in one block with the inode.
-    let tail = (size % BLOCK_SIZE as u64) as usize;
-    let fits = tail > 0 && plan.base() + tail <= BLOCK_SIZE;
+    let tail = (size % bs as u64) as usize;
+    let fits = tail > 0 && plan.base() + tail <= bs;
     if let Payload::Flat { inline_tail, .. } = &mut plan.payload {
         *inline_tail = fits;
     }
@@ -620,13 +640,16 @@ impl IntoFlat for (u64, FlatData) {
 
 /// Splits sorted directory entries into blocks; returns each block's entry
 /// range and the directory size (full blocks plus the used part of the last).
-fn pack_dir_blocks(list: &[(Vec<u8>, NodeId, FileType)]) -> (Vec<std::ops::Range<usize>>, u64) {
+fn pack_dir_blocks(
+    list: &[(Vec<u8>, NodeId, FileType)],
+    bs: usize,
+) -> (Vec<std::ops::Range<usize>>, u64) {
     let mut blocks = Vec::new();
     let mut start = 0;
     let mut used = 0;
     for (i, (name, _, _)) in list.iter().enumerate() {
         let need = size_of::<Dirent>() + name.len();
-        if used + need > BLOCK_SIZE {
+        if used + need > bs {
             blocks.push(start..i);
             start = i;
             used = 0;
@@ -634,7 +657,7 @@ fn pack_dir_blocks(list: &[(Vec<u8>, NodeId, FileType)]) -> (Vec<std::ops::Range
         used += need;
     }
     blocks.push(start..list.len());
-    let size = (blocks.len() as u64 - 1) * BLOCK_SIZE as u64 + used as u64;
+    let size = (blocks.len() as u64 - 1) * bs as u64 + used as u64;
     (blocks, size)
 }
 
@@ -642,10 +665,11 @@ fn dir_bytes(
     blocks: &[std::ops::Range<usize>],
     entries: &[(Vec<u8>, NodeId, FileType)],
     nid_of: &HashMap<NodeId, u64>,
+    bs: usize,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(blocks.len() * BLOCK_SIZE);
+    let mut out = Vec::with_capacity(blocks.len() * bs);
     for (b, range) in blocks.iter().enumerate() {
-        let block_start = b * BLOCK_SIZE;
+        let block_start = b * bs;
         out.resize(block_start, 0);
         let slice = &entries[range.clone()];
         let mut nameoff = slice.len() * size_of::<Dirent>();
@@ -731,7 +755,7 @@ mod tests {
         let names: Vec<(Vec<u8>, NodeId, FileType)> = (0..1000)
             .map(|i| (format!("name-{i:05}").into_bytes(), 0, FileType::Regular))
             .collect();
-        let (blocks, size) = pack_dir_blocks(&names);
+        let (blocks, size) = pack_dir_blocks(&names, BLOCK_SIZE);
         // 22 bytes per entry: 186 entries fit in a 4096-byte block.
         assert_eq!(blocks[0], 0..186);
         assert_eq!(blocks.len(), 1000_usize.div_ceil(186));
