@@ -66,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
     let mut tree: Tree<FileChunks> = Tree::new();
     let mut next_block = 0u32;
     for (i, layer) in layers(data).into_iter().enumerate() {
-        let applied = apply_layer(&mut tree, i as u32, layer, |_, reader, size| {
+        let applied = apply_layer(&mut tree, i as u32, layer, |_, reader, size, _| {
             store(reader, size, &mut next_block)
         });
         if applied.is_err() {

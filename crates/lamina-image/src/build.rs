@@ -531,7 +531,7 @@ impl<'a> ImageBuilder<'a> {
         let layer = self.layers;
         self.layers += 1;
         let store = &mut self.store;
-        let stats = apply_layer(&mut self.tree, layer, tar, |_, reader, size| {
+        let stats = apply_layer(&mut self.tree, layer, tar, |_, reader, size, _| {
             store.add_file(reader, size, layer)
         })?;
         self.store.finish_blob()?;

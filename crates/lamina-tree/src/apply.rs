@@ -109,8 +109,9 @@ impl<R: Read> io::Seek for ForwardSeek<R> {
 /// Applies one layer tar to `tree`.
 ///
 /// `content` is called for each regular file with the entry's path, a reader
-/// of exactly its bytes and its size, and returns the handle stored in the
-/// tree. The reader `tar` is drained to EOF so that a digest-checking reader
+/// of exactly its bytes, its size and where its bytes start in the tar
+/// stream (a multiple of 512: what a tar index points at), and returns the
+/// handle stored in the tree. The reader `tar` is drained to EOF so that a digest-checking reader
 /// underneath sees every byte.
 pub fn apply_layer<C, R, F>(
     tree: &mut Tree<C>,
@@ -120,7 +121,7 @@ pub fn apply_layer<C, R, F>(
 ) -> Result<LayerStats, ApplyError>
 where
     R: Read,
-    F: FnMut(&[u8], &mut dyn Read, u64) -> io::Result<C>,
+    F: FnMut(&[u8], &mut dyn Read, u64, u64) -> io::Result<C>,
 {
     let read_err = |source| ApplyError::Read { layer, source };
     let mut archive = tar::Archive::new(ForwardSeek { inner: tar, pos: 0 });
@@ -265,7 +266,7 @@ fn apply_entry<C, R: Read, F>(
     content: &mut F,
 ) -> Result<(), ApplyError>
 where
-    F: FnMut(&[u8], &mut dyn Read, u64) -> io::Result<C>,
+    F: FnMut(&[u8], &mut dyn Read, u64, u64) -> io::Result<C>,
 {
     let raw_path = match (pending.pax(b"path"), &pending.long_name) {
         (Some(p), _) => p.to_vec(),
@@ -409,13 +410,15 @@ where
         }
         Incoming::File => {
             let size = entry.size();
+            let offset = entry.raw_file_position();
             let mut reader = (&mut *entry).take(size);
-            let handle =
-                content(&raw_path, &mut reader, size).map_err(|source| ApplyError::Content {
+            let handle = content(&raw_path, &mut reader, size, offset).map_err(|source| {
+                ApplyError::Content {
                     layer,
                     path: shown.clone(),
                     source,
-                })?;
+                }
+            })?;
             // A callback that stopped early must not desynchronise the tar.
             io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
             stats.content_bytes += size;
@@ -791,8 +794,39 @@ mod tests {
 
     type T = Tree<Vec<u8>>;
 
+    /// Each file's data offset points at its bytes in the tar stream, past
+    /// PAX records and GNU long names before its header.
+    #[test]
+    fn data_offsets_point_at_the_files_bytes_in_the_tar() {
+        let long = format!("d/{}", "n".repeat(150));
+        let mut b = LayerBuilder::new();
+        b.dir("d").file("d/a", b"first").file("d/empty", b"");
+        b.pax(&[("user.k", b"v")]).file("d/b", &[7u8; 1000]);
+        b.file(&long, b"behind a long name");
+        let tar = b.bytes();
+        let mut t: Tree<(u64, u64)> = Tree::new();
+        apply_layer(&mut t, 0, &tar[..], |_, _, size, offset| Ok((offset, size))).unwrap();
+        let mut checked = 0;
+        t.walk(|path, id| {
+            if let NodeKind::Regular { content, .. } = &t.nodes[id].kind {
+                let (offset, size) = *content;
+                assert_eq!(offset % 512, 0, "{path:?}");
+                let want: &[u8] = match path.rsplit(|&c| c == b'/').next().unwrap() {
+                    b"a" => b"first",
+                    b"empty" => b"",
+                    b"b" => &[7u8; 1000],
+                    _ => b"behind a long name",
+                };
+                let at = offset as usize;
+                assert_eq!(&tar[at..at + size as usize], want, "{path:?}");
+                checked += 1;
+            }
+        });
+        assert_eq!(checked, 4);
+    }
+
     fn apply(tree: &mut T, layer: u32, tar: Vec<u8>) -> Result<LayerStats, ApplyError> {
-        apply_layer(tree, layer, &tar[..], |_, r, _| {
+        apply_layer(tree, layer, &tar[..], |_, r, _, _| {
             let mut v = Vec::new();
             r.read_to_end(&mut v)?;
             Ok(v)
