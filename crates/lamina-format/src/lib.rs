@@ -9,6 +9,8 @@
 //!   and made durable, bound to that file's identity.
 //! - [`object`]: the object record, a passed-through file's own copy bound
 //!   to that copy's identity, size and content digest.
+//! - [`tar_index`]: the span table of a tar index, random access into an
+//!   unmodified image's compressed layers.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -18,6 +20,7 @@ pub mod fill;
 pub mod index;
 pub mod lookup;
 pub mod object;
+pub mod tar_index;
 
 /// The most bytes zstd may need for one frame of `n` bytes, as
 /// `ZSTD_COMPRESSBOUND` (an incompressible input grows by 1/256 plus a header),
