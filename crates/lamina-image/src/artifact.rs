@@ -1118,6 +1118,8 @@ mod tests {
                         config,
                         layers: Vec::new(),
                         annotations: BTreeMap::new(),
+                        artifact_type: None,
+                        subject: None,
                     },
                     manifest_bytes: Vec::new(),
                     manifest_digest: Digest::of_bytes(b""),

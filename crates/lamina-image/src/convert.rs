@@ -353,6 +353,8 @@ pub fn convert(
             ),
         ]
         .into(),
+        artifact_type: None,
+        subject: None,
     };
     let manifest_bytes =
         serde_json::to_vec(&manifest).map_err(|e| ConvertError::Config(e.to_string()))?;

@@ -539,6 +539,8 @@ mod tests {
                     config: Descriptor::of_bytes("application/vnd.lamina.test", b"{}"),
                     layers: Vec::new(),
                     annotations: Default::default(),
+                    artifact_type: None,
+                    subject: None,
                 },
                 manifest_bytes: Vec::new(),
                 manifest_digest: Digest::of_bytes(b""),

@@ -265,6 +265,8 @@ impl DockerArchiveSource {
             config: Descriptor::new(mt::OCI_CONFIG, config_digest, config_bytes.len() as u64),
             layers,
             annotations: Default::default(),
+            artifact_type: None,
+            subject: None,
         };
         let manifest_bytes =
             serde_json::to_vec(&manifest).map_err(|e| OciError::json("synthesized manifest", e))?;

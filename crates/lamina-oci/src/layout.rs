@@ -161,7 +161,7 @@ impl OciLayoutSource {
                     let config_bytes =
                         read_blob_to_vec(dir, &manifest.config, MAX_CONFIG_SIZE, "config")?;
                     let image = SourceImage::from_parts(
-                        manifest,
+                        *manifest,
                         bytes,
                         desc.digest.clone(),
                         config_bytes,

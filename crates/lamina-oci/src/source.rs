@@ -271,7 +271,7 @@ pub(crate) fn layer_stream<'a>(
 #[derive(Debug)]
 pub(crate) enum Document {
     Index(ImageIndex),
-    Manifest(Manifest),
+    Manifest(Box<Manifest>),
 }
 
 /// Parse a manifest or index, using `media_type_hint` (from the parent
@@ -306,7 +306,7 @@ pub(crate) fn parse_document(
             .map_err(|e| OciError::json(what(), e))
     } else if mt::is_manifest(&media_type) {
         serde_json::from_value(value)
-            .map(Document::Manifest)
+            .map(|m| Document::Manifest(Box::new(m)))
             .map_err(|e| OciError::json(what(), e))
     } else {
         Err(OciError::UnsupportedMediaType {

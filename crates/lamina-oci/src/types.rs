@@ -182,6 +182,13 @@ pub struct Manifest {
     /// Annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// OCI 1.1: what kind of artifact this manifest is (a lamina tar index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
+    /// OCI 1.1: the manifest this one refers to (a tar index: the image it
+    /// indexes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Box<Descriptor>>,
 }
 
 /// An image index or docker manifest list.

@@ -55,7 +55,7 @@ impl RegistrySource {
                         &format!("config {}", config_desc.digest),
                     )?;
                     let image = SourceImage::from_parts(
-                        manifest,
+                        *manifest,
                         fetched.bytes,
                         fetched.digest,
                         config_bytes,

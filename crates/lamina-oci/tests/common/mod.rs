@@ -88,6 +88,8 @@ impl TestImage {
             config: config_desc.clone(),
             layers: layers.iter().map(|l| l.descriptor.clone()).collect(),
             annotations: Default::default(),
+            artifact_type: None,
+            subject: None,
         };
         let manifest_bytes = serde_json::to_vec(&manifest).expect("manifest json");
         TestImage {
