@@ -50,8 +50,8 @@ pub const SPAN_SKIP_BITS_MASK: u32 = 7;
 /// The largest window: deflate's history.
 pub const MAX_WINDOW: usize = 32 << 10;
 /// Largest span sizes, as log2 of the bound the header gives: 64 KiB to
-/// 1 GiB of uncompressed bytes.
-pub const SPAN_BITS: std::ops::RangeInclusive<u8> = 16..=30;
+/// 4 GiB of uncompressed bytes (a single-frame zstd layer is one span).
+pub const SPAN_BITS: std::ops::RangeInclusive<u8> = 16..=32;
 
 /// Start of a tar index.
 #[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -242,7 +242,7 @@ fn validate_spans(blob: &IndexBlob, span_bits: u8) -> Result<(), IndexError> {
             u64::from(span.size.get()),
             u64::from(span.compressed_size.get()),
         );
-        if span.cache_offset.get() != tar_end || size == 0 || size > 1 << span_bits {
+        if span.cache_offset.get() != tar_end || size == 0 || size > 1u64 << span_bits {
             return Err(inconsistent("span tar range"));
         }
         tar_end += size;
@@ -402,7 +402,7 @@ mod tests {
         big.prefetch.clear();
         cases.push(("a span over the bound", big));
         let mut bits = good.clone();
-        bits.span_bits = 31;
+        bits.span_bits = 33;
         cases.push(("span bits out of range", bits));
         for (what, index) in cases {
             assert!(TarIndex::from_bytes(&index.to_bytes()).is_err(), "{what}");

@@ -1,6 +1,7 @@
 //! lamina images: building them from layer tars ([`build`]), their layout as
 //! OCI artifacts ([`artifact`]), boot sets from traces ([`boot`]) and the
-//! whole conversion ([`convert`]).
+//! whole conversion ([`convert`]); tar indexes of unmodified images
+//! ([`tar_index`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -8,3 +9,4 @@ pub mod artifact;
 pub mod boot;
 pub mod build;
 pub mod convert;
+pub mod tar_index;

@@ -5,11 +5,13 @@
 //! Codecs: gzip (one or many members; checkpoints inside a member are a bit
 //! offset plus the 32 KiB of history before it, as zlib's `zran.c`), zstd
 //! (spans are runs of whole frames) and uncompressed layers. The on-disk form
-//! of the spans and the fetching are other crates' business.
+//! of the spans is `lamina_format::tar_index` ([`span_of_entry`] reads it
+//! back); the fetching is other crates' business.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod decode;
+mod entry;
 mod error;
 mod gzip;
 mod indexer;
@@ -23,6 +25,7 @@ use std::fmt;
 use std::ops::Range;
 
 pub use decode::decode_span;
+pub use entry::{decode_entry, span_of_entry};
 pub use error::ZranError;
 pub use indexer::SpanIndexer;
 

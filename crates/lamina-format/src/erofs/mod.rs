@@ -5,6 +5,7 @@ pub mod format;
 mod reader;
 mod writer;
 
+pub use format::{BLOCK_BITS, TAR_BLOCK_BITS};
 pub use reader::{Chunk, Chunks, DeviceInfo, Entry, Gate, Image, Inode, Kind, ReadError, Xattr};
 pub use writer::{
     write_image, write_image_with, ChunkAddr, Device, FileChunks, FormatError, ImageStats,

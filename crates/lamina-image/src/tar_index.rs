@@ -1,0 +1,432 @@
+//! Building a tar index: an unmodified image's layers read once each
+//! (streamed: memory bounded by the tree, not the layers), out come the
+//! EROFS metadata of the merged tree in 512-byte blocks, pointing into each
+//! layer's uncompressed tar, and the span table that lets a mount fetch and
+//! verify any part of a tar from the original compressed layer.
+
+use std::io;
+
+use lamina_format::erofs::{self, ChunkAddr, Device, FileChunks, TAR_BLOCK_BITS};
+use lamina_format::index::{ChunkEntry, IndexBlob};
+use lamina_format::tar_index::{TarIndex, TarLayer, SPAN_GZIP, SPAN_PLAIN, SPAN_WINDOW, SPAN_ZSTD};
+use lamina_oci::{Compression, DigestReader, ImageSource, SourceLayer};
+use lamina_tree::{apply_layer, Tree};
+use lamina_zran::{Codec, LayerSpans, Span, SpanIndexer, SpanKind};
+
+/// Span size (compressed bytes between random-access points) when not
+/// told otherwise.
+pub const DEFAULT_SPAN_SIZE: u64 = 1 << 20;
+
+/// The largest span size `lamina index` takes.
+pub const MAX_SPAN_SIZE: u64 = 64 << 20;
+
+/// Why an index could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TarIndexError {
+    /// Reading the source.
+    #[error(transparent)]
+    Oci(#[from] lamina_oci::OciError),
+    /// A layer's compressed stream.
+    #[error("layer {layer} ({digest}): {source}")]
+    Layer {
+        /// 0-based.
+        layer: usize,
+        /// Its blob digest.
+        digest: String,
+        /// Cause.
+        #[source]
+        source: lamina_zran::ZranError,
+    },
+    /// A layer's tar.
+    #[error(transparent)]
+    Apply(#[from] lamina_tree::ApplyError),
+    /// A layer's tar is not the one its config's diff_id names.
+    #[error("layer {layer}: its tar has digest {got}, the image config says {want}")]
+    DiffId {
+        /// 0-based.
+        layer: usize,
+        /// From the config.
+        want: String,
+        /// Of the tar read.
+        got: String,
+    },
+    /// Writing the EROFS metadata.
+    #[error(transparent)]
+    Format(#[from] erofs::FormatError),
+    /// A span size outside what this build takes, or a layer too large.
+    #[error("{0}")]
+    Limit(String),
+    /// Local I/O.
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// What [`build`] made.
+#[derive(Debug)]
+pub struct BuiltTarIndex {
+    /// The EROFS metadata image (512-byte blocks; device i+1 = layer i's tar).
+    pub metadata: Vec<u8>,
+    /// The span table.
+    pub index: TarIndex,
+    /// Regular files in the merged tree.
+    pub files: u64,
+    /// Uncompressed bytes of all tars.
+    pub tar_bytes: u64,
+}
+
+/// Reads every layer of `source` once and builds its tar index with spans
+/// of about `span_size` compressed bytes. `progress` gets each layer's
+/// number as it starts.
+pub fn build(
+    source: &dyn ImageSource,
+    span_size: u64,
+    progress: &dyn Fn(usize),
+) -> Result<BuiltTarIndex, TarIndexError> {
+    if !(lamina_zran::MIN_SPAN_SIZE..=MAX_SPAN_SIZE).contains(&span_size) {
+        return Err(TarIndexError::Limit(format!(
+            "span size {span_size}: from {} to {MAX_SPAN_SIZE} bytes",
+            lamina_zran::MIN_SPAN_SIZE
+        )));
+    }
+    let image = source.image();
+    let mut tree: Tree<FileChunks> = Tree::new();
+    let mut layers = Vec::with_capacity(image.layers.len());
+    for (i, layer) in image.layers.iter().enumerate() {
+        progress(i);
+        let spans = index_layer(source, &mut tree, i, layer, span_size)?;
+        layers.push(tar_layer(layer, spans)?);
+    }
+    let devices = layers
+        .iter()
+        .map(|l| {
+            let blocks = l.blob.cache_size.div_ceil(1 << TAR_BLOCK_BITS);
+            Ok(Device {
+                tag: hex::encode(l.blob.digest),
+                blocks: u32::try_from(blocks)
+                    .map_err(|_| TarIndexError::Limit("a layer's tar over 2 TiB".into()))?,
+            })
+        })
+        .collect::<Result<Vec<_>, TarIndexError>>()?;
+    let (metadata, stats) = erofs::write_image_with(&tree, &devices, TAR_BLOCK_BITS)?;
+    let tar_bytes = layers.iter().map(|l| l.blob.cache_size).sum();
+    // The bound a mount holds spans to: the largest one (the indexer cuts
+    // spans at 16 span sizes of output, but a zstd frame cannot be cut).
+    let largest = layers
+        .iter()
+        .flat_map(|l| &l.blob.chunks)
+        .map(|c| u64::from(c.size.get()))
+        .max()
+        .unwrap_or(0);
+    let span_bits = largest.next_power_of_two().trailing_zeros().max(16) as u8;
+    Ok(BuiltTarIndex {
+        metadata,
+        index: TarIndex {
+            span_bits,
+            layers,
+            prefetch: Vec::new(),
+        },
+        files: stats.inodes,
+        tar_bytes,
+    })
+}
+
+/// Applies layer `i` to `tree` from its compressed blob, recording its
+/// spans on the way; checks the tar against the config's diff_id.
+fn index_layer(
+    source: &dyn ImageSource,
+    tree: &mut Tree<FileChunks>,
+    i: usize,
+    layer: &SourceLayer,
+    span_size: u64,
+) -> Result<LayerSpans, TarIndexError> {
+    let zran_err = |source| TarIndexError::Layer {
+        layer: i,
+        digest: layer.descriptor.digest.to_string(),
+        source,
+    };
+    let codec = match layer.compression {
+        Compression::None => Codec::Plain,
+        Compression::Gzip => Codec::Gzip,
+        Compression::Zstd => Codec::Zstd,
+    };
+    // The blob reader checks the compressed digest and size at its end.
+    let blob = source.open_blob(&layer.descriptor)?;
+    let indexer = SpanIndexer::new(blob, codec, span_size).map_err(zran_err)?;
+    let mut tar = DigestReader::new(indexer);
+    let device =
+        u16::try_from(i + 1).map_err(|_| TarIndexError::Limit("more than 65534 layers".into()))?;
+    apply_layer(tree, i as u32, &mut tar, |_, _, size, offset| {
+        Ok(file_chunks(device, size, offset))
+    })?;
+    // apply_layer read the tar to its end; the trailer may follow.
+    io::copy(&mut tar, &mut io::sink())?;
+    let (indexer, got, _) = tar.finish();
+    if got != layer.diff_id {
+        return Err(TarIndexError::DiffId {
+            layer: i,
+            want: layer.diff_id.to_string(),
+            got: got.to_string(),
+        });
+    }
+    indexer.finish().map_err(zran_err)
+}
+
+/// A file of `size` bytes at tar offset `offset` (512-aligned) of device
+/// `device`: one chunk over all of it (its bytes are contiguous in the
+/// tar), so its inode carries one chunk index.
+fn file_chunks(device: u16, size: u64, offset: u64) -> FileChunks {
+    let bits = size
+        .next_power_of_two()
+        .trailing_zeros()
+        .max(u32::from(TAR_BLOCK_BITS)) as u8;
+    let chunks = match size {
+        0 => Vec::new(),
+        _ => vec![ChunkAddr::Data {
+            device,
+            // A tar over 2 TiB was refused when its device was sized.
+            blkaddr: (offset >> TAR_BLOCK_BITS) as u32,
+        }],
+    };
+    FileChunks {
+        chunk_bits: bits,
+        chunks,
+    }
+}
+
+/// A layer's spans as the index stores them.
+fn tar_layer(layer: &SourceLayer, spans: LayerSpans) -> Result<TarLayer, TarIndexError> {
+    let digest: [u8; 32] = hex::decode(layer.descriptor.digest.hex())
+        .ok()
+        .and_then(|d| d.try_into().ok())
+        .ok_or_else(|| TarIndexError::Limit(format!("{}: not sha256", layer.descriptor.digest)))?;
+    let mut chunks = Vec::with_capacity(spans.spans.len());
+    let mut windows = Vec::with_capacity(spans.spans.len());
+    for span in &spans.spans {
+        let (entry, window) = span_entry(span)?;
+        chunks.push(entry);
+        windows.push(window);
+    }
+    Ok(TarLayer {
+        blob: IndexBlob {
+            digest,
+            compressed_size: spans.compressed_size,
+            cache_size: spans.uncompressed_size,
+            chunks,
+        },
+        windows,
+    })
+}
+
+fn span_entry(span: &Span) -> Result<(ChunkEntry, Option<Vec<u8>>), TarIndexError> {
+    let too_big = || TarIndexError::Limit("a span over 4 GiB".into());
+    let (flags, extra, window) = match span.kind {
+        SpanKind::Plain => (SPAN_PLAIN, 0, None),
+        SpanKind::Zstd => (SPAN_ZSTD, 0, None),
+        SpanKind::GzipMemberStart => (SPAN_GZIP, 0, None),
+        SpanKind::GzipInside => (
+            SPAN_GZIP,
+            SPAN_WINDOW | u32::from(span.skip_bits),
+            Some(span.window.clone()),
+        ),
+    };
+    let entry = ChunkEntry {
+        cache_offset: span.uncompressed.start.into(),
+        compressed_offset: span.compressed.start.into(),
+        compressed_size: u32::try_from(span.compressed.end - span.compressed.start)
+            .map_err(|_| too_big())?
+            .into(),
+        size: u32::try_from(span.len()).map_err(|_| too_big())?.into(),
+        flags: flags.into(),
+        reserved: extra.into(),
+        digest: span.digest,
+    };
+    Ok((entry, window))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_format::erofs::{Chunk, Image};
+    use lamina_format::tar_index::TarIndex;
+    use lamina_oci::{Descriptor, Digest, Manifest, OciError, SourceImage};
+    use std::io::{Read, Write};
+
+    /// An image of in-memory layers.
+    #[derive(Debug)]
+    struct Layers {
+        image: SourceImage,
+        blobs: Vec<Vec<u8>>,
+    }
+
+    impl ImageSource for Layers {
+        fn image(&self) -> &SourceImage {
+            &self.image
+        }
+        fn open_layer(&self, _: usize) -> Result<Box<dyn Read + Send + '_>, OciError> {
+            unreachable!("a tar index reads compressed blobs")
+        }
+        fn open_blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>, OciError> {
+            let i = self
+                .image
+                .layers
+                .iter()
+                .position(|l| l.descriptor.digest == desc.digest)
+                .expect("a layer");
+            Ok(Box::new(&self.blobs[i][..]))
+        }
+    }
+
+    fn tar_of(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(1000);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_data(&mut h, path, &data[..]).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    fn gzip(tar: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(tar).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn image(layers: Vec<(Vec<u8>, Vec<u8>, &str)>) -> Layers {
+        let mut descs = Vec::new();
+        let mut diff_ids = Vec::new();
+        let mut blobs = Vec::new();
+        for (tar, blob, media_type) in layers {
+            descs.push(Descriptor {
+                media_type: media_type.into(),
+                digest: Digest::of_bytes(&blob),
+                size: blob.len() as u64,
+                annotations: Default::default(),
+                platform: None,
+            });
+            diff_ids.push(Digest::of_bytes(&tar).to_string());
+            blobs.push(blob);
+        }
+        let config = serde_json::json!({"rootfs": {"type": "layers", "diff_ids": diff_ids}});
+        let config = serde_json::to_vec(&config).unwrap();
+        let manifest = Manifest {
+            schema_version: 2,
+            media_type: Some(lamina_oci::media_types::OCI_MANIFEST.into()),
+            config: Descriptor {
+                media_type: lamina_oci::media_types::OCI_CONFIG.into(),
+                digest: Digest::of_bytes(&config),
+                size: config.len() as u64,
+                annotations: Default::default(),
+                platform: None,
+            },
+            layers: descs,
+            annotations: Default::default(),
+            artifact_type: None,
+            subject: None,
+        };
+        let bytes = serde_json::to_vec(&manifest).unwrap();
+        let digest = Digest::of_bytes(&bytes);
+        let image = SourceImage::from_parts(manifest, bytes, digest, config).unwrap();
+        Layers { image, blobs }
+    }
+
+    /// Pseudo-random bytes: incompressible, so spans come often.
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Each file of the merged tree reads, through its chunk in the EROFS
+    /// metadata, its bytes at that place of its layer's tar; the spans of
+    /// every layer decode alone to their part of the tar.
+    #[test]
+    fn files_point_into_their_layers_tars() {
+        let lower = tar_of(&[
+            ("a", noise(300_000, 1)),
+            ("b", b"lower b".to_vec()),
+            ("gone", noise(1000, 2)),
+        ]);
+        let upper = tar_of(&[
+            ("b", noise(200_000, 3)),
+            (".wh.gone", Vec::new()),
+            ("c", noise(70_000, 4)),
+        ]);
+        let src = image(vec![
+            (
+                lower.clone(),
+                gzip(&lower),
+                lamina_oci::media_types::OCI_LAYER_GZIP,
+            ),
+            (
+                upper.clone(),
+                upper.clone(),
+                lamina_oci::media_types::OCI_LAYER_TAR,
+            ),
+        ]);
+        let built = build(&src, 64 << 10, &|_| {}).unwrap();
+        let tars = [&lower, &upper];
+        let meta = Image::new(&built.metadata).unwrap();
+        assert_eq!(meta.block_bits(), TAR_BLOCK_BITS);
+        let want = [
+            ("a", noise(300_000, 1)),
+            ("b", noise(200_000, 3)),
+            ("c", noise(70_000, 4)),
+        ];
+        let root = meta.inode(meta.root_nid()).unwrap();
+        assert!(meta.lookup(&root, b"gone").unwrap().is_none(), "whited out");
+        for (name, bytes) in want {
+            let entry = meta.lookup(&root, name.as_bytes()).unwrap().unwrap();
+            let inode = meta.inode(entry.nid).unwrap();
+            let chunks = meta.chunks(&inode).unwrap();
+            let Some(Chunk::Data { device, offset }) = chunks.get(0) else {
+                panic!("{name}: no data chunk");
+            };
+            let tar = tars[usize::from(device) - 1];
+            let at = offset as usize;
+            assert!(tar[at..at + bytes.len()] == bytes[..], "{name}");
+        }
+        let index = TarIndex::from_bytes(&built.index.to_bytes()).unwrap();
+        for (layer, tar) in index.layers.iter().zip(tars) {
+            assert_eq!(layer.blob.cache_size, tar.len() as u64);
+            let blob = &src.blobs[index.layers.iter().position(|l| l == layer).unwrap()];
+            for (span, window) in layer.blob.chunks.iter().zip(&layer.windows) {
+                let at = span.cache_offset.get() as usize;
+                let want = &tar[at..at + span.size.get() as usize];
+                let c = span.compressed_offset.get() as usize;
+                let stored = &blob[c..c + span.compressed_size.get() as usize];
+                let got = lamina_zran::decode_entry(span, window.as_deref(), stored).unwrap();
+                assert!(got == want, "span at {at}");
+            }
+        }
+        assert!(
+            index.layers[0].blob.chunks.len() > 2,
+            "the gzip layer has spans"
+        );
+    }
+
+    /// A layer whose tar is not what the config's diff_id says is refused.
+    #[test]
+    fn a_tar_other_than_its_diff_id_is_refused() {
+        let tar = tar_of(&[("a", b"x".to_vec())]);
+        let mut src = image(vec![(
+            tar.clone(),
+            gzip(&tar),
+            lamina_oci::media_types::OCI_LAYER_GZIP,
+        )]);
+        src.image.layers[0].diff_id = Digest::of_bytes(b"another tar");
+        let err = build(&src, 64 << 10, &|_| {}).unwrap_err();
+        assert!(matches!(err, TarIndexError::DiffId { .. }), "{err}");
+    }
+}
