@@ -385,6 +385,8 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             m.fill(zstd_level, "zstd_level", c.zstd_level);
             m.fill(work_dir, "work_dir", c.work_dir.clone().map(Some));
         }
+        // Nothing of `lamina index` is in the config file yet.
+        Command::Index { .. } => {}
         Command::Mount { serve, .. } => fill_serve(&m, serve, cache_dir(), &file.mount),
         Command::Run {
             serve,

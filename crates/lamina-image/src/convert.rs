@@ -206,6 +206,7 @@ pub fn convert(
             )]
             .into(),
             platform: None,
+            artifact_type: None,
         };
         // The builder hashed the blob as it wrote it.
         sink.adopt_blob(&desc, &blob.path)?;
@@ -276,6 +277,7 @@ pub fn convert(
             size: compressed.len() as u64,
             annotations,
             platform: None,
+            artifact_type: None,
         };
         sink.put_blob_bytes(&desc, compressed)?;
         layers.push(desc);
@@ -302,6 +304,7 @@ pub fn convert(
         size: config_bytes.len() as u64,
         annotations: Default::default(),
         platform: None,
+        artifact_type: None,
     };
     sink.put_blob_bytes(&config_desc, &config_bytes)?;
 
@@ -397,7 +400,7 @@ pub fn read_trace(path: &std::path::Path) -> Result<Vec<TraceEntry>, ConvertErro
 /// the frames in parallel, or as they are needed), on up to 8 threads. Each
 /// frame depends only on its own bytes, so the output is the same on any
 /// machine and the image stays reproducible.
-fn compress_frames(bytes: &[u8], frame: usize, level: i32) -> io::Result<Vec<u8>> {
+pub(crate) fn compress_frames(bytes: &[u8], frame: usize, level: i32) -> io::Result<Vec<u8>> {
     compress_frames_on(bytes, frame, level, frame_threads())
 }
 

@@ -1,7 +1,7 @@
 //! lamina images: building them from layer tars ([`build`]), their layout as
 //! OCI artifacts ([`artifact`]), boot sets from traces ([`boot`]) and the
 //! whole conversion ([`convert`]); tar indexes of unmodified images
-//! ([`tar_index`]).
+//! ([`tar_index`]) and `lamina index` ([`index`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -9,4 +9,5 @@ pub mod artifact;
 pub mod boot;
 pub mod build;
 pub mod convert;
+pub mod index;
 pub mod tar_index;

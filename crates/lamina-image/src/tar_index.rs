@@ -308,6 +308,7 @@ mod tests {
                 size: blob.len() as u64,
                 annotations: Default::default(),
                 platform: None,
+                artifact_type: None,
             });
             diff_ids.push(Digest::of_bytes(&tar).to_string());
             blobs.push(blob);
@@ -323,6 +324,7 @@ mod tests {
                 size: config.len() as u64,
                 annotations: Default::default(),
                 platform: None,
+                artifact_type: None,
             },
             layers: descs,
             annotations: Default::default(),

@@ -6,6 +6,7 @@ mod creds;
 mod endpoint;
 mod helper;
 mod image;
+mod referrers;
 mod transport;
 
 use std::collections::VecDeque;
@@ -29,6 +30,7 @@ use crate::types::Descriptor;
 pub use creds::AUTH_ENV;
 use endpoint::{host_failure, Endpoint};
 pub use image::{RegistrySink, RegistrySource};
+pub use referrers::{fallback_tag, Listed};
 
 /// Reads the system's trusted root certificates now rather than at the
 /// first registry request: a daemon calls it at start (~15 ms here, once

@@ -89,6 +89,10 @@ pub struct Descriptor {
     /// Platform (index entries only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<Platform>,
+    /// OCI 1.1: the artifact type of the manifest it points at (entries of
+    /// a referrers list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
 }
 
 /// The OCI spec's int64, non-negative: sizes above it are refused as the
@@ -112,6 +116,7 @@ impl Descriptor {
             size,
             annotations: BTreeMap::new(),
             platform: None,
+            artifact_type: None,
         }
     }
 

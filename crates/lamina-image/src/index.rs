@@ -1,0 +1,234 @@
+//! `lamina index`: a tar index of an unmodified image, stored as an OCI
+//! artifact that refers to the image (`subject`), so mounts of the image's
+//! own reference find it. The image itself is not touched.
+//!
+//! The artifact: an OCI manifest of `artifactType` [`ARTIFACT_TYPE_TAR_INDEX`],
+//! the empty config, and three layers: the span table
+//! ([`MEDIA_TYPE_TAR_INDEX`], zstd), the EROFS metadata of 512-byte blocks
+//! and its lookup table (as a lamina image has them). See docs/index.md.
+
+use std::time::Instant;
+
+use lamina_oci::{
+    media_types, open_sink, open_source, Descriptor, Digest, ImageRef, Listed, Manifest,
+    RegistryClient, SourceOptions,
+};
+
+use crate::artifact::*;
+use crate::convert::compress_frames;
+use crate::tar_index::{build, BuiltTarIndex, TarIndexError};
+
+/// `artifactType` of a lamina tar index.
+pub const ARTIFACT_TYPE_TAR_INDEX: &str = "application/vnd.lamina.tar-index.v1";
+/// Media type of the span table (`lamina_format::tar_index`), zstd-compressed.
+pub const MEDIA_TYPE_TAR_INDEX: &str = "application/vnd.oci.image.layer.lamina.tar-index.v1+zstd";
+/// Manifest annotation: compressed bytes between random-access points.
+pub const ANNOTATION_SPAN_SIZE: &str = "dev.lamina.span-size";
+/// The format of a tar index artifact (`dev.lamina.format`).
+pub const FORMAT_TAR_INDEX: &str = "tar-index-1";
+
+/// The empty config of an artifact: `{}`.
+const EMPTY_CONFIG: &[u8] = b"{}";
+
+/// Settings of `lamina index`.
+#[derive(Debug, Clone, Default)]
+pub struct IndexOptions {
+    /// Registry access, platform.
+    pub source: SourceOptions,
+    /// Compressed bytes between random-access points.
+    pub span_size: u64,
+}
+
+/// What `lamina index` made.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IndexReport {
+    /// Digest of the artifact manifest.
+    pub manifest_digest: String,
+    /// Digest of the image it indexes.
+    pub subject: String,
+    /// Where it went, and how a mount finds it.
+    pub stored: String,
+    /// Compressed size of the image's layers.
+    pub image_layer_bytes: u64,
+    /// Size of the artifact's layers (what a mount fetches first).
+    pub artifact_bytes: u64,
+    /// Spans, and of them gzip checkpoints with a window.
+    pub spans: u64,
+    /// Of which carry a 32 KiB window.
+    pub windows: u64,
+    /// Regular files and other inodes.
+    pub inodes: u64,
+    /// Uncompressed tar bytes.
+    pub tar_bytes: u64,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+/// Why `lamina index` failed. Nothing is tagged at the destination then.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// Reading the image or writing the artifact.
+    #[error(transparent)]
+    Oci(#[from] lamina_oci::OciError),
+    /// Building the index.
+    #[error(transparent)]
+    Build(#[from] TarIndexError),
+    /// Compressing or local I/O.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The lookup table.
+    #[error("lookup table: {0}")]
+    Lookup(#[from] lamina_format::lookup::BuildError),
+    /// A destination that cannot hold a referrer of the source.
+    #[error("{0}")]
+    Destination(String),
+}
+
+/// Indexes `src` and stores the artifact: by default (no `dst`) as a
+/// referrer of `src` in its own repository; else at `dst` (an OCI layout
+/// or another registry tag, named with `--index` at mount).
+pub fn index(
+    src: &ImageRef,
+    dst: Option<&ImageRef>,
+    opts: &IndexOptions,
+    progress: &dyn Fn(usize),
+) -> Result<IndexReport, IndexError> {
+    let started = Instant::now();
+    let source = open_source(src, &opts.source)?;
+    let image = source.image();
+    let built = build(source.as_ref(), opts.span_size, progress)?;
+    let subject = Descriptor::new(
+        image.manifest_media_type(),
+        image.manifest_digest.clone(),
+        image.manifest_bytes.len() as u64,
+    );
+    let layers = artifact_layers(&built)?;
+    let manifest = artifact_manifest(&layers, subject, opts.span_size);
+    let manifest_bytes = serde_json::to_vec(&manifest)
+        .map_err(|e| IndexError::Destination(format!("artifact manifest: {e}")))?;
+    let (digest, stored) = store(src, dst, opts, &layers, &manifest_bytes)?;
+    let windows = built
+        .index
+        .layers
+        .iter()
+        .flat_map(|l| &l.windows)
+        .flatten()
+        .count();
+    Ok(IndexReport {
+        manifest_digest: digest.to_string(),
+        subject: image.manifest_digest.to_string(),
+        stored,
+        image_layer_bytes: image.layers.iter().map(|l| l.descriptor.size).sum(),
+        artifact_bytes: layers.iter().map(|(d, _)| d.size).sum(),
+        spans: built
+            .index
+            .layers
+            .iter()
+            .map(|l| l.blob.chunks.len() as u64)
+            .sum(),
+        windows: windows as u64,
+        inodes: built.files,
+        tar_bytes: built.tar_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The artifact's layers, compressed, with their descriptors.
+fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, IndexError> {
+    let index_raw = built.index.to_bytes();
+    let lookup_raw = lamina_format::lookup::build_from_image(&built.metadata)?;
+    let parts = [
+        (
+            MEDIA_TYPE_TAR_INDEX,
+            zstd::bulk::compress(&index_raw, 12)?,
+            &index_raw,
+        ),
+        (
+            MEDIA_TYPE_METADATA,
+            compress_frames(&built.metadata, METADATA_FRAME_SIZE, 12)?,
+            &built.metadata,
+        ),
+        (
+            MEDIA_TYPE_LOOKUP,
+            zstd::bulk::compress(&lookup_raw, 3)?,
+            &lookup_raw,
+        ),
+    ];
+    Ok(parts
+        .into_iter()
+        .map(|(media_type, compressed, raw)| {
+            let desc = Descriptor {
+                annotations: content_annotations(raw),
+                ..Descriptor::of_bytes(media_type, &compressed)
+            };
+            (desc, compressed)
+        })
+        .collect())
+}
+
+fn artifact_manifest(
+    layers: &[(Descriptor, Vec<u8>)],
+    subject: Descriptor,
+    span_size: u64,
+) -> Manifest {
+    Manifest {
+        schema_version: 2,
+        media_type: Some(media_types::OCI_MANIFEST.to_string()),
+        config: Descriptor::of_bytes(media_types::OCI_EMPTY, EMPTY_CONFIG),
+        layers: layers.iter().map(|(d, _)| d.clone()).collect(),
+        annotations: [
+            (ANNOTATION_FORMAT.to_string(), FORMAT_TAR_INDEX.to_string()),
+            (ANNOTATION_SOURCE.to_string(), subject.digest.to_string()),
+            (ANNOTATION_SPAN_SIZE.to_string(), span_size.to_string()),
+        ]
+        .into(),
+        artifact_type: Some(ARTIFACT_TYPE_TAR_INDEX.to_string()),
+        subject: Some(Box::new(subject)),
+    }
+}
+
+/// Stores the artifact; returns its digest and where it went.
+fn store(
+    src: &ImageRef,
+    dst: Option<&ImageRef>,
+    opts: &IndexOptions,
+    layers: &[(Descriptor, Vec<u8>)],
+    manifest: &[u8],
+) -> Result<(Digest, String), IndexError> {
+    let config = Descriptor::of_bytes(media_types::OCI_EMPTY, EMPTY_CONFIG);
+    if let Some(dst) = dst {
+        let mut sink = open_sink(dst, &opts.source)?;
+        sink.put_blob_bytes(&config, EMPTY_CONFIG)?;
+        for (desc, bytes) in layers {
+            sink.put_blob_bytes(desc, bytes)?;
+        }
+        let digest = sink.commit(manifest, media_types::OCI_MANIFEST)?;
+        return Ok((digest, dst.to_string()));
+    }
+    let ImageRef::Registry(reg) = src else {
+        return Err(IndexError::Destination(format!(
+            "{src} is not in a registry: name where the index goes (oci:DIR[:TAG] or docker://…)"
+        )));
+    };
+    let client = RegistryClient::new(&reg.host, &opts.source)?;
+    let repo = &reg.repository;
+    client.put_blob(
+        repo,
+        &config,
+        lamina_oci::registry::BlobBody::Bytes(EMPTY_CONFIG),
+    )?;
+    for (desc, bytes) in layers {
+        client.put_blob(repo, desc, lamina_oci::registry::BlobBody::Bytes(bytes))?;
+    }
+    let (digest, listed) = client.push_referrer(repo, manifest)?;
+    let how = match listed {
+        Listed::ByApi => "listed by the registry's referrers API".to_string(),
+        Listed::ByTag => {
+            let subject: Manifest = serde_json::from_slice(manifest)
+                .map_err(|e| IndexError::Destination(e.to_string()))?;
+            let tag = subject.subject.map(|s| lamina_oci::fallback_tag(&s.digest));
+            format!("listed under the referrers tag {}", tag.unwrap_or_default())
+        }
+    };
+    Ok((digest, format!("docker://{}/{repo} ({how})", reg.host)))
+}
