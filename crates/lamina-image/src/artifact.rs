@@ -29,6 +29,12 @@ pub const MEDIA_TYPE_LOOKUP: &str = "application/vnd.oci.image.layer.lamina.look
 /// pages a recorded start read, fetched whole at mount.
 pub const MEDIA_TYPE_BOOT: &str = "application/vnd.oci.image.layer.lamina.boot.v1+zstd";
 
+/// `artifactType` of a lamina tar index (`lamina index`, docs/index.md).
+pub const ARTIFACT_TYPE_TAR_INDEX: &str = "application/vnd.lamina.tar-index.v1";
+/// Media type of a tar index's span table (`lamina_format::tar_index`),
+/// zstd-compressed.
+pub const MEDIA_TYPE_TAR_INDEX: &str = "application/vnd.oci.image.layer.lamina.tar-index.v1+zstd";
+
 /// Manifest annotation: lamina format version.
 pub const ANNOTATION_FORMAT: &str = "dev.lamina.format";
 /// Manifest annotation: digest of the source image's manifest.
@@ -110,6 +116,9 @@ pub const MAX_BOOT_PAGES_SIZE: u64 = 1 << 30;
 /// Largest lookup table lamina writes or reads, uncompressed (a million
 /// entries take about 45 MB).
 pub const MAX_LOOKUP_SIZE: u64 = 1 << 30;
+/// Largest tar-index span table, uncompressed: it holds a 32 KiB window
+/// per gzip span (8,000 windows of a 16 GB image at 2 MiB spans).
+pub const MAX_TAR_INDEX_SIZE: u64 = 256 << 20;
 /// Most boot-pages layers an image may have (images before frames carried
 /// each segment as a layer of its own: 9 at most).
 pub const MAX_BOOT_SEGMENTS: usize = 16;
@@ -760,6 +769,7 @@ impl CompressedLayer {
             MEDIA_TYPE_INDEX => MAX_INDEX_SIZE,
             MEDIA_TYPE_BOOT => MAX_BOOT_PAGES_SIZE,
             MEDIA_TYPE_LOOKUP => MAX_LOOKUP_SIZE,
+            MEDIA_TYPE_TAR_INDEX => MAX_TAR_INDEX_SIZE,
             other => {
                 return Err(ArtifactError::NotLamina(format!(
                     "{what}: layer type {other} is not a zstd lamina layer"

@@ -18,10 +18,6 @@ use crate::artifact::*;
 use crate::convert::compress_frames;
 use crate::tar_index::{build, BuiltTarIndex, TarIndexError};
 
-/// `artifactType` of a lamina tar index.
-pub const ARTIFACT_TYPE_TAR_INDEX: &str = "application/vnd.lamina.tar-index.v1";
-/// Media type of the span table (`lamina_format::tar_index`), zstd-compressed.
-pub const MEDIA_TYPE_TAR_INDEX: &str = "application/vnd.oci.image.layer.lamina.tar-index.v1+zstd";
 /// Manifest annotation: compressed bytes between random-access points.
 pub const ANNOTATION_SPAN_SIZE: &str = "dev.lamina.span-size";
 /// The format of a tar index artifact (`dev.lamina.format`).

@@ -199,6 +199,59 @@ fn install(tmp: &Path, file: &File, path: &Path, blob: &IndexBlob) -> Result<Fil
     Ok(there)
 }
 
+/// A layer's cache file in a tar-index mount: its uncompressed tar from
+/// `tar` (a reader that checks the compressed digest and the diff_id at its
+/// end), each span checked against its digest as it passes, written to a
+/// temporary file and installed as [`materialize_blob`] does. `blob` is the
+/// layer with its spans as chunks (`lamina_format::tar_index`).
+pub fn materialize_tar(
+    path: &Path,
+    blob: &IndexBlob,
+    mut tar: impl Read,
+) -> Result<File, CacheError> {
+    let name = hex::encode(blob.digest);
+    let read_err = |source| CacheError::Read {
+        blob: name.clone(),
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    private::private_dir(dir).map_err(io_err(dir))?;
+    let tmp = private::temp_name(path, "partial");
+    let file = private::create_new(&tmp).map_err(io_err(&tmp))?;
+    let result = (|| {
+        let mut buf = Vec::new();
+        for span in &blob.chunks {
+            buf.resize(span.size.get() as usize, 0);
+            tar.read_exact(&mut buf).map_err(read_err)?;
+            if lamina_oci::sha256(&buf) != span.digest {
+                return Err(CacheError::BadChunk {
+                    blob: name.clone(),
+                    offset: span.compressed_offset.get(),
+                    reason: format!(
+                        "the span of tar bytes {}+{} has another digest than the index gives",
+                        span.cache_offset.get(),
+                        buf.len()
+                    ),
+                });
+            }
+            file.write_all_at(&buf, span.cache_offset.get())
+                .map_err(io_err(&tmp))?;
+        }
+        // The end: the tar must end with the last span, and the reader
+        // checks its digests there.
+        if io::copy(&mut tar, &mut io::sink()).map_err(read_err)? != 0 {
+            return Err(read_err(io::Error::other(
+                "the tar is longer than its index says",
+            )));
+        }
+        file.set_len(blob.cache_size).map_err(io_err(&tmp))?;
+        file.sync_all().map_err(io_err(&tmp))?;
+        install(&tmp, &file, path, blob)
+    })();
+    let _ = fs::remove_file(&tmp);
+    result
+}
+
 /// [`materialize_blob`] for a blob of a paged index, whose chunk table is
 /// at its end: the blob is first copied to a temporary file beside `path`
 /// (`reader` checks its digest at EOF), then its table is read, verified

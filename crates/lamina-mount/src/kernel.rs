@@ -328,7 +328,25 @@ pub(crate) fn fill_cache(
     lamina_fetch::private::private_dir(&opts.cache_dir).map_err(io_err(&opts.cache_dir))?;
     let source = open_source(image, &opts.source)?;
     let img = source.image();
-    let layers = LaminaLayers::from_manifest(&img.manifest)?;
+    let layers = match LaminaLayers::from_manifest(&img.manifest) {
+        Ok(layers) => layers,
+        Err(ArtifactError::NotLamina(why)) => {
+            return match crate::tar_index::find(image, img, opts)? {
+                Some(index) => crate::tar_index::fill_cache(
+                    source.as_ref(),
+                    index.as_ref(),
+                    mountpoint,
+                    opts,
+                    lookup,
+                ),
+                None => Err(ArtifactError::NotLamina(format!(
+                    "{why}; and no tar index of it was found (make one with `lamina index {image}`)"
+                ))
+                .into()),
+            };
+        }
+        Err(e) => return Err(e.into()),
+    };
     let meta_dir = opts.cache_dir.join("meta");
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     cache_layer_file(

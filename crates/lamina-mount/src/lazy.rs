@@ -20,7 +20,7 @@ use lamina_fetch::store::{BlobStore, Prepared};
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_fuse::frames::{FrameSpan, MetadataFrames};
 use lamina_fuse::LookupLater;
-use lamina_image::artifact::{self, LaminaLayers};
+use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
 use crate::kernel::{
@@ -250,7 +250,23 @@ pub fn mount_lazy_from(
     let mountpoint = mountpoint_dir(mountpoint)?;
     let _starting = crate::gc::starting_mount(&opts.cache_dir)?;
     let img = source.image();
-    let layers = LaminaLayers::from_manifest(&img.manifest)?;
+    let layers = match LaminaLayers::from_manifest(&img.manifest) {
+        Ok(layers) => layers,
+        Err(ArtifactError::NotLamina(why)) => {
+            // An unmodified image, perhaps with a tar index: not yet served
+            // lazily (crate::tar_index), so the cache is filled first.
+            tracing::warn!(
+                "{image}: {why}; mounting it through its tar index if it has one, with the \
+                 cache filled first (lazy loading through a tar index is not built yet)"
+            );
+            drop(source);
+            return match mode {
+                Mode::Fuse => crate::fuse::mount_fuse(image, &mountpoint, opts),
+                Mode::Kernel => crate::kernel::mount_image(image, &mountpoint, opts),
+            };
+        }
+        Err(e) => return Err(e.into()),
+    };
     // Index and metadata are independent: fetch them at once. Boot pages
     // are left to the worker, which fetches them while the mount and the
     // container runtime start (misses wait for them).

@@ -8,7 +8,9 @@
 //! meta/<layer-hex>.<ext>.fill          its fill record: verified whole, bound to the file
 //!                                      (without one, a copy is hashed before use)
 //! meta/<layer-hex>.boot                boot pages (checked by the worker)
+//! meta/<layer-hex>.tarindex            a tar index's span table (`lamina index`)
 //! blobs/<blob-hex>.cache               one uncompressed, block-addressed file per data blob
+//!                                      (through a tar index: the layer's tar)
 //! blobs/<blob-hex>.fill                its fill record (`lamina_format::fill`)
 //! objects/<layer-hex>/<nid>            a FUSE-passthrough file's own copy (root only), made
 //!                                      from complete blobs; in use while meta/<layer-hex>.erofs is
@@ -31,6 +33,7 @@ mod kernel;
 mod lazy;
 pub mod metrics;
 mod mode;
+mod tar_index;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
 pub use fuse::{mount_fuse, FUSE_STATUS, FUSE_THREADS};

@@ -1,0 +1,191 @@
+//! Tar indexes (issue 30): `lamina index` of unmodified images in a local
+//! docker-registry 2.8 (no referrers API: the tag-schema fallback), and
+//! mounts of the images' own references through them, compared with
+//! umoci's unpack. The image's tag and manifest stay as they were.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+const TOOLS: &[&str] = &["umoci", "skopeo", "docker-registry", "curl"];
+
+/// Copies `layout:tag` into the registry as `repo_tag`, digests kept.
+fn push(reg: &Registry, layout: &std::path::Path, tag: &str, repo_tag: &str) {
+    let mut c = command(
+        tool("skopeo"),
+        [
+            "copy".to_string(),
+            "--quiet".to_string(),
+            "--dest-tls-verify=false".to_string(),
+            "--preserve-digests".to_string(),
+            oci_ref(layout, tag),
+            reg.reference(repo_tag),
+        ],
+    );
+    run(&mut c, TIMEOUT).ok();
+}
+
+/// `GET /v2/<path>` from the registry, with an OCI Accept header.
+fn get(reg: &Registry, path: &str) -> Vec<u8> {
+    let url = format!("http://{}/v2/{path}", reg.host());
+    let accept = "Accept: application/vnd.oci.image.manifest.v1+json, \
+                  application/vnd.oci.image.index.v1+json";
+    let mut c = command("curl", ["-sf", "-H", accept, &url]);
+    run(&mut c, TIMEOUT).ok().stdout.into_bytes()
+}
+
+/// `PUT /v2/<path>` of an OCI image index.
+fn put_index(reg: &Registry, path: &str, body: &[u8]) {
+    let url = format!("http://{}/v2/{path}", reg.host());
+    let body = String::from_utf8(body.to_vec()).unwrap();
+    let kind = "Content-Type: application/vnd.oci.image.index.v1+json";
+    let mut c = command(
+        "curl",
+        ["-sf", "-X", "PUT", "-H", kind, "--data-binary", &body, &url],
+    );
+    run(&mut c, TIMEOUT).ok();
+}
+
+fn tags(reg: &Registry, repo: &str) -> Vec<String> {
+    let list: Value = serde_json::from_slice(&get(reg, &format!("{repo}/tags/list"))).unwrap();
+    serde_json::from_value(list["tags"].clone()).unwrap()
+}
+
+/// Indexes `reference`; checks the artifact is a referrer of the untouched
+/// image under the fallback tag and small; returns `lamina index`'s report.
+fn index_and_check(reg: &Registry, repo: &str, tag: &str) -> Value {
+    let before = sha256_hex(&get(reg, &format!("{repo}/manifests/{tag}")));
+    let report = lamina(["index", "--json", &reg.reference(&format!("{repo}:{tag}"))])
+        .ok()
+        .json();
+    let after = sha256_hex(&get(reg, &format!("{repo}/manifests/{tag}")));
+    assert_eq!(before, after, "indexing changed the image's manifest");
+    assert_eq!(report["subject"], format!("sha256:{before}"), "{report}");
+    let fallback = format!("sha256-{before}");
+    assert!(
+        tags(reg, repo).contains(&fallback),
+        "no referrers tag {fallback}: {:?}",
+        tags(reg, repo)
+    );
+    let list: Value =
+        serde_json::from_slice(&get(reg, &format!("{repo}/manifests/{fallback}"))).unwrap();
+    let listed: Vec<&Value> = list["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["digest"] == report["manifest_digest"])
+        .collect();
+    assert_eq!(listed.len(), 1, "{list}");
+    assert_eq!(
+        listed[0]["artifactType"],
+        "application/vnd.lamina.tar-index.v1"
+    );
+    let artifact: Value = serde_json::from_slice(&get(
+        reg,
+        &format!(
+            "{repo}/manifests/{}",
+            report["manifest_digest"].as_str().unwrap()
+        ),
+    ))
+    .unwrap();
+    assert_eq!(artifact["subject"]["digest"], format!("sha256:{before}"));
+    report
+}
+
+/// The Debian image through its index, kernel and FUSE, equals umoci's
+/// unpack; the index is under 3% of the image's layers.
+#[test]
+fn index_of_debian_mounts_like_umoci_kernel_and_fuse() {
+    if !require(TOOLS) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-debian");
+    push(&reg, &debian_source(), "bookworm", "deb:orig");
+    let report = index_and_check(&reg, "deb", "orig");
+    let (artifact, layers) = (
+        report["artifact_bytes"].as_u64().unwrap(),
+        report["image_layer_bytes"].as_u64().unwrap(),
+    );
+    assert!(
+        artifact * 100 <= 3 * layers,
+        "the index is {artifact} bytes for {layers} bytes of layers"
+    );
+    let rootfs = umoci_unpack(
+        &format!("{}:bookworm", debian_source().display()),
+        &t.join("umoci"),
+    );
+    let image = reg.reference("deb:orig");
+    for mode in ["kernel", "fuse"] {
+        let m = Mount::with_args(
+            &image,
+            &t.join(&format!("mnt-{mode}")),
+            &t.join("cache"),
+            &["--mode", mode],
+        );
+        treecmp(&[], &rootfs, &m.path);
+        m.unmount();
+    }
+}
+
+/// The torture image (hostile paths, hardlinks, xattrs, devices, gzip)
+/// through its index equals umoci's unpack.
+#[test]
+fn index_of_the_torture_image_mounts_like_umoci() {
+    if !require(TOOLS) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-edge");
+    push(&reg, &edge_layout(), "edge-gz", "edge:gz");
+    push(&reg, &edge_layout(), "edge", "edge:zstd");
+    index_and_check(&reg, "edge", "gz");
+    index_and_check(&reg, "edge", "zstd");
+    let m = Mount::new(&reg.reference("edge:gz"), &t.join("gz"), &t.join("cache"));
+    treecmp(UMOCI_IGNORES, umoci_edge_rootfs(), &m.path);
+    m.unmount();
+    // umoci cannot read zstd layers; ociunpack keeps empty xattrs too.
+    let m = Mount::new(
+        &reg.reference("edge:zstd"),
+        &t.join("zstd"),
+        &t.join("cache"),
+    );
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    m.unmount();
+}
+
+/// Without an index, a plain image is refused with a hint; an index
+/// listed for another image (a hostile referrers tag) is refused.
+#[test]
+fn plain_images_need_their_own_index() {
+    if !require(TOOLS) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-refused");
+    push(&reg, &edge_layout(), "edge-gz", "x:a");
+    push(&reg, &debian_source(), "bookworm", "x:b");
+    let mnt = t.mkdir("mnt");
+    let cache = t.join("cache");
+    let mount = |tag: &str| {
+        lamina([
+            "mount".as_ref(),
+            reg.reference(&format!("x:{tag}")).as_ref(),
+            mnt.as_os_str(),
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+        ])
+    };
+    let out = mount("a").failed();
+    assert!(out.stderr.contains("lamina index"), "{}", out.describe());
+    // Index a, then list a's index under b's referrers tag.
+    let a = index_and_check(&reg, "x", "a");
+    let b = sha256_hex(&get(&reg, "x/manifests/b"));
+    let a_digest = a["subject"].as_str().unwrap().trim_start_matches("sha256:");
+    let list = get(&reg, &format!("x/manifests/sha256-{a_digest}"));
+    put_index(&reg, &format!("x/manifests/sha256-{b}"), &list);
+    let out = mount("b").failed();
+    assert!(out.stderr.contains("subject"), "{}", out.describe());
+    assert!(!is_mountpoint(&mnt));
+}
