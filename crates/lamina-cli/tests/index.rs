@@ -10,22 +10,6 @@ use serde_json::Value;
 
 const TOOLS: &[&str] = &["umoci", "skopeo", "docker-registry", "curl"];
 
-/// Copies `layout:tag` into the registry as `repo_tag`, digests kept.
-fn push(reg: &Registry, layout: &std::path::Path, tag: &str, repo_tag: &str) {
-    let mut c = command(
-        tool("skopeo"),
-        [
-            "copy".to_string(),
-            "--quiet".to_string(),
-            "--dest-tls-verify=false".to_string(),
-            "--preserve-digests".to_string(),
-            oci_ref(layout, tag),
-            reg.reference(repo_tag),
-        ],
-    );
-    run(&mut c, TIMEOUT).ok();
-}
-
 /// `GET /v2/<path>` from the registry, with an OCI Accept header.
 fn get(reg: &Registry, path: &str) -> Vec<u8> {
     let url = format!("http://{}/v2/{path}", reg.host());
@@ -102,7 +86,7 @@ fn index_of_debian_mounts_like_umoci_kernel_and_fuse() {
     }
     let reg = Registry::start();
     let t = TestDir::new("index-debian");
-    push(&reg, &debian_source(), "bookworm", "deb:orig");
+    reg.push(&debian_source(), "bookworm", "deb:orig");
     let report = index_and_check(&reg, "deb", "orig");
     let (artifact, layers) = (
         report["artifact_bytes"].as_u64().unwrap(),
@@ -138,8 +122,8 @@ fn index_of_the_torture_image_mounts_like_umoci() {
     }
     let reg = Registry::start();
     let t = TestDir::new("index-edge");
-    push(&reg, &edge_layout(), "edge-gz", "edge:gz");
-    push(&reg, &edge_layout(), "edge", "edge:zstd");
+    reg.push(&edge_layout(), "edge-gz", "edge:gz");
+    reg.push(&edge_layout(), "edge", "edge:zstd");
     index_and_check(&reg, "edge", "gz");
     index_and_check(&reg, "edge", "zstd");
     let m = Mount::new(&reg.reference("edge:gz"), &t.join("gz"), &t.join("cache"));
@@ -164,8 +148,8 @@ fn plain_images_need_their_own_index() {
     }
     let reg = Registry::start();
     let t = TestDir::new("index-refused");
-    push(&reg, &edge_layout(), "edge-gz", "x:a");
-    push(&reg, &debian_source(), "bookworm", "x:b");
+    reg.push(&edge_layout(), "edge-gz", "x:a");
+    reg.push(&debian_source(), "bookworm", "x:b");
     let mnt = t.mkdir("mnt");
     let cache = t.join("cache");
     let mount = |tag: &str| {

@@ -15,18 +15,7 @@ fn registry_round_trip_matches_umoci() {
     let t = TestDir::new("registry");
     let src = reg.reference("src:edge");
     let dst = reg.reference("lam:edge");
-    let mut c = command(
-        tool("skopeo"),
-        [
-            "copy".to_string(),
-            "--quiet".to_string(),
-            "--dest-tls-verify=false".to_string(),
-            "--preserve-digests".to_string(),
-            oci_ref(&edge_layout(), "edge-gz"),
-            src.clone(),
-        ],
-    );
-    run(&mut c, TIMEOUT).ok();
+    reg.push(&edge_layout(), "edge-gz", "src:edge");
 
     let report = lamina(["convert", "--json", &src, &dst]).ok().json();
     let inspect = lamina(["inspect", "--json", &dst]).ok().json();

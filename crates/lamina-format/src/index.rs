@@ -561,7 +561,7 @@ fn read_blob_entries(
 
 /// The boot set: `u32` chunk numbers as (blob, chunk), each naming one of
 /// `chunk_count` chunks; `firsts` are the blobs' first chunks.
-fn read_prefetch(
+pub(crate) fn read_prefetch(
     area: &[u8],
     firsts: &[usize],
     chunk_count: usize,

@@ -28,7 +28,9 @@
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use crate::index::{BlobEntry, ChunkEntry, IndexBlob, IndexError, MAX_BLOBS, MAX_CHUNKS};
+use crate::index::{
+    read_prefetch, BlobEntry, ChunkEntry, IndexBlob, IndexError, MAX_BLOBS, MAX_CHUNKS,
+};
 
 /// `TarIndexHeader::magic`.
 pub const TAR_INDEX_MAGIC: [u8; 8] = *b"LAMTARX\x01";
@@ -292,24 +294,6 @@ fn read_windows(
         *area = rest;
     }
     Ok(windows)
-}
-
-fn read_prefetch(
-    area: &[u8],
-    firsts: &[usize],
-    span_count: usize,
-) -> Result<Vec<(u32, u32)>, IndexError> {
-    let mut prefetch = Vec::with_capacity(area.len() / 4);
-    for raw in area.chunks_exact(4) {
-        let global = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize;
-        let layer = firsts
-            .partition_point(|&f| f <= global)
-            .checked_sub(1)
-            .filter(|_| global < span_count)
-            .ok_or_else(|| inconsistent("boot-set entry names no span"))?;
-        prefetch.push((layer as u32, (global - firsts[layer]) as u32));
-    }
-    Ok(prefetch)
 }
 
 #[cfg(test)]

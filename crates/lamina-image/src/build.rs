@@ -655,7 +655,8 @@ pub(crate) mod tests {
         b.into_inner().unwrap()
     }
 
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
+    /// Pseudo-random bytes: incompressible.
+    pub(crate) fn noise(len: usize, seed: u64) -> Vec<u8> {
         let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
         (0..len)
             .map(|_| {

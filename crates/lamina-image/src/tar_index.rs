@@ -246,6 +246,7 @@ fn span_entry(span: &Span) -> Result<(ChunkEntry, Option<Vec<u8>>), TarIndexErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::build::tests::{layer, noise};
     use lamina_format::erofs::{Chunk, Image};
     use lamina_format::tar_index::TarIndex;
     use lamina_oci::{Descriptor, Digest, Manifest, OciError, SourceImage};
@@ -274,21 +275,6 @@ mod tests {
                 .expect("a layer");
             Ok(Box::new(&self.blobs[i][..]))
         }
-    }
-
-    fn tar_of(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        for (path, data) in files {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(data.len() as u64);
-            h.set_mode(0o644);
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_mtime(1000);
-            h.set_entry_type(tar::EntryType::Regular);
-            b.append_data(&mut h, path, &data[..]).unwrap();
-        }
-        b.into_inner().unwrap()
     }
 
     fn gzip(tar: &[u8]) -> Vec<u8> {
@@ -337,30 +323,17 @@ mod tests {
         Layers { image, blobs }
     }
 
-    /// Pseudo-random bytes: incompressible, so spans come often.
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
     /// Each file of the merged tree reads, through its chunk in the EROFS
     /// metadata, its bytes at that place of its layer's tar; the spans of
     /// every layer decode alone to their part of the tar.
     #[test]
     fn files_point_into_their_layers_tars() {
-        let lower = tar_of(&[
+        let lower = layer(&[
             ("a", noise(300_000, 1)),
             ("b", b"lower b".to_vec()),
             ("gone", noise(1000, 2)),
         ]);
-        let upper = tar_of(&[
+        let upper = layer(&[
             ("b", noise(200_000, 3)),
             (".wh.gone", Vec::new()),
             ("c", noise(70_000, 4)),
@@ -421,7 +394,7 @@ mod tests {
     /// A layer whose tar is not what the config's diff_id says is refused.
     #[test]
     fn a_tar_other_than_its_diff_id_is_refused() {
-        let tar = tar_of(&[("a", b"x".to_vec())]);
+        let tar = layer(&[("a", b"x".to_vec())]);
         let mut src = image(vec![(
             tar.clone(),
             gzip(&tar),

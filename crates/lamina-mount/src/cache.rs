@@ -117,12 +117,8 @@ pub fn materialize_blob(
         blob: name.clone(),
         source,
     };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    private::private_dir(dir).map_err(io_err(dir))?;
-    let tmp = private::temp_name(path, "partial");
-    let file = private::create_new(&tmp).map_err(io_err(&tmp))?;
-    let result = (|| {
-        file.set_len(blob.cache_size).map_err(io_err(&tmp))?;
+    via_temp_file(path, blob, |file, tmp| {
+        file.set_len(blob.cache_size).map_err(io_err(tmp))?;
         let mut pos = 0u64;
         let mut stored = Vec::new();
         let mut decompressor = zstd::bulk::Decompressor::new().map_err(read_err)?;
@@ -144,15 +140,12 @@ pub fn materialize_blob(
             pos = offset + stored.len() as u64;
             let data = decode_chunk(&mut decompressor, chunk, &stored).map_err(bad)?;
             file.write_all_at(&data, chunk.cache_offset.get())
-                .map_err(io_err(&tmp))?;
+                .map_err(io_err(tmp))?;
         }
         // The rest of the blob, so the reader checks the whole-blob digest.
         io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
-        file.sync_all().map_err(io_err(&tmp))?;
-        install(&tmp, &file, path, blob)
-    })();
-    let _ = fs::remove_file(&tmp);
-    result
+        Ok(())
+    })
 }
 
 /// Puts the verified, synced cache file `file` (at `tmp`) in place at
@@ -214,11 +207,7 @@ pub fn materialize_tar(
         blob: name.clone(),
         source,
     };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    private::private_dir(dir).map_err(io_err(dir))?;
-    let tmp = private::temp_name(path, "partial");
-    let file = private::create_new(&tmp).map_err(io_err(&tmp))?;
-    let result = (|| {
+    via_temp_file(path, blob, |file, tmp| {
         let mut buf = Vec::new();
         for span in &blob.chunks {
             buf.resize(span.size.get() as usize, 0);
@@ -235,7 +224,7 @@ pub fn materialize_tar(
                 });
             }
             file.write_all_at(&buf, span.cache_offset.get())
-                .map_err(io_err(&tmp))?;
+                .map_err(io_err(tmp))?;
         }
         // The end: the tar must end with the last span, and the reader
         // checks its digests there.
@@ -244,10 +233,26 @@ pub fn materialize_tar(
                 "the tar is longer than its index says",
             )));
         }
-        file.set_len(blob.cache_size).map_err(io_err(&tmp))?;
+        file.set_len(blob.cache_size).map_err(io_err(tmp))
+    })
+}
+
+/// A cache file for `blob` written by `fill` into a fresh private temporary
+/// file beside `path` (given as `fill`'s second argument), synced, and
+/// installed under `path` ([`install`]); the temporary file never stays.
+fn via_temp_file(
+    path: &Path,
+    blob: &IndexBlob,
+    fill: impl FnOnce(&File, &Path) -> Result<(), CacheError>,
+) -> Result<File, CacheError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    private::private_dir(dir).map_err(io_err(dir))?;
+    let tmp = private::temp_name(path, "partial");
+    let file = private::create_new(&tmp).map_err(io_err(&tmp))?;
+    let result = fill(&file, &tmp).and_then(|()| {
         file.sync_all().map_err(io_err(&tmp))?;
         install(&tmp, &file, path, blob)
-    })();
+    });
     let _ = fs::remove_file(&tmp);
     result
 }

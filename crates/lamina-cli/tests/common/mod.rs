@@ -848,6 +848,22 @@ impl Registry {
     pub fn reference(&self, repo_tag: &str) -> String {
         format!("docker://{}/{repo_tag}", self.host())
     }
+
+    /// Copies `layout:tag` in as `repo_tag` with skopeo, digests kept.
+    pub fn push(&self, layout: &Path, tag: &str, repo_tag: &str) {
+        let mut c = command(
+            tool("skopeo"),
+            [
+                "copy".to_string(),
+                "--quiet".to_string(),
+                "--dest-tls-verify=false".to_string(),
+                "--preserve-digests".to_string(),
+                oci_ref(layout, tag),
+                self.reference(repo_tag),
+            ],
+        );
+        run(&mut c, TIMEOUT).ok();
+    }
 }
 
 impl Drop for Registry {
