@@ -401,6 +401,11 @@ pub(crate) struct ServeArgs {
     /// `auto`, `kernel` (file-backed EROFS) or `fuse` (a FUSE daemon).
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = MODES)]
     pub(crate) mode: String,
+    /// Mount an unmodified image through this tar index (`lamina index
+    /// IMAGE DST`) instead of looking for one among the image's referrers;
+    /// its subject must still be the image's manifest.
+    #[arg(long, value_name = "REF")]
+    pub(crate) index: Option<String>,
 }
 
 /// What `--mode` takes.
@@ -626,6 +631,7 @@ pub fn run(args: Args) -> Result<u8> {
                 cache_dir: absolute(&serve.cache_dir)?,
                 source,
                 privileges: Privileges { suid, dev },
+                index: serve.index.as_deref().map(parse_ref).transpose()?,
             };
             let lazy = serve.lazy_options(&image, record_trace);
             let (mode, why) = mount_mode(&serve.mode, &opts.cache_dir, lazy.is_some())?;
@@ -689,6 +695,7 @@ pub fn run(args: Args) -> Result<u8> {
                         suid: true,
                         dev: true,
                     },
+                    index: serve.index.as_deref().map(parse_ref).transpose()?,
                 },
                 state_dir: absolute(&state_dir)?,
                 runc: lamina_run::container::find_runtime(&runtime)?,

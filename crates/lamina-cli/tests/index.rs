@@ -173,3 +173,56 @@ fn plain_images_need_their_own_index() {
     assert!(out.stderr.contains("subject"), "{}", out.describe());
     assert!(!is_mountpoint(&mnt));
 }
+
+/// An index stored elsewhere (an OCI layout) is used when named with
+/// `--index`, for the registry image and for the same image in a layout;
+/// an index named for another image is refused.
+#[test]
+fn an_index_named_with_dash_dash_index() {
+    if !require(TOOLS) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-named");
+    reg.push(&edge_layout(), "edge-gz", "e:gz");
+    let gz = reg.reference("e:gz");
+    let idx = oci_ref(&t.join("idx"), "edge-gz");
+    let report = lamina(["index", "--json", &gz, &idx]).ok().json();
+    assert_eq!(
+        tags(&reg, "e"),
+        ["gz"],
+        "the registry got a referrers tag: {report}"
+    );
+    let cache = t.join("cache");
+    let mnt = t.mkdir("plain");
+    let out = lamina([
+        "mount".as_ref(),
+        gz.as_ref(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ])
+    .failed();
+    assert!(out.stderr.contains("--index"), "{}", out.describe());
+    let m = Mount::with_args(&gz, &t.join("reg"), &cache, &["--index", &idx]);
+    treecmp(UMOCI_IGNORES, umoci_edge_rootfs(), &m.path);
+    m.unmount();
+    let local = oci_ref(&edge_layout(), "edge-gz");
+    let m = Mount::with_args(&local, &t.join("local"), &cache, &["--index", &idx]);
+    treecmp(UMOCI_IGNORES, umoci_edge_rootfs(), &m.path);
+    m.unmount();
+    // The index of edge-gz named for edge (zstd layers: another manifest).
+    let other = oci_ref(&edge_layout(), "edge");
+    let out = lamina([
+        "mount".as_ref(),
+        other.as_ref(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        "--index".as_ref(),
+        idx.as_ref(),
+    ])
+    .failed();
+    assert!(out.stderr.contains("subject"), "{}", out.describe());
+    assert!(!is_mountpoint(&mnt));
+}

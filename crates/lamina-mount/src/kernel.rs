@@ -36,6 +36,9 @@ pub struct MountOptions {
     pub source: SourceOptions,
     /// setuid and device nodes: off (`nosuid,nodev`) unless asked for.
     pub privileges: Privileges,
+    /// An unmodified image's tar index, named (`--index`): else one is
+    /// looked for among the image's referrers.
+    pub index: Option<ImageRef>,
 }
 
 /// Why a mount failed.
@@ -340,7 +343,9 @@ pub(crate) fn fill_cache(
                     lookup,
                 ),
                 None => Err(ArtifactError::NotLamina(format!(
-                    "{why}; and no tar index of it was found (make one with `lamina index {image}`)"
+                    "{why}; and no tar index of it was found (make one with `lamina index \
+                     {image} [DST]`; name it with --index unless it is beside the image in \
+                     its registry)"
                 ))
                 .into()),
             };

@@ -24,14 +24,20 @@ use crate::cache::materialize_tar;
 use crate::kernel::{cache_layer_file, io_err, MountError, MountInfo, MountOptions, Record};
 use lamina_fetch::store::{BlobStore, EntryKey};
 
-/// The tar index of `img` (opened from `image`), found as a referrer of
-/// its manifest in its own repository; `None` when there is none or the
-/// image is not in a registry.
+/// The tar index of `img` (opened from `image`): the one `opts` names, else
+/// one found as a referrer of its manifest in its own repository; `None`
+/// when there is none or the image is not in a registry.
 pub(crate) fn find(
     image: &ImageRef,
     img: &SourceImage,
     opts: &MountOptions,
 ) -> Result<Option<Box<dyn ImageSource>>, MountError> {
+    if let Some(named) = &opts.index {
+        let artifact = open_source(named, &opts.source)?;
+        check_subject(artifact.image(), img)?;
+        tracing::info!(index = %named, "mounting {} through the index named", img.manifest_digest);
+        return Ok(Some(artifact));
+    }
     let ImageRef::Registry(reg) = image else {
         return Ok(None);
     };

@@ -119,6 +119,7 @@ impl RegistryImages {
                 suid: true,
                 dev: true,
             },
+            index: None,
         }
     }
 }
