@@ -596,11 +596,17 @@ pub fn run(args: Args) -> Result<u8> {
             })
             .with_context(|| format!("indexing {src}"));
             bar.finish_and_clear();
-            let report = report?;
+            let reports = report?;
             if args.json {
-                print_json(&report)?;
-            } else {
-                println!("indexed {src} in {:.2} s", report.seconds);
+                print_json(&reports)?;
+            }
+            for report in reports.iter().filter(|_| !args.json) {
+                let platform = report.platform.as_deref().map(|p| format!(" ({p})"));
+                println!(
+                    "indexed {src}{} in {:.2} s",
+                    platform.unwrap_or_default(),
+                    report.seconds
+                );
                 println!(
                     "  index        {} -> {}",
                     report.manifest_digest, report.stored

@@ -40,9 +40,11 @@ fn tags(reg: &Registry, repo: &str) -> Vec<String> {
 /// image under the fallback tag and small; returns `lamina index`'s report.
 fn index_and_check(reg: &Registry, repo: &str, tag: &str) -> Value {
     let before = sha256_hex(&get(reg, &format!("{repo}/manifests/{tag}")));
-    let report = lamina(["index", "--json", &reg.reference(&format!("{repo}:{tag}"))])
+    let reports = lamina(["index", "--json", &reg.reference(&format!("{repo}:{tag}"))])
         .ok()
         .json();
+    assert_eq!(reports.as_array().map(Vec::len), Some(1), "{reports}");
+    let report = reports[0].clone();
     let after = sha256_hex(&get(reg, &format!("{repo}/manifests/{tag}")));
     assert_eq!(before, after, "indexing changed the image's manifest");
     assert_eq!(report["subject"], format!("sha256:{before}"), "{report}");
@@ -225,4 +227,83 @@ fn an_index_named_with_dash_dash_index() {
     .failed();
     assert!(out.stderr.contains("subject"), "{}", out.describe());
     assert!(!is_mountpoint(&mnt));
+}
+
+/// A multi-platform image gets one index per platform, each a referrer of
+/// its platform's manifest; a mount picks this host's platform and its
+/// index.
+#[test]
+fn a_multi_platform_image_gets_an_index_per_platform() {
+    if !require(TOOLS) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-platforms");
+    let layout = t.join("multi");
+    let mut c = command(
+        "cp",
+        ["-a".as_ref(), edge_layout().as_os_str(), layout.as_os_str()],
+    );
+    run(&mut c, TIMEOUT).ok();
+    let tags = layout_tags(&layout);
+    let entry = |tag: &str, arch: &str| {
+        let digest = &tags[tag];
+        let size = std::fs::metadata(blob_path(&layout, digest)).unwrap().len();
+        serde_json::json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest, "size": size,
+            "platform": {"os": "linux", "architecture": arch},
+        })
+    };
+    let host = if cfg!(target_arch = "aarch64") {
+        "arm64"
+    } else {
+        "amd64"
+    };
+    let other = if host == "amd64" { "arm64" } else { "amd64" };
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [entry("edge-gz", host), entry("edge", other)],
+    });
+    let bytes = serde_json::to_vec(&index).unwrap();
+    let digest = put_blob(&layout, &bytes);
+    let mut top: Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    top["manifests"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": digest, "size": bytes.len(),
+            "annotations": {"org.opencontainers.image.ref.name": "multi"},
+        }));
+    std::fs::write(layout.join("index.json"), serde_json::to_vec(&top).unwrap()).unwrap();
+    let mut c = command(
+        tool("skopeo"),
+        [
+            "copy".to_string(),
+            "--quiet".to_string(),
+            "--all".to_string(),
+            "--dest-tls-verify=false".to_string(),
+            "--preserve-digests".to_string(),
+            oci_ref(&layout, "multi"),
+            reg.reference("m:multi"),
+        ],
+    );
+    run(&mut c, TIMEOUT).ok();
+    let reports = lamina(["index", "--json", &reg.reference("m:multi")])
+        .ok()
+        .json();
+    let reports = reports.as_array().unwrap();
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    for (report, (tag, arch)) in reports.iter().zip([("edge-gz", host), ("edge", other)]) {
+        assert_eq!(report["platform"], format!("linux/{arch}"), "{report}");
+        assert_eq!(report["subject"], tags[tag].as_str(), "{report}");
+        let fallback = tags[tag].replace("sha256:", "sha256-");
+        assert!(self::tags(&reg, "m").contains(&fallback), "no {fallback}");
+    }
+    let m = Mount::new(&reg.reference("m:multi"), &t.join("mnt"), &t.join("cache"));
+    treecmp(UMOCI_IGNORES, umoci_edge_rootfs(), &m.path);
+    m.unmount();
 }

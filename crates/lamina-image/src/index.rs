@@ -38,6 +38,9 @@ pub struct IndexOptions {
 /// What `lamina index` made.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct IndexReport {
+    /// The platform indexed, of a multi-platform image (`os/arch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<String>,
     /// Digest of the artifact manifest.
     pub manifest_digest: String,
     /// Digest of the image it indexes.
@@ -82,12 +85,43 @@ pub enum IndexError {
 
 /// Indexes `src` and stores the artifact: by default (no `dst`) as a
 /// referrer of `src` in its own repository; else at `dst` (an OCI layout
-/// or another registry tag, named with `--index` at mount).
+/// or another registry tag, named with `--index` at mount). A
+/// multi-platform image gets one index per platform, each a referrer of
+/// that platform's manifest.
 pub fn index(
     src: &ImageRef,
     dst: Option<&ImageRef>,
     opts: &IndexOptions,
     progress: &dyn Fn(usize),
+) -> Result<Vec<IndexReport>, IndexError> {
+    let platforms = lamina_oci::platforms(src, &opts.source)?;
+    if platforms.len() <= 1 {
+        return Ok(vec![index_one(src, dst, opts, progress, None)?]);
+    }
+    if dst.is_some() {
+        return Err(IndexError::Destination(format!(
+            "{src} is a multi-platform image ({} platforms): its indexes go beside it, one \
+             referrer per platform manifest; leave DST out",
+            platforms.len()
+        )));
+    }
+    let mut reports = Vec::with_capacity(platforms.len());
+    for platform in platforms {
+        let mut one = opts.clone();
+        let name = format!("{}/{}", platform.0, platform.1);
+        one.source.platform = platform;
+        reports.push(index_one(src, None, &one, progress, Some(name))?);
+    }
+    Ok(reports)
+}
+
+/// Indexes the one manifest of `src` that `opts` selects.
+fn index_one(
+    src: &ImageRef,
+    dst: Option<&ImageRef>,
+    opts: &IndexOptions,
+    progress: &dyn Fn(usize),
+    platform: Option<String>,
 ) -> Result<IndexReport, IndexError> {
     let started = Instant::now();
     let source = open_source(src, &opts.source)?;
@@ -111,6 +145,7 @@ pub fn index(
         .flatten()
         .count();
     Ok(IndexReport {
+        platform,
         manifest_digest: digest.to_string(),
         subject: image.manifest_digest.to_string(),
         stored,

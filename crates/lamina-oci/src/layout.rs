@@ -93,6 +93,53 @@ fn check_layout_file(dir: &Path) -> Result<(), OciError> {
     Ok(())
 }
 
+/// The descriptor `tag` names in the layout's `index.json` (the only
+/// entry when `tag` is `None`).
+fn top_descriptor(dir: &Path, tag: Option<&str>) -> Result<Descriptor, OciError> {
+    check_layout_file(dir)?;
+    let index = read_index(dir)?;
+    let location = format!("OCI layout {}", dir.display());
+    Ok(match tag {
+        Some(t) => index
+            .manifests
+            .iter()
+            .find(|d| d.ref_name() == Some(t))
+            .cloned()
+            .ok_or_else(|| OciError::NotFound {
+                location: location.clone(),
+                wanted: format!("tag {t:?}"),
+                available: index.manifests.iter().map(entry_name).collect(),
+            })?,
+        None => match index.manifests.as_slice() {
+            [only] => only.clone(),
+            [] => {
+                return Err(OciError::NotFound {
+                    location,
+                    wanted: "an image".to_string(),
+                    available: Vec::new(),
+                })
+            }
+            many => {
+                return Err(OciError::Ambiguous {
+                    location,
+                    available: many.iter().map(entry_name).collect(),
+                })
+            }
+        },
+    })
+}
+
+/// The document `tag` names in the layout: its bytes, media type and
+/// digest (an image index or a manifest).
+pub(crate) fn top_document(
+    dir: &Path,
+    tag: Option<&str>,
+) -> Result<(Vec<u8>, Option<String>, Digest), OciError> {
+    let desc = top_descriptor(dir, tag)?;
+    let bytes = read_blob_to_vec(dir, &desc, MAX_MANIFEST_SIZE, "manifest")?;
+    Ok((bytes, Some(desc.media_type), desc.digest))
+}
+
 fn read_index(dir: &Path) -> Result<ImageIndex, OciError> {
     let path = dir.join(INDEX_FILE);
     let bytes = read_small(&path, MAX_INDEX_JSON)?;
@@ -119,38 +166,7 @@ impl OciLayoutSource {
         tag: Option<&str>,
         opts: &SourceOptions,
     ) -> Result<OciLayoutSource, OciError> {
-        check_layout_file(dir)?;
-        let index = read_index(dir)?;
-        let location = format!("OCI layout {}", dir.display());
-        let top = match tag {
-            Some(t) => index
-                .manifests
-                .iter()
-                .find(|d| d.ref_name() == Some(t))
-                .cloned()
-                .ok_or_else(|| OciError::NotFound {
-                    location: location.clone(),
-                    wanted: format!("tag {t:?}"),
-                    available: index.manifests.iter().map(entry_name).collect(),
-                })?,
-            None => match index.manifests.as_slice() {
-                [only] => only.clone(),
-                [] => {
-                    return Err(OciError::NotFound {
-                        location,
-                        wanted: "an image".to_string(),
-                        available: Vec::new(),
-                    })
-                }
-                many => {
-                    return Err(OciError::Ambiguous {
-                        location,
-                        available: many.iter().map(entry_name).collect(),
-                    })
-                }
-            },
-        };
-        let mut desc = top;
+        let mut desc = top_descriptor(dir, tag)?;
         for _ in 0..MAX_INDEX_DEPTH {
             let bytes = read_blob_to_vec(dir, &desc, MAX_MANIFEST_SIZE, "manifest")?;
             match parse_document(&bytes, Some(&desc.media_type), &desc.digest)? {

@@ -30,7 +30,7 @@ pub use hosts::{HostsConfig, HostsError};
 pub use reference::{ImageRef, RegistryRef, RegistryReference};
 pub use registry::{fallback_tag, load_trust_store, FetchedManifest, Listed, RegistryClient};
 pub use sink::{open_sink, ImageSink};
-pub use source::{open_source, ImageSource, SourceImage, SourceLayer, SourceOptions};
+pub use source::{open_source, platforms, ImageSource, SourceImage, SourceLayer, SourceOptions};
 pub use types::{media_types, Descriptor, ImageIndex, Manifest, Platform};
 
 /// `WWW-Authenticate` challenge parsing, exposed only for the fuzz targets in

@@ -254,6 +254,32 @@ pub fn open_source(r: &ImageRef, opts: &SourceOptions) -> Result<Box<dyn ImageSo
     }
 }
 
+/// The platforms `r` offers when it names an image index: each entry's
+/// `(os, architecture)`, in index order, once, without entries of unknown
+/// platform (build attestations); empty when it names one manifest.
+pub fn platforms(r: &ImageRef, opts: &SourceOptions) -> Result<Vec<(String, String)>, OciError> {
+    let (bytes, media_type, digest) = match r {
+        ImageRef::Oci { dir, tag } => crate::layout::top_document(dir, tag.as_deref())?,
+        ImageRef::Registry(rr) => {
+            let client = crate::registry::RegistryClient::new(&rr.host, opts)?;
+            let fetched = client.get_manifest(&rr.repository, &rr.reference)?;
+            (fetched.bytes, fetched.media_type, fetched.digest)
+        }
+        ImageRef::DockerArchive { .. } => return Ok(Vec::new()),
+    };
+    let Document::Index(index) = parse_document(&bytes, media_type.as_deref(), &digest)? else {
+        return Ok(Vec::new());
+    };
+    let mut found: Vec<(String, String)> = Vec::new();
+    for p in index.manifests.iter().filter_map(|d| d.platform.as_ref()) {
+        let platform = (p.os.clone(), p.architecture.clone());
+        if p.os != "unknown" && p.architecture != "unknown" && !found.contains(&platform) {
+            found.push(platform);
+        }
+    }
+    Ok(found)
+}
+
 /// Wrap a raw blob stream of `layer` into the verified, decompressed stream.
 pub(crate) fn layer_stream<'a>(
     raw: Box<dyn Read + Send + 'a>,
