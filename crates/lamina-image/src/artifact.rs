@@ -1053,13 +1053,18 @@ pub fn check_blob_table(table: &[BlobSummary], layers: &LaminaLayers) -> Result<
 /// nothing beyond the header; the table's shape is checked where it is
 /// parsed.
 pub fn check_lookup(header: &[u8], layers: &LaminaLayers) -> Result<(), ArtifactError> {
+    check_lookup_for(header, &layers.metadata)
+}
+
+/// [`check_lookup`] against the metadata layer `metadata` (a lamina image's
+/// or a tar index's).
+pub fn check_lookup_for(header: &[u8], metadata: &Descriptor) -> Result<(), ArtifactError> {
     let corrupt = |reason: String| ArtifactError::Corrupt {
         what: "lookup table",
         reason,
     };
     let header = LookupTable::header(header).map_err(|e| corrupt(e.to_string()))?;
-    let metadata = layers
-        .metadata
+    let metadata = metadata
         .annotations
         .get(ANNOTATION_UNCOMPRESSED_DIGEST)
         .ok_or_else(|| ArtifactError::NotLamina("metadata layer has no content digest".into()))?;

@@ -10,10 +10,11 @@
 
 use std::path::Path;
 
+use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_format::tar_index::TarIndex;
 use lamina_image::artifact::{
-    ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE, MEDIA_TYPE_LOOKUP,
-    MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX,
+    check_lookup_for, ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE,
+    MEDIA_TYPE_LOOKUP, MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX,
 };
 use lamina_oci::{
     open_source, Descriptor, ImageRef, ImageSource, RegistryClient, RegistryRef, RegistryReference,
@@ -117,7 +118,17 @@ pub(crate) fn fill_cache(
     let (_, spans) = cached(MEDIA_TYPE_TAR_INDEX, "tarindex", "tar index", true)?;
     let (metadata_path, _) = cached(MEDIA_TYPE_METADATA, "erofs", "metadata", false)?;
     let lookup_path = match lookup {
-        true => Some(cached(MEDIA_TYPE_LOOKUP, "lookup", "lookup table", false)?.0),
+        true => {
+            let (path, _) = cached(MEDIA_TYPE_LOOKUP, "lookup", "lookup table", false)?;
+            // Bound to this index's metadata, as a lamina image's is
+            // (kernel::cached_lookup): the header says which it was built for.
+            let mut header = [0; LOOKUP_HEADER_LEN];
+            std::fs::File::open(&path)
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header))
+                .map_err(io_err(&path))?;
+            check_lookup_for(&header, layer(art, MEDIA_TYPE_METADATA)?)?;
+            Some(path)
+        }
         false => None,
     };
     let index = parse(&spans.unwrap_or_default(), img)?;
