@@ -115,8 +115,9 @@ pub(crate) enum Command {
         /// (then name it with --index when mounting).
         dst: Option<String>,
         /// Compressed bytes between random-access points: a miss fetches
-        /// about this much; each gzip point costs 32 KiB of index.
-        #[arg(long, default_value = "1M", value_parser = parse_size)]
+        /// about this much, and the window of a gzip point (32 KiB, about
+        /// 16 KiB stored, fetched only with its span).
+        #[arg(long, default_value = "64K", value_parser = parse_size)]
         span_size: u64,
     },
     /// Mount a lamina image read-only with the kernel (file-backed EROFS),

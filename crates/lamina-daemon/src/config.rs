@@ -125,8 +125,17 @@ pub struct DaemonConfig {
     pub mountpoint: PathBuf,
     /// EROFS metadata image.
     pub metadata_path: PathBuf,
-    /// Chunk index (uncompressed).
+    /// Chunk index (uncompressed), or with `tar_index` the span table of
+    /// an unmodified image's tar index (`lamina_format::tar_index`).
     pub index_path: PathBuf,
+    /// The blobs are an unmodified image's layers, each cached as its
+    /// uncompressed tar and filled span by span (`index_path` is the span
+    /// table).
+    #[serde(default)]
+    pub tar_index: bool,
+    /// With `tar_index`: the blob the windows of its gzip spans are in.
+    #[serde(default)]
+    pub tar_windows: Option<WindowsSpec>,
     /// Directory of cache and state files.
     pub blob_dir: PathBuf,
     /// Blobs in device order.
@@ -208,6 +217,17 @@ pub enum MetadataFill {
         /// The content's SHA-256, hex.
         digest: String,
     },
+}
+
+/// A tar index's windows blob (`lamina_format::tar_index`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WindowsSpec {
+    /// Its digest.
+    pub digest: String,
+    /// Its size.
+    pub size: u64,
+    /// Where it is: the index artifact's repository or layout.
+    pub source: SourceSpec,
 }
 
 /// A zstd lamina layer for the worker to fetch whole and store.

@@ -20,4 +20,5 @@ pub mod protocol;
 pub mod readahead;
 mod relay;
 mod sources;
+mod windows;
 pub mod worker;

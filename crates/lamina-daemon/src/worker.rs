@@ -12,12 +12,15 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use lamina_fetch::fetch::{fetch_chunks, FetchOptions, FetchStats, RangeSource};
+use lamina_fetch::fetch::{
+    fetch_chunks, BlobChunks, ChunkCodec, FetchOptions, FetchStats, RangeSource,
+};
 use lamina_fetch::hedge::{read_first_answer, Hedging};
 use lamina_fetch::store::{load_table, save_table, BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
 use lamina_format::erofs::Image;
-use lamina_format::index::{BlobSummary, ChunkIndex, IndexBlob};
+use lamina_format::index::{BlobSummary, ChunkIndex, IndexBlob, IndexTop};
+use lamina_format::tar_index::TarIndex;
 use lamina_oci::Digest;
 use lamina_sys::{FanotifyGroup, Response};
 
@@ -29,6 +32,7 @@ use crate::latency::{Histogram, Recorder};
 use crate::predict::{FileMap, MapError, RateMeter};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
+use crate::windows::{SpanWindows, WindowEntries};
 use rustix::event::{poll, PollFd, PollFlags};
 
 /// Live figures, written to `<run_dir>/status.json`.
@@ -182,6 +186,8 @@ struct Shared {
     /// log2 of the chunk size (to check fetched chunk tables).
     chunk_bits: u8,
     stores: Vec<LazyStore>,
+    /// A tar index's windows (`None`: a lamina image).
+    windows: Option<SpanWindows>,
     source: Arc<dyn RangeSource>,
     /// Hedging of miss and boot requests (not of fill-ahead).
     hedging: Arc<Hedging>,
@@ -291,6 +297,32 @@ fn decompress_exactly(compressed: &[u8], size: u64) -> io::Result<Vec<u8>> {
     Ok(raw)
 }
 
+/// The mount's chunk index as the worker serves it; for a tar index, its
+/// spans are the chunks (all inline) and its windows come along.
+fn load_index(config: &DaemonConfig) -> io::Result<(IndexTop, Option<SpanWindows>)> {
+    let bytes = std::fs::read(&config.index_path)?;
+    if !config.tar_index {
+        return Ok((
+            ChunkIndex::parse_top(&bytes).map_err(io::Error::other)?,
+            None,
+        ));
+    }
+    let index = TarIndex::from_bytes(&bytes).map_err(io::Error::other)?;
+    let (inline, windows): (Vec<IndexBlob>, WindowEntries) = index
+        .layers
+        .into_iter()
+        .map(|layer| (layer.blob, layer.windows))
+        .unzip();
+    let top = IndexTop {
+        chunk_bits: index.span_bits,
+        blobs: inline.iter().map(IndexBlob::summary).collect(),
+        prefetch: index.prefetch,
+        inline,
+    };
+    let windows = SpanWindows::new(windows, config.tar_windows.as_ref(), config.timeout_secs)?;
+    Ok((top, Some(windows)))
+}
+
 /// How often a miss looks for fills by others while it waits.
 const SETTLE_TICK: Duration = Duration::from_millis(10);
 
@@ -355,8 +387,7 @@ fn orphan_fd_bound() -> i32 {
 pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let config = DaemonConfig::load(config_path)?;
     adopt_in_background(config.adopt.clone());
-    let index =
-        ChunkIndex::parse_top(&std::fs::read(&config.index_path)?).map_err(io::Error::other)?;
+    let (index, windows) = load_index(&config)?;
     let boot_set = index.prefetch.clone();
     let mut stores = Vec::new();
     let mut digests = Vec::new();
@@ -448,6 +479,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         digests,
         chunk_bits: index.chunk_bits,
         stores,
+        windows,
         source,
         hedging,
         stats: FetchStats::default(),
@@ -1860,18 +1892,21 @@ impl Shared {
     ) -> io::Result<()> {
         let entries = self.lock_store(blob)?.blob.chunks.clone();
         let counted = FetchStats::default();
-        let result = fetch_chunks(
-            source,
-            &self.digests[blob as usize],
-            &entries,
-            chunks,
-            opts,
-            &counted,
-            |i, data| {
+        let fetch = |codec: ChunkCodec<'_>| {
+            let target = BlobChunks {
+                digest: &self.digests[blob as usize],
+                chunks: &entries,
+                codec,
+            };
+            fetch_chunks(source, target, chunks, opts, &counted, |i, data| {
                 self.lock_store(blob)?.fill(i, &data, via)?;
                 Ok(())
-            },
-        );
+            })
+        };
+        let result = match &self.windows {
+            Some(windows) => windows.with_windows(blob, chunks, opts, &counted, fetch),
+            None => fetch(ChunkCodec::Lamina),
+        };
         add_stats(&self.stats, &counted);
         if let Some(stats) = also_count {
             add_stats(stats, &counted);

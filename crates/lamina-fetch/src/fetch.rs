@@ -166,6 +166,61 @@ fn plan_requests(chunks: &[ChunkEntry], wanted: &[usize], opts: &FetchOptions) -
     spans
 }
 
+/// The window of span `i` (`None`: it has none, or it could not be had).
+pub type WindowOf<'a> = &'a (dyn Fn(usize) -> Option<Arc<Vec<u8>>> + Sync);
+
+/// How a blob's fetched bytes become its chunks.
+#[derive(Clone, Copy, Default)]
+pub enum ChunkCodec<'a> {
+    /// A lamina blob: each chunk stored as it is or as one zstd frame
+    /// ([`CHUNK_ZSTD`]).
+    #[default]
+    Lamina,
+    /// An unmodified layer read through its tar index: each chunk is a span
+    /// (`lamina_format::tar_index`), decoded alone with its window.
+    Spans(WindowOf<'a>),
+}
+
+impl std::fmt::Debug for ChunkCodec<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ChunkCodec::Lamina => "Lamina",
+            ChunkCodec::Spans(_) => "Spans",
+        })
+    }
+}
+
+/// A blob to fetch chunks of: its digest, chunk table and codec.
+#[derive(Debug, Clone, Copy)]
+pub struct BlobChunks<'a> {
+    /// The blob's digest (what is fetched).
+    pub digest: &'a Digest,
+    /// Its chunks (or spans).
+    pub chunks: &'a [ChunkEntry],
+    /// How their stored bytes decode.
+    pub codec: ChunkCodec<'a>,
+}
+
+impl BlobChunks<'_> {
+    /// Decodes and verifies chunk `i` from its stored bytes.
+    fn decode(
+        &self,
+        decompressor: &mut zstd::bulk::Decompressor<'_>,
+        i: usize,
+        stored: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let chunk = &self.chunks[i];
+        match self.codec {
+            ChunkCodec::Lamina => decode_chunk(decompressor, chunk, stored),
+            ChunkCodec::Spans(window_of) => {
+                let window = window_of(i);
+                lamina_zran::decode_entry(chunk, window.as_deref().map(Vec::as_slice), stored)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
 /// Decompresses and verifies one chunk's stored bytes. The decompressor is
 /// the caller's so that its context is reused across chunks.
 pub fn decode_chunk(
@@ -190,24 +245,23 @@ pub fn decode_chunk(
     Ok(data)
 }
 
-/// Fetches, decompresses and verifies the chunks `wanted` of a blob, calling
+/// Fetches, decodes and verifies the chunks `wanted` of a blob, calling
 /// `deliver(index, bytes)` for each verified chunk as it arrives. Chunks that
 /// fail verification are fetched again; nothing unverified is delivered.
 /// Requests go out up to [`FetchOptions::parallel`] at once, in blob order.
 pub fn fetch_chunks(
     source: &Arc<dyn RangeSource>,
-    blob: &Digest,
-    chunks: &[ChunkEntry],
+    blob: BlobChunks<'_>,
     wanted: &[usize],
     opts: &FetchOptions,
     stats: &FetchStats,
     deliver: impl Fn(usize, Vec<u8>) -> io::Result<()> + Sync,
 ) -> Result<(), FetchError> {
-    let spans = plan_requests(chunks, wanted, opts);
+    let spans = plan_requests(blob.chunks, wanted, opts);
     let run = SpanRun {
         source,
         blob,
-        chunks,
+        chunks: blob.chunks,
         opts,
         stats,
         started: Instant::now(),
@@ -262,7 +316,7 @@ fn note_failure(failed: &Mutex<Option<FetchError>>, e: FetchError) {
 /// What the requests of one [`fetch_chunks`] call share.
 struct SpanRun<'a, D> {
     source: &'a Arc<dyn RangeSource>,
-    blob: &'a Digest,
+    blob: BlobChunks<'a>,
     chunks: &'a [ChunkEntry],
     opts: &'a FetchOptions,
     stats: &'a FetchStats,
@@ -296,7 +350,7 @@ impl<D: Fn(usize, Vec<u8>) -> io::Result<()> + Sync> SpanRun<'_, D> {
             let mut answers = Answers::send(
                 self.source,
                 opts.hedging.as_deref(),
-                self.blob,
+                self.blob.digest,
                 (start, end - start),
                 attempt > 1,
             );
@@ -355,9 +409,9 @@ impl<D: Fn(usize, Vec<u8>) -> io::Result<()> + Sync> SpanRun<'_, D> {
                 failed.push(i);
                 continue;
             };
-            match decode_chunk(decompressor, c, stored) {
+            match self.blob.decode(decompressor, i, stored) {
                 Ok(data) => (self.deliver)(i, data).map_err(|e| FetchError::Exhausted {
-                    blob: self.blob.to_string(),
+                    blob: self.blob.digest.to_string(),
                     offset: c.compressed_offset.get(),
                     len: u64::from(c.compressed_size.get()),
                     attempts: attempt,
@@ -376,7 +430,7 @@ impl<D: Fn(usize, Vec<u8>) -> io::Result<()> + Sync> SpanRun<'_, D> {
     fn exhausted(&self, pending: &[usize], attempts: u32, last: String) -> FetchError {
         let (start, _) = extent(self.chunks, pending);
         FetchError::Exhausted {
-            blob: self.blob.to_string(),
+            blob: self.blob.digest.to_string(),
             offset: start,
             len: pending
                 .iter()
@@ -470,10 +524,14 @@ mod tests {
         };
         let got = Mutex::new(Vec::new());
         let digest = Digest::of_bytes(b"x");
+        let blob = BlobChunks {
+            digest: &digest,
+            chunks: &chunks,
+            codec: ChunkCodec::Lamina,
+        };
         let r = fetch_chunks(
             &src,
-            &digest,
-            &chunks,
+            blob,
             &[3, 0, 1],
             &opts,
             &FetchStats::default(),
@@ -520,19 +578,17 @@ mod tests {
     ) -> Result<Vec<usize>, FetchError> {
         let got = Mutex::new(Vec::new());
         let stats = FetchStats::default();
-        fetch_chunks(
-            src,
-            &Digest::of_bytes(b"x"),
+        let digest = Digest::of_bytes(b"x");
+        let blob = BlobChunks {
+            digest: &digest,
             chunks,
-            wanted,
-            opts,
-            &stats,
-            |i, d| {
-                assert_eq!(d, parts[i]);
-                got.lock().unwrap().push(i);
-                Ok(())
-            },
-        )?;
+            codec: ChunkCodec::Lamina,
+        };
+        fetch_chunks(src, blob, wanted, opts, &stats, |i, d| {
+            assert_eq!(d, parts[i]);
+            got.lock().unwrap().push(i);
+            Ok(())
+        })?;
         Ok(got.into_inner().unwrap())
     }
 

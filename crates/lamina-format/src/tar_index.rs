@@ -8,7 +8,7 @@
 //! BlobEntry   x layer_count   (96 bytes each, in layer order: layer i is EROFS device i+1)
 //! ChunkEntry  x span_count    (64 bytes each, grouped by layer, by tar offset)
 //! u32         x prefetch_count (the boot set: span numbers, in the order to fetch them)
-//! window      x window_count  (u32 length, then that many bytes; one per span with SPAN_WINDOW, in span order)
+//! ChunkEntry  x window_count  (64 bytes each: one per span with SPAN_WINDOW, in span order)
 //! ```
 //! All integers little-endian. The entries are the chunk index's
 //! ([`crate::index`]), read differently: a layer's `BlobEntry` names the
@@ -22,20 +22,29 @@
 //! how to decode them (`flags`: [`SPAN_PLAIN`], [`SPAN_ZSTD`], [`SPAN_GZIP`])
 //! and, for gzip, in `reserved`: the bits of the first fetched byte already
 //! consumed (low 3 bits) and [`SPAN_WINDOW`] when the span needs the 32 KiB
-//! of history before it (a checkpoint inside a gzip member), given in the
-//! window section.
+//! of history before it (a checkpoint inside a gzip member).
+//!
+//! Windows are most of an index's bytes (32 KiB per checkpoint against 64
+//! bytes of entry), and a start needs those of the spans it reads only; so
+//! they live in a blob of their own beside the table (the artifact's windows
+//! layer), each one zstd frame, fetched with the spans that need them. A
+//! window's entry says where: `compressed_offset` and `compressed_size` in
+//! the windows blob, `size` (at most 32 KiB), `flags` [`crate::index::CHUNK_ZSTD`],
+//! `digest` the sha256 of the window, `cache_offset` and `reserved` 0. A
+//! wrong window could only make its span fail its digest; it is checked on
+//! its own anyway, so that a bad windows blob is told from a bad layer.
 
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::index::{
-    read_prefetch, BlobEntry, ChunkEntry, IndexBlob, IndexError, MAX_BLOBS, MAX_CHUNKS,
+    read_prefetch, BlobEntry, ChunkEntry, IndexBlob, IndexError, CHUNK_ZSTD, MAX_BLOBS, MAX_CHUNKS,
 };
 
 /// `TarIndexHeader::magic`.
 pub const TAR_INDEX_MAGIC: [u8; 8] = *b"LAMTARX\x01";
 /// The version this build writes and reads.
-pub const TAR_INDEX_VERSION: u32 = 1;
+pub const TAR_INDEX_VERSION: u32 = 2;
 /// `ChunkEntry::flags`: the span's bytes are stored as they are (a plain
 /// tar layer); `compressed_offset` equals `cache_offset`.
 pub const SPAN_PLAIN: u32 = 0;
@@ -71,13 +80,13 @@ pub struct TarIndexHeader {
     pub span_count: U32,
     /// Number of boot-set entries after the spans.
     pub prefetch_count: U32,
-    /// Number of windows after the boot set.
+    /// Number of window entries after the boot set.
     pub window_count: U32,
 }
 
 const _: () = assert!(size_of::<TarIndexHeader>() == 32);
 
-/// A parsed tar index (owned; windows are the largest part).
+/// A parsed tar index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TarIndex {
     /// log2 of the bound on a span's uncompressed size.
@@ -88,13 +97,14 @@ pub struct TarIndex {
     pub prefetch: Vec<(u32, u32)>,
 }
 
-/// One layer: its spans (as a blob of chunks) and their windows.
+/// One layer: its spans (as a blob of chunks) and where their windows are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TarLayer {
     /// The layer blob and its spans, in tar order.
     pub blob: IndexBlob,
-    /// Per span: its window, when its `reserved` has [`SPAN_WINDOW`].
-    pub windows: Vec<Option<Vec<u8>>>,
+    /// Per span: where its window is in the windows blob, when its
+    /// `reserved` has [`SPAN_WINDOW`].
+    pub windows: Vec<Option<ChunkEntry>>,
 }
 
 impl TarIndex {
@@ -141,8 +151,7 @@ impl TarIndex {
             out.extend_from_slice(&global.to_le_bytes());
         }
         for window in windows {
-            out.extend_from_slice(&(window.len() as u32).to_le_bytes());
-            out.extend_from_slice(window);
+            out.extend_from_slice(window.as_bytes());
         }
         out
     }
@@ -150,8 +159,8 @@ impl TarIndex {
     /// Parses and validates an index whose bytes were verified against the
     /// digest its artifact gives: every count within the limits before
     /// anything is allocated, spans tiling each tar, compressed ranges
-    /// inside their layer and in order, windows where (and only where) a
-    /// span says it needs one.
+    /// inside their layer and in order, window entries where (and only
+    /// where) a span says it needs one.
     pub fn from_bytes(bytes: &[u8]) -> Result<TarIndex, IndexError> {
         let (header, rest) =
             TarIndexHeader::read_from_prefix(bytes).map_err(|_| IndexError::Truncated)?;
@@ -273,27 +282,56 @@ fn validate_spans(blob: &IndexBlob, span_bits: u8) -> Result<(), IndexError> {
     Ok(())
 }
 
-/// The windows of `spans` from the front of `area`, advancing it.
+/// The window entries of `spans` from the front of `area`, advancing it.
 fn read_windows(
     spans: &[ChunkEntry],
     area: &mut &[u8],
-) -> Result<Vec<Option<Vec<u8>>>, IndexError> {
+) -> Result<Vec<Option<ChunkEntry>>, IndexError> {
     let mut windows = Vec::with_capacity(spans.len());
     for span in spans {
         if span.flags.get() != SPAN_GZIP || span.reserved.get() & SPAN_WINDOW == 0 {
             windows.push(None);
             continue;
         }
-        let (len, rest) = area.split_at_checked(4).ok_or(IndexError::Truncated)?;
-        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        if len == 0 || len > MAX_WINDOW {
-            return Err(inconsistent("window length"));
+        let (entry, rest) =
+            ChunkEntry::read_from_prefix(area).map_err(|_| IndexError::Truncated)?;
+        let size = entry.size.get() as usize;
+        let fits = size > 0
+            && size <= MAX_WINDOW
+            && entry.compressed_size.get() > 0
+            && entry.flags.get() == CHUNK_ZSTD
+            && entry.cache_offset.get() == 0
+            && entry.reserved.get() == 0
+            && entry
+                .compressed_offset
+                .get()
+                .checked_add(entry.compressed_size.get().into())
+                .is_some();
+        if !fits {
+            return Err(inconsistent("window entry"));
         }
-        let (window, rest) = rest.split_at_checked(len).ok_or(IndexError::Truncated)?;
-        windows.push(Some(window.to_vec()));
+        windows.push(Some(entry));
         *area = rest;
     }
     Ok(windows)
+}
+
+/// The entry of a window stored at `offset` in the windows blob as the
+/// `stored` bytes of one zstd frame.
+pub fn window_entry(window: &[u8], offset: u64, stored: u32) -> ChunkEntry {
+    ChunkEntry {
+        cache_offset: 0.into(),
+        compressed_offset: offset.into(),
+        compressed_size: stored.into(),
+        size: (window.len() as u32).into(),
+        flags: CHUNK_ZSTD.into(),
+        reserved: 0.into(),
+        digest: {
+            let mut out = [0u8; 32];
+            out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, window).as_ref());
+            out
+        },
+    }
 }
 
 #[cfg(test)]
@@ -324,7 +362,11 @@ mod tests {
                     span(22_000, 4009, 900, 8_000, SPAN_GZIP, SPAN_WINDOW),
                 ],
             },
-            windows: vec![None, Some(vec![7; MAX_WINDOW]), Some(vec![8; 100])],
+            windows: vec![
+                None,
+                Some(window_entry(&[7; MAX_WINDOW], 0, 300)),
+                Some(window_entry(&[8; 100], 300, 20)),
+            ],
         };
         let plain = TarLayer {
             blob: IndexBlob {
@@ -343,6 +385,13 @@ mod tests {
             layers: vec![gzip, plain],
             prefetch: vec![(1, 1), (0, 2)],
         }
+    }
+
+    #[test]
+    fn the_fuzz_seed_parses() {
+        let seed = include_bytes!("../../../fuzz/seeds/tar_index/gzip-two-spans");
+        let index = TarIndex::from_bytes(seed).unwrap();
+        assert!(index.layers[0].windows.iter().any(Option::is_some));
     }
 
     #[test]
@@ -398,11 +447,19 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(TarIndex::from_bytes(&longer).is_err(), "a byte left over");
-        // A window over 32 KiB: its length field is the first window's.
+        // A window over 32 KiB: the first window entry's size field.
         let mut window = bytes.clone();
-        let at = bytes.len() - (4 + 100) - (4 + MAX_WINDOW);
+        let at = bytes.len() - 2 * size_of::<ChunkEntry>() + 20;
         window[at..at + 4].copy_from_slice(&(MAX_WINDOW as u32 + 1).to_le_bytes());
         assert!(TarIndex::from_bytes(&window).is_err(), "a window too long");
+        let mut stored = good.clone();
+        if let Some(w) = stored.layers[0].windows[1].as_mut() {
+            w.flags = 0.into();
+        }
+        assert!(
+            TarIndex::from_bytes(&stored.to_bytes()).is_err(),
+            "a window not stored as zstd"
+        );
         let mut counts = bytes;
         counts[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(

@@ -34,6 +34,9 @@ pub const ARTIFACT_TYPE_TAR_INDEX: &str = "application/vnd.lamina.tar-index.v1";
 /// Media type of a tar index's span table (`lamina_format::tar_index`),
 /// zstd-compressed.
 pub const MEDIA_TYPE_TAR_INDEX: &str = "application/vnd.oci.image.layer.lamina.tar-index.v1+zstd";
+/// Media type of a tar index's windows (`lamina_format::tar_index`): one
+/// zstd frame per window, fetched by range with the spans that need them.
+pub const MEDIA_TYPE_TAR_WINDOWS: &str = "application/vnd.lamina.tar-index.windows.v1";
 
 /// Manifest annotation: lamina format version.
 pub const ANNOTATION_FORMAT: &str = "dev.lamina.format";
@@ -116,8 +119,8 @@ pub const MAX_BOOT_PAGES_SIZE: u64 = 1 << 30;
 /// Largest lookup table lamina writes or reads, uncompressed (a million
 /// entries take about 45 MB).
 pub const MAX_LOOKUP_SIZE: u64 = 1 << 30;
-/// Largest tar-index span table, uncompressed: it holds a 32 KiB window
-/// per gzip span (8,000 windows of a 16 GB image at 2 MiB spans).
+/// Largest tar-index span table, uncompressed: 64 bytes per span and per
+/// window (a million spans would take 128 MB).
 pub const MAX_TAR_INDEX_SIZE: u64 = 256 << 20;
 /// Most boot-pages layers an image may have (images before frames carried
 /// each segment as a layer of its own: 9 at most).

@@ -3,9 +3,11 @@
 //! own reference find it. The image itself is not touched.
 //!
 //! The artifact: an OCI manifest of `artifactType` [`ARTIFACT_TYPE_TAR_INDEX`],
-//! the empty config, and three layers: the span table
+//! the empty config, and up to four layers: the span table
 //! ([`MEDIA_TYPE_TAR_INDEX`], zstd), the EROFS metadata of 512-byte blocks
-//! and its lookup table (as a lamina image has them). See docs/index.md.
+//! and its lookup table (as a lamina image has them), and the windows of
+//! the gzip spans ([`MEDIA_TYPE_TAR_WINDOWS`], fetched by range; absent
+//! when no span needs one). See docs/index.md.
 
 use std::time::Instant;
 
@@ -21,7 +23,7 @@ use crate::tar_index::{build, BuiltTarIndex, TarIndexError};
 /// Manifest annotation: compressed bytes between random-access points.
 pub const ANNOTATION_SPAN_SIZE: &str = "dev.lamina.span-size";
 /// The format of a tar index artifact (`dev.lamina.format`).
-pub const FORMAT_TAR_INDEX: &str = "tar-index-1";
+pub const FORMAT_TAR_INDEX: &str = "tar-index-2";
 
 /// The empty config of an artifact: `{}`.
 const EMPTY_CONFIG: &[u8] = b"{}";
@@ -55,6 +57,9 @@ pub struct IndexReport {
     pub spans: u64,
     /// Of which carry a 32 KiB window.
     pub windows: u64,
+    /// Bytes of the windows layer (fetched by range, only the windows of
+    /// the spans a mount reads).
+    pub window_bytes: u64,
     /// Regular files and other inodes.
     pub inodes: u64,
     /// Uncompressed tar bytes.
@@ -158,6 +163,7 @@ fn index_one(
             .map(|l| l.blob.chunks.len() as u64)
             .sum(),
         windows: windows as u64,
+        window_bytes: built.windows.len() as u64,
         inodes: built.files,
         tar_bytes: built.tar_bytes,
         seconds: started.elapsed().as_secs_f64(),
@@ -185,7 +191,7 @@ fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, 
             &lookup_raw,
         ),
     ];
-    Ok(parts
+    let mut layers: Vec<_> = parts
         .into_iter()
         .map(|(media_type, compressed, raw)| {
             let desc = Descriptor {
@@ -194,7 +200,12 @@ fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, 
             };
             (desc, compressed)
         })
-        .collect())
+        .collect();
+    if !built.windows.is_empty() {
+        let desc = Descriptor::of_bytes(MEDIA_TYPE_TAR_WINDOWS, &built.windows);
+        layers.push((desc, built.windows.clone()));
+    }
+    Ok(layers)
 }
 
 fn artifact_manifest(

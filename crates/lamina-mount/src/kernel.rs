@@ -335,19 +335,14 @@ pub(crate) fn fill_cache(
         Ok(layers) => layers,
         Err(ArtifactError::NotLamina(why)) => {
             return match crate::tar_index::find(image, img, opts)? {
-                Some(index) => crate::tar_index::fill_cache(
+                Some((_, index)) => crate::tar_index::fill_cache(
                     source.as_ref(),
                     index.as_ref(),
                     mountpoint,
                     opts,
                     lookup,
                 ),
-                None => Err(ArtifactError::NotLamina(format!(
-                    "{why}; and no tar index of it was found (make one with `lamina index \
-                     {image} [DST]`; name it with --index unless it is beside the image in \
-                     its registry)"
-                ))
-                .into()),
+                None => Err(crate::tar_index::not_indexed(image, &why)),
             };
         }
         Err(e) => return Err(e.into()),

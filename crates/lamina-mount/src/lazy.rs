@@ -253,16 +253,18 @@ pub fn mount_lazy_from(
     let layers = match LaminaLayers::from_manifest(&img.manifest) {
         Ok(layers) => layers,
         Err(ArtifactError::NotLamina(why)) => {
-            // An unmodified image, perhaps with a tar index: not yet served
-            // lazily (crate::tar_index), so the cache is filled first.
-            tracing::warn!(
-                "{image}: {why}; mounting it through its tar index if it has one, with the \
-                 cache filled first (lazy loading through a tar index is not built yet)"
-            );
-            drop(source);
-            return match mode {
-                Mode::Fuse => crate::fuse::mount_fuse(image, &mountpoint, opts),
-                Mode::Kernel => crate::kernel::mount_image(image, &mountpoint, opts),
+            // An unmodified image: served through its tar index, if any.
+            return match crate::tar_index::find(image, img, opts)? {
+                Some((index_ref, index)) => crate::tar_index::mount_lazy(
+                    image,
+                    img,
+                    (&index_ref, index.as_ref()),
+                    mountpoint,
+                    opts,
+                    lazy,
+                    mode,
+                ),
+                None => Err(crate::tar_index::not_indexed(image, &why)),
             };
         }
         Err(e) => return Err(e.into()),
@@ -351,20 +353,135 @@ pub fn mount_lazy_from(
             None => BlobStore::prepare(&blob_dir, &index.blobs[i]),
         }
         .map_err(io_err(&blob_dir))?;
-        blobs.push(BlobSpec {
-            digest: desc.digest.to_string(),
-            cache_path: prepared.cache_path,
-            complete: prepared.complete,
-            file: prepared.identity.map(CacheFileId::from),
-        });
+        blobs.push(blob_spec(&desc.digest, prepared));
     }
 
-    let run = run_dir(&opts.cache_dir, &mountpoint);
+    let plan = LazyPlan {
+        image,
+        manifest_digest: img.manifest_digest.to_string(),
+        mountpoint,
+        metadata_path: meta_path,
+        index_path,
+        blobs,
+        tar_index: false,
+    };
+    let (mut config, run) = daemon_config(plan, opts, lazy)?;
+    config.metadata_fill = Some(match &metadata_frames {
+        Some(_) => MetadataFill::Frames {
+            digest: hex::encode(content_digest(&layers.metadata, "metadata")?),
+        },
+        None => MetadataFill::Whole,
+    });
+    // Readahead would widen every touched page into a window that must be
+    // fetched whole: off while boot pages serve a start.
+    if !boot_pages.is_empty() && lazy.prefetch != Prefetch::None {
+        config.readahead_kb = lazy.readahead_kb.or(Some(0));
+    }
+    config.boot_pages = boot_pages;
+    config.adopt = adopt_specs(
+        &layers,
+        metadata_frames
+            .is_none()
+            .then_some(config.metadata_path.as_path()),
+        &config.index_path,
+        lookup_path.as_deref(),
+    )?;
+    config.later_layers = lookup_later.iter().map(|(spec, _)| spec.clone()).collect();
+    config.xattrs = artifact::may_have_xattrs(&img.manifest);
+    let frames = match metadata_frames {
+        Some(layer) => Some(frames_for_daemon(layer, &run, &layers.metadata)?),
+        None => None,
+    };
+    let fuse = FuseExtras {
+        frames,
+        lookup: lookup_path,
+        lookup_later: lookup_later.map(|(_, later)| later),
+    };
+    start_serving(&opts.cache_dir, &config, &run, mode, fuse)
+}
+
+/// A cache file as a lazy mount hands it to its daemons.
+pub(crate) fn blob_spec(digest: &lamina_oci::Digest, prepared: Prepared) -> BlobSpec {
+    BlobSpec {
+        digest: digest.to_string(),
+        cache_path: prepared.cache_path,
+        complete: prepared.complete,
+        file: prepared.identity.map(CacheFileId::from),
+    }
+}
+
+/// What every lazy mount knows before its daemons start.
+pub(crate) struct LazyPlan<'a> {
+    /// The image as named.
+    pub image: &'a ImageRef,
+    /// Its manifest's digest.
+    pub manifest_digest: String,
+    /// Where it is mounted (resolved).
+    pub mountpoint: PathBuf,
+    /// The EROFS metadata file.
+    pub metadata_path: PathBuf,
+    /// The chunk index, or the tar index's span table.
+    pub index_path: PathBuf,
+    /// The cache files, in device order.
+    pub blobs: Vec<BlobSpec>,
+    /// Whether `index_path` is a span table.
+    pub tar_index: bool,
+}
+
+/// A fresh run dir for the mount and its daemon config with what every
+/// lazy mount shares: no boot pages, layer files or later layers (the
+/// caller adds those its image has), readahead off while recording (the
+/// trace is then exactly the pages read).
+pub(crate) fn daemon_config(
+    plan: LazyPlan<'_>,
+    opts: &MountOptions,
+    lazy: &LazyOptions,
+) -> Result<(DaemonConfig, PathBuf), MountError> {
+    let run = fresh_run_dir(&opts.cache_dir, &plan.mountpoint)?;
+    let recording = lazy.record_trace.is_some();
+    let config = DaemonConfig {
+        image: plan.image.to_string(),
+        manifest_digest: plan.manifest_digest,
+        source: source_spec(plan.image, opts, &plan.mountpoint)?,
+        mountpoint: plan.mountpoint,
+        metadata_path: plan.metadata_path,
+        index_path: plan.index_path,
+        tar_index: plan.tar_index,
+        tar_windows: None,
+        blob_dir: opts.cache_dir.join("blobs"),
+        blobs: plan.blobs,
+        run_dir: run.clone(),
+        timeout_secs: lazy.timeout.as_secs().max(1),
+        fill_window: lazy.fill_window,
+        fill_ahead: lazy.fill_ahead,
+        hedge: lazy.hedge,
+        // A trace must hold every page the start reads: nothing predicted.
+        predict_max: if recording { 0 } else { lazy.predict_max },
+        metadata_fill: Some(MetadataFill::Whole),
+        workers: lazy.workers,
+        prefetch: !recording && lazy.prefetch != Prefetch::None,
+        prefetch_all: !recording && lazy.prefetch == Prefetch::All,
+        boot_chunks: lazy.prefetch != Prefetch::Pages,
+        record_trace: lazy.record_trace.clone(),
+        privileges: opts.privileges,
+        readahead_kb: lazy.readahead_kb.or(recording.then_some(0)),
+        boot_pages: Vec::new(),
+        adopt: Vec::new(),
+        later_layers: Vec::new(),
+        xattrs: true,
+    };
+    Ok((config, run))
+}
+
+/// The mount's run dir, emptied; refused while a live daemon serves the
+/// mountpoint.
+fn fresh_run_dir(cache_dir: &Path, mountpoint: &Path) -> Result<PathBuf, MountError> {
+    let run = run_dir(cache_dir, mountpoint);
     if let Ok(bytes) = fs::read(run.join("ready")) {
         if let Ok(ready) = serde_json::from_slice::<Ready>(&bytes) {
             if ready.error.is_none() && Path::new(&format!("/proc/{}", ready.pid)).exists() {
                 return Err(MountError::Mountpoint(
-                    mountpoint,
+                    mountpoint.to_path_buf(),
                     format!("already served by lamina (holder pid {})", ready.pid),
                 ));
             }
@@ -372,7 +489,16 @@ pub fn mount_lazy_from(
     }
     let _ = fs::remove_dir_all(&run);
     private::private_dir(&run).map_err(io_err(&run))?;
-    let spec = match image {
+    Ok(run)
+}
+
+/// Where the daemons fetch `image`'s blobs from.
+pub(crate) fn source_spec(
+    image: &ImageRef,
+    opts: &MountOptions,
+    mountpoint: &Path,
+) -> Result<SourceSpec, MountError> {
+    Ok(match image {
         ImageRef::Registry(RegistryRef {
             host, repository, ..
         }) => SourceSpec::Registry {
@@ -388,62 +514,37 @@ pub fn mount_lazy_from(
         },
         ImageRef::DockerArchive { .. } => {
             return Err(MountError::Mountpoint(
-                mountpoint,
+                mountpoint.to_path_buf(),
                 "a docker-archive holds no lamina image; convert it first".into(),
             ))
         }
-    };
-    let config = DaemonConfig {
-        image: image.to_string(),
-        manifest_digest: img.manifest_digest.to_string(),
-        mountpoint: mountpoint.clone(),
-        metadata_path: meta_path.clone(),
-        index_path: index_path.clone(),
-        blob_dir,
-        blobs: blobs.clone(),
-        source: spec,
-        run_dir: run.clone(),
-        timeout_secs: lazy.timeout.as_secs().max(1),
-        fill_window: lazy.fill_window,
-        fill_ahead: lazy.fill_ahead,
-        hedge: lazy.hedge,
-        // A trace must hold every page the start reads: nothing predicted.
-        predict_max: if lazy.record_trace.is_some() {
-            0
-        } else {
-            lazy.predict_max
-        },
-        metadata_fill: Some(match &metadata_frames {
-            Some(_) => MetadataFill::Frames {
-                digest: hex::encode(content_digest(&layers.metadata, "metadata")?),
-            },
-            None => MetadataFill::Whole,
-        }),
-        workers: lazy.workers,
-        prefetch: lazy.record_trace.is_none() && lazy.prefetch != Prefetch::None,
-        prefetch_all: lazy.prefetch == Prefetch::All && lazy.record_trace.is_none(),
-        boot_chunks: lazy.prefetch != Prefetch::Pages,
-        record_trace: lazy.record_trace.clone(),
-        privileges: opts.privileges,
-        // Readahead would widen every touched page into a window that must
-        // be fetched whole: off while recording (the trace is then exactly
-        // the pages read) and while boot pages serve a start.
-        readahead_kb: lazy.readahead_kb.or((lazy.record_trace.is_some()
-            || (!boot_pages.is_empty() && lazy.prefetch != Prefetch::None))
-            .then_some(0)),
-        boot_pages,
-        adopt: adopt_specs(
-            &layers,
-            metadata_frames.is_none().then_some(meta_path.as_path()),
-            &index_path,
-            lookup_path.as_deref(),
-        )?,
-        later_layers: lookup_later.iter().map(|(spec, _)| spec.clone()).collect(),
-        xattrs: artifact::may_have_xattrs(&img.manifest),
-    };
-    let config_path = run.join("config.json");
-    config.save(&config_path).map_err(io_err(&config_path))?;
+    })
+}
 
+/// What a FUSE daemon gets beyond the daemon config.
+#[derive(Default)]
+pub(crate) struct FuseExtras {
+    /// The metadata's frames, when the daemon writes them.
+    pub frames: Option<MetadataFrames>,
+    /// The lookup table, when cached.
+    pub lookup: Option<PathBuf>,
+    /// Or the one the worker fetches after the mount.
+    pub lookup_later: Option<LookupLater>,
+}
+
+/// Saves `config` in `run` and starts the mount's daemons: the holder, or
+/// the FUSE daemon with `fuse`. Returns once the mount is usable.
+pub(crate) fn start_serving(
+    cache_dir: &Path,
+    config: &DaemonConfig,
+    run: &Path,
+    mode: Mode,
+    fuse: FuseExtras,
+) -> Result<MountInfo, MountError> {
+    let config_path = run.join("config.json");
+    let lookup_path = fuse.lookup.clone();
+    config.save(&config_path).map_err(io_err(&config_path))?;
+    let blobs: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
     match mode {
         Mode::Kernel => start_daemon(
             "internal-holder",
@@ -452,32 +553,27 @@ pub fn mount_lazy_from(
             "holder",
         )?,
         Mode::Fuse => {
-            let blobs: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
-            let frames = match metadata_frames {
-                Some(layer) => Some(frames_for_daemon(layer, &run, &layers.metadata)?),
-                None => None,
-            };
             let image = crate::fuse::FuseImage {
-                metadata: &meta_path,
-                frames,
-                lookup: lookup_path.as_deref(),
-                lookup_later: lookup_later.map(|(_, later)| later),
+                metadata: &config.metadata_path,
+                frames: fuse.frames,
+                lookup: fuse.lookup.as_deref(),
+                lookup_later: fuse.lookup_later,
                 blobs: &blobs,
-                xattrs: artifact::may_have_xattrs(&img.manifest),
-                privileges: opts.privileges,
+                xattrs: config.xattrs,
+                privileges: config.privileges,
                 blob_files: config.blobs.iter().map(|b| b.file).collect(),
             };
             let worker = Some(config_path.clone());
-            crate::fuse::start_fuse_daemon(&opts.cache_dir, &run, &image, &mountpoint, worker)?
+            crate::fuse::start_fuse_daemon(cache_dir, run, &image, &config.mountpoint, worker)?
         }
     }
     Ok(MountInfo {
-        mountpoint,
-        manifest_digest: img.manifest_digest.to_string(),
-        metadata_path: meta_path,
-        blob_paths: blobs.iter().map(|b| b.cache_path.clone()).collect(),
+        mountpoint: config.mountpoint.clone(),
+        manifest_digest: config.manifest_digest.clone(),
+        metadata_path: config.metadata_path.clone(),
+        blob_paths: blobs,
         lookup_path,
-        xattrs: artifact::may_have_xattrs(&img.manifest),
+        xattrs: config.xattrs,
         fetched_bytes: 0,
     })
 }

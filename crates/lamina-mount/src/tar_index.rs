@@ -3,18 +3,19 @@
 //! name that manifest as its subject, and its metadata mounted over the
 //! layers' uncompressed tars as cache files.
 //!
-//! This build fills the tars whole before the mount (each checked against
-//! the layer digest, the config's diff_id and every span digest); lazy
-//! filling through the index's spans is still to come, so a lazy mount of
-//! such an image says so in the log and mounts this way.
+//! A lazy mount leaves each tar sparse and the worker fills it span by span
+//! (`lamina_daemon`, with `DaemonConfig::tar_index`); an eager one fills the
+//! tars whole before the mount, each checked against the layer digest, the
+//! config's diff_id and every span digest.
 
 use std::path::Path;
 
+use lamina_fetch::store::Prepared;
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
-use lamina_format::tar_index::TarIndex;
+use lamina_format::tar_index::{TarIndex, TarLayer, SPAN_ZSTD};
 use lamina_image::artifact::{
     check_lookup_for, ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE,
-    MEDIA_TYPE_LOOKUP, MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX,
+    MEDIA_TYPE_LOOKUP, MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX, MEDIA_TYPE_TAR_WINDOWS,
 };
 use lamina_oci::{
     open_source, Descriptor, ImageRef, ImageSource, RegistryClient, RegistryRef, RegistryReference,
@@ -23,21 +24,30 @@ use lamina_oci::{
 
 use crate::cache::materialize_tar;
 use crate::kernel::{cache_layer_file, io_err, MountError, MountInfo, MountOptions, Record};
+use crate::lazy::{
+    blob_spec, daemon_config, source_spec, start_serving, FuseExtras, LazyOptions, LazyPlan,
+};
+use crate::mode::Mode;
+use lamina_daemon::config::WindowsSpec;
 use lamina_fetch::store::{BlobStore, EntryKey};
 
-/// The tar index of `img` (opened from `image`): the one `opts` names, else
-/// one found as a referrer of its manifest in its own repository; `None`
-/// when there is none or the image is not in a registry.
+/// A tar index artifact, where it is and opened.
+pub(crate) type FoundIndex = (ImageRef, Box<dyn ImageSource>);
+
+/// The tar index of `img` (opened from `image`), and where it is: the one
+/// `opts` names, else one found as a referrer of its manifest in its own
+/// repository (then pinned by digest); `None` when there is none or the
+/// image is not in a registry.
 pub(crate) fn find(
     image: &ImageRef,
     img: &SourceImage,
     opts: &MountOptions,
-) -> Result<Option<Box<dyn ImageSource>>, MountError> {
+) -> Result<Option<FoundIndex>, MountError> {
     if let Some(named) = &opts.index {
         let artifact = open_source(named, &opts.source)?;
         check_subject(artifact.image(), img)?;
         tracing::info!(index = %named, "mounting {} through the index named", img.manifest_digest);
-        return Ok(Some(artifact));
+        return Ok(Some((named.clone(), artifact)));
     }
     let ImageRef::Registry(reg) = image else {
         return Ok(None);
@@ -64,7 +74,7 @@ pub(crate) fn find(
     });
     let artifact = open_source(&at, &opts.source)?;
     check_subject(artifact.image(), img)?;
-    Ok(Some(artifact))
+    Ok(Some((at, artifact)))
 }
 
 /// An index must say it is one and name the image's manifest as its
@@ -97,17 +107,24 @@ fn layer<'a>(artifact: &'a SourceImage, media_type: &str) -> Result<&'a Descript
         })
 }
 
-/// Fills the cache for a mount of `source`'s image through its tar index
-/// `artifact`: span table, metadata (and the lookup table if `lookup`),
-/// and every layer's tar whole.
-pub(crate) fn fill_cache(
-    source: &dyn ImageSource,
+/// An image's tar index as a mount uses it: the span table (parsed and
+/// checked against the image), and the cached metadata and lookup table.
+struct IndexFiles {
+    index: TarIndex,
+    spans_path: std::path::PathBuf,
+    metadata_path: std::path::PathBuf,
+    lookup_path: Option<std::path::PathBuf>,
+}
+
+/// Caches `artifact`'s span table, metadata and (if `lookup`) lookup table
+/// for a mount of `img`, each checked against its digest and recorded.
+fn cache_index_files(
+    img: &SourceImage,
     artifact: &dyn ImageSource,
-    mountpoint: &Path,
     opts: &MountOptions,
     lookup: bool,
-) -> Result<MountInfo, MountError> {
-    let (img, art) = (source.image(), artifact.image());
+) -> Result<IndexFiles, MountError> {
+    let art = artifact.image();
     let meta_dir = opts.cache_dir.join("meta");
     let cached = |media_type: &str, suffix: &str, what: &'static str, read: bool| {
         let desc = layer(art, media_type)?;
@@ -115,7 +132,7 @@ pub(crate) fn fill_cache(
         let bytes = cache_layer_file(artifact, desc, what, &path, read, Record::Now)?;
         Ok::<_, MountError>((path, bytes))
     };
-    let (_, spans) = cached(MEDIA_TYPE_TAR_INDEX, "tarindex", "tar index", true)?;
+    let (spans_path, spans) = cached(MEDIA_TYPE_TAR_INDEX, "tarindex", "tar index", true)?;
     let (metadata_path, _) = cached(MEDIA_TYPE_METADATA, "erofs", "metadata", false)?;
     let lookup_path = match lookup {
         true => {
@@ -131,11 +148,30 @@ pub(crate) fn fill_cache(
         }
         false => None,
     };
-    let index = parse(&spans.unwrap_or_default(), img)?;
+    Ok(IndexFiles {
+        index: parse(&spans.unwrap_or_default(), img)?,
+        spans_path,
+        metadata_path,
+        lookup_path,
+    })
+}
+
+/// Fills the cache for a mount of `source`'s image through its tar index
+/// `artifact`: span table, metadata (and the lookup table if `lookup`),
+/// and every layer's tar whole.
+pub(crate) fn fill_cache(
+    source: &dyn ImageSource,
+    artifact: &dyn ImageSource,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    lookup: bool,
+) -> Result<MountInfo, MountError> {
+    let img = source.image();
+    let files = cache_index_files(img, artifact, opts, lookup)?;
     let blob_dir = opts.cache_dir.join("blobs");
     let mut blob_paths = Vec::new();
     let mut fetched = 0;
-    for (i, layer) in index.layers.iter().enumerate() {
+    for (i, layer) in files.index.layers.iter().enumerate() {
         let key = EntryKey::of(&layer.blob);
         let (path, _) = lamina_fetch::store::store_paths(&blob_dir, &key);
         if !BlobStore::recorded_complete(&blob_dir, &key, &layer.blob.summary())
@@ -151,12 +187,96 @@ pub(crate) fn fill_cache(
     Ok(MountInfo {
         mountpoint: mountpoint.to_path_buf(),
         manifest_digest: img.manifest_digest.to_string(),
-        metadata_path,
+        metadata_path: files.metadata_path,
         blob_paths,
-        lookup_path,
+        lookup_path: files.lookup_path,
         xattrs: true,
         fetched_bytes: fetched,
     })
+}
+
+/// Mounts `img` lazily through its tar index `artifact`: the span table,
+/// metadata (and for FUSE the lookup table) are cached now; each layer's
+/// cache file is its uncompressed tar, sparse, which the worker fills span
+/// by span from the original layer blob as reads need them.
+pub(crate) fn mount_lazy(
+    image: &ImageRef,
+    img: &SourceImage,
+    (index_ref, artifact): (&ImageRef, &dyn ImageSource),
+    mountpoint: std::path::PathBuf,
+    opts: &MountOptions,
+    lazy: &LazyOptions,
+    mode: Mode,
+) -> Result<MountInfo, MountError> {
+    let files = cache_index_files(img, artifact, opts, mode == Mode::Fuse)?;
+    let blob_dir = opts.cache_dir.join("blobs");
+    let mut blobs = Vec::new();
+    for (layer, src) in files.index.layers.iter().zip(&img.layers) {
+        note_single_frame(layer, &src.descriptor);
+        let store = BlobStore::open(&blob_dir, layer.blob.clone()).map_err(io_err(&blob_dir))?;
+        let prepared = Prepared {
+            cache_path: store.cache_path.clone(),
+            complete: store.is_complete(),
+            identity: store.identity(),
+        };
+        blobs.push(blob_spec(&src.descriptor.digest, prepared));
+    }
+    tracing::info!(
+        "{image}: mounting lazily through its tar index ({} layers, {} spans)",
+        blobs.len(),
+        files
+            .index
+            .layers
+            .iter()
+            .map(|l| l.blob.chunks.len())
+            .sum::<usize>()
+    );
+    let plan = LazyPlan {
+        image,
+        manifest_digest: img.manifest_digest.to_string(),
+        mountpoint,
+        metadata_path: files.metadata_path,
+        index_path: files.spans_path,
+        blobs,
+        tar_index: true,
+    };
+    let (mut config, run) = daemon_config(plan, opts, lazy)?;
+    // The worker checks each window's range against the blob's size.
+    config.tar_windows = match layer(artifact.image(), MEDIA_TYPE_TAR_WINDOWS) {
+        Ok(desc) => Some(WindowsSpec {
+            digest: desc.digest.to_string(),
+            size: desc.size,
+            source: source_spec(index_ref, opts, &config.mountpoint)?,
+        }),
+        Err(_) => None,
+    };
+    let fuse = FuseExtras {
+        lookup: files.lookup_path,
+        ..FuseExtras::default()
+    };
+    start_serving(&opts.cache_dir, &config, &run, mode, fuse)
+}
+
+/// Says so when a layer is one zstd frame: it cannot be split, so its first
+/// read fetches it whole.
+fn note_single_frame(layer: &TarLayer, desc: &Descriptor) {
+    let spans = &layer.blob.chunks;
+    if spans.len() == 1 && spans[0].flags.get() == SPAN_ZSTD {
+        tracing::info!(
+            "layer {} is a single zstd frame: its first read fetches it whole ({} bytes)",
+            desc.digest,
+            desc.size
+        );
+    }
+}
+
+/// The error for an unmodified image without a tar index.
+pub(crate) fn not_indexed(image: &ImageRef, why: &str) -> MountError {
+    ArtifactError::NotLamina(format!(
+        "{why}; and no tar index of it was found (make one with `lamina index {image} [DST]`; \
+         name it with --index unless it is beside the image in its registry)"
+    ))
+    .into()
 }
 
 /// The span table, checked to describe exactly the image's layers.
