@@ -453,7 +453,7 @@ log "lamina index docker://$R/debian:bookworm (no conversion: an index beside th
 t=$(now)
 "$LAMINA" index --json "docker://$R/debian:bookworm" >"$TMP/index.json"
 step "lamina index" "$t" "$(now)"
-jq -r '.[0] | "  \(.artifact_bytes) bytes of index for \(.image_layer_bytes) bytes of layers: \(.stored)"' "$TMP/index.json" >&2
+jq -r '.[0] | "  \(.artifact_bytes - .window_bytes) bytes of index (and \(.window_bytes) of windows, fetched with their spans) for \(.image_layer_bytes) bytes of layers: \(.stored)"' "$TMP/index.json" >&2
 log "lamina mount docker://$R/debian:bookworm $MNT (the image as it is, found through its index)"
 t=$(now)
 "$LAMINA" mount --json "docker://$R/debian:bookworm" "$MNT" --cache-dir "$CACHE" 2>/dev/null >"$TMP/mount-index.json"
@@ -502,8 +502,11 @@ fi
 printf '  %-36s %s\n' "cache on tmpfs: mount path" "$FUSE_MODE"
 printf '  %-36s %s\n' "cache on tmpfs: fetched on demand" "$FUSE_FETCHED"
 printf '  %-36s %s\n' "rootless podman" "$PODMAN_SAID"
-printf '  %-36s %8s  (for %s of layers; mount fetched %s)\n' "index of the unmodified image" \
-    "$(human "$(jq -r ".[0].artifact_bytes" "$TMP/index.json")")" "$(human "$(jq -r ".[0].image_layer_bytes" "$TMP/index.json")")" \
-    "$(human "$INDEX_FETCHED")"
+printf '  %-36s %8s  (for %s of layers; windows stored beside it: %s, fetched with their spans)\n' \
+    "index of the unmodified image" \
+    "$(human "$(jq -r ".[0].artifact_bytes - .[0].window_bytes" "$TMP/index.json")")" \
+    "$(human "$(jq -r ".[0].image_layer_bytes" "$TMP/index.json")")" "$(human "$(jq -r ".[0].window_bytes" "$TMP/index.json")")"
+printf '  %-36s %8s  (in %s range requests of the original layers)\n' "fetched for the start through it" \
+    "$(human "$(jq -r .fetched_bytes "$TMP/status-index.json")")" "$(jq -r .requests "$TMP/status-index.json")"
 printf '  %-36s %8s\n' "files written by the container" "$WRITTEN"
 echo "  container said: $(cat "$TMP/container.out")"

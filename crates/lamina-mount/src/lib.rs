@@ -45,3 +45,4 @@ pub use lazy::{
     LazyOptions, Prefetch, Unmounted,
 };
 pub use mode::{choose as choose_mode, host_facts, HostFacts, Mode};
+pub use tar_index::{find as find_tar_index, FoundIndex};

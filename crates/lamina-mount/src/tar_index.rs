@@ -32,13 +32,13 @@ use lamina_daemon::config::WindowsSpec;
 use lamina_fetch::store::{BlobStore, EntryKey};
 
 /// A tar index artifact, where it is and opened.
-pub(crate) type FoundIndex = (ImageRef, Box<dyn ImageSource>);
+pub type FoundIndex = (ImageRef, Box<dyn ImageSource>);
 
 /// The tar index of `img` (opened from `image`), and where it is: the one
 /// `opts` names, else one found as a referrer of its manifest in its own
 /// repository (then pinned by digest); `None` when there is none or the
 /// image is not in a registry.
-pub(crate) fn find(
+pub fn find(
     image: &ImageRef,
     img: &SourceImage,
     opts: &MountOptions,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use lamina_image::artifact::LaminaLayers;
 use lamina_mount::{LazyOptions, Mode, MountOptions, Privileges};
-use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef, SourceOptions};
+use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef, SourceImage, SourceOptions};
 
 pub use snapshots::{Images, LayerRole, Snapshotter};
 
@@ -61,11 +61,19 @@ pub struct RegistryImages {
     /// The lamina image resolved last, by manifest digest: its top layer's
     /// mount comes a few calls later and needs no second manifest fetch.
     resolved: Option<(String, Box<dyn ImageSource>)>,
+    /// Images resolved, by kind (metrics).
+    kinds: metrics::ImageKinds,
 }
 
 impl RegistryImages {
-    /// Lamina images mounted in `mode` with `cache_dir` as their cache.
-    pub fn new(source: SourceOptions, cache_dir: PathBuf, lazy: LazyOptions, mode: Mode) -> Self {
+    /// Lamina images mounted in `mode` with `cache_dir` as their cache;
+    /// each image resolved is counted in `kinds`.
+    pub fn new(
+        source: SourceOptions,
+        cache_dir: PathBuf,
+        (lazy, mode): (LazyOptions, Mode),
+        kinds: metrics::ImageKinds,
+    ) -> Self {
         RegistryImages {
             source,
             cache_dir,
@@ -74,15 +82,53 @@ impl RegistryImages {
             known: HashMap::new(),
             pending: HashMap::new(),
             resolved: None,
+            kinds,
+        }
+    }
+
+    /// How `img` (named `reference`) is served: `None` for a plain image,
+    /// which containerd pulls into overlayfs snapshots (said in the log and
+    /// counted, never silently).
+    fn kind_of(
+        &self,
+        reference: &str,
+        image: &ImageRef,
+        img: &SourceImage,
+    ) -> Option<&'static str> {
+        let why = match LaminaLayers::from_manifest(&img.manifest) {
+            Ok(_) => return Some("lamina"),
+            Err(e) => e.to_string(),
+        };
+        match lamina_mount::find_tar_index(image, img, &self.mount_options()) {
+            Ok(Some((index, _))) => {
+                tracing::info!("{reference}: served lazily through its tar index {index}");
+                Some("tar_index")
+            }
+            Ok(None) => {
+                tracing::info!(
+                    "{reference}: {why}, and it has no tar index: containerd pulls it into \
+                     overlayfs snapshots"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "{reference}: {why}; its tar index is unusable ({e}): containerd pulls it \
+                     into overlayfs snapshots"
+                );
+                None
+            }
         }
     }
 
     fn resolve(&mut self, reference: &str) -> Result<Option<(String, Vec<String>)>, String> {
         let rr = RegistryRef::parse(reference).map_err(|e| e.to_string())?;
-        let source =
-            open_source(&ImageRef::Registry(rr), &self.source).map_err(|e| e.to_string())?;
+        let image = ImageRef::Registry(rr);
+        let source = open_source(&image, &self.source).map_err(|e| e.to_string())?;
         let img = source.image();
-        if LaminaLayers::from_manifest(&img.manifest).is_err() {
+        let kind = self.kind_of(reference, &image, img);
+        self.kinds.count(kind.unwrap_or("plain"));
+        if kind.is_none() {
             return Ok(None);
         }
         let layers = img
@@ -285,9 +331,15 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
         None => lamina_mount::choose_mode(&lamina_mount::host_facts(&cache), true),
     };
     tracing::info!("lamina images mount with the {mode} path: {why}");
-    let images = RegistryImages::new(opts.source.clone(), cache.clone(), opts.lazy.clone(), mode);
-    let sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
     let metrics = Arc::new(metrics::Metrics::new(opts.root.join("cache")));
+    let how = (opts.lazy.clone(), mode);
+    let images = RegistryImages::new(
+        opts.source.clone(),
+        cache.clone(),
+        how,
+        metrics.image_kinds(),
+    );
+    let sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
     metrics.set_snapshots(sn.census());
     let inner = Arc::new(Mutex::new(sn));
     spawn_reaper();

@@ -68,6 +68,7 @@ type SnapshotLabels = [(&'static str, &'static str); 2];
 /// The snapshotter's own metrics, plus the mounts' read at each scrape.
 #[derive(Debug)]
 pub struct Metrics {
+    images: ImageKinds,
     grpc_requests: Family<MethodLabel, Counter>,
     grpc_errors: Family<ErrorLabels, Counter>,
     snapshots: Family<SnapshotLabels, Gauge>,
@@ -76,6 +77,23 @@ pub struct Metrics {
     gc_freed_bytes: Counter,
     cache_bytes: Gauge,
     registry: Registry,
+}
+
+/// Images the snapshotter was asked about, by how they are served: `lamina`
+/// (a lamina image, lazily), `tar_index` (an unmodified image through its
+/// tar index, lazily) or `plain` (neither: containerd pulls and unpacks it
+/// into overlayfs snapshots). Counted once per reference resolved.
+#[derive(Debug, Clone, Default)]
+pub struct ImageKinds(Family<[(&'static str, &'static str); 1], Counter>);
+
+/// The kinds [`ImageKinds`] counts.
+pub const IMAGE_KINDS: [&str; 3] = ["lamina", "tar_index", "plain"];
+
+impl ImageKinds {
+    /// Counts an image of `kind` (one of [`IMAGE_KINDS`]).
+    pub fn count(&self, kind: &'static str) {
+        self.0.get_or_create(&[("kind", kind)]).inc();
+    }
 }
 
 /// The methods of containerd's snapshots service, as `record_call` names them.
@@ -102,6 +120,12 @@ impl Metrics {
         let grpc_requests = Family::<MethodLabel, Counter>::default();
         let grpc_errors = Family::<ErrorLabels, Counter>::default();
         let snapshots = Family::<SnapshotLabels, Gauge>::default();
+        let images = ImageKinds::default();
+        registry.register(
+            "lamina_snapshotter_images",
+            "Images resolved, by how they are served (plain: pulled into overlayfs)",
+            images.0.clone(),
+        );
         registry.register(
             "lamina_snapshotter_grpc_requests",
             "Snapshots gRPC calls, by method",
@@ -141,6 +165,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(MountsCollector::new(cache_dir)));
         let metrics = Metrics {
+            images,
             grpc_requests,
             grpc_errors,
             snapshots,
@@ -159,7 +184,15 @@ impl Metrics {
                 .inc_by(0);
         }
         metrics.set_snapshots(std::iter::empty());
+        for kind in IMAGE_KINDS {
+            metrics.images.0.get_or_create(&[("kind", kind)]).inc_by(0);
+        }
         metrics
+    }
+
+    /// The counter of images resolved, for the side that resolves them.
+    pub fn image_kinds(&self) -> ImageKinds {
+        self.images.clone()
     }
 
     /// Counts a lamina image mounted again (`Snapshotter::reconcile`).
