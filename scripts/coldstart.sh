@@ -33,9 +33,12 @@
 #   --readall-runs N  runs of readall per link and variant (default 1)
 #   --variants V   of containerd, lamina, lamina-boot, snapshotter,
 #                  snapshotter-boot, run, run-boot, proxy, faults,
-#                  faults-nohedge (default: all; faults: lamina mount through
-#                  the demo's fault mix, with hedging and with --no-hedge;
-#                  proxy: through the same proxy, spoiling nothing)
+#                  faults-nohedge, index (default: all but index;
+#                  faults: lamina mount through the demo's fault mix, with
+#                  hedging and with --no-hedge; proxy: through the same
+#                  proxy, spoiling nothing; index: `lamina mount` of the
+#                  unmodified image's own tag through its tar index, made by
+#                  `lamina index` beside it)
 #   --idle-images N  images mounted for the idle footprint (default 20; 0: skip)
 #   --out FILE     JSON results (default docs/coldstart-results.json)
 #   --plot FILE    chart (default: coldstart.png next to --out); --no-plot to skip
@@ -106,9 +109,9 @@ done
 [[ "$MAX_MINUTES" =~ ^[1-9][0-9]*$ ]] || die "--max-minutes wants a positive integer"
 [[ "$LINKS" =~ ^[0-9]+[kmg]bit(,[0-9]+[kmg]bit)*$ ]] || die "--links wants rates like 1gbit,100mbit,10mbit"
 [[ "$IDLE_IMAGES" =~ ^[0-9]+$ ]] || die "--idle-images wants a number"
-V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge|local)'
+V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge|local|index)'
 [[ "$VARIANTS" =~ ^$V(,$V)*$ ]] ||
-    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge, local"
+    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge, local, index"
 W='(python|nginx|redis|readall|datasci|node)'
 [[ "$WORKLOADS" =~ ^$W(,$W)*$ ]] || die "--workloads: python, nginx, redis, readall, datasci, node"
 [[ "$READALL_RUNS" =~ ^[1-9][0-9]*$ ]] || die "--readall-runs wants a positive integer"

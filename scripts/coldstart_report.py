@@ -19,7 +19,8 @@ VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina
           "snapshotter": "snapshotter", "snapshotter-boot": "snapshotter + boot set", "run": "lamina run",
           "run-boot": "lamina run + boot set", "proxy": "lamina, through the fault proxy (clean)",
           "faults": "lamina, fault mix",
-          "faults-nohedge": "lamina, fault mix, --no-hedge", "local": "local disk (limit)"}
+          "faults-nohedge": "lamina, fault mix, --no-hedge", "local": "local disk (limit)",
+          "index": "tar index (unmodified image)"}
 THROUGH = ("containerd", "snapshotter", "snapshotter-boot", "run", "run-boot")
 WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis", "readall": "read all",
           "datasci": "data science (python3)", "node": "Node.js"}

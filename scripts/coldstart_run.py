@@ -85,7 +85,9 @@ TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
 BYTES_TARGET_PCT = 3.0
 TBF = ["burst", "64kb", "latency", "50ms"]
 VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
-            "proxy", "faults", "faults-nohedge", "local"]
+            "proxy", "faults", "faults-nohedge", "local", "index"]
+# index: the unmodified image through its tar index (`lamina index`, issue
+# 30), `lamina mount` of the source tag itself.
 # The fault runs: `lamina mount` (no boot set) through tests/tools/faultproxy.py
 # with the demo's mix: every 5th range answer spoilt (flip, truncate, reset,
 # 500, 503, a 3 s stall in turn); with hedging and with --no-hedge. Their
@@ -1309,7 +1311,7 @@ def aggregate(result):
 
 SHORT = {"containerd": "containerd", "lamina": "mount", "lamina-boot": "mount+b", "snapshotter": "snap",
          "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b", "proxy": "proxy", "faults": "faults",
-         "faults-nohedge": "faults-nh", "local": "local"}
+         "faults-nohedge": "faults-nh", "local": "local", "index": "index"}
 
 
 def print_table(r):
@@ -1404,6 +1406,10 @@ def main():
     run(b.ns + ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--preserve-digests",
                 f"oci:{layout}:{tag}", f"docker://{a.registry}/debian:bookworm"])
     result["setup"]["push_source_s"] = time.perf_counter() - t
+    if "index" in variants:
+        t = time.perf_counter()
+        report = b.lamina_json("index", f"docker://{a.registry}/debian:bookworm")
+        result["setup"]["index"] = dict(report[0], wall_s=time.perf_counter() - t)
     result["setup"]["convert"] = {"lamina": b.convert("lamina")}
     insp = b.lamina_json("inspect", f"docker://{a.registry}/debian:lamina")
     result["config"]["chunk_size"] = insp.get("chunk_size")
@@ -1489,6 +1495,8 @@ def main():
                             rec = b.lamina_faults(w, hedge=True, mode=["none"])
                         elif v.startswith("faults"):
                             rec = b.lamina_faults(w, hedge=v == "faults")
+                        elif v == "index":
+                            rec = b.lamina_run(v, w, ref=f"docker://{b.reg}/debian:bookworm")
                         else:
                             rec = b.lamina_run(tag, w)
                         rec.update(link=link, workload=w, variant=v, run=i + 1, loadavg_1min_before=load)

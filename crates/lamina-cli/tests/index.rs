@@ -348,8 +348,7 @@ fn python3_prints_ok(root: &std::path::Path) {
 /// The figure: a lazy mount of the Debian image's own tag through
 /// its index (default span size) moves under 10% of the image's layers for
 /// a python3 start: the span table and metadata at mount, then the spans
-/// the start reads and their windows. Predictions are off: they trade
-/// bytes for round trips (docs/index.md gives both figures).
+/// the start reads and their windows (tar-index mounts do not predict).
 #[test]
 fn a_python3_start_through_the_index_moves_under_a_tenth() {
     if !require(&["umoci", "skopeo", "docker-registry", "curl", "chroot"]) {
@@ -363,7 +362,7 @@ fn a_python3_start_through_the_index_moves_under_a_tenth() {
         &reg.reference("deb:orig"),
         &t.join("mnt"),
         &t.join("cache"),
-        &["--mode", "kernel", "--predict-max", "0"],
+        &["--mode", "kernel"],
     );
     python3_prints_ok(&m.path);
     let s = settled_status(&m);
