@@ -33,12 +33,13 @@
 #   --readall-runs N  runs of readall per link and variant (default 1)
 #   --variants V   of containerd, lamina, lamina-boot, snapshotter,
 #                  snapshotter-boot, run, run-boot, proxy, faults,
-#                  faults-nohedge, index (default: all but index;
+#                  faults-nohedge, index, index-boot (default: all but the index ones;
 #                  faults: lamina mount through the demo's fault mix, with
 #                  hedging and with --no-hedge; proxy: through the same
 #                  proxy, spoiling nothing; index: `lamina mount` of the
 #                  unmodified image's own tag through its tar index, made by
-#                  `lamina index` beside it)
+#                  `lamina index` beside it; index-boot: the same through an
+#                  index with boot pages from a trace of the workload)
 #   --idle-images N  images mounted for the idle footprint (default 20; 0: skip)
 #   --out FILE     JSON results (default docs/coldstart-results.json)
 #   --plot FILE    chart (default: coldstart.png next to --out); --no-plot to skip
@@ -109,9 +110,9 @@ done
 [[ "$MAX_MINUTES" =~ ^[1-9][0-9]*$ ]] || die "--max-minutes wants a positive integer"
 [[ "$LINKS" =~ ^[0-9]+[kmg]bit(,[0-9]+[kmg]bit)*$ ]] || die "--links wants rates like 1gbit,100mbit,10mbit"
 [[ "$IDLE_IMAGES" =~ ^[0-9]+$ ]] || die "--idle-images wants a number"
-V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge|local|index)'
+V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge|local|index|index-boot)'
 [[ "$VARIANTS" =~ ^$V(,$V)*$ ]] ||
-    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge, local, index"
+    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge, local, index, index-boot"
 W='(python|nginx|redis|readall|datasci|node)'
 [[ "$WORKLOADS" =~ ^$W(,$W)*$ ]] || die "--workloads: python, nginx, redis, readall, datasci, node"
 [[ "$READALL_RUNS" =~ ^[1-9][0-9]*$ ]] || die "--readall-runs wants a positive integer"

@@ -20,7 +20,7 @@ VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina
           "run-boot": "lamina run + boot set", "proxy": "lamina, through the fault proxy (clean)",
           "faults": "lamina, fault mix",
           "faults-nohedge": "lamina, fault mix, --no-hedge", "local": "local disk (limit)",
-          "index": "tar index (unmodified image)"}
+          "index": "tar index (unmodified image)", "index-boot": "tar index + boot set"}
 THROUGH = ("containerd", "snapshotter", "snapshotter-boot", "run", "run-boot")
 WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis", "readall": "read all",
           "datasci": "data science (python3)", "node": "Node.js"}

@@ -85,9 +85,12 @@ TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
 BYTES_TARGET_PCT = 3.0
 TBF = ["burst", "64kb", "latency", "50ms"]
 VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
-            "proxy", "faults", "faults-nohedge", "local", "index"]
+            "proxy", "faults", "faults-nohedge", "local", "index", "index-boot"]
 # index: the unmodified image through its tar index (`lamina index`, issue
-# 30), `lamina mount` of the source tag itself.
+# 30), `lamina mount` of the source tag itself; index-boot: through an index
+# with boot pages from a trace recorded through the plain index's mount
+# (`lamina index --prefetch`, stored as tag index-boot-WORKLOAD of the same
+# repository and named with --index).
 # The fault runs: `lamina mount` (no boot set) through tests/tools/faultproxy.py
 # with the demo's mix: every 5th range answer spoilt (flip, truncate, reset,
 # 500, 503, a 3 s stall in turn); with hedging and with --no-hedge. Their
@@ -1311,7 +1314,7 @@ def aggregate(result):
 
 SHORT = {"containerd": "containerd", "lamina": "mount", "lamina-boot": "mount+b", "snapshotter": "snap",
          "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b", "proxy": "proxy", "faults": "faults",
-         "faults-nohedge": "faults-nh", "local": "local", "index": "index"}
+         "faults-nohedge": "faults-nh", "local": "local", "index": "index", "index-boot": "index+b"}
 
 
 def print_table(r):
@@ -1406,7 +1409,7 @@ def main():
     run(b.ns + ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--preserve-digests",
                 f"oci:{layout}:{tag}", f"docker://{a.registry}/debian:bookworm"])
     result["setup"]["push_source_s"] = time.perf_counter() - t
-    if "index" in variants:
+    if "index" in variants or "index-boot" in variants:
         t = time.perf_counter()
         report = b.lamina_json("index", f"docker://{a.registry}/debian:bookworm")
         result["setup"]["index"] = dict(report[0], wall_s=time.perf_counter() - t)
@@ -1455,6 +1458,14 @@ def main():
         log(f"boot set {w}: {len(lines)} reads in {len(set(lines))} chunks recorded ({rec['fetched_bytes']:,} bytes fetched, "
             f"{rec['time_s']:.2f} s unshaped)")
         result["setup"]["convert"][boot_tag] = b.convert(boot_tag, prefetch=trace, src_tag=b.tags(w)[0])
+        if "index-boot" in variants and w not in HEAVY:
+            orig = f"docker://{a.registry}/debian:bookworm"
+            itrace = os.path.join(b.work, f"trace-index-{w}.txt")
+            for _ in range(2):
+                b.lamina_run("index", w, record_trace=itrace, second=False, ref=orig)
+            report = b.lamina_json("index", "--prefetch", itrace, orig,
+                                   f"docker://{a.registry}/debian:index-boot-{w}")
+            result["setup"].setdefault("index_boot", {})[w] = report[0]
 
     if a.idle_images and any(v.startswith("snapshotter") for v in variants):
         result["idle"] = b.idle_footprint(layout, tag, a.idle_images)
@@ -1497,6 +1508,9 @@ def main():
                             rec = b.lamina_faults(w, hedge=v == "faults")
                         elif v == "index":
                             rec = b.lamina_run(v, w, ref=f"docker://{b.reg}/debian:bookworm")
+                        elif v == "index-boot":
+                            rec = b.lamina_run(v, w, ref=f"docker://{b.reg}/debian:bookworm",
+                                               mount_args=["--index", f"docker://{b.reg}/debian:index-boot-{w}"])
                         else:
                             rec = b.lamina_run(tag, w)
                         rec.update(link=link, workload=w, variant=v, run=i + 1, loadavg_1min_before=load)

@@ -119,6 +119,11 @@ pub(crate) enum Command {
         /// 16 KiB stored, fetched only with its span).
         #[arg(long, default_value = "64K", value_parser = parse_size)]
         span_size: u64,
+        /// A trace recorded through a mount of this image's index (`lamina
+        /// mount --record-trace FILE`): its spans become the boot set and
+        /// the pages it read boot pages in the index.
+        #[arg(long, value_name = "TRACE")]
+        prefetch: Option<PathBuf>,
     },
     /// Mount a lamina image read-only with the kernel (file-backed EROFS),
     /// or through FUSE.
@@ -588,10 +593,15 @@ pub fn run(args: Args) -> Result<u8> {
             src,
             dst,
             span_size,
+            prefetch,
         } => {
             let src = parse_ref(&src)?;
             let dst = dst.as_deref().map(parse_ref).transpose()?;
-            let opts = IndexOptions { source, span_size };
+            let opts = IndexOptions {
+                source,
+                span_size,
+                prefetch_trace: prefetch,
+            };
             let bar = progress_bar(args.json);
             let report = index(&src, dst.as_ref(), &opts, &|layer| {
                 bar.set_message(format!("layer {}", layer + 1));

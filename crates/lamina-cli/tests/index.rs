@@ -466,3 +466,57 @@ fn flipped_bytes_under_an_index_mount_cost_refetches_or_eio() {
     assert!(s["failed_misses"].as_u64().unwrap() > 0, "{s}");
     m.unmount();
 }
+
+/// Boot pages from a trace (`lamina index --prefetch TRACE`): a start
+/// recorded through the index's mount, indexed again with the trace (into
+/// another tag of the image's repository, named with --index), then a fresh
+/// mount starts python3 from the boot pages alone: no miss fetches a span,
+/// and the boot set's spans follow once the start is over.
+#[test]
+fn boot_pages_from_a_trace_serve_the_start() {
+    if !require(&["umoci", "skopeo", "docker-registry", "curl", "chroot"]) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-boot");
+    reg.push(&debian_source(), "bookworm", "deb:orig");
+    index_and_check(&reg, "deb", "orig");
+    let image = reg.reference("deb:orig");
+    let trace = t.join("trace.txt");
+    let m = Mount::with_args(
+        &image,
+        &t.join("rec"),
+        &t.join("cache-rec"),
+        &["--record-trace", trace.to_str().unwrap()],
+    );
+    python3_prints_ok(&m.path);
+    m.unmount();
+    let boot_index = reg.reference("deb:orig-boot");
+    let report = lamina([
+        "index",
+        "--json",
+        "--prefetch",
+        trace.to_str().unwrap(),
+        &image,
+        &boot_index,
+    ])
+    .ok()
+    .json();
+    assert!(
+        report[0]["boot_pages"]["bytes"].as_u64().unwrap() > 0
+            && report[0]["boot_set"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    let m = Mount::with_args(
+        &image,
+        &t.join("boot"),
+        &t.join("cache"),
+        &["--mode", "kernel", "--index", &boot_index],
+    );
+    python3_prints_ok(&m.path);
+    let s = settled_status(&m);
+    assert!(s["boot_page_bytes"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["miss_fetched_bytes"], 0, "a miss fetched a span: {s}");
+    assert_eq!(s["failed_misses"], 0, "{s}");
+    m.unmount();
+}

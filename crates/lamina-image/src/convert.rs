@@ -112,6 +112,82 @@ pub struct BootReport {
     pub segments: u64,
 }
 
+/// Boot pages as an artifact layer (`MEDIA_TYPE_BOOT`).
+#[derive(Debug, Clone)]
+pub struct BootPagesLayer {
+    /// Its descriptor (content annotations and the frames annotation).
+    pub descriptor: Descriptor,
+    /// Its bytes.
+    pub compressed: Vec<u8>,
+    /// What goes in the report.
+    pub report: BootReport,
+}
+
+/// Why boot pages could not be made a layer.
+#[derive(Debug, thiserror::Error)]
+pub enum BootLayerError {
+    /// More than a mount takes.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Compressing.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// `boot` as one layer: each segment one zstd frame, in read order (a
+/// mount fetches the frames as ranges, several at once, and applies each
+/// as soon as it is verified). Fetched at every cold mount and written
+/// once: worth zstd's strongest level. `None` when there are no pages.
+pub fn boot_pages_layer(
+    boot: &lamina_format::boot::BootPages,
+) -> Result<Option<BootPagesLayer>, BootLayerError> {
+    if boot.extents.is_empty() {
+        return Ok(None);
+    }
+    let segments: Vec<Vec<u8>> = boot.segments().iter().map(|s| s.to_bytes()).collect();
+    // All segments with their headers, as a mount bounds them.
+    let total: u64 = segments.iter().map(|raw| raw.len() as u64).sum();
+    if total > MAX_BOOT_PAGES_SIZE {
+        return Err(BootLayerError::TooLarge(format!(
+            "the trace's boot pages are {total} bytes, more than {MAX_BOOT_PAGES_SIZE}"
+        )));
+    }
+    let frames: Vec<Vec<u8>> = segments
+        .iter()
+        .map(|raw| zstd::bulk::compress(raw, 19))
+        .collect::<Result<_, _>>()?;
+    let sizes: Vec<(&[u8], u64)> = frames
+        .iter()
+        .zip(&segments)
+        .map(|(z, raw)| (z.as_slice(), raw.len() as u64))
+        .collect();
+    let mut annotations = content_annotations(&segments.concat());
+    annotations.insert(
+        ANNOTATION_BOOT_FRAMES.to_string(),
+        boot_frames_annotation(&sizes),
+    );
+    let compressed = frames.concat();
+    let descriptor = Descriptor {
+        media_type: MEDIA_TYPE_BOOT.to_string(),
+        digest: Digest::of_bytes(&compressed),
+        size: compressed.len() as u64,
+        annotations,
+        platform: None,
+        artifact_type: None,
+    };
+    let report = BootReport {
+        extents: boot.extents.len() as u64,
+        bytes: total,
+        compressed_bytes: compressed.len() as u64,
+        segments: segments.len() as u64,
+    };
+    Ok(Some(BootPagesLayer {
+        descriptor,
+        compressed,
+        report,
+    }))
+}
+
 /// One data blob in the report.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BlobReport {
@@ -217,7 +293,7 @@ pub fn convert(
         });
         layers.push(desc);
     }
-    let mut small_layers = vec![
+    let small_layers = vec![
         (index_raw.clone(), index_z, MEDIA_TYPE_INDEX),
         (
             built.metadata.clone(),
@@ -226,61 +302,26 @@ pub fn convert(
         ),
         (lookup_raw, lookup_z, MEDIA_TYPE_LOOKUP),
     ];
-    let mut boot_report = None;
-    let mut boot_frames_note = None;
-    if !boot.extents.is_empty() {
-        let segments: Vec<Vec<u8>> = boot.segments().iter().map(|s| s.to_bytes()).collect();
-        // All segments with their headers, as a mount bounds them.
-        let total: u64 = segments.iter().map(|raw| raw.len() as u64).sum();
-        if total > MAX_BOOT_PAGES_SIZE {
-            return Err(ConvertError::Config(format!(
-                "the trace's boot pages are {total} bytes, more than {MAX_BOOT_PAGES_SIZE}"
-            )));
-        }
-        let mut report = BootReport {
-            extents: boot.extents.len() as u64,
-            bytes: total,
-            compressed_bytes: 0,
-            segments: segments.len() as u64,
-        };
-        // One zstd frame per segment, in read order, one layer: a mount
-        // fetches the frames as ranges, several at once, and applies each
-        // as soon as it is verified. Fetched at every cold mount and
-        // written once: worth zstd's strongest level.
-        let frames: Vec<Vec<u8>> = segments
-            .iter()
-            .map(|raw| zstd::bulk::compress(raw, 19))
-            .collect::<Result<_, _>>()?;
-        let sizes: Vec<(&[u8], u64)> = frames
-            .iter()
-            .zip(&segments)
-            .map(|(z, raw)| (z.as_slice(), raw.len() as u64))
-            .collect();
-        let frames_annotation = boot_frames_annotation(&sizes);
-        let compressed = frames.concat();
-        let raw = segments.concat();
-        report.compressed_bytes = compressed.len() as u64;
-        boot_frames_note = Some(frames_annotation);
-        small_layers.push((raw, compressed, MEDIA_TYPE_BOOT));
-        boot_report = Some(report);
-    }
+    let boot_layer = boot_pages_layer(&boot).map_err(|e| match e {
+        BootLayerError::TooLarge(why) => ConvertError::Config(why),
+        BootLayerError::Io(e) => e.into(),
+    })?;
+    let boot_report = boot_layer.as_ref().map(|b| b.report.clone());
     for (raw, compressed, media_type) in &small_layers {
-        let mut annotations = content_annotations(raw);
-        if *media_type == MEDIA_TYPE_BOOT {
-            if let Some(frames) = &boot_frames_note {
-                annotations.insert(ANNOTATION_BOOT_FRAMES.to_string(), frames.clone());
-            }
-        }
         let desc = Descriptor {
             media_type: media_type.to_string(),
             digest: Digest::of_bytes(compressed),
             size: compressed.len() as u64,
-            annotations,
+            annotations: content_annotations(raw),
             platform: None,
             artifact_type: None,
         };
         sink.put_blob_bytes(&desc, compressed)?;
         layers.push(desc);
+    }
+    if let Some(boot) = &boot_layer {
+        sink.put_blob_bytes(&boot.descriptor, &boot.compressed)?;
+        layers.push(boot.descriptor.clone());
     }
 
     // The runtime config stays the source's; only the layer list changes.

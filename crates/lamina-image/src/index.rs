@@ -17,8 +17,9 @@ use lamina_oci::{
 };
 
 use crate::artifact::*;
-use crate::convert::compress_frames;
-use crate::tar_index::{build, BuiltTarIndex, TarIndexError};
+use crate::boot::parse_trace;
+use crate::convert::{boot_pages_layer, compress_frames, BootReport};
+use crate::tar_index::{boot_pages, build, BuiltTarIndex, TarIndexError};
 
 /// Manifest annotation: compressed bytes between random-access points.
 pub const ANNOTATION_SPAN_SIZE: &str = "dev.lamina.span-size";
@@ -35,6 +36,10 @@ pub struct IndexOptions {
     pub source: SourceOptions,
     /// Compressed bytes between random-access points.
     pub span_size: u64,
+    /// A trace recorded through a mount of this image's index (`lamina
+    /// mount --record-trace`): its spans become the boot set and the pages
+    /// it read the boot pages.
+    pub prefetch_trace: Option<std::path::PathBuf>,
 }
 
 /// What `lamina index` made.
@@ -60,6 +65,10 @@ pub struct IndexReport {
     /// Bytes of the windows layer (fetched by range, only the windows of
     /// the spans a mount reads).
     pub window_bytes: u64,
+    /// Boot pages, when indexed with a trace that has page ranges.
+    pub boot_pages: Option<BootReport>,
+    /// Spans in the boot set (fetched whole once a start is over).
+    pub boot_set: u64,
     /// Regular files and other inodes.
     pub inodes: u64,
     /// Uncompressed tar bytes.
@@ -131,13 +140,26 @@ fn index_one(
     let started = Instant::now();
     let source = open_source(src, &opts.source)?;
     let image = source.image();
-    let built = build(source.as_ref(), opts.span_size, progress)?;
+    let mut built = build(source.as_ref(), opts.span_size, progress)?;
+    let boot = match &opts.prefetch_trace {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)?;
+            let trace =
+                parse_trace(path, &text).map_err(|e| IndexError::Destination(e.to_string()))?;
+            let pages = boot_pages(source.as_ref(), &mut built.index, &trace)?;
+            boot_pages_layer(&pages).map_err(|e| IndexError::Destination(e.to_string()))?
+        }
+        None => None,
+    };
     let subject = Descriptor::new(
         image.manifest_media_type(),
         image.manifest_digest.clone(),
         image.manifest_bytes.len() as u64,
     );
-    let layers = artifact_layers(&built)?;
+    let mut layers = artifact_layers(&built)?;
+    if let Some(boot) = &boot {
+        layers.push((boot.descriptor.clone(), boot.compressed.clone()));
+    }
     let manifest = artifact_manifest(&layers, subject, opts.span_size);
     let manifest_bytes = serde_json::to_vec(&manifest)
         .map_err(|e| IndexError::Destination(format!("artifact manifest: {e}")))?;
@@ -164,6 +186,8 @@ fn index_one(
             .sum(),
         windows: windows as u64,
         window_bytes: built.windows.len() as u64,
+        boot_pages: boot.map(|b| b.report),
+        boot_set: built.index.prefetch.len() as u64,
         inodes: built.files,
         tar_bytes: built.tar_bytes,
         seconds: started.elapsed().as_secs_f64(),

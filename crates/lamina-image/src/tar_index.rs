@@ -4,8 +4,10 @@
 //! layer's uncompressed tar, and the span table that lets a mount fetch and
 //! verify any part of a tar from the original compressed layer.
 
-use std::io;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::io::{self, Read};
 
+use lamina_format::boot::{BootExtent, BootPages, BOOT_PAGE};
 use lamina_format::erofs::{self, ChunkAddr, Device, FileChunks, TAR_BLOCK_BITS};
 use lamina_format::index::{ChunkEntry, IndexBlob};
 use lamina_format::tar_index::{
@@ -14,6 +16,8 @@ use lamina_format::tar_index::{
 use lamina_oci::{Compression, DigestReader, ImageSource, SourceLayer};
 use lamina_tree::{apply_layer, Tree};
 use lamina_zran::{Codec, LayerSpans, Span, SpanIndexer, SpanKind};
+
+use crate::boot::TraceEntry;
 
 /// Span size (compressed bytes between random-access points) when not
 /// told otherwise: the smallest the indexer takes, since a start fetches
@@ -139,6 +143,124 @@ pub fn build(
         files: stats.inodes,
         tar_bytes,
     })
+}
+
+/// The boot pages and boot set of a trace recorded through a mount of this
+/// index (`lamina mount --record-trace`: its lines name spans by digest and
+/// give offsets inside them). The boot set becomes `index.prefetch`, the
+/// spans in the order first read; the pages the trace read are read back
+/// from the layers' tars (each layer that has any streamed once more, every
+/// span holding a page checked against its digest). Lines naming spans this
+/// index does not have are skipped.
+pub fn boot_pages(
+    source: &dyn ImageSource,
+    index: &mut TarIndex,
+    trace: &[TraceEntry],
+) -> Result<BootPages, TarIndexError> {
+    let mut at: HashMap<[u8; 32], (usize, usize)> = HashMap::new();
+    for (l, layer) in index.layers.iter().enumerate() {
+        for (k, span) in layer.blob.chunks.iter().enumerate() {
+            at.entry(span.digest).or_insert((l, k));
+        }
+    }
+    let (mut boot_set, mut in_set) = (Vec::new(), HashSet::new());
+    let (mut pages, mut seen) = (Vec::new(), HashSet::new());
+    for entry in trace {
+        let Some(&(l, k)) = at.get(&entry.digest) else {
+            continue;
+        };
+        if in_set.insert((l, k)) {
+            boot_set.push((l as u32, k as u32));
+        }
+        let Some((offset, len)) = entry.range else {
+            continue;
+        };
+        let span = &index.layers[l].blob.chunks[k];
+        let (base, size) = (span.cache_offset.get(), u64::from(span.size.get()));
+        let start = base + offset.min(size);
+        let end = base + offset.saturating_add(len).min(size);
+        for page in start / BOOT_PAGE..end.div_ceil(BOOT_PAGE) {
+            if seen.insert((l, page)) {
+                pages.push((l, page));
+            }
+        }
+    }
+    index.prefetch = boot_set;
+    let mut bytes: HashMap<(usize, u64), Vec<u8>> = HashMap::new();
+    for (l, layer) in index.layers.iter().enumerate() {
+        let wanted: BTreeSet<u64> = pages.iter().filter(|p| p.0 == l).map(|p| p.1).collect();
+        if !wanted.is_empty() {
+            let got = read_pages(source, l, &layer.blob, &wanted)?;
+            bytes.extend(got.into_iter().map(|(page, data)| ((l, page), data)));
+        }
+    }
+    let mut boot = BootPages::default();
+    for (l, page) in pages {
+        let Some(data) = bytes.remove(&(l, page)) else {
+            continue;
+        };
+        match boot.extents.last_mut() {
+            Some(last)
+                if last.blob.get() as usize == l
+                    && last.cache_offset.get() + u64::from(last.pages.get()) * BOOT_PAGE
+                        == page * BOOT_PAGE =>
+            {
+                last.pages += 1;
+            }
+            _ => boot.extents.push(BootExtent {
+                cache_offset: (page * BOOT_PAGE).into(),
+                blob: (l as u32).into(),
+                pages: 1.into(),
+            }),
+        }
+        boot.data.extend_from_slice(&data);
+    }
+    Ok(boot)
+}
+
+/// The `wanted` pages of layer `l`'s tar (each [`BOOT_PAGE`] bytes, the
+/// last zero-padded), read from its stream span by span; every span that
+/// holds part of a wanted page must match its digest.
+fn read_pages(
+    source: &dyn ImageSource,
+    l: usize,
+    blob: &IndexBlob,
+    wanted: &BTreeSet<u64>,
+) -> Result<HashMap<u64, Vec<u8>>, TarIndexError> {
+    let mut tar = source.open_layer(l)?;
+    let mut out: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut buf = Vec::new();
+    for span in &blob.chunks {
+        let start = span.cache_offset.get();
+        let end = start + u64::from(span.size.get());
+        buf.resize(span.size.get() as usize, 0);
+        tar.read_exact(&mut buf)?;
+        let inside: Vec<u64> = wanted
+            .range(start / BOOT_PAGE..end.div_ceil(BOOT_PAGE))
+            .copied()
+            .collect();
+        if inside.is_empty() {
+            continue;
+        }
+        if lamina_oci::sha256(&buf) != span.digest {
+            return Err(TarIndexError::Limit(format!(
+                "layer {l}: the tar's bytes {start}..{end} are not the span the index gives"
+            )));
+        }
+        for page in inside {
+            let page_at = page * BOOT_PAGE;
+            let data = out
+                .entry(page)
+                .or_insert_with(|| vec![0; BOOT_PAGE as usize]);
+            let from = page_at.max(start);
+            let to = (page_at + BOOT_PAGE).min(end);
+            data[(from - page_at) as usize..(to - page_at) as usize]
+                .copy_from_slice(&buf[(from - start) as usize..(to - start) as usize]);
+        }
+    }
+    // The stream checks its digests at its end.
+    io::copy(&mut tar, &mut io::sink())?;
+    Ok(out)
 }
 
 /// Applies layer `i` to `tree` from its compressed blob, recording its

@@ -316,28 +316,7 @@ pub fn mount_lazy_from(
     let index = artifact::parse_index(&index_bytes?, &layers)?;
     let metadata_frames = metadata?;
     let (lookup_path, lookup_later) = lookup_path?;
-    // Sizes bounded here, before the worker allocates for them.
-    let boot_pages = artifact::boot_layers(&layers.boot, &index.blobs)?
-        .into_iter()
-        .zip(&layers.boot)
-        .map(|(boot, desc)| BootPagesSpec {
-            layer_digest: desc.digest.to_string(),
-            layer_size: boot.compressed_size,
-            digest: boot.digest.to_string(),
-            size: boot.size,
-            path: meta_dir.join(format!("{}.boot", desc.digest.hex())),
-            frames: boot
-                .frames
-                .iter()
-                .map(|f| BootFrameSpec {
-                    offset: f.offset,
-                    compressed_size: f.compressed_size,
-                    size: f.size,
-                    digest: f.digest.to_string(),
-                })
-                .collect(),
-        })
-        .collect::<Vec<_>>();
+    let boot_pages = boot_specs(&layers.boot, &index.blobs, &meta_dir)?;
 
     let blob_dir = opts.cache_dir.join("blobs");
     let mut blobs = Vec::new();
@@ -372,12 +351,8 @@ pub fn mount_lazy_from(
         },
         None => MetadataFill::Whole,
     });
-    // Readahead would widen every touched page into a window that must be
-    // fetched whole: off while boot pages serve a start.
-    if !boot_pages.is_empty() && lazy.prefetch != Prefetch::None {
-        config.readahead_kb = lazy.readahead_kb.or(Some(0));
-    }
     config.boot_pages = boot_pages;
+    readahead_for_boot(&mut config, lazy);
     config.adopt = adopt_specs(
         &layers,
         metadata_frames
@@ -398,6 +373,45 @@ pub fn mount_lazy_from(
         lookup_later: lookup_later.map(|(_, later)| later),
     };
     start_serving(&opts.cache_dir, &config, &run, mode, fuse)
+}
+
+/// The boot-pages layers `descs` of an image whose cache files are `blobs`,
+/// as the worker takes them; sizes bounded here, before the worker
+/// allocates for them.
+pub(crate) fn boot_specs(
+    descs: &[lamina_oci::Descriptor],
+    blobs: &[lamina_format::index::BlobSummary],
+    meta_dir: &Path,
+) -> Result<Vec<BootPagesSpec>, MountError> {
+    Ok(artifact::boot_layers(descs, blobs)?
+        .into_iter()
+        .zip(descs)
+        .map(|(boot, desc)| BootPagesSpec {
+            layer_digest: desc.digest.to_string(),
+            layer_size: boot.compressed_size,
+            digest: boot.digest.to_string(),
+            size: boot.size,
+            path: meta_dir.join(format!("{}.boot", desc.digest.hex())),
+            frames: boot
+                .frames
+                .iter()
+                .map(|f| BootFrameSpec {
+                    offset: f.offset,
+                    compressed_size: f.compressed_size,
+                    size: f.size,
+                    digest: f.digest.to_string(),
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+/// Readahead would widen every touched page into a window that must be
+/// fetched whole: off while boot pages serve a start.
+pub(crate) fn readahead_for_boot(config: &mut DaemonConfig, lazy: &LazyOptions) {
+    if !config.boot_pages.is_empty() && lazy.prefetch != Prefetch::None {
+        config.readahead_kb = lazy.readahead_kb.or(Some(0));
+    }
 }
 
 /// A cache file as a lazy mount hands it to its daemons.
