@@ -520,3 +520,26 @@ fn boot_pages_from_a_trace_serve_the_start() {
     assert_eq!(s["failed_misses"], 0, "{s}");
     m.unmount();
 }
+
+/// `lamina run` of the original tag finds its index too, and runs the
+/// container from a lazy mount of it.
+#[test]
+fn lamina_run_starts_the_original_tag() {
+    if !require(&["umoci", "skopeo", "docker-registry", "curl", "runc"]) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-run");
+    reg.push(&debian_source(), "bookworm", "deb:orig");
+    index_and_check(&reg, "deb", "orig");
+    let mut c = lamina_cmd(["run", "--rm", "--cache-dir"]);
+    c.arg(t.join("cache"))
+        .arg("--state-dir")
+        .arg(t.join("state"))
+        .arg(reg.reference("deb:orig"))
+        .args(["--", "python3", "-c", "print('ok from the index')"]);
+    let o = run(&mut c, TIMEOUT).ok();
+    assert_eq!(o.stdout, "ok from the index\n", "{}", o.describe());
+    let mounts = mounts_under(t.path());
+    assert!(mounts.is_empty(), "still mounted: {mounts:?}");
+}
