@@ -109,6 +109,34 @@ if [ ! -x "$CONTAINERD2_DIR/containerd-shim-runc-v2" ]; then
 fi
 log "containerd 2.x: $("$CONTAINERD2_DIR/containerd" --version)"
 
+# --- Docker Engine (Go modules) ------------------------------------------------------
+# dockerd and the docker client, for `docker pull` through lamina snapshotter
+# with the containerd image store (Debian's docker.io predates that store).
+# moby and docker/cli v28 have no go.mod: their vendor.mod pins the
+# dependencies, so each module's source is built with vendor.mod as go.mod.
+DOCKERD_VERSION=v28.5.2
+DOCKERD_DIR=/var/cache/lamina-test/go/dockerd-$DOCKERD_VERSION
+build_vendored() { # MODULE PACKAGE OUTPUT
+    local src work
+    src=$(cd / && GOFLAGS=-mod=mod "$GO" mod download -json "$1@$DOCKERD_VERSION+incompatible" | jq -r .Dir)
+    [ -d "$src" ] || die "go mod download of $1@$DOCKERD_VERSION gave no source"
+    work=$(mktemp -d /tmp/lamina-moby.XXXXXX)
+    cp -r "$src/." "$work/"
+    chmod -R u+w "$work"
+    cp "$work/vendor.mod" "$work/go.mod"
+    cp "$work/vendor.sum" "$work/go.sum"
+    (cd "$work" && run env GOFLAGS=-mod=mod "$GO" build -o "$3.partial" "$2")
+    mv "$3.partial" "$3"
+    rm -rf "$work"
+}
+if [ ! -x "$DOCKERD_DIR/dockerd" ] || [ ! -x "$DOCKERD_DIR/docker" ]; then
+    log "building dockerd and docker $DOCKERD_VERSION from their Go modules into $DOCKERD_DIR"
+    mkdir -p "$DOCKERD_DIR"
+    build_vendored github.com/docker/docker ./cmd/dockerd "$DOCKERD_DIR/dockerd"
+    build_vendored github.com/docker/cli ./cmd/docker "$DOCKERD_DIR/docker"
+fi
+log "dockerd: $("$DOCKERD_DIR/dockerd" --version)"
+
 # --- sanity ------------------------------------------------------------------------
 for tool in umoci skopeo docker-registry mkfs.erofs zstd debootstrap jq python3 curl hyperfine unsquashfs \
     containerd ctr ctr-remote runc; do

@@ -33,6 +33,10 @@ const PAUSE_IMAGE: &str = "pause:1";
 /// runc shim, built from containerd's Go module).
 const CONTAINERD2_DIR: &str = "/var/cache/lamina-test/go/containerd-v2.4.2";
 
+/// Where scripts/setup.sh installs dockerd and the docker client (built from
+/// moby's and docker/cli's Go modules).
+const DOCKER_DIR: &str = "/var/cache/lamina-test/go/dockerd-v28.5.2";
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Version {
     /// Debian's containerd 1.6.
@@ -927,6 +931,128 @@ fn containerd_16_runs_the_original_tag_through_its_index() {
 #[test]
 fn containerd_2_runs_the_original_tag_through_its_index() {
     original_tag_runs_through_its_index(Version::V2);
+}
+
+/// dockerd on `node`'s containerd with the containerd image store and lamina
+/// as its storage driver (containerd's snapshotter of that name).
+struct Dockerd {
+    bg: Background,
+    sock: PathBuf,
+}
+
+impl Dockerd {
+    fn start(node: &Node) -> Dockerd {
+        let dir = Path::new(DOCKER_DIR);
+        assert!(
+            dir.join("dockerd").exists() && dir.join("docker").exists(),
+            "{DOCKER_DIR} lacks dockerd or docker: scripts/setup.sh builds them there"
+        );
+        let t = &node.t;
+        let sock = t.join("docker.sock");
+        let mut c = command(dir.join("dockerd"), Vec::<&OsStr>::new());
+        c.arg("--containerd")
+            .arg(node.sock())
+            .arg("--data-root")
+            .arg(t.join("docker-root"))
+            .arg("--exec-root")
+            .arg(t.join("docker-exec"))
+            .arg("--pidfile")
+            .arg(t.join("docker.pid"))
+            .arg("-H")
+            .arg(format!("unix://{}", sock.display()))
+            .args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
+            .args(["--userland-proxy=false", "--storage-driver", "lamina"])
+            .args(["--feature", "containerd-snapshotter=true"])
+            .args(["--insecure-registry", &node.reg.host()]);
+        // containerd 2.x's runc shim before Debian's.
+        let path = std::env::var("PATH").unwrap_or_default();
+        c.env("PATH", format!("{CONTAINERD2_DIR}:{path}"));
+        let bg = Background::spawn("dockerd", &mut c, t.path());
+        let mut d = Dockerd { bg, sock };
+        let started = Instant::now();
+        while !run(&mut d.docker(["info"]), SHORT).status.success() {
+            assert!(
+                d.bg.running() && started.elapsed() < Duration::from_secs(60),
+                "dockerd did not answer:\n{}",
+                d.bg.describe()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        d
+    }
+
+    /// `docker -H SOCK ARGS...`
+    fn docker<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(&self, args: I) -> Command {
+        let mut c = command(Path::new(DOCKER_DIR).join("docker"), Vec::<&OsStr>::new());
+        c.arg("-H")
+            .arg(format!("unix://{}", self.sock.display()))
+            .args(args);
+        c
+    }
+}
+
+/// Docker Engine (dockerd with the containerd image store and `lamina` as
+/// its storage driver, on containerd 2.x with lamina snapshotter) pulls the
+/// original tag lazily through its index: containerd's content store (in
+/// dockerd's namespace) holds none of its layers, and `docker run` starts
+/// python3 from the lazy mount.
+#[test]
+fn docker_pulls_the_original_tag_through_its_index() {
+    let Some(node) = Node::start(Version::V2) else {
+        return;
+    };
+    let imgs = images();
+    let docker = Dockerd::start(&node);
+    let mut f = Failures::default();
+    let image = node.image(ORIG_IMAGE);
+    let pulled = run(&mut docker.docker(["pull", &image]), TIMEOUT);
+    f.check(pulled.status.success(), || {
+        format!("docker pull:\n{}", pulled.describe())
+    });
+    let content = run(
+        &mut node.ctr(["-n", "moby", "content", "ls", "-q"]),
+        TIMEOUT,
+    )
+    .ok()
+    .stdout;
+    let in_store: Vec<_> = imgs
+        .orig_layers
+        .iter()
+        .filter(|d| content.contains(d.as_str()))
+        .collect();
+    f.check(in_store.is_empty(), || {
+        format!("containerd's content store (namespace moby) holds the image's layers {in_store:?}")
+    });
+    let out = run(
+        &mut docker.docker([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            &image,
+            "python3",
+            "-c",
+            "print('hello from docker')",
+        ]),
+        TIMEOUT,
+    );
+    f.check(
+        out.status.success() && out.stdout.contains("hello from docker"),
+        || format!("docker run:\n{}", out.describe()),
+    );
+    let fetched = node.fetched_bytes();
+    eprintln!(
+        "docker: python3 from the original tag fetched {fetched} of {} bytes",
+        imgs.orig_bytes
+    );
+    f.check(fetched > 0 && fetched * 4 < imgs.orig_bytes, || {
+        format!("fetched {fetched} bytes of {}", imgs.orig_bytes)
+    });
+    if !f.0.is_empty() {
+        f.0.push(docker.bg.describe());
+        f.0.push(node.logs());
+    }
+    f.finish("docker on containerd 2");
 }
 
 /// `lamina snapshotter --mode fuse`: containerd 2 runs the lamina image from
