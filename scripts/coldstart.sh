@@ -39,7 +39,9 @@
 #                  proxy, spoiling nothing; index: `lamina mount` of the
 #                  unmodified image's own tag through its tar index, made by
 #                  `lamina index` beside it; index-boot: the same through an
-#                  index with boot pages from a trace of the workload)
+#                  index with boot pages from a trace of the workload;
+#                  docker-index: dockerd (containerd image store, storage
+#                  driver lamina) pulls and runs the unmodified tag, python only)
 #   --idle-images N  images mounted for the idle footprint (default 20; 0: skip)
 #   --out FILE     JSON results (default docs/coldstart-results.json)
 #   --plot FILE    chart (default: coldstart.png next to --out); --no-plot to skip
@@ -110,9 +112,9 @@ done
 [[ "$MAX_MINUTES" =~ ^[1-9][0-9]*$ ]] || die "--max-minutes wants a positive integer"
 [[ "$LINKS" =~ ^[0-9]+[kmg]bit(,[0-9]+[kmg]bit)*$ ]] || die "--links wants rates like 1gbit,100mbit,10mbit"
 [[ "$IDLE_IMAGES" =~ ^[0-9]+$ ]] || die "--idle-images wants a number"
-V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge|local|index|index-boot)'
+V='(containerd|lamina|lamina-boot|snapshotter|snapshotter-boot|run|run-boot|proxy|faults|faults-nohedge|local|index|index-boot|docker-index)'
 [[ "$VARIANTS" =~ ^$V(,$V)*$ ]] ||
-    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge, local, index, index-boot"
+    die "--variants: containerd, lamina, lamina-boot, snapshotter, snapshotter-boot, run, run-boot, proxy, faults, faults-nohedge, local, index, index-boot, docker-index"
 W='(python|nginx|redis|readall|datasci|node)'
 [[ "$WORKLOADS" =~ ^$W(,$W)*$ ]] || die "--workloads: python, nginx, redis, readall, datasci, node"
 [[ "$READALL_RUNS" =~ ^[1-9][0-9]*$ ]] || die "--readall-runs wants a positive integer"

@@ -20,7 +20,8 @@ VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina
           "run-boot": "lamina run + boot set", "proxy": "lamina, through the fault proxy (clean)",
           "faults": "lamina, fault mix",
           "faults-nohedge": "lamina, fault mix, --no-hedge", "local": "local disk (limit)",
-          "index": "tar index (unmodified image)", "index-boot": "tar index + boot set"}
+          "index": "tar index (unmodified image)", "index-boot": "tar index + boot set",
+          "docker-index": "docker, through the tar index"}
 THROUGH = ("containerd", "snapshotter", "snapshotter-boot", "run", "run-boot")
 WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis", "readall": "read all",
           "datasci": "data science (python3)", "node": "Node.js"}

@@ -85,7 +85,13 @@ TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}
 BYTES_TARGET_PCT = 3.0
 TBF = ["burst", "64kb", "latency", "50ms"]
 VARIANTS = ["containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
-            "proxy", "faults", "faults-nohedge", "local", "index", "index-boot"]
+            "proxy", "faults", "faults-nohedge", "local", "index", "index-boot", "docker-index"]
+# docker-index: Docker Engine (dockerd with the containerd image store and
+# `lamina` as its storage driver, on the same containerd and a fresh lamina
+# snapshotter) pulls and runs the unmodified tag, found through its index:
+# `docker pull` + `docker run`, python3 only. dockerd and docker from
+# DOCKER_DIR (scripts/setup.sh), else from PATH.
+DOCKER_DIR = "/var/cache/lamina-test/go/dockerd-v28.5.2"
 # index: the unmodified image through its tar index (`lamina index`, issue
 # 30), `lamina mount` of the source tag itself; index-boot: through an index
 # with boot pages from a trace recorded through the plain index's mount
@@ -902,6 +908,96 @@ class Bench:
             self.stop_snapshotter(proc, root)
             self.rmtree_unmounted(d)
 
+    def docker_bins(self):
+        """dockerd and docker: setup.sh's build, else PATH; None when there are none."""
+        for d in (DOCKER_DIR, None):
+            bins = [os.path.join(d, b) if d else shutil.which(b) for b in ("dockerd", "docker")]
+            if all(b and os.access(b, os.X_OK) for b in bins):
+                return bins
+        return None
+
+    def start_dockerd(self, d, seq):
+        """dockerd in the namespace (it fetches manifests itself) on our containerd."""
+        dockerd, docker = self.docker_bins()
+        sock = os.path.join(d, "docker.sock")
+        log_f = open(os.path.join(d, "dockerd.log"), "ab")
+        proc = subprocess.Popen(
+            self.ns + [dockerd, "--containerd", self.a.containerd_sock, "--data-root", os.path.join(d, "docker"),
+                       "--exec-root", f"/run/lcs-docker-{self.a.id}-{seq}", "--pidfile", os.path.join(d, "docker.pid"),
+                       "-H", f"unix://{sock}", "--iptables=false", "--ip6tables=false", "--bridge=none",
+                       "--userland-proxy=false", "--storage-driver", "lamina",
+                       "--feature", "containerd-snapshotter=true", "--insecure-registry", self.reg],
+            stdin=subprocess.DEVNULL, stdout=log_f, stderr=log_f, start_new_session=True)
+        log_f.close()
+        client = [docker, "-H", f"unix://{sock}"]
+        end = time.monotonic() + 60
+        while run(client + ["info"], check=False, capture=True).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"dockerd did not answer (rc {proc.poll()})")
+            time.sleep(0.2)
+        return proc, client
+
+    def docker_container(self, client, ref, workload):
+        """`docker run --rm` of the workload; returns when its first output came."""
+        proc = subprocess.Popen(self.ns + client + ["run", "--rm", "--network", "host", ref]
+                                + workload_args(workload, 0), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            return wait_ready(workload, proc, 0)
+        finally:
+            proc.wait(timeout=60)
+            proc.stdout.close()
+
+    def docker_run(self, workload):
+        if workload != "python" or not self.docker_bins():
+            raise RuntimeError("docker-index: python only, and needs dockerd and docker")
+        seq = self.next_seq()
+        ref = f"{self.reg}/debian:bookworm"
+        d = os.path.join(self.work, "runs", f"{seq:03d}-docker-{workload}")
+        root = os.path.join(d, "root")
+        os.makedirs(d)
+        snap = self.start_snapshotter(root)
+        dockerd, client = None, None
+        rec = {"tag": "bookworm"}
+        try:
+            dockerd, client = self.start_dockerd(d, seq)
+            drop_caches()
+            tx0 = self.tx_bytes()
+            t0 = time.perf_counter()
+            run(self.ns + client + ["pull", "-q", ref], timeout=600)
+            t_pull = time.perf_counter()
+            tx_pull = self.tx_bytes()
+            t_ready = self.docker_container(client, ref, workload)
+            tx_ready = self.tx_bytes()
+            time.sleep(0.25)  # the worker rewrites status.json every 200 ms
+            st = self.snapshotter_status(root)
+            rec.update(time_s=t_ready - t0, pull_s=t_pull - t0, container_s=t_ready - t_pull,
+                       wire_bytes_pull=tx_pull - tx0, wire_bytes_ready=tx_ready - tx0, wire_bytes=tx_ready - tx0,
+                       fetched_bytes_ready=st.get("fetched_bytes"), requests_ready=st.get("requests"),
+                       misses_ready=st.get("misses"), content_blobs=self.content_blobs(),
+                       **{k: st.get(k) for k in ("fetched_bytes", "requests", "misses", "failed_misses",
+                                                 "bad_chunks", "cached_bytes")})
+            f0, tx1 = st.get("fetched_bytes") or 0, self.tx_bytes()
+            t1 = time.perf_counter()
+            t2 = self.docker_container(client, ref, workload)
+            time.sleep(0.25)
+            st2 = self.snapshotter_status(root)
+            rec["second"] = {"time_s": t2 - t1, "fetched_bytes": (st2.get("fetched_bytes") or 0) - f0,
+                             "wire_bytes": self.tx_bytes() - tx1,
+                             "misses": (st2.get("misses") or 0) - (st.get("misses") or 0)}
+            return rec
+        finally:
+            if dockerd is not None:
+                dockerd.terminate()
+                try:
+                    dockerd.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    dockerd.kill()
+                    dockerd.wait()
+            self.containerd_forget("moby", [f"docker.io/{ref}", ref], snapshotter="lamina")
+            self.stop_snapshotter(snap, root)
+            self.rmtree_unmounted(d)
+
     def wait_prefetch(self, status, st):
         """Waits (at most 180 s) for the boot set's background fetch; the last status."""
         if st.get("prefetch_total"):
@@ -1314,7 +1410,8 @@ def aggregate(result):
 
 SHORT = {"containerd": "containerd", "lamina": "mount", "lamina-boot": "mount+b", "snapshotter": "snap",
          "snapshotter-boot": "snap+b", "run": "run", "run-boot": "run+b", "proxy": "proxy", "faults": "faults",
-         "faults-nohedge": "faults-nh", "local": "local", "index": "index", "index-boot": "index+b"}
+         "faults-nohedge": "faults-nh", "local": "local", "index": "index", "index-boot": "index+b",
+         "docker-index": "docker"}
 
 
 def print_table(r):
@@ -1409,7 +1506,9 @@ def main():
     run(b.ns + ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--preserve-digests",
                 f"oci:{layout}:{tag}", f"docker://{a.registry}/debian:bookworm"])
     result["setup"]["push_source_s"] = time.perf_counter() - t
-    if "index" in variants or "index-boot" in variants:
+    if "docker-index" in variants and not b.docker_bins():
+        log(f"docker-index: no dockerd and docker in {DOCKER_DIR} or on PATH: not measured")
+    if {"index", "index-boot", "docker-index"} & set(variants):
         t = time.perf_counter()
         report = b.lamina_json("index", f"docker://{a.registry}/debian:bookworm")
         result["setup"]["index"] = dict(report[0], wall_s=time.perf_counter() - t)
@@ -1490,6 +1589,8 @@ def main():
                             continue  # the heavy images run with HEAVY_VARIANTS only
                         if v == "local" and w not in HEAVY:
                             continue
+                        if v == "docker-index" and (w != "python" or not b.docker_bins()):
+                            continue  # python only; without dockerd, said at the start
                         b.check_deadline()
                         with open("/proc/loadavg") as f:
                             load = float(f.read().split()[0])
@@ -1508,6 +1609,8 @@ def main():
                             rec = b.lamina_faults(w, hedge=v == "faults")
                         elif v == "index":
                             rec = b.lamina_run(v, w, ref=f"docker://{b.reg}/debian:bookworm")
+                        elif v == "docker-index":
+                            rec = b.docker_run(w)
                         elif v == "index-boot":
                             rec = b.lamina_run(v, w, ref=f"docker://{b.reg}/debian:bookworm",
                                                mount_args=["--index", f"docker://{b.reg}/debian:index-boot-{w}"])
