@@ -175,6 +175,17 @@ def run(cmd, timeout=600, capture=False, check=True):
     return p
 
 
+def terminate(proc, timeout=30):
+    """SIGTERM, then SIGKILL after `timeout` seconds; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def rate_bps(rate):
     n, unit = rate[:-4], rate[-4:]
     return int(n) * {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}[unit]
@@ -827,13 +838,7 @@ class Bench:
 
     def stop_snapshotter(self, proc, root):
         """Stops the snapshotter, then unmounts whatever lamina mounts it left."""
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
         snaps = os.path.join(root, "snapshots")
         for name in os.listdir(snaps) if os.path.isdir(snaps) else []:
             for sub in ("merged", "lamina"):
@@ -988,12 +993,7 @@ class Bench:
             return rec
         finally:
             if dockerd is not None:
-                dockerd.terminate()
-                try:
-                    dockerd.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    dockerd.kill()
-                    dockerd.wait()
+                terminate(dockerd)
             self.containerd_forget("moby", [f"docker.io/{ref}", ref], snapshotter="lamina")
             self.stop_snapshotter(snap, root)
             self.rmtree_unmounted(d)

@@ -8,6 +8,9 @@ mod common;
 use common::*;
 use serde_json::Value;
 
+/// The python3 start the index tests record and measure.
+const START: &str = "import json, os, re; print('ok')";
+
 const TOOLS: &[&str] = &["umoci", "skopeo", "docker-registry", "curl"];
 
 /// `GET /v2/<path>` from the registry, with an OCI Accept header.
@@ -318,33 +321,6 @@ fn settled_status(m: &Mount) -> Value {
     m.status().expect("a lazy mount has a status")["status"].clone()
 }
 
-/// `python3 -c ...` chrooted into `root` prints ok.
-#[track_caller]
-fn python3_prints_ok(root: &std::path::Path) {
-    let script = "import json, os, re; print('ok')";
-    let mut chroot = command(
-        tool("chroot"),
-        [
-            root.as_os_str(),
-            "/usr/bin/python3".as_ref(),
-            "-c".as_ref(),
-            script.as_ref(),
-        ],
-    );
-    chroot
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("LC_ALL", "C");
-    let o = run(&mut chroot, TIMEOUT).ok();
-    assert_eq!(
-        o.stdout,
-        "ok\n",
-        "python3 in {}:\n{}",
-        root.display(),
-        o.describe()
-    );
-}
-
 /// The figure: a lazy mount of the Debian image's own tag through
 /// its index (default span size) moves under 10% of the image's layers for
 /// a python3 start: the span table and metadata at mount, then the spans
@@ -364,7 +340,7 @@ fn a_python3_start_through_the_index_moves_under_a_tenth() {
         &t.join("cache"),
         &["--mode", "kernel"],
     );
-    python3_prints_ok(&m.path);
+    python3_prints_ok(&m.path, START);
     let s = settled_status(&m);
     // At mount: the span table and the metadata, compressed, as the
     // artifact gives them (the kernel path reads no lookup table).
@@ -489,7 +465,7 @@ fn boot_pages_from_a_trace_serve_the_start() {
         &t.join("cache-rec"),
         &["--record-trace", trace.to_str().unwrap()],
     );
-    python3_prints_ok(&m.path);
+    python3_prints_ok(&m.path, START);
     m.unmount();
     let boot_index = reg.reference("deb:orig-boot");
     let report = lamina([
@@ -513,7 +489,7 @@ fn boot_pages_from_a_trace_serve_the_start() {
         &t.join("cache"),
         &["--mode", "kernel", "--index", &boot_index],
     );
-    python3_prints_ok(&m.path);
+    python3_prints_ok(&m.path, START);
     let s = settled_status(&m);
     assert!(s["boot_page_bytes"].as_u64().unwrap() > 0, "{s}");
     assert_eq!(s["miss_fetched_bytes"], 0, "a miss fetched a span: {s}");

@@ -114,6 +114,26 @@ pub struct BootPages {
 }
 
 impl BootPages {
+    /// Appends page `page` (of [`BOOT_PAGE`] bytes, `data`) of blob `blob`:
+    /// to the last extent when it is the page after it, else as a new one.
+    pub fn push_page(&mut self, blob: u32, page: u64, data: &[u8]) {
+        let at = page * BOOT_PAGE;
+        match self.extents.last_mut() {
+            Some(last)
+                if last.blob.get() == blob
+                    && last.cache_offset.get() + u64::from(last.pages.get()) * BOOT_PAGE == at =>
+            {
+                last.pages += 1;
+            }
+            _ => self.extents.push(BootExtent {
+                cache_offset: at.into(),
+                blob: blob.into(),
+                pages: 1.into(),
+            }),
+        }
+        self.data.extend_from_slice(data);
+    }
+
     /// Serialises.
     pub fn to_bytes(&self) -> Vec<u8> {
         let header = BootHeader {

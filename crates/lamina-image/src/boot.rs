@@ -12,7 +12,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use lamina_format::boot::{BootExtent, BootPages, BOOT_PAGE};
+use lamina_format::boot::{BootPages, BOOT_PAGE};
 use lamina_format::index::chunk_table_bytes;
 use lamina_format::index::CHUNK_ZSTD;
 
@@ -127,21 +127,7 @@ pub fn build_boot_pages(image: &BuiltImage, trace: &[TraceEntry]) -> io::Result<
         let to = (from + BOOT_PAGE as usize).min(data.len());
         let mut bytes = data[from..to].to_vec();
         bytes.resize(BOOT_PAGE as usize, 0);
-        match boot.extents.last_mut() {
-            Some(last)
-                if last.blob.get() as usize == b
-                    && last.cache_offset.get() + u64::from(last.pages.get()) * BOOT_PAGE
-                        == page * BOOT_PAGE =>
-            {
-                last.pages += 1;
-            }
-            _ => boot.extents.push(BootExtent {
-                cache_offset: (page * BOOT_PAGE).into(),
-                blob: (b as u32).into(),
-                pages: 1.into(),
-            }),
-        }
-        boot.data.extend_from_slice(&bytes);
+        boot.push_page(b as u32, page, &bytes);
     }
     // The chunk tables of the blobs the pages are in (paged index), so the
     // start needs no table request for them.

@@ -7,7 +7,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::{self, Read};
 
-use lamina_format::boot::{BootExtent, BootPages, BOOT_PAGE};
+use lamina_format::boot::{BootPages, BOOT_PAGE};
 use lamina_format::erofs::{self, ChunkAddr, Device, FileChunks, TAR_BLOCK_BITS};
 use lamina_format::index::{ChunkEntry, IndexBlob};
 use lamina_format::tar_index::{
@@ -199,21 +199,7 @@ pub fn boot_pages(
         let Some(data) = bytes.remove(&(l, page)) else {
             continue;
         };
-        match boot.extents.last_mut() {
-            Some(last)
-                if last.blob.get() as usize == l
-                    && last.cache_offset.get() + u64::from(last.pages.get()) * BOOT_PAGE
-                        == page * BOOT_PAGE =>
-            {
-                last.pages += 1;
-            }
-            _ => boot.extents.push(BootExtent {
-                cache_offset: (page * BOOT_PAGE).into(),
-                blob: (l as u32).into(),
-                pages: 1.into(),
-            }),
-        }
-        boot.data.extend_from_slice(&data);
+        boot.push_page(l as u32, page, &data);
     }
     Ok(boot)
 }

@@ -1065,6 +1065,33 @@ pub fn converted_without_xattrs(t: &TestDir) -> String {
     image
 }
 
+/// `python3 -c SCRIPT` chrooted into `root` (a Debian image's tree) prints
+/// `ok`, with a clean environment.
+#[track_caller]
+pub fn python3_prints_ok(root: &Path, script: &str) {
+    let mut chroot = command(
+        tool("chroot"),
+        [
+            root.as_os_str(),
+            "/usr/bin/python3".as_ref(),
+            "-c".as_ref(),
+            script.as_ref(),
+        ],
+    );
+    chroot
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C");
+    let o = run(&mut chroot, TIMEOUT).ok();
+    assert_eq!(
+        o.stdout,
+        "ok\n",
+        "python3 in the image mounted at {}:\n{}",
+        root.display(),
+        o.describe()
+    );
+}
+
 /// `FIX/edge` (an OCI layout with tags edge and edge-gz).
 pub fn edge_layout() -> PathBuf {
     fixtures().join("edge")
