@@ -94,7 +94,7 @@ impl SpanWindows {
                 let _held = self.have.lock();
                 self.arrived.notify_all();
             });
-            let window_of = |span: usize| self.wait(layer, span, &loading);
+            let window_of = |span: usize| self.wait((layer, span), &loading, opts, stats);
             let result = fetch(ChunkCodec::Spans(&window_of));
             // Decoded, or failed: a retry fetches the window again.
             if let Ok(mut have) = self.have.lock() {
@@ -147,29 +147,141 @@ impl SpanWindows {
     }
 
     /// The window of `span` of `layer`: at once when it needs none or is
-    /// held, else once it arrives; `None` once `loading` ends without it.
-    fn wait(&self, layer: u32, span: usize, loading: &AtomicBool) -> Option<Arc<Vec<u8>>> {
+    /// held, else once it arrives. If `loading` ends without it (it failed,
+    /// or another fetch of the span held it then and has dropped it since),
+    /// it is fetched once more here; an error if that fails too (the span
+    /// then fails at once: its bytes are not what is missing).
+    fn wait(
+        &self,
+        (layer, span): (u32, usize),
+        loading: &AtomicBool,
+        opts: &FetchOptions,
+        stats: &FetchStats,
+    ) -> Result<Option<Arc<Vec<u8>>>, String> {
         let needs = self
             .entries
             .get(layer as usize)
             .and_then(|e| e.get(span))
             .is_some_and(Option::is_some);
         if !needs {
-            return None;
+            return Ok(None);
         }
-        let mut have = self.have.lock().ok()?;
+        let poisoned = || "windows lock poisoned".to_string();
+        let mut have = self.have.lock().map_err(|_| poisoned())?;
         loop {
             if let Some(window) = have.get(&(layer, span)) {
-                return Some(window.clone());
+                return Ok(Some(window.clone()));
             }
             if !loading.load(Ordering::SeqCst) {
-                return None;
+                drop(have);
+                self.fetch(layer, &[span], opts, stats)
+                    .map_err(|e| format!("the window of span {span}: {e}"))?;
+                let have = self.have.lock().map_err(|_| poisoned())?;
+                return match have.get(&(layer, span)) {
+                    Some(window) => Ok(Some(window.clone())),
+                    None => Err(format!("the window of span {span} could not be had")),
+                };
             }
             have = self
                 .arrived
                 .wait_timeout(have, Duration::from_millis(50))
-                .ok()?
+                .map_err(|_| poisoned())?
                 .0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_format::tar_index::window_entry;
+    use std::sync::atomic::AtomicU32;
+
+    /// A windows blob that answers the first `bad` requests with flipped
+    /// bytes.
+    #[derive(Debug)]
+    struct Blob {
+        bytes: Vec<u8>,
+        bad: AtomicU32,
+    }
+
+    impl RangeSource for Blob {
+        fn read_range(&self, _: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+            let mut out = self.bytes[offset as usize..(offset + len) as usize].to_vec();
+            if self.bad.load(Ordering::SeqCst) > 0 {
+                self.bad.fetch_sub(1, Ordering::SeqCst);
+                out.iter_mut().for_each(|b| *b ^= 0xff);
+            }
+            Ok(out)
+        }
+    }
+
+    /// Two windows of layer 0 (spans 1 and 2; span 0 needs none).
+    fn windows(bad: u32) -> (SpanWindows, Vec<Vec<u8>>) {
+        let raw: Vec<Vec<u8>> = (1..3u8).map(|k| vec![k; 1000]).collect();
+        let mut bytes = Vec::new();
+        let mut entries = vec![None];
+        for w in &raw {
+            let frame = zstd::bulk::compress(w, 3).unwrap();
+            entries.push(Some(window_entry(
+                w,
+                bytes.len() as u64,
+                frame.len() as u32,
+            )));
+            bytes.extend_from_slice(&frame);
+        }
+        let source: Arc<dyn RangeSource> = Arc::new(Blob {
+            bytes,
+            bad: AtomicU32::new(bad),
+        });
+        let w = SpanWindows {
+            entries: vec![entries],
+            blob: Some((Digest::of_bytes(b"windows"), source)),
+            have: Mutex::new(HashMap::new()),
+            arrived: Condvar::new(),
+        };
+        (w, raw)
+    }
+
+    fn options() -> FetchOptions {
+        FetchOptions {
+            backoff: Duration::from_millis(1),
+            ..FetchOptions::default()
+        }
+    }
+
+    /// Each span gets its own window (a corrupt answer fetched again), a
+    /// span that needs none gets none, and none is kept afterwards.
+    #[test]
+    fn spans_get_their_windows_checked() {
+        let (w, raw) = windows(1);
+        let stats = FetchStats::default();
+        let got = w.with_windows(0, &[0, 1, 2], &options(), &stats, |codec| {
+            let ChunkCodec::Spans(window_of) = codec else {
+                panic!("not spans");
+            };
+            (0..3).map(|s| window_of(s).unwrap()).collect::<Vec<_>>()
+        });
+        assert!(got[0].is_none());
+        assert_eq!(got[1].as_deref(), Some(&raw[0]));
+        assert_eq!(got[2].as_deref(), Some(&raw[1]));
+        // Both windows came in the one spoilt answer, then again.
+        assert_eq!(stats.bad_chunks.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.requests.load(Ordering::Relaxed), 2);
+        assert!(w.have.lock().unwrap().is_empty(), "windows kept");
+    }
+
+    /// A window that cannot be had is an error for its span, at once.
+    #[test]
+    fn a_window_never_had_is_an_error() {
+        let (w, _) = windows(u32::MAX);
+        let stats = FetchStats::default();
+        let got = w.with_windows(0, &[1], &options(), &stats, |codec| {
+            let ChunkCodec::Spans(window_of) = codec else {
+                panic!("not spans");
+            };
+            window_of(1)
+        });
+        assert!(got.unwrap_err().contains("window of span 1"));
     }
 }

@@ -166,8 +166,19 @@ fn plan_requests(chunks: &[ChunkEntry], wanted: &[usize], opts: &FetchOptions) -
     spans
 }
 
-/// The window of span `i` (`None`: it has none, or it could not be had).
-pub type WindowOf<'a> = &'a (dyn Fn(usize) -> Option<Arc<Vec<u8>>> + Sync);
+/// The window of span `i`: `Ok(None)` when it needs none; `Err(why)` when
+/// it could not be had, and the span then fails at once (fetching it again
+/// cannot help).
+pub type WindowOf<'a> = &'a (dyn Fn(usize) -> Result<Option<Arc<Vec<u8>>>, String> + Sync);
+
+/// Why a chunk's stored bytes did not decode.
+enum DecodeFailure {
+    /// Bad bytes: fetched again.
+    Retry(String),
+    /// Nothing a new fetch of these bytes changes (a span's window is
+    /// missing): the request fails now.
+    Fatal(String),
+}
 
 /// How a blob's fetched bytes become its chunks.
 #[derive(Clone, Copy, Default)]
@@ -208,14 +219,16 @@ impl BlobChunks<'_> {
         decompressor: &mut zstd::bulk::Decompressor<'_>,
         i: usize,
         stored: &[u8],
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, DecodeFailure> {
         let chunk = &self.chunks[i];
         match self.codec {
-            ChunkCodec::Lamina => decode_chunk(decompressor, chunk, stored),
+            ChunkCodec::Lamina => {
+                decode_chunk(decompressor, chunk, stored).map_err(DecodeFailure::Retry)
+            }
             ChunkCodec::Spans(window_of) => {
-                let window = window_of(i);
+                let window = window_of(i).map_err(DecodeFailure::Fatal)?;
                 lamina_zran::decode_entry(chunk, window.as_deref().map(Vec::as_slice), stored)
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| DecodeFailure::Retry(e.to_string()))
             }
         }
     }
@@ -417,10 +430,13 @@ impl<D: Fn(usize, Vec<u8>) -> io::Result<()> + Sync> SpanRun<'_, D> {
                     attempts: attempt,
                     last: format!("writing the cache: {e}"),
                 })?,
-                Err(reason) => {
+                Err(DecodeFailure::Retry(reason)) => {
                     self.stats.bad_chunks.fetch_add(1, Ordering::Relaxed);
                     *last_err = reason;
                     failed.push(i);
+                }
+                Err(DecodeFailure::Fatal(reason)) => {
+                    return Err(self.exhausted(pending, attempt, reason));
                 }
             }
         }
@@ -635,6 +651,36 @@ mod tests {
         assert_eq!(hedging.hedges.load(Ordering::Relaxed), 2);
         assert_eq!(hedging.wins.load(Ordering::Relaxed), 2);
         drop(release);
+    }
+
+    /// A span whose window cannot be had fails after one request: fetching
+    /// its bytes again would not bring the window.
+    #[test]
+    fn a_span_without_its_window_fails_at_once() {
+        let parts: Vec<Vec<u8>> = (0..2).map(|i| vec![i as u8 + 1; 10_000]).collect();
+        let (blob, chunks) = make(&parts);
+        let src: Arc<dyn RangeSource> = Arc::new(Flaky {
+            blob,
+            script: Mutex::new(vec![]),
+        });
+        let opts = FetchOptions {
+            backoff: Duration::from_millis(1),
+            ..FetchOptions::default()
+        };
+        let digest = Digest::of_bytes(b"x");
+        let no_window = |_: usize| Err("its window could not be fetched".to_string());
+        let blob = BlobChunks {
+            digest: &digest,
+            chunks: &chunks,
+            codec: ChunkCodec::Spans(&no_window),
+        };
+        let stats = FetchStats::default();
+        let err = fetch_chunks(&src, blob, &[0, 1], &opts, &stats, |_, _| {
+            panic!("nothing may be delivered")
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("window"), "{err}");
+        assert_eq!(stats.requests.load(Ordering::Relaxed), 1, "retried");
     }
 
     #[test]
