@@ -29,6 +29,7 @@ use crate::config::{
     MetadataFill,
 };
 use crate::latency::{Histogram, Recorder};
+use crate::pool::{MissPool, MAX_MISS_THREADS};
 use crate::predict::{FileMap, MapError, RateMeter};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
@@ -536,55 +537,12 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     protocol::send_owned(&shared.sock, Message::Hello, None)?;
     tracing::info!(image = %shared.config.image, blobs = n, "serving misses");
 
-    let (tx, rx) = mpsc::channel::<Job>();
-    let rx = Arc::new(Mutex::new(rx));
-    for _ in 0..shared.config.workers.max(1) {
+    let jobs = {
         let shared = shared.clone();
-        let rx = rx.clone();
-        std::thread::spawn(move || loop {
-            let job = match rx.lock() {
-                Ok(r) => r.recv(),
-                Err(_) => return,
-            };
-            let Ok(Job {
-                id,
-                blob,
-                offset,
-                count,
-                file,
-                response_fd,
-                received,
-            }) = job
-            else {
-                return;
-            };
-            let errno = match shared.serve_miss(blob, offset, count, file.as_ref()) {
-                Ok(()) => 0,
-                Err(e) => {
-                    tracing::error!(
-                        blob,
-                        offset,
-                        count,
-                        "blob {blob} bytes {offset}+{count}: {e}; reader gets EIO"
-                    );
-                    shared.failed.fetch_add(1, Ordering::Relaxed);
-                    libc::EIO
-                }
-            };
-            shared.answer(id, response_fd, errno);
-            let waited = received.elapsed();
-            shared.miss_latency.observe(waited);
-            tracing::debug!(
-                blob,
-                offset,
-                count,
-                errno,
-                waited_ms = waited.as_secs_f64() * 1e3,
-                "miss answered"
-            );
-            shared.active_misses.fetch_sub(1, Ordering::Relaxed);
-        });
-    }
+        MissPool::new(shared.config.workers, MAX_MISS_THREADS, move |job| {
+            shared.serve_job(job)
+        })
+    };
     {
         let shared = shared.clone();
         // Status is checked every 25 ms and written only when it changed, so
@@ -627,7 +585,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             None => {
                 // The holder died without a word (kill -9).
                 shared.holder_gone.store(true, Ordering::SeqCst);
-                shared.take_over_after_holder(&tx)?;
+                shared.take_over_after_holder(&jobs)?;
                 shared.save_records(Duration::ZERO);
                 let _ = shared.write_status();
                 return Ok(());
@@ -670,7 +628,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
                     shared.active_misses.fetch_sub(1, Ordering::Relaxed);
                     continue;
                 }
-                let _ = tx.send(Job {
+                let _ = jobs.submit(Job {
                     id,
                     blob,
                     offset,
@@ -1007,7 +965,7 @@ impl Shared {
     /// serves them as misses, answering by its own fd numbers, until the
     /// superblock is gone. Readers of this mount, and of every other mount
     /// of the same cache files (asked too), go on getting the image's bytes.
-    fn take_over_after_holder(&self, jobs: &mpsc::Sender<Job>) -> io::Result<()> {
+    fn take_over_after_holder(&self, jobs: &MissPool<Job>) -> io::Result<()> {
         let (Some(group), Some(superblock)) = (self.group.get(), self.superblock.get()) else {
             // A FUSE daemon never hands over a group: its mount dies with
             // it, so no read can see unfilled bytes and there is nothing
@@ -1077,7 +1035,7 @@ impl Shared {
         group: &FanotifyGroup,
         ev: lamina_sys::Event,
         watched: &HashMap<(u64, u64), u32>,
-        jobs: &mpsc::Sender<Job>,
+        jobs: &MissPool<Job>,
     ) {
         let Some(file) = ev.file else {
             tracing::error!("fanotify queue overflow");
@@ -1113,13 +1071,51 @@ impl Shared {
             response_fd: ev.response_fd,
             received: Instant::now(),
         };
-        if let Err(e) = jobs.send(job) {
+        if let Err(e) = jobs.submit(job) {
             let _ = group.respond(e.0.response_fd, Response::DenyErrno(libc::EIO));
         }
     }
 
     /// Saves the fill records whose chunks have waited `interval`: the
     /// cache file is synced without the store's lock, so fills go on.
+    /// Serves one miss and answers its reader.
+    fn serve_job(self: &Arc<Self>, job: Job) {
+        let Job {
+            id,
+            blob,
+            offset,
+            count,
+            file,
+            response_fd,
+            received,
+        } = job;
+        let errno = match self.serve_miss(blob, offset, count, file.as_ref()) {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::error!(
+                    blob,
+                    offset,
+                    count,
+                    "blob {blob} bytes {offset}+{count}: {e}; reader gets EIO"
+                );
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                libc::EIO
+            }
+        };
+        self.answer(id, response_fd, errno);
+        let waited = received.elapsed();
+        self.miss_latency.observe(waited);
+        tracing::debug!(
+            blob,
+            offset,
+            count,
+            errno,
+            waited_ms = waited.as_secs_f64() * 1e3,
+            "miss answered"
+        );
+        self.active_misses.fetch_sub(1, Ordering::Relaxed);
+    }
+
     fn save_records(&self, interval: Duration) {
         for b in 0..self.stores.len() as u32 {
             let saved = (|| {
