@@ -84,6 +84,11 @@ impl SpanWindows {
         stats: &FetchStats,
         fetch: impl FnOnce(ChunkCodec<'_>) -> R,
     ) -> R {
+        let none = |_: usize| Ok(None);
+        if !spans.iter().any(|&s| self.needs((layer, s))) {
+            // zstd, plain and member-start spans: no loader thread per fetch.
+            return fetch(ChunkCodec::Spans(&none));
+        }
         let loading = AtomicBool::new(true);
         std::thread::scope(|scope| {
             scope.spawn(|| {
@@ -106,6 +111,14 @@ impl SpanWindows {
         })
     }
 
+    /// Whether `span` of `layer` needs a window.
+    fn needs(&self, (layer, span): (u32, usize)) -> bool {
+        self.entries
+            .get(layer as usize)
+            .and_then(|e| e.get(span))
+            .is_some_and(Option::is_some)
+    }
+
     /// Fetches and checks the windows of `spans` of `layer` not held yet.
     fn fetch(
         &self,
@@ -125,7 +138,7 @@ impl SpanWindows {
         let wanted: Vec<usize> = spans
             .iter()
             .copied()
-            .filter(|&s| entries.get(s).is_some_and(Option::is_some) && !held(&s))
+            .filter(|&s| self.needs((layer, s)) && !held(&s))
             .collect();
         let (Some((digest, source)), false) = (&self.blob, wanted.is_empty()) else {
             return Ok(());
@@ -158,12 +171,7 @@ impl SpanWindows {
         opts: &FetchOptions,
         stats: &FetchStats,
     ) -> Result<Option<Arc<Vec<u8>>>, String> {
-        let needs = self
-            .entries
-            .get(layer as usize)
-            .and_then(|e| e.get(span))
-            .is_some_and(Option::is_some);
-        if !needs {
+        if !self.needs((layer, span)) {
             return Ok(None);
         }
         let poisoned = || "windows lock poisoned".to_string();
