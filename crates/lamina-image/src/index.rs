@@ -95,6 +95,9 @@ pub enum IndexError {
     /// A destination that cannot hold a referrer of the source.
     #[error("{0}")]
     Destination(String),
+    /// The `--prefetch` trace, or the boot pages made from it.
+    #[error("{0}")]
+    Prefetch(String),
 }
 
 /// Indexes `src` and stores the artifact: by default (no `dst`) as a
@@ -145,9 +148,9 @@ fn index_one(
         Some(path) => {
             let text = std::fs::read_to_string(path)?;
             let trace =
-                parse_trace(path, &text).map_err(|e| IndexError::Destination(e.to_string()))?;
+                parse_trace(path, &text).map_err(|e| IndexError::Prefetch(e.to_string()))?;
             let pages = boot_pages(source.as_ref(), &mut built.index, &trace)?;
-            boot_pages_layer(&pages).map_err(|e| IndexError::Destination(e.to_string()))?
+            boot_pages_layer(&pages).map_err(|e| IndexError::Prefetch(e.to_string()))?
         }
         None => None,
     };
