@@ -15,7 +15,7 @@ pub mod config;
 pub mod filler;
 pub mod holder;
 pub mod latency;
-mod pool;
+pub mod pool;
 pub mod predict;
 pub mod protocol;
 pub mod readahead;

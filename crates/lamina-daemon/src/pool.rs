@@ -1,8 +1,13 @@
-//! The threads that serve misses: a few at start, one more whenever a miss
-//! arrives while every thread is busy, up to a bound. A fixed pool let
-//! misses that wait on a stalled registry (each up to the mount's timeout)
-//! hold up a miss whose bytes are already in the cache file (verified by
-//! hash, not yet recorded) until they timed out: its reader got EIO.
+//! The threads that serve misses (the worker's, and the FUSE daemon's reads
+//! that wait for it): a few at start, one more whenever a miss arrives
+//! while every thread is busy, up to a bound. A fixed pool let misses that
+//! wait on a stalled registry (each up to the mount's timeout) hold up a
+//! miss whose bytes are already in the cache file until they timed out.
+//!
+//! "Busy" counts jobs submitted but not yet taken: a pool that counted only
+//! threads waiting for work saw a burst of submits as served by threads
+//! that had not woken yet, grew too little, and queued a later read of
+//! local data behind misses stalled for the whole timeout (seen in CI).
 
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -10,10 +15,10 @@ use std::sync::{mpsc, Arc, Mutex};
 /// Most threads a pool grows to: as many misses may wait at once on a
 /// stalled registry without holding up any other (the FUSE daemon's own
 /// miss threads are bounded alike, `lamina_fuse`).
-pub(crate) const MAX_MISS_THREADS: usize = 128;
+pub const MAX_MISS_THREADS: usize = 128;
 
 /// A growing pool of threads running `serve` on each job submitted.
-pub(crate) struct MissPool<J: Send + 'static> {
+pub struct MissPool<J: Send + 'static> {
     tx: mpsc::Sender<J>,
     rx: Arc<Mutex<mpsc::Receiver<J>>>,
     /// Threads free for a job, less the jobs submitted for them and not
@@ -24,9 +29,19 @@ pub(crate) struct MissPool<J: Send + 'static> {
     serve: Arc<dyn Fn(J) + Send + Sync>,
 }
 
+impl<J: Send + 'static> std::fmt::Debug for MissPool<J> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MissPool")
+            .field("threads", &self.threads)
+            .field("idle", &self.idle)
+            .field("max", &self.max)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<J: Send + 'static> MissPool<J> {
     /// `min` threads now (at least one), at most `max` ever.
-    pub(crate) fn new(min: usize, max: usize, serve: impl Fn(J) + Send + Sync + 'static) -> Self {
+    pub fn new(min: usize, max: usize, serve: impl Fn(J) + Send + Sync + 'static) -> Self {
         let (tx, rx) = mpsc::channel();
         let pool = MissPool {
             tx,
@@ -43,8 +58,9 @@ impl<J: Send + 'static> MissPool<J> {
     }
 
     /// Hands `job` to an idle thread, or to a new one when none is idle
-    /// and the bound allows.
-    pub(crate) fn submit(&self, job: J) -> Result<(), mpsc::SendError<J>> {
+    /// and the bound allows. `Err` gives the job back if the pool's
+    /// threads are gone.
+    pub fn submit(&self, job: J) -> Result<(), mpsc::SendError<J>> {
         let free = self.idle.fetch_sub(1, Ordering::SeqCst);
         if free <= 0 && self.threads.load(Ordering::SeqCst) < self.max {
             self.spawn();

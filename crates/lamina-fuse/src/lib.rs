@@ -206,16 +206,9 @@ impl ImageFs {
             )));
         }
         let blobs: Arc<[File]> = blobs.into();
-        let misses = match &filler {
-            Some(f) => match misses::MissPool::start(blobs.clone(), f.clone()) {
-                Ok(pool) => Some(pool),
-                Err(e) => {
-                    tracing::warn!("misses served on the FUSE threads: starting their pool: {e}");
-                    None
-                }
-            },
-            None => None,
-        };
+        let misses = filler
+            .as_ref()
+            .map(|f| misses::MissPool::start(blobs.clone(), f.clone()));
         Ok(ImageFs {
             image,
             image_len,

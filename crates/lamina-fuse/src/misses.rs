@@ -10,12 +10,11 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use fuser::{Errno, ReplyData};
 use lamina_daemon::filler::Filler;
+use lamina_daemon::pool::MissPool as Pool;
 
 use crate::Piece;
 
@@ -49,81 +48,26 @@ pub(crate) struct PendingRead {
     pub reply: ReplyData,
 }
 
-/// The pool of threads that serve handed-off reads.
+/// The pool of threads that serve handed-off reads (the daemon's growing
+/// pool: `lamina_daemon::pool`).
 #[derive(Debug)]
-pub(crate) struct MissPool {
-    queue: Mutex<mpsc::Sender<PendingRead>>,
-    shared: Arc<PoolShared>,
-}
-
-/// What the pool's threads share.
-#[derive(Debug)]
-struct PoolShared {
-    rx: Mutex<mpsc::Receiver<PendingRead>>,
-    blobs: Arc<[File]>,
-    filler: Arc<Filler>,
-    /// Threads started.
-    threads: AtomicUsize,
-    /// Threads waiting for a read to serve.
-    idle: AtomicUsize,
-}
+pub(crate) struct MissPool(Pool<PendingRead>);
 
 impl MissPool {
     /// Starts [`MISS_THREADS`] threads reading `blobs`, filled by `filler`.
-    pub(crate) fn start(blobs: Arc<[File]>, filler: Arc<Filler>) -> std::io::Result<MissPool> {
-        let (tx, rx) = mpsc::channel::<PendingRead>();
-        let shared = Arc::new(PoolShared {
-            rx: Mutex::new(rx),
-            blobs,
-            filler,
-            threads: AtomicUsize::new(0),
-            idle: AtomicUsize::new(0),
-        });
-        for _ in 0..MISS_THREADS {
-            spawn_thread(&shared)?;
-        }
-        Ok(MissPool {
-            queue: Mutex::new(tx),
-            shared,
-        })
+    pub(crate) fn start(blobs: Arc<[File]>, filler: Arc<Filler>) -> MissPool {
+        MissPool(Pool::new(MISS_THREADS, MAX_MISS_THREADS, move |read| {
+            serve(&blobs, Some(&filler), read)
+        }))
     }
 
     /// Hands `read` to the pool (growing it when no thread is free); served
     /// here if the pool is gone.
     pub(crate) fn submit(&self, read: PendingRead, blobs: &[File], filler: Option<&Filler>) {
-        let busy = self.shared.idle.load(Ordering::Acquire) == 0;
-        if busy && self.shared.threads.load(Ordering::Acquire) < MAX_MISS_THREADS {
-            if let Err(e) = spawn_thread(&self.shared) {
-                tracing::warn!("no more FUSE miss threads: {e}");
-            }
-        }
-        let sent = match self.queue.lock() {
-            Ok(queue) => queue.send(read).map_err(|e| e.0),
-            Err(_) => Err(read),
-        };
-        if let Err(read) = sent {
-            serve(blobs, filler, read);
+        if let Err(e) = self.0.submit(read) {
+            serve(blobs, filler, e.0);
         }
     }
-}
-
-fn spawn_thread(shared: &Arc<PoolShared>) -> std::io::Result<()> {
-    let n = shared.threads.fetch_add(1, Ordering::AcqRel);
-    let pool = shared.clone();
-    let spawned = std::thread::Builder::new()
-        .name(format!("fuse-miss-{n}"))
-        .spawn(move || loop {
-            pool.idle.fetch_add(1, Ordering::AcqRel);
-            let next = pool.rx.lock().map(|r| r.recv());
-            pool.idle.fetch_sub(1, Ordering::AcqRel);
-            let Ok(Ok(read)) = next else { return };
-            serve(&pool.blobs, Some(&pool.filler), read);
-        });
-    if let Err(e) = spawned {
-        shared.threads.fetch_sub(1, Ordering::AcqRel);
-        return Err(e);
-    }
-    Ok(())
 }
 
 fn serve(blobs: &[File], filler: Option<&Filler>, read: PendingRead) {
