@@ -16,6 +16,7 @@ use lamina_fetch::fetch::{
     fetch_chunks, BlobChunks, ChunkCodec, FetchOptions, FetchStats, RangeSource,
 };
 use lamina_fetch::hedge::{read_first_answer, Hedging};
+use lamina_fetch::locator::ChunkLocator;
 use lamina_fetch::store::{load_table, save_table, BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
 use lamina_format::erofs::Image;
@@ -34,6 +35,8 @@ use crate::predict::{FileMap, MapError, RateMeter};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
 use crate::windows::{SpanWindows, WindowEntries};
+
+mod located;
 use rustix::event::{poll, PollFd, PollFlags};
 
 /// Live figures, written to `<run_dir>/status.json`.
@@ -119,6 +122,13 @@ pub struct Status {
     /// worker to its answer (EIO included).
     #[serde(default)]
     pub miss_latency: Histogram,
+    /// Chunks copied from other images' cache files on this node instead
+    /// of fetched (`lamina_fetch::locator`), and their bytes.
+    #[serde(default)]
+    pub located_chunks: u64,
+    /// Bytes of `located_chunks` (uncompressed).
+    #[serde(default)]
+    pub located_bytes: u64,
     /// Per blob: (digest, chunks filled, chunks, complete).
     pub blobs: Vec<BlobStatus>,
 }
@@ -260,6 +270,11 @@ struct Shared {
     holder_gone: AtomicBool,
     /// This very `Shared`, for work handed to threads of its own.
     me: OnceLock<std::sync::Weak<Shared>>,
+    /// Where verified copies of chunks lie on this node (`None`: it could
+    /// not be opened; chunks are fetched).
+    locator: Option<ChunkLocator>,
+    located_chunks: AtomicU64,
+    located_bytes: AtomicU64,
 }
 
 /// How long a miss waits for chunks another mount claimed before it
@@ -282,6 +297,13 @@ const PREDICT_METADATA_MAX: u64 = 128 << 20;
 
 /// Boot-pages frames fetched at once (after the first, which goes alone).
 const BOOT_STREAMS: usize = 4;
+
+/// The cache's chunk locator; without one, chunks are only fetched.
+fn open_locator(blob_dir: &Path) -> Option<ChunkLocator> {
+    ChunkLocator::open(blob_dir)
+        .inspect_err(|e| tracing::warn!("no chunk locator, chunks are only fetched: {e}"))
+        .ok()
+}
 
 /// Decompresses zstd `compressed` to exactly `size` bytes (bounded at
 /// mount: nothing is allocated for what a frame header claims).
@@ -439,6 +461,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     // Unbounded: a batch per 2 MiB of the mapped files the start touches.
     let (predict_tx, predict_rx) = mpsc::channel();
     let predicting = config.predict_max > 0 && config.metadata_fill.is_some();
+    let locator = open_locator(&config.blob_dir);
     let shared = Arc::new(Shared {
         file_map: OnceLock::new(),
         predicted: Mutex::new(HashSet::new()),
@@ -506,6 +529,9 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         superblock: OnceLock::new(),
         holder_gone: AtomicBool::new(false),
         me: OnceLock::new(),
+        locator,
+        located_chunks: AtomicU64::new(0),
+        located_bytes: AtomicU64::new(0),
     });
     let _ = shared.me.set(Arc::downgrade(&shared));
     // Blobs completed by an earlier worker: tell the holder again.
@@ -1886,7 +1912,11 @@ impl Shared {
         opts: &FetchOptions,
         also_count: Option<&FetchStats>,
     ) -> io::Result<()> {
-        let entries = self.lock_store(blob)?.blob.chunks.clone();
+        let (entries, key) = {
+            let store = self.lock_store(blob)?;
+            (store.blob.chunks.clone(), store.key)
+        };
+        let chunks = &self.copy_located(blob, (&entries, &key), chunks, via)?;
         let counted = FetchStats::default();
         let fetch = |codec: ChunkCodec<'_>| {
             let target = BlobChunks {
@@ -1896,6 +1926,7 @@ impl Shared {
             };
             fetch_chunks(source, target, chunks, opts, &counted, |i, data| {
                 self.lock_store(blob)?.fill(i, &data, via)?;
+                self.note_located(&entries[i], &key);
                 Ok(())
             })
         };
@@ -2097,6 +2128,8 @@ impl Shared {
             hedges: self.hedging.hedges.load(Ordering::Relaxed),
             hedge_wins: self.hedging.wins.load(Ordering::Relaxed),
             hedge_bound_ms: self.hedging.bound(256 << 10).as_millis() as u64,
+            located_chunks: self.located_chunks.load(Ordering::Relaxed),
+            located_bytes: self.located_bytes.load(Ordering::Relaxed),
             ..Status::default()
         };
         for (b, digest) in self.digests.iter().enumerate() {

@@ -9,6 +9,8 @@
 //!   and made durable, bound to that file's identity.
 //! - [`object`]: the object record, a passed-through file's own copy bound
 //!   to that copy's identity, size and content digest.
+//! - [`locate`]: the chunk locator, where on the node a verified copy of a
+//!   chunk lies, by its digest.
 //! - [`tar_index`]: the span table of a tar index, random access into an
 //!   unmodified image's compressed layers.
 #![forbid(unsafe_code)]
@@ -18,6 +20,7 @@ pub mod boot;
 pub mod erofs;
 pub mod fill;
 pub mod index;
+pub mod locate;
 pub mod lookup;
 pub mod object;
 pub mod tar_index;

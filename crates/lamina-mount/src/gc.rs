@@ -153,6 +153,9 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             let Ok(meta) = entry.metadata() else { continue };
             let size = meta.blocks() * 512;
             total += size;
+            if path.ends_with(lamina_fetch::locator::LOCATOR_FILE) {
+                continue; // bounded, and shared by every entry
+            }
             if path
                 .extension()
                 .is_some_and(|e| e == "fill" || e == "table")

@@ -1,0 +1,297 @@
+//! Chunks found on this node instead of fetched: the cache's chunk locator
+//! (format in [`lamina_format::locate`]) says where a verified copy of a
+//! chunk lies, by its digest; [`ChunkLocator::copy`] reads it from there
+//! and hands it back only if it hashes to the digest the reader's own table
+//! gives. An update of an image (a rebuilt base, most files unchanged) and
+//! two images sharing files then fetch only the chunks the node does not
+//! hold.
+//!
+//! Other entries' cache files are read through quiet fds: a plain read of a
+//! file a kernel lazy mount serves would raise that mount's pre-content
+//! event, and a stale slot would make it fetch. Where quiet fds cannot be
+//! had (no fanotify: an unprivileged FUSE mount), nothing is copied.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use lamina_format::locate::{
+    probe, slot_offset, victim, ChunkSlot, LocatorHeader, FILE_LEN, HEADER_LEN, SLOT_LEN,
+};
+use lamina_oci::sha256;
+use zerocopy::IntoBytes;
+
+use crate::private;
+use crate::store::{store_paths, EntryKey};
+
+/// The locator's file in a cache's blob directory.
+pub const LOCATOR_FILE: &str = "chunks.locate";
+
+/// Quiet fds kept open at once (other entries' cache files).
+const OPEN_FILES: usize = 64;
+
+/// A cache's chunk locator.
+#[derive(Debug)]
+pub struct ChunkLocator {
+    file: File,
+    dir: PathBuf,
+    /// Quiet fds of other entries' cache files, by stem; `None`: that file
+    /// cannot be opened quietly (or at all).
+    open: Mutex<HashMap<String, Option<File>>>,
+    /// How a quiet fd is had ([`lamina_sys::open_quiet`]; tests without
+    /// fanotify use a plain one).
+    quiet: fn(&File) -> io::Result<File>,
+}
+
+impl ChunkLocator {
+    /// Opens the locator of the blob directory `dir`, creating it (0600,
+    /// sparse) if there is none; one of another version is replaced.
+    pub fn open(dir: &Path) -> io::Result<ChunkLocator> {
+        private::private_dir(dir)?;
+        let path = dir.join(LOCATOR_FILE);
+        let file = match open_valid(&path)? {
+            Some(file) => file,
+            None => create(&path)?,
+        };
+        Ok(ChunkLocator {
+            file,
+            dir: dir.to_path_buf(),
+            open: Mutex::new(HashMap::new()),
+            quiet: lamina_sys::open_quiet,
+        })
+    }
+
+    /// Notes that chunk `digest` (`size` bytes) lies verified at
+    /// `cache_offset` of `key`'s cache file. Best effort: a slot that is
+    /// not written only costs a fetch later.
+    pub fn note(&self, digest: &[u8; 32], key: &EntryKey, cache_offset: u64, size: u32) {
+        let mut entry = [0; 16];
+        entry.copy_from_slice(&key.id[..16]);
+        let slot = ChunkSlot::new(*digest, (key.blob, entry), cache_offset, size);
+        let mut free = None;
+        for i in probe(digest) {
+            match self.read_slot(i) {
+                Some(old) if old == slot => return,
+                Some(old) if old.digest == *digest => {
+                    free = Some(i);
+                    break;
+                }
+                Some(_) => {}
+                None => {
+                    free = free.or(Some(i));
+                }
+            }
+        }
+        let at = slot_offset(free.unwrap_or_else(|| victim(digest)));
+        if let Err(e) = self.file.write_all_at(slot.as_bytes(), at) {
+            tracing::debug!("chunk locator: {e}");
+        }
+    }
+
+    /// The bytes of chunk `digest` (`size` bytes), copied from another
+    /// entry than `not` where the locator says one holds it, and only if
+    /// they hash to `digest`.
+    pub fn copy(&self, digest: &[u8; 32], size: u32, not: &EntryKey) -> Option<Vec<u8>> {
+        for i in probe(digest) {
+            let Some(slot) = self.read_slot(i) else {
+                continue;
+            };
+            if slot.digest != *digest || slot.size.get() != size {
+                continue;
+            }
+            if slot.blob == not.blob && slot.entry == not.id[..16] {
+                continue; // our own file: a fill of it would be a no-op
+            }
+            if let Some(bytes) = self.read_verified(&slot) {
+                return Some(bytes);
+            }
+        }
+        None
+    }
+
+    fn read_slot(&self, i: u64) -> Option<ChunkSlot> {
+        let mut buf = [0u8; SLOT_LEN];
+        self.file.read_exact_at(&mut buf, slot_offset(i)).ok()?;
+        ChunkSlot::parse(&buf)
+    }
+
+    /// Reads the slot's range from its entry's cache file (quietly) and
+    /// returns it if it hashes to the slot's digest.
+    fn read_verified(&self, slot: &ChunkSlot) -> Option<Vec<u8>> {
+        let key = EntryKey {
+            blob: slot.blob,
+            id: {
+                let mut id = [0; 32];
+                id[..16].copy_from_slice(&slot.entry);
+                id
+            },
+        };
+        let stem = key.stem();
+        let mut open = self.open.lock().ok()?;
+        if open.len() >= OPEN_FILES && !open.contains_key(&stem) {
+            open.clear();
+        }
+        let file = open
+            .entry(stem)
+            .or_insert_with(|| open_quiet(&store_paths(&self.dir, &key).0, self.quiet))
+            .as_ref()?;
+        let (start, size) = (slot.cache_offset.get(), u64::from(slot.size.get()));
+        // A hole is never a chunk: skip the read and the hash.
+        match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(start)) {
+            Ok(data_at) if data_at < start + size => {}
+            _ => return None,
+        }
+        let mut buf = vec![0u8; size as usize];
+        file.read_exact_at(&mut buf, start).ok()?;
+        (sha256(&buf) == slot.digest).then_some(buf)
+    }
+}
+
+/// Opens the locator at `path` if it is one this code reads.
+fn open_valid(path: &Path) -> io::Result<Option<File>> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut header = [0u8; HEADER_LEN];
+    let valid = file.read_exact_at(&mut header, 0).is_ok()
+        && LocatorHeader::is_valid(&header)
+        && file.metadata()?.len() == FILE_LEN;
+    Ok(valid.then_some(file))
+}
+
+/// Creates a locator at `path` (replacing what is there): a temp file with
+/// the header, sparse to its full length, renamed into place. Two workers
+/// creating it at once each rename a valid empty one.
+fn create(path: &Path) -> io::Result<File> {
+    let temp = private::temp_name(path, "new");
+    let file = private::create_new(&temp)?;
+    let written = file
+        .write_all_at(LocatorHeader::new().as_bytes(), 0)
+        .and_then(|()| file.set_len(FILE_LEN))
+        .and_then(|()| std::fs::rename(&temp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    Ok(file)
+}
+
+/// A quiet fd of the cache file at `path`, or `None` (logged once per file).
+fn open_quiet(path: &Path, quiet: fn(&File) -> io::Result<File>) -> Option<File> {
+    let opened = File::open(path).and_then(|f| quiet(&f));
+    match opened {
+        Ok(file) => Some(file),
+        Err(e) => {
+            tracing::debug!("chunk locator: {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_format::locate::PROBE;
+
+    fn key(b: u8) -> EntryKey {
+        EntryKey {
+            blob: [b; 32],
+            id: [b; 32],
+        }
+    }
+
+    #[test]
+    fn a_locator_is_created_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = dir.path().join("blobs");
+        let first = ChunkLocator::open(&blobs).unwrap();
+        first.note(&[3; 32], &key(1), 0, 10);
+        drop(first);
+        let again = ChunkLocator::open(&blobs).unwrap();
+        let slots: Vec<ChunkSlot> = probe(&[3; 32]).filter_map(|i| again.read_slot(i)).collect();
+        assert_eq!(slots.len(), 1, "the note survived reopening");
+        let meta = std::fs::metadata(blobs.join(LOCATOR_FILE)).unwrap();
+        assert_eq!(meta.len(), FILE_LEN);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    }
+
+    /// Bytes are copied only from another entry, and only when they hash
+    /// to the digest: a forged slot, a hole or our own entry give nothing.
+    #[test]
+    fn copies_only_verified_bytes_of_other_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut locator = ChunkLocator::open(dir.path()).unwrap();
+        locator.quiet = File::try_clone;
+        let data = b"the chunk's bytes".repeat(100);
+        let digest = sha256(&data);
+        let size = data.len() as u32;
+        let (theirs, ours) = (key(1), key(2));
+        let cache = store_paths(dir.path(), &theirs).0;
+        std::fs::write(&cache, [vec![0u8; 8192], data.clone()].concat()).unwrap();
+        assert_eq!(locator.copy(&digest, size, &ours), None, "nothing noted");
+        locator.note(&digest, &theirs, 8192, size);
+        assert_eq!(locator.copy(&digest, size, &ours), Some(data.clone()));
+        assert_eq!(locator.copy(&digest, size, &theirs), None, "our own file");
+        assert_eq!(locator.copy(&digest, size + 1, &ours), None, "other size");
+        // A slot that names other bytes (stale or forged) is not believed.
+        let forged = sha256(b"other bytes");
+        locator.note(&forged, &theirs, 8192, size);
+        assert_eq!(locator.copy(&forged, size, &ours), None);
+        // Nor one pointing at a hole.
+        let sparse = store_paths(dir.path(), &key(3)).0;
+        File::create(&sparse).unwrap().set_len(1 << 20).unwrap();
+        let hole = sha256(&vec![0u8; data.len()]);
+        locator.note(&hole, &key(3), 0, size);
+        assert_eq!(locator.copy(&hole, size, &ours), None);
+    }
+
+    #[test]
+    fn a_foreign_file_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(LOCATOR_FILE), b"not a locator").unwrap();
+        let locator = ChunkLocator::open(dir.path()).unwrap();
+        locator.note(&[4; 32], &key(1), 0, 10);
+        assert!(probe(&[4; 32]).any(|i| locator.read_slot(i).is_some()));
+    }
+
+    /// Notes of one digest replace each other; a full window evicts one
+    /// slot and the table never grows.
+    #[test]
+    fn notes_replace_and_evict_within_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let locator = ChunkLocator::open(dir.path()).unwrap();
+        let digest = [9; 32];
+        locator.note(&digest, &key(1), 0, 10);
+        locator.note(&digest, &key(2), 0, 10);
+        let found: Vec<ChunkSlot> = probe(&digest)
+            .filter_map(|i| locator.read_slot(i))
+            .collect();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].blob, [2; 32]);
+        // Other digests with the same home slot fill the window.
+        for k in 0..PROBE as u8 + 3 {
+            let mut other = digest;
+            other[31] = k.wrapping_add(1);
+            locator.note(&other, &key(3), u64::from(k), 10);
+        }
+        let len = std::fs::metadata(dir.path().join(LOCATOR_FILE))
+            .unwrap()
+            .len();
+        assert_eq!(len, FILE_LEN);
+        let live = probe(&digest)
+            .filter(|&i| locator.read_slot(i).is_some())
+            .count();
+        assert_eq!(live, PROBE as usize);
+    }
+}

@@ -1,0 +1,203 @@
+//! The chunk locator: where on this node a verified copy of a chunk lies,
+//! by the chunk's digest (sha256 of its uncompressed bytes, as chunk tables
+//! and span tables give it).
+//!
+//! A miss looks here before it fetches: a chunk that another image (an
+//! older version of this one, or any image sharing files with it) already
+//! holds is copied from that image's cache file instead. The locator is a
+//! hint, never a source of trust: the copied bytes are hashed against the
+//! reading image's own table before they are written and recorded, like
+//! bytes from the network. A stale, torn or forged slot costs a read and a
+//! hash, then the chunk is fetched.
+//!
+//! One file per cache, of fixed size: a hash table of [`SLOTS`] slots,
+//! [`SLOT_LEN`] bytes each, addressed by the digest's first 8 bytes and
+//! probed over [`PROBE`] slots. A full probe window overwrites one of its
+//! slots (chosen by the digest), so the file never grows: the newest copies
+//! are found, older ones fade. Writers write whole slots at their offsets
+//! without a lock; a slot whose check does not match its content is empty.
+//!
+//! ```text
+//! LocatorHeader (64 bytes)
+//! slots         (SLOTS x 96 bytes, sparse until written)
+//! ```
+//! All integers little-endian. Version 1.
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// `LocatorHeader::magic`.
+pub const LOCATOR_MAGIC: [u8; 8] = *b"LAMLOC\x00\x01";
+/// The only version this code reads and writes.
+pub const LOCATOR_VERSION: u32 = 1;
+/// Slots in a locator: 2^18, 24 MiB of file (sparse: only slots written
+/// take disk). At the default chunk size that remembers ~256k chunks, far
+/// more than a node's cache holds at once.
+pub const SLOTS: u64 = 1 << 18;
+/// Slots probed for one digest.
+pub const PROBE: u64 = 8;
+/// Bytes of a slot.
+pub const SLOT_LEN: usize = size_of::<ChunkSlot>();
+/// Bytes of the header.
+pub const HEADER_LEN: usize = size_of::<LocatorHeader>();
+
+/// Start of a locator file.
+#[derive(Debug, Clone, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct LocatorHeader {
+    /// [`LOCATOR_MAGIC`].
+    pub magic: [u8; 8],
+    /// [`LOCATOR_VERSION`].
+    pub version: U32,
+    /// Bytes per slot ([`SLOT_LEN`]).
+    pub slot_len: U32,
+    /// Slots ([`SLOTS`]).
+    pub slots: U64,
+    /// Zero.
+    pub reserved: [u8; 40],
+}
+
+/// Where one chunk's verified bytes lie: a range of a cache entry's file.
+#[derive(Debug, Clone, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct ChunkSlot {
+    /// sha256 of the chunk's uncompressed bytes.
+    pub digest: [u8; 32],
+    /// The cache entry's blob digest (first part of its file name).
+    pub blob: [u8; 32],
+    /// The first 16 bytes of the entry's id (second part of its file name).
+    pub entry: [u8; 16],
+    /// Offset of the chunk in the entry's cache file.
+    pub cache_offset: U64,
+    /// Length of the chunk.
+    pub size: U32,
+    /// First 4 bytes of sha256 over the slot's other bytes: a torn or
+    /// never-written slot does not match.
+    pub check: [u8; 4],
+}
+
+const _: () = assert!(HEADER_LEN == 64);
+const _: () = assert!(SLOT_LEN == 96);
+
+impl LocatorHeader {
+    /// The header of a new locator.
+    pub fn new() -> LocatorHeader {
+        LocatorHeader {
+            magic: LOCATOR_MAGIC,
+            version: LOCATOR_VERSION.into(),
+            slot_len: (SLOT_LEN as u32).into(),
+            slots: SLOTS.into(),
+            reserved: [0; 40],
+        }
+    }
+
+    /// Whether `bytes` start with a header this code reads.
+    pub fn is_valid(bytes: &[u8]) -> bool {
+        LocatorHeader::read_from_prefix(bytes).is_ok_and(|(h, _)| {
+            h.magic == LOCATOR_MAGIC
+                && h.version.get() == LOCATOR_VERSION
+                && h.slot_len.get() as usize == SLOT_LEN
+                && h.slots.get() == SLOTS
+        })
+    }
+}
+
+impl Default for LocatorHeader {
+    fn default() -> Self {
+        LocatorHeader::new()
+    }
+}
+
+impl ChunkSlot {
+    /// A slot saying chunk `digest` lies at `cache_offset` (`size` bytes)
+    /// of the entry `(blob, entry)`, its check computed.
+    pub fn new(
+        digest: [u8; 32],
+        (blob, entry): ([u8; 32], [u8; 16]),
+        cache_offset: u64,
+        size: u32,
+    ) -> ChunkSlot {
+        let mut slot = ChunkSlot {
+            digest,
+            blob,
+            entry,
+            cache_offset: cache_offset.into(),
+            size: size.into(),
+            check: [0; 4],
+        };
+        slot.check = slot.expected_check();
+        slot
+    }
+
+    /// The slot in `bytes` ([`SLOT_LEN`] of them), if its check matches.
+    pub fn parse(bytes: &[u8]) -> Option<ChunkSlot> {
+        let slot = ChunkSlot::read_from_bytes(bytes).ok()?;
+        (slot.check == slot.expected_check()).then_some(slot)
+    }
+
+    fn expected_check(&self) -> [u8; 4] {
+        let bytes = self.as_bytes();
+        let d = ring::digest::digest(&ring::digest::SHA256, &bytes[..SLOT_LEN - 4]);
+        let mut check = [0; 4];
+        check.copy_from_slice(&d.as_ref()[..4]);
+        check
+    }
+}
+
+/// The slots probed for `digest`, in order.
+pub fn probe(digest: &[u8; 32]) -> impl Iterator<Item = u64> {
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    let home = u64::from_le_bytes(first) % SLOTS;
+    (0..PROBE).map(move |k| (home + k) % SLOTS)
+}
+
+/// The slot a full probe window gives up for `digest`.
+pub fn victim(digest: &[u8; 32]) -> u64 {
+    probe(digest)
+        .nth(usize::from(digest[8]) % PROBE as usize)
+        .unwrap_or(0)
+}
+
+/// Byte offset of slot `i` in the file.
+pub fn slot_offset(i: u64) -> u64 {
+    HEADER_LEN as u64 + i * SLOT_LEN as u64
+}
+
+/// Length of a locator file.
+pub const FILE_LEN: u64 = HEADER_LEN as u64 + SLOTS * SLOT_LEN as u64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_round_trips_and_a_torn_one_is_empty() {
+        let slot = ChunkSlot::new([7; 32], ([1; 32], [2; 16]), 4096, 65536);
+        let bytes = slot.as_bytes().to_vec();
+        assert_eq!(ChunkSlot::parse(&bytes), Some(slot));
+        let mut torn = bytes.clone();
+        torn[40] ^= 1;
+        assert_eq!(ChunkSlot::parse(&torn), None);
+        assert_eq!(ChunkSlot::parse(&[0; SLOT_LEN]), None, "a hole is empty");
+    }
+
+    #[test]
+    fn probes_stay_in_the_table_and_the_victim_is_one_of_them() {
+        let digest = [0xff; 32];
+        let slots: Vec<u64> = probe(&digest).collect();
+        assert_eq!(slots.len(), PROBE as usize);
+        assert!(slots.iter().all(|&s| s < SLOTS));
+        assert!(slots.contains(&victim(&digest)));
+    }
+
+    #[test]
+    fn only_this_header_is_valid() {
+        let header = LocatorHeader::new();
+        assert!(LocatorHeader::is_valid(header.as_bytes()));
+        let mut other = header.clone();
+        other.slots = (SLOTS * 2).into();
+        assert!(!LocatorHeader::is_valid(other.as_bytes()));
+        assert!(!LocatorHeader::is_valid(&[0; HEADER_LEN]));
+    }
+}
