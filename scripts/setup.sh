@@ -16,6 +16,7 @@ PACKAGES=(
     fuse3 attr zstd jq python3 e2fsprogs util-linux iproute2 containerd runc
     stargz-snapshotter podman uidmap catatonit
     ca-certificates curl build-essential pkg-config
+    clang libclang-dev protobuf-compiler libprotobuf-dev
 )
 
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -136,6 +137,51 @@ if [ ! -x "$DOCKERD_DIR/dockerd" ] || [ ! -x "$DOCKERD_DIR/docker" ]; then
     build_vendored github.com/docker/cli ./cmd/docker "$DOCKERD_DIR/docker"
 fi
 log "dockerd: $("$DOCKERD_DIR/dockerd" --version)"
+
+# --- Dragonfly (Go modules, crates.io) ---------------------------------------------------
+# The P2P tests and benchmark run a real Dragonfly cluster (tests/tools/fleet.py).
+# The scheduler (and the manager, for those who run one) are built from
+# Dragonfly's Go module (its go.mod lists no versions through `go install`,
+# so the module's source is built in place); dfdaemon from the
+# dragonfly-client crate. dfdaemon is a large build (RocksDB, ~25 min on 2
+# cores): it runs once per machine in the background, niced, and the P2P
+# tests say they are skipped while it runs (DRAGONFLY_DIR/client-*.building
+# holds its pid; its log is beside it). A build that failed is not retried
+# on its own: the tests fail and print its log; remove the log to retry.
+DRAGONFLY_VERSION=v2.5.1
+DFDAEMON_VERSION=1.5.10
+DRAGONFLY_DIR=/var/cache/lamina-test/dragonfly
+if [ ! -x "$DRAGONFLY_DIR/$DRAGONFLY_VERSION/scheduler" ] || [ ! -x "$DRAGONFLY_DIR/$DRAGONFLY_VERSION/manager" ]; then
+    log "building the Dragonfly scheduler and manager $DRAGONFLY_VERSION from their Go module"
+    src=$(cd / && GOFLAGS=-mod=mod "$GO" mod download -json "d7y.io/dragonfly/v2@$DRAGONFLY_VERSION" | jq -r .Dir)
+    [ -d "$src" ] || die "go mod download of d7y.io/dragonfly/v2@$DRAGONFLY_VERSION gave no source"
+    work=$(mktemp -d /tmp/lamina-dragonfly.XXXXXX)
+    cp -r "$src/." "$work/"
+    chmod -R u+w "$work"
+    mkdir -p "$DRAGONFLY_DIR/$DRAGONFLY_VERSION"
+    for bin in scheduler manager; do
+        (cd "$work" && run env GOFLAGS=-mod=mod "$GO" build -o "$DRAGONFLY_DIR/$DRAGONFLY_VERSION/$bin.partial" "./cmd/$bin")
+        mv "$DRAGONFLY_DIR/$DRAGONFLY_VERSION/$bin.partial" "$DRAGONFLY_DIR/$DRAGONFLY_VERSION/$bin"
+    done
+    rm -rf "$work"
+fi
+DFDAEMON_HOME=$DRAGONFLY_DIR/client-$DFDAEMON_VERSION
+if [ -x "$DFDAEMON_HOME/bin/dfdaemon" ]; then
+    log "dfdaemon: $DFDAEMON_HOME/bin/dfdaemon"
+elif [ -f "$DFDAEMON_HOME.building" ] && kill -0 "$(cat "$DFDAEMON_HOME.building")" 2>/dev/null; then
+    log "dfdaemon $DFDAEMON_VERSION is being built (log $DFDAEMON_HOME.log)"
+elif [ -f "$DFDAEMON_HOME.log" ]; then
+    log "dfdaemon $DFDAEMON_VERSION: the last build failed (log $DFDAEMON_HOME.log; remove it to retry)"
+else
+    log "building dfdaemon $DFDAEMON_VERSION from crates.io in the background (log $DFDAEMON_HOME.log)"
+    mkdir -p "$DRAGONFLY_DIR"
+    setsid nice -n 19 bash -c '
+        cargo install dragonfly-client --version "$1" --locked --root "$2" --bin dfdaemon --bin dfget \
+            && rm -f "$2.log"
+        rm -f "$2.building"' _ "$DFDAEMON_VERSION" "$DFDAEMON_HOME" \
+        >"$DFDAEMON_HOME.log" 2>&1 </dev/null &
+    echo $! >"$DFDAEMON_HOME.building"
+fi
 
 # --- sanity ------------------------------------------------------------------------
 for tool in umoci skopeo docker-registry mkfs.erofs zstd debootstrap jq python3 curl hyperfine unsquashfs \

@@ -242,10 +242,18 @@ impl RegistryClient {
             match attempt(endpoint, retries) {
                 Ok(v) => return Ok((v, i)),
                 Err(e) => {
-                    if host_failure(&e) && self.endpoints.len() > 1 {
-                        endpoint.mark_unhealthy();
+                    let next = tried.peek().map(|&(_, n)| &self.endpoints[n].host);
+                    if host_failure(&e) && self.endpoints.len() > 1 && endpoint.mark_unhealthy() {
+                        // Once per outage: a mirror that is down (a node's
+                        // dfdaemon, say) is tried last until it recovers.
+                        tracing::warn!(
+                            host = %endpoint.host,
+                            "{e}; {} asked first for the next {} s",
+                            next.map_or("the other hosts", String::as_str),
+                            endpoint::UNHEALTHY_FOR.as_secs()
+                        );
                     }
-                    if tried.peek().is_none() {
+                    if next.is_none() {
                         return Err(e);
                     }
                 }

@@ -22,7 +22,7 @@ use crate::hosts::{Capabilities, HostEntry, Scheme};
 use crate::source::SourceOptions;
 
 /// How long a host that failed is tried only after the healthy ones.
-const UNHEALTHY_FOR: Duration = Duration::from_secs(30);
+pub(crate) const UNHEALTHY_FOR: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default)]
 struct AuthState {
@@ -138,12 +138,15 @@ impl Endpoint {
     }
 
     /// Try the other hosts first for a while.
-    pub(crate) fn mark_unhealthy(&self) {
+    /// Returns whether it was healthy until now (the caller says so once).
+    pub(crate) fn mark_unhealthy(&self) -> bool {
         let mut until = self
             .unhealthy_until
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        let was_healthy = until.is_none_or(|t| Instant::now() >= t);
         *until = Some(Instant::now() + UNHEALTHY_FOR);
+        was_healthy
     }
 
     fn authorize(&self, req: RequestBuilder, scope: &str) -> RequestBuilder {
