@@ -130,17 +130,21 @@ impl ChunkLocator {
             },
         };
         let stem = key.stem();
-        let mut open = self.open.lock().ok()?;
-        if open.len() >= OPEN_FILES && !open.contains_key(&stem) {
-            open.clear();
-        }
-        let file = open
-            .entry(stem)
-            .or_insert_with(|| open_quiet(&store_paths(&self.dir, &key).0, self.quiet))
-            .as_ref()?;
+        // Read and hashed outside the lock: misses copy side by side.
+        let file = {
+            let mut open = self.open.lock().ok()?;
+            if open.len() >= OPEN_FILES && !open.contains_key(&stem) {
+                open.clear();
+            }
+            open.entry(stem)
+                .or_insert_with(|| open_quiet(&store_paths(&self.dir, &key).0, self.quiet))
+                .as_ref()?
+                .try_clone()
+                .ok()?
+        };
         let (start, size) = (slot.cache_offset.get(), u64::from(slot.size.get()));
         // A hole is never a chunk: skip the read and the hash.
-        match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(start)) {
+        match rustix::fs::seek(&file, rustix::fs::SeekFrom::Data(start)) {
             Ok(data_at) if data_at < start + size => {}
             _ => return None,
         }
