@@ -529,6 +529,20 @@ impl Mount {
     /// Like [`Mount::new`] with extra mount options (`--lazy`, ...).
     #[track_caller]
     pub fn with_args(image: &str, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
+        Mount::in_netns(None, image, mnt, cache, extra)
+    }
+
+    /// Like [`Mount::with_args`], the mount (and so its daemons) started in
+    /// the network namespace `/run/netns/NETNS` when one is given (through
+    /// `nsenter --net`, so the mount is seen here).
+    #[track_caller]
+    pub fn in_netns(
+        netns: Option<&str>,
+        image: &str,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+    ) -> Mount {
         fs::create_dir_all(mnt).unwrap_or_else(|e| panic!("mkdir {}: {e}", mnt.display()));
         assert!(
             !is_mountpoint(mnt),
@@ -549,7 +563,14 @@ impl Mount {
             OsStr::new("--cache-dir"),
             cache.as_os_str(),
         ]);
-        let out = lamina(args).ok();
+        let mut cmd = lamina_cmd(args);
+        if let Some(ns) = netns {
+            let mut entered = command("nsenter", [format!("--net=/run/netns/{ns}")]);
+            entered.arg(cmd.get_program()).args(cmd.get_args());
+            entered.env_remove("LAMINA_CACHE_DIR");
+            cmd = entered;
+        }
+        let out = run(&mut cmd, TIMEOUT).ok();
         guard.info = out.json();
         assert!(
             is_mountpoint(mnt),

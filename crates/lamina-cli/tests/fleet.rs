@@ -1,0 +1,286 @@
+//! Issue 31: a fleet on one machine (`tests/tools/fleet.py`): a registry
+//! whose uplink (100mbit) is the shared bottleneck, a real Dragonfly cluster
+//! (scheduler, seed peer, a dfdaemon on every node, as Dragonfly's own
+//! docker-compose deployment runs it) and three lamina nodes, each in a
+//! network namespace of its own with its own cache, joined by 1gbit links.
+//!
+//! dfdaemon is built once per machine by `scripts/setup.sh` in the
+//! background (a large build): while that first build runs, these tests
+//! say so and are skipped; a build that failed fails them with its log.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const DRAGONFLY_DIR: &str = "/var/cache/lamina-test/dragonfly";
+const DFDAEMON: &str = "client-1.5.10";
+const IMAGE: &str = "deb:lamina";
+const SCRIPT: &str = "import json, os, re, email.parser; print('ok')";
+
+/// Whether dfdaemon can be had: false while its first build runs (the
+/// caller skips, and this says so); panics if the build failed or never ran.
+fn dfdaemon_ready() -> bool {
+    let home = Path::new(DRAGONFLY_DIR).join(DFDAEMON);
+    if home.join("bin/dfdaemon").exists() {
+        return true;
+    }
+    let building = PathBuf::from(format!("{}.building", home.display()));
+    let log = PathBuf::from(format!("{}.log", home.display()));
+    let pid = fs::read_to_string(&building).unwrap_or_default();
+    if !pid.trim().is_empty() && Path::new("/proc").join(pid.trim()).exists() {
+        eprintln!(
+            "SKIPPED: dfdaemon is being built for the first time on this machine (pid {}, log {}); the P2P tests run once it is built",
+            pid.trim(),
+            log.display()
+        );
+        return false;
+    }
+    let tail = fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = tail.lines().collect();
+    panic!(
+        "no dfdaemon at {}: {}",
+        home.display(),
+        if lines.is_empty() {
+            "run scripts/setup.sh".to_string()
+        } else {
+            format!(
+                "its build failed:\n{}",
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            )
+        }
+    );
+}
+
+/// A fleet brought up by fleet.py; brought down when dropped.
+struct Fleet {
+    dir: PathBuf,
+    state: Value,
+}
+
+impl Fleet {
+    #[track_caller]
+    fn up(dir: &Path, nodes: usize, data: &Path, dragonfly: bool) -> Fleet {
+        let mut args = vec![
+            "up".to_string(),
+            "--dir".into(),
+            dir.display().to_string(),
+            "--nodes".into(),
+            nodes.to_string(),
+            "--registry-data".into(),
+            data.display().to_string(),
+        ];
+        if !dragonfly {
+            args.push("--no-dragonfly".into());
+        }
+        // The guard first: a failed `up` still goes down.
+        let mut fleet = Fleet {
+            dir: dir.to_path_buf(),
+            state: Value::Null,
+        };
+        let out = python("tests/tools/fleet.py", &args, TIMEOUT).ok();
+        fleet.state = out.json();
+        fleet
+    }
+
+    fn nodes(&self) -> &[Value] {
+        self.state["nodes"].as_array().expect("nodes")
+    }
+
+    fn image(&self) -> String {
+        format!(
+            "docker://{}/{IMAGE}",
+            self.state["registry"].as_str().unwrap()
+        )
+    }
+
+    /// Bytes the registry has sent so far.
+    #[track_caller]
+    fn egress(&self) -> u64 {
+        let out = python(
+            "tests/tools/fleet.py",
+            ["egress", "--dir", &self.dir.display().to_string()],
+            SHORT,
+        )
+        .ok();
+        out.stdout.trim().parse().expect("egress bytes")
+    }
+
+    #[track_caller]
+    fn stop_dfdaemon(&self, node: usize) {
+        let dir = self.dir.display().to_string();
+        let node = node.to_string();
+        python(
+            "tests/tools/fleet.py",
+            ["stop-dfdaemon", "--dir", &dir, "--node", &node],
+            SHORT,
+        )
+        .ok();
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let dir = self.dir.display().to_string();
+        let _ = try_run(
+            &mut command(
+                tool("python3"),
+                [
+                    repo_file("tests/tools/fleet.py").display().to_string(),
+                    "down".into(),
+                    "--dir".into(),
+                    dir,
+                ],
+            ),
+            SHORT,
+        );
+    }
+}
+
+/// One node's start: a lazy mount of the image (in the node's namespace,
+/// through its hosts dir, into `cache`) and python3 on it; the seconds
+/// from mount to python3's "ok".
+#[track_caller]
+fn start_on(node: &Value, image: &str, mnt: &Path, cache: &Path) -> (Mount, f64) {
+    let netns = node["netns"].as_str().unwrap();
+    let hosts = node["hosts_dir"].as_str().unwrap();
+    let started = Instant::now();
+    let m = Mount::in_netns(Some(netns), image, mnt, cache, &["--hosts-dir", hosts]);
+    let mut c = command(
+        "nsenter",
+        [
+            format!("--net=/run/netns/{netns}"),
+            "chroot".into(),
+            mnt.display().to_string(),
+            "/usr/bin/python3".into(),
+            "-c".into(),
+            SCRIPT.into(),
+        ],
+    );
+    c.env_clear()
+        .env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
+        .env("LC_ALL", "C");
+    let o = run(&mut c, TIMEOUT).ok();
+    assert_eq!(o.stdout, "ok\n", "python3 on {netns}:\n{}", o.describe());
+    (m, started.elapsed().as_secs_f64())
+}
+
+/// The Debian image converted into a registry, stopped: the fleet's
+/// registry serves its data dir (`Registry` keeps it while it lives).
+fn registry_data() -> (Registry, PathBuf) {
+    let reg = Registry::start();
+    lamina_timeout(
+        [
+            "convert",
+            &oci_ref(&debian_source(), "bookworm"),
+            &reg.reference(IMAGE),
+        ],
+        Duration::from_secs(1200),
+    )
+    .ok();
+    reg.stop();
+    let data = reg.dir().join("data");
+    (reg, data)
+}
+
+/// Three nodes start python3 from the Debian image at once through their
+/// dfdaemons (registry-mirror mode, `schedulingPolicy: always`): python3
+/// runs on every node, every node's blob requests went through its
+/// dfdaemon, and the seed peer fetched from the registry (the cluster, not
+/// only each node, was at work). What the registry sent and how long each
+/// start took are printed beside one node alone straight to the registry:
+/// docs/dragonfly.md has the figures, and why dfdaemon's 4 MiB pieces make
+/// them worse than a lone node's (issue 31's targets are not met). Then
+/// node 3's dfdaemon is stopped: a fresh start there goes straight to the
+/// registry, runs, and its worker's log says so.
+#[test]
+fn three_nodes_start_python3_through_dragonfly_and_fall_back_without_it() {
+    if !require(&["docker-registry", "nsenter", "tc"]) || !dfdaemon_ready() {
+        return;
+    }
+    let t = TestDir::new("fleet-three");
+    let (_stopped, data) = registry_data();
+    let fleet = Fleet::up(&t.join("fleet"), 3, &data, true);
+    let image = fleet.image();
+    let nodes = fleet.nodes().to_vec();
+
+    // One node alone, straight to the registry (no mirror in its hosts dir).
+    let direct = t.join("direct-hosts");
+    let registry = fleet.state["registry"].as_str().unwrap().to_string();
+    fs::create_dir_all(direct.join(&registry)).unwrap();
+    fs::write(
+        direct.join(&registry).join("hosts.toml"),
+        format!("server = \"http://{registry}\"\n"),
+    )
+    .unwrap();
+    let mut lone = nodes[0].clone();
+    lone["hosts_dir"] = Value::from(direct.display().to_string());
+    let before = fleet.egress();
+    let (m, lone_secs) = start_on(&lone, &image, &t.join("mnt-lone"), &t.join("cache-lone"));
+    let lone_bytes = fleet.egress() - before;
+    m.unmount();
+
+    // Three at once, through Dragonfly.
+    let before = fleet.egress();
+    let starts: Vec<(Mount, f64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let (image, t) = (&image, &t);
+                s.spawn(move || {
+                    start_on(
+                        node,
+                        image,
+                        &t.join(&format!("mnt-{i}")),
+                        Path::new(node["cache"].as_str().unwrap()),
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let fleet_bytes = fleet.egress() - before;
+    let secs: Vec<f64> = starts.iter().map(|s| s.1).collect();
+    eprintln!(
+        "one node alone, straight to the registry: {lone_bytes} bytes sent by the registry, {lone_secs:.2} s; \
+         three through Dragonfly: {fleet_bytes} bytes, {secs:.2?} s"
+    );
+    for (m, _) in starts {
+        m.unmount();
+    }
+    let mut f = Failures::default();
+    let dir = t.join("fleet");
+    for node in ["node1", "node2", "node3"] {
+        let log = fs::read_to_string(dir.join(node).join("logs/dfdaemon.log")).unwrap_or_default();
+        let proxied = log.matches("proxy HTTP request via dfdaemon").count();
+        f.check(proxied > 0, || {
+            format!("{node}'s dfdaemon proxied no request: lamina went around it")
+        });
+    }
+    let seed = format!("{}.3 ", registry.rsplit_once('.').unwrap().0);
+    let registry_log = fs::read_to_string(dir.join("registry.log")).unwrap_or_default();
+    f.check(registry_log.lines().any(|l| l.starts_with(&seed)), || {
+        "the seed peer never fetched from the registry: no P2P cluster at work".to_string()
+    });
+
+    // Node 3 without its dfdaemon: straight to the registry, and said so.
+    fleet.stop_dfdaemon(3);
+    let (m, secs) = start_on(
+        &nodes[2],
+        &image,
+        &t.join("mnt-fallback"),
+        &t.join("cache-fallback"),
+    );
+    let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
+    eprintln!("node 3 without dfdaemon: {secs:.2} s");
+    f.check(worker.contains("asked first for the next"), || {
+        format!("node 3's fallback to the registry is not in its worker's log:\n{worker}")
+    });
+    m.unmount();
+    f.finish("a fleet through Dragonfly");
+}
