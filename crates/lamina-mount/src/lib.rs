@@ -1,5 +1,8 @@
-//! The chunk cache, and mounts of lamina images: with the kernel (eager or
-//! lazy) or through a FUSE daemon (eager, see `lamina_fuse`).
+//! Owns mounting: the choice of kernel or FUSE (`--mode auto`), eager fills
+//! of the cache, lazy mounts' daemons, tar-index mounts, gc and mount
+//! metrics; [`mount`] is the entry point of the CLI, `lamina run` and the
+//! snapshotter. Kernel mounts are eager or lazy, FUSE mounts (`lamina_fuse`)
+//! too.
 //!
 //! Cache layout under the cache dir (default `/var/lib/lamina`):
 //! ```text
@@ -9,9 +12,13 @@
 //!                                      (without one, a copy is hashed before use)
 //! meta/<layer-hex>.boot                boot pages (checked by the worker)
 //! meta/<layer-hex>.tarindex            a tar index's span table (`lamina index`)
-//! blobs/<blob-hex>.cache               one uncompressed, block-addressed file per data blob
-//!                                      (through a tar index: the layer's tar)
-//! blobs/<blob-hex>.fill                its fill record (`lamina_format::fill`)
+//! blobs/<blob-hex>.<entry>.cache       one uncompressed, block-addressed file per cache entry:
+//!                                      a blob as one chunk table describes it (through a tar
+//!                                      index: the layer's tar); <entry> is 32 hex digits of
+//!                                      its id (`lamina_fetch::store::EntryKey::stem`)
+//! blobs/<blob-hex>.<entry>.fill        its fill record (`lamina_format::fill`)
+//! blobs/<blob-hex>.<entry>.table       a paged blob's chunk table
+//! blobs/chunks.locate                  the chunk locator (`lamina_format::locate`)
 //! objects/<layer-hex>/<nid>            a FUSE-passthrough file's own copy (root only), made
 //!                                      from complete blobs; in use while meta/<layer-hex>.erofs is
 //! objects/<layer-hex>/<nid>.record     its record (`lamina_format::object`): identity, size,
