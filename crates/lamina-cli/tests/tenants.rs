@@ -157,6 +157,19 @@ fn build_sources(t: &TestDir) -> PathBuf {
     layout
 }
 
+/// A test's start over the source layout: its timer, its dir and the
+/// layout; `None` when a tool is missing (`require` says which).
+#[track_caller]
+fn begin(test: &'static str, dir: &str) -> Option<(Timer, TestDir, PathBuf)> {
+    let time = Timer(test, Instant::now());
+    if !require(TOOLS) {
+        return None;
+    }
+    let t = TestDir::new(dir);
+    let src = build_sources(&t);
+    Some((time, t, src))
+}
+
 /// `umoci unpack` of `layout:tag` into `t/umoci-TAG`: its rootfs.
 #[track_caller]
 fn reference(t: &TestDir, layout: &Path, tag: &str) -> PathBuf {
@@ -688,15 +701,12 @@ impl Tenants<'_> {
 /// entries for X: B's and H's, named by (X, cache size, table digest).
 #[test]
 fn a_hostile_image_naming_anothers_blob_never_changes_its_bytes() {
-    let _time = Timer(
+    let Some((_time, t, src)) = begin(
         "a_hostile_image_naming_anothers_blob_never_changes_its_bytes",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "tenants-hostile",
+    ) else {
         return;
-    }
-    let t = TestDir::new("tenants-hostile");
-    let src = build_sources(&t);
+    };
     let ref_b = reference(&t, &src, "b");
     let ref_h = reference(&t, &src, "h");
     let (want_b, want_h) = (tree_hashes(&ref_b), tree_hashes(&ref_h));
@@ -1197,15 +1207,12 @@ fn settled_status(m: &Mount) -> Value {
 /// measure would see a copy that did not happen). Kernel path and FUSE.
 #[test]
 fn an_update_fetches_only_the_chunks_the_node_does_not_hold() {
-    let _time = Timer(
+    let Some((_time, t, src)) = begin(
         "an_update_fetches_only_the_chunks_the_node_does_not_hold",
-        Instant::now(),
-    );
-    if !require(TOOLS) {
+        "tenants-update",
+    ) else {
         return;
-    }
-    let t = TestDir::new("tenants-update");
-    let src = build_sources(&t);
+    };
     let (ref_1, ref_2) = (reference(&t, &src, "b"), reference(&t, &src, "h"));
     let (want_1, want_2) = (tree_hashes(&ref_1), tree_hashes(&ref_2));
     let files: Vec<String> = want_2.keys().cloned().collect();
