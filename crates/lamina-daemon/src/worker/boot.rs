@@ -1,0 +1,198 @@
+//! Boot pages: the pages a recorded start read, applied while misses are
+//! served; misses on their chunks wait for them. Also the trace a
+//! recording mount writes.
+
+use super::*;
+
+/// Decompresses zstd `compressed` to exactly `size` bytes (bounded at
+/// mount: nothing is allocated for what a frame header claims).
+pub(super) fn decompress_exactly(compressed: &[u8], size: u64) -> io::Result<Vec<u8>> {
+    let decoder = zstd::stream::read::Decoder::new(compressed)?;
+    let mut raw = Vec::with_capacity(size as usize);
+    io::copy(
+        &mut io::Read::take(decoder, size.saturating_add(1)),
+        &mut raw,
+    )?;
+    if raw.len() as u64 != size {
+        return Err(io::Error::other("wrong uncompressed size"));
+    }
+    Ok(raw)
+}
+
+impl Shared {
+    /// While boot pages are still coming and the range lies in boot-set
+    /// chunks, waits for them. Returns whether the range is ready (false:
+    /// fetch its chunks). Bounded by the miss timeout; a segment that
+    /// failed counts as done, so its chunks are fetched instead.
+    pub(super) fn wait_boot_pages(
+        &self,
+        blob: u32,
+        offset: u64,
+        count: u64,
+        needed: std::ops::Range<usize>,
+    ) -> io::Result<bool> {
+        let booted = needed
+            .into_iter()
+            .any(|i| self.boot_chunks.contains(&(blob, i as u32)));
+        if !booted {
+            return Ok(false);
+        }
+        let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
+        while self.boot_pending.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            self.wait_landed(Duration::from_millis(10))?;
+            if self.lock_store(blob)?.range_ready(offset, count) {
+                return Ok(true);
+            }
+        }
+        Ok(self.lock_store(blob)?.range_ready(offset, count))
+    }
+
+    /// Appends a miss to the trace: the part of each chunk it reads.
+    pub(super) fn record(
+        &self,
+        trace: &Mutex<File>,
+        blob: u32,
+        offset: u64,
+        count: u64,
+    ) -> io::Result<()> {
+        let store = self.lock_store(blob)?;
+        let end = offset.saturating_add(count.max(1));
+        let mut lines = String::new();
+        for i in store.chunks_covering(offset, count.max(1)) {
+            let c = &store.blob.chunks[i];
+            let start = c.cache_offset.get();
+            let from = offset.max(start);
+            let to = end.min(start + u64::from(c.size.get()));
+            if to > from {
+                lines.push_str(&format!(
+                    "{} {} {}\n",
+                    hex::encode(c.digest),
+                    from - start,
+                    to - from
+                ));
+            }
+        }
+        drop(store);
+        let mut t = trace
+            .lock()
+            .map_err(|_| io::Error::other("trace lock poisoned"))?;
+        t.write_all(lines.as_bytes())
+    }
+
+    /// Fetches and applies the boot pages, frame by frame in read order:
+    /// the first alone (the start's first pages, as soon as possible), then
+    /// [`BOOT_STREAMS`] at a time, each applied as soon as it is verified,
+    /// so the start reads (and computes) while later frames are on the wire.
+    pub(super) fn load_boot_pages(&self) {
+        let frames: Vec<(usize, &BootPagesSpec, BootFrameSpec)> = self
+            .config
+            .boot_pages
+            .iter()
+            .flat_map(|spec| {
+                spec.frames()
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(k, f)| (k, spec, f))
+            })
+            .collect();
+        let apply = |(k, spec, frame): &(usize, &BootPagesSpec, BootFrameSpec)| {
+            if let Err(e) = self.apply_boot_frame(*k, spec, frame) {
+                tracing::warn!("boot pages frame {k} of {}: {e}", spec.layer_digest);
+            }
+            self.boot_pending.fetch_sub(1, Ordering::SeqCst);
+            self.landed.notify_all();
+        };
+        let Some((first, rest)) = frames.split_first() else {
+            return;
+        };
+        apply(first);
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..BOOT_STREAMS.min(rest.len()) {
+                scope.spawn(|| {
+                    while let Some(frame) = rest.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        apply(frame);
+                    }
+                });
+            }
+        });
+    }
+
+    /// Loads frame `k` of a boot-pages layer (a cached copy that still
+    /// hashes right, else a range of the layer, retried and hedged, checked
+    /// against the frame's digest), decompresses it to exactly its size and
+    /// writes its pages into the cache files.
+    pub(super) fn apply_boot_frame(
+        &self,
+        k: usize,
+        spec: &BootPagesSpec,
+        frame: &BootFrameSpec,
+    ) -> io::Result<()> {
+        let digest = Digest::parse(&frame.digest).map_err(io::Error::other)?;
+        let cache_path = spec.frame_path(k);
+        let cached = std::fs::read(&cache_path)
+            .ok()
+            .filter(|z| Digest::of_bytes(z) == digest);
+        let fresh = cached.is_none();
+        let compressed = match cached {
+            Some(z) => z,
+            None => self.fetch_boot_frame(spec, frame, &digest)?,
+        };
+        let raw = decompress_exactly(&compressed, frame.size)?;
+        let sizes: Vec<u64> = self.stores.iter().map(|s| s.summary.cache_size).collect();
+        let table_lens: Vec<u64> = self
+            .stores
+            .iter()
+            .map(|s| s.summary.table_range().map_or(0, |(_, len)| len))
+            .collect();
+        let boot = BootPages::from_bytes(&raw, &sizes, &table_lens).map_err(io::Error::other)?;
+        for (blob, table) in &boot.tables {
+            self.take_table(*blob, table)?;
+        }
+        let mut written = 0;
+        for (extent, bytes) in boot.iter() {
+            written += self
+                .lock_store(extent.blob.get())?
+                .fill_pages(extent.cache_offset.get(), bytes)?;
+        }
+        tracing::debug!(
+            "boot pages frame {k}: {} runs, {written} bytes written {:.0} ms after the worker started",
+            boot.extents.len(),
+            self.started.elapsed().as_secs_f64() * 1e3
+        );
+        if fresh {
+            // Kept for later workers, which check it against the frame's
+            // digest before use, so a torn copy is only fetched again.
+            let _ = write_atomic(&cache_path, &compressed);
+        }
+        Ok(())
+    }
+
+    /// One frame of a boot-pages layer from the registry: a range, retried
+    /// and hedged like a miss's, checked against the frame's digest.
+    pub(super) fn fetch_boot_frame(
+        &self,
+        spec: &BootPagesSpec,
+        frame: &BootFrameSpec,
+        digest: &Digest,
+    ) -> io::Result<Vec<u8>> {
+        let layer = Digest::parse(&spec.layer_digest).map_err(io::Error::other)?;
+        let range = (frame.offset, frame.compressed_size);
+        let hedging = self.config.hedge.then_some(self.hedging.as_ref());
+        let z = self.retried("boot pages", None, |fresh| {
+            let z = read_first_answer(&self.source, hedging, &layer, range, fresh)?;
+            self.stats
+                .bytes
+                .fetch_add(z.len() as u64, Ordering::Relaxed);
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            match Digest::of_bytes(&z) == *digest {
+                true => Ok(z),
+                false => Err(io::Error::other(format!(
+                    "frame at {} does not match its digest {digest}",
+                    frame.offset
+                ))),
+            }
+        })?;
+        Ok(z)
+    }
+}

@@ -1,0 +1,245 @@
+//! Background fetching once the start is over: the boot set's chunks, later
+//! layers, the whole image (`--prefetch-all`), yielding to every miss.
+
+use super::boot::decompress_exactly;
+use super::*;
+
+/// Hashes, syncs and records the layer files the mount wrote without a
+/// record, off the mount's path; a failure only means a later mount hashes
+/// them again. This is where such a file's content digest (the layer's
+/// annotation) is checked: the mount checked the layer's own digest, so
+/// the file holds the layer's content either way, but only a file that
+/// hashes to the annotation is recorded for later mounts to trust.
+pub(super) fn adopt_in_background(files: Vec<AdoptSpec>) {
+    if files.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("lamina-adopt".into())
+        .spawn(move || {
+            for f in files {
+                let digest = Digest::parse(&f.digest)
+                    .ok()
+                    .and_then(|d| <[u8; 32]>::try_from(hex::decode(d.hex()).ok()?).ok());
+                let Some(digest) = digest else {
+                    tracing::warn!("{}: bad digest {:?}, not recorded", f.path.display(), f.digest);
+                    continue;
+                };
+                match lamina_fetch::store::adopt_whole(&f.path, &digest) {
+                    Ok(true) => tracing::debug!("{} synced and recorded", f.path.display()),
+                    Ok(false) => tracing::error!(
+                        "{} does not hash to its content digest {}: not recorded (the layer's annotation is wrong, or the file was replaced after the mount wrote it)",
+                        f.path.display(),
+                        f.digest
+                    ),
+                    Err(e) => tracing::warn!("{}: not recorded: {e}", f.path.display()),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the thread that records layer files: {e}");
+    }
+}
+
+impl Shared {
+    /// A zstd lamina layer, fetched whole (one request, retried), checked
+    /// against its digest and decompressed to exactly `size` bytes (bounded
+    /// at mount: nothing is allocated for what a frame header claims).
+    pub(super) fn fetch_layer(
+        &self,
+        what: &str,
+        digest: &str,
+        layer_size: u64,
+        size: u64,
+    ) -> io::Result<Vec<u8>> {
+        let layer = Digest::parse(digest).map_err(io::Error::other)?;
+        let compressed = self.retried(what, None, |fresh| match fresh {
+            false => self.source.read_range(&layer, 0, layer_size),
+            true => self.source.read_range_again(&layer, 0, layer_size),
+        })?;
+        self.stats
+            .bytes
+            .fetch_add(compressed.len() as u64, Ordering::Relaxed);
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if Digest::of_bytes(&compressed) != layer {
+            return Err(io::Error::other(format!(
+                "{what} layer does not match its digest {layer}"
+            )));
+        }
+        decompress_exactly(&compressed, size).map_err(|e| io::Error::other(format!("{what}: {e}")))
+    }
+
+    /// Fetches the layers the mount left for later (after the boot pages:
+    /// the start comes first), each stored synced with its fill record.
+    pub(super) fn store_later_layers(&self) {
+        while self.boot_pending.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.wait_start_over();
+        for spec in &self.config.later_layers {
+            match self.store_layer(spec) {
+                Ok(()) => tracing::info!(
+                    "{} stored {:.0} ms after the worker started",
+                    spec.what,
+                    self.started.elapsed().as_secs_f64() * 1e3
+                ),
+                Err(e) => tracing::error!("{}: {e}; not stored", spec.what),
+            }
+        }
+    }
+
+    pub(super) fn store_layer(&self, spec: &LayerSpec) -> io::Result<()> {
+        let digest = Digest::parse(&spec.digest).map_err(io::Error::other)?;
+        let content = <[u8; 32]>::try_from(hex::decode(digest.hex()).map_err(io::Error::other)?)
+            .map_err(|_| io::Error::other("not a SHA-256 digest"))?;
+        if lamina_fetch::store::adopt_whole(&spec.path, &content).unwrap_or(false) {
+            return Ok(()); // another mount stored it
+        }
+        let raw = self.fetch_layer(&spec.what, &spec.layer_digest, spec.layer_size, spec.size)?;
+        if lamina_oci::sha256(&raw) != content {
+            return Err(io::Error::other(format!(
+                "content does not match its digest {digest}"
+            )));
+        }
+        let file = lamina_fetch::private::write_atomic_file(&spec.path, &raw, true)?;
+        lamina_fetch::store::record_whole(&file, &spec.path, &content)
+    }
+
+    /// Background fetching. The boot set goes first and at once: the
+    /// workload it was recorded from is starting right now and will miss on
+    /// exactly these chunks, so they are fetched in recorded order, a few MiB
+    /// at a time, each window sorted and merged into few large requests, and
+    /// misses on them wait for the chunks in flight. The rest of the image
+    /// (`--prefetch-all`) then yields to every miss.
+    pub(super) fn prefetch(&self) {
+        // Boot pages first: they are what the start reads next.
+        while self.boot_pending.load(Ordering::SeqCst) > 0 {
+            let _ = self.wait_landed(Duration::from_millis(10));
+        }
+        let mut planned = HashSet::new();
+        let mut boot: Vec<(u32, usize)> = Vec::new();
+        // With boot pages the boot set is already in; its chunks only lead
+        // the order of --prefetch-all.
+        let chunk_boot_set = self.config.prefetch && self.config.boot_pages.is_empty();
+        if chunk_boot_set {
+            for &(b, i) in &self.boot_set {
+                if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
+                    boot.push((b, i as usize));
+                }
+            }
+        }
+        let mut rest: Vec<(u32, usize)> = Vec::new();
+        // With boot pages, the boot set's whole chunks follow once the start
+        // is over (no miss for a while), so that the pages around those it
+        // read are local too: starts differ by a page or two.
+        let boot_chunks_later =
+            self.config.prefetch && self.config.boot_chunks && !self.config.boot_pages.is_empty();
+        if self.config.prefetch_all || boot_chunks_later {
+            for &(b, i) in &self.boot_set {
+                if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
+                    rest.push((b, i as usize));
+                }
+            }
+            // Fetched after the start, so blob order (fewer, merged
+            // requests) beats the order they were read in.
+            rest.sort_unstable();
+        }
+        if self.config.prefetch_all {
+            for b in 0..self.stores.len() {
+                let chunks = self.stores[b].summary.chunk_count;
+                for i in 0..chunks {
+                    if planned.insert((b as u32, i)) {
+                        rest.push((b as u32, i));
+                    }
+                }
+            }
+        }
+        self.prefetch_total
+            .store((boot.len() + rest.len()) as u64, Ordering::Relaxed);
+
+        const WINDOW: u64 = 4 << 20;
+        let mut at = 0;
+        while at < boot.len() {
+            let mut end = at;
+            let mut bytes = 0u64;
+            while end < boot.len() && (bytes < WINDOW || end == at) {
+                let (b, i) = boot[end];
+                bytes += self
+                    .lock_store(b)
+                    .map(|s| u64::from(s.blob.chunks[i].compressed_size.get()))
+                    .unwrap_or(0);
+                end += 1;
+            }
+            for blob in 0..self.stores.len() as u32 {
+                let mut chunks: Vec<usize> = boot[at..end]
+                    .iter()
+                    .filter(|p| p.0 == blob)
+                    .map(|p| p.1)
+                    .collect();
+                if chunks.is_empty() {
+                    continue;
+                }
+                chunks.sort_unstable();
+                self.prefetch_chunks(blob, chunks, &self.boot_fetch);
+            }
+            self.prefetch_done
+                .fetch_add((end - at) as u64, Ordering::Relaxed);
+            at = end;
+        }
+
+        if boot_chunks_later {
+            self.wait_quiet(Duration::from_millis(500));
+        }
+        let mut at = 0;
+        while at < rest.len() {
+            while self.active_misses.load(Ordering::Relaxed) > 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let blob = rest[at].0;
+            let mut end = at;
+            while end < rest.len() && end - at < 32 && rest[end].0 == blob {
+                end += 1;
+            }
+            let mut chunks: Vec<usize> = rest[at..end].iter().map(|p| p.1).collect();
+            chunks.sort_unstable(); // boot-set order is not blob order: merge what is adjacent
+            self.prefetch_chunks(blob, chunks, &self.fetch);
+            self.prefetch_done
+                .fetch_add((end - at) as u64, Ordering::Relaxed);
+            at = end;
+        }
+    }
+
+    /// Returns once the start the mount was made for seems over: its first
+    /// miss came and then none for [`START_QUIET`], or no miss came for
+    /// [`START_AT_MOST`]. Layers no reader waits for (the FUSE lookup table:
+    /// 8.5 MB of a million-file image) go on the wire after it, not
+    /// before the first read or beside the start's misses.
+    pub(super) fn wait_start_over(&self) {
+        while self.misses.load(Ordering::Relaxed) == 0 && self.started.elapsed() < START_AT_MOST {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_quiet(START_QUIET);
+    }
+
+    /// Returns once no miss has arrived for `quiet` and none is in progress.
+    pub(super) fn wait_quiet(&self, quiet: Duration) {
+        loop {
+            let now = self.started.elapsed().as_millis() as u64;
+            let last = self.last_miss_ms.load(Ordering::Relaxed);
+            let idle = Duration::from_millis(now.saturating_sub(last));
+            if idle >= quiet && self.active_misses.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            std::thread::sleep((quiet - idle.min(quiet)).max(Duration::from_millis(20)));
+        }
+    }
+
+    pub(super) fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
+        if let Ok(mine) = self.claim(blob, chunks.into_iter(), None, false) {
+            if let Err(e) = self.fetch_with(blob, &mine, None, opts, None) {
+                tracing::warn!("prefetch: {e}");
+            }
+            self.release(blob, &mine);
+        }
+    }
+}
