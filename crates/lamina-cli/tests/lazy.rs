@@ -2811,10 +2811,16 @@ fn gc_evicts_only_the_unused_image() {
         format!("gc evicted {evicted:?}, expected exactly the unused image's files {edge_files:?}")
     });
     // Read again: the worker may have saved a fill record since (it saves
-    // verified chunks within a second), and gc rightly keeps it.
-    let live = live_files(&rd);
+    // verified chunks within a second), and gc rightly keeps it. The chunk
+    // locator stays too: bounded, and shared by every entry.
+    let mut live = live_files(&rd);
+    live.insert(
+        cache
+            .join("blobs")
+            .join(lamina_fetch::locator::LOCATOR_FILE),
+    );
     f.check(after == live, || {
-        format!("after gc the cache holds {after:?}, expected exactly the live mount's {live:?}")
+        format!("after gc the cache holds {after:?}, expected exactly the live mount's files and the chunk locator {live:?}")
     });
     let got = hash_files(&m.path, &deb.files, t.path(), "after-gc", TIMEOUT);
     match got {
