@@ -28,39 +28,67 @@ pub(crate) fn range_source(
     timeout_secs: u64,
 ) -> io::Result<Arc<dyn RangeSource>> {
     Ok(match spec {
-        SourceSpec::Registry {
-            host,
-            repository,
-            insecure_hosts,
-            tls_hosts,
-            ca_file,
-            hosts_dir,
-        } => {
-            let opts = SourceOptions {
-                insecure_hosts: insecure_hosts.clone(),
-                tls_hosts: tls_hosts.clone(),
-                ca_file: ca_file.clone(),
-                hosts: hosts_dir
-                    .as_ref()
-                    .map_or_else(HostsConfig::none, HostsConfig::new),
-                ..SourceOptions::default()
-            };
-            let timeout = attempt_timeout(Duration::from_secs(timeout_secs.max(1)));
-            let client =
-                RegistryClient::with_timeout(host, &opts, timeout).map_err(io::Error::other)?;
-            Arc::new(RegistrySource {
-                client,
-                repository: repository.clone(),
-            })
-        }
+        SourceSpec::Registry { repository, .. } => Arc::new(RegistrySource {
+            client: registry_client(spec, timeout_secs)?,
+            repository: repository.clone(),
+        }),
         SourceSpec::Layout { dir } => Arc::new(LayoutSource { dir: dir.clone() }),
     })
 }
 
-/// The sources of the other mounts (in the cache's `mounts/` dir, beside
-/// `config`'s run dir) whose blob lies in the same cache file as `config`'s
-/// blob `blob`: the same entry, so the same chunk table. Mounts with the
-/// same source as ours are left out (no help).
+/// The client of a registry source (any other source: an error).
+fn registry_client(spec: &SourceSpec, timeout_secs: u64) -> io::Result<RegistryClient> {
+    let SourceSpec::Registry {
+        host,
+        insecure_hosts,
+        tls_hosts,
+        ca_file,
+        hosts_dir,
+        ..
+    } = spec
+    else {
+        return Err(io::Error::other("not a registry source"));
+    };
+    let opts = SourceOptions {
+        insecure_hosts: insecure_hosts.clone(),
+        tls_hosts: tls_hosts.clone(),
+        ca_file: ca_file.clone(),
+        hosts: hosts_dir
+            .as_ref()
+            .map_or_else(HostsConfig::none, HostsConfig::new),
+        ..SourceOptions::default()
+    };
+    let timeout = attempt_timeout(Duration::from_secs(timeout_secs.max(1)));
+    RegistryClient::with_timeout(host, &opts, timeout).map_err(io::Error::other)
+}
+
+/// The sources of a mount: for bulk reads (boot pages, reads ahead,
+/// prefetches, whole layers) and for misses, the reads a reader waits on.
+/// They differ only when hosts.toml marks a host `bulk_only` (a P2P daemon
+/// that moves 4 MiB pieces per request: a miss goes around it).
+pub(crate) fn bulk_and_miss_sources(
+    spec: &SourceSpec,
+    timeout_secs: u64,
+) -> io::Result<(Arc<dyn RangeSource>, Arc<dyn RangeSource>)> {
+    let SourceSpec::Registry { repository, .. } = spec else {
+        let source = range_source(spec, timeout_secs)?;
+        return Ok((source.clone(), source));
+    };
+    let client = registry_client(spec, timeout_secs)?;
+    let of = |client: RegistryClient| -> Arc<dyn RangeSource> {
+        Arc::new(RegistrySource {
+            client,
+            repository: repository.clone(),
+        })
+    };
+    if !client.has_bulk_only_hosts() {
+        let source = of(client);
+        return Ok((source.clone(), source));
+    }
+    tracing::info!("misses go around the hosts marked bulk_only; bulk reads go through them");
+    Ok((of(client.clone()), of(client.for_misses())))
+}
+
 pub(crate) fn of_other_mounts(config: &DaemonConfig, blob: usize) -> Vec<Arc<dyn RangeSource>> {
     let Some(ours) = config.blobs.get(blob) else {
         return Vec::new();

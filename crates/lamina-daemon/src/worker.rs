@@ -59,7 +59,10 @@ struct Shared {
     stores: Vec<LazyStore>,
     /// A tar index's windows (`None`: a lamina image).
     windows: Option<SpanWindows>,
+    /// Where bulk reads go (boot pages, reads ahead, prefetches, layers).
     source: Arc<dyn RangeSource>,
+    /// Where misses go: `source` unless hosts.toml marks a host bulk_only.
+    miss_source: Arc<dyn RangeSource>,
     /// Hedging of miss and boot requests (not of fill-ahead).
     hedging: Arc<Hedging>,
     fetch: FetchOptions,
@@ -258,7 +261,8 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             refused,
         });
     }
-    let source = crate::sources::range_source(&config.source, config.timeout_secs)?;
+    let (source, miss_source) =
+        crate::sources::bulk_and_miss_sources(&config.source, config.timeout_secs)?;
     let trace = match &config.record_trace {
         Some(p) => Some(Mutex::new(
             File::options().create(true).append(true).open(p)?,
@@ -316,6 +320,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         stores,
         windows,
         source,
+        miss_source,
         hedging,
         stats: FetchStats::default(),
         miss_stats: FetchStats::default(),

@@ -116,6 +116,11 @@ pub struct HostEntry {
     pub headers: Vec<(String, String)>,
     /// Bound on establishing a connection.
     pub dial_timeout: Option<Duration>,
+    /// lamina's own key `bulk_only = true` (containerd ignores it): the host
+    /// serves bulk reads only (whole blobs, boot pages, reads ahead and
+    /// prefetches), never the ranges a reader waits for: a P2P mirror that
+    /// moves pieces far larger than a miss (docs/dragonfly.md).
+    pub bulk_only: bool,
     /// The upstream (`server`, or the registry host itself): tried last.
     pub upstream: bool,
 }
@@ -134,6 +139,7 @@ impl HostEntry {
             skip_verify: false,
             headers: Vec::new(),
             dial_timeout: None,
+            bulk_only: false,
             upstream: true,
         }
     }
@@ -401,6 +407,7 @@ impl Parser<'_> {
             entry.client = self.client(v, &join(path, "client"))?;
         }
         entry.skip_verify = self.bool(t, "skip_verify", path)?;
+        entry.bulk_only = self.bool(t, "bulk_only", path)?;
         if let Some(v) = t.get("header") {
             entry.headers = self.headers(v, &join(path, "header"))?;
         }

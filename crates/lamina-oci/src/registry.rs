@@ -78,6 +78,8 @@ pub struct RegistryClient {
     endpoints: Arc<[Endpoint]>,
     /// Recent range answers and who sent them (only with several hosts).
     served: Arc<Mutex<VecDeque<Served>>>,
+    /// Leave out hosts marked `bulk_only` ([`for_misses`](Self::for_misses)).
+    misses_only: bool,
 }
 
 /// A range answer: which endpoint sent bytes `start..end` of `digest`.
@@ -191,7 +193,24 @@ impl RegistryClient {
             timeout,
             endpoints: endpoints.into(),
             served: Arc::new(Mutex::new(VecDeque::new())),
+            misses_only: false,
         })
+    }
+
+    /// This client for the reads a reader waits on (a lazy mount's misses):
+    /// hosts marked `bulk_only` in hosts.toml are left out. Shares the
+    /// connection pools, tokens and host health.
+    pub fn for_misses(&self) -> RegistryClient {
+        RegistryClient {
+            misses_only: true,
+            ..self.clone()
+        }
+    }
+
+    /// Whether some host is marked `bulk_only`: misses and bulk reads go
+    /// different ways.
+    pub fn has_bulk_only_hosts(&self) -> bool {
+        self.endpoints.iter().any(|e| e.bulk_only)
     }
 
     /// The registry host this client talks to.
@@ -202,7 +221,12 @@ impl RegistryClient {
     /// The hosts that may do `op`, in the order to try them: those that
     /// have not failed lately first, each group in configuration order.
     fn candidates(&self, op: Op) -> Result<Vec<usize>, OciError> {
-        let allowed = || (0..self.endpoints.len()).filter(|&i| op.allowed(&self.endpoints[i].caps));
+        let allowed = || {
+            (0..self.endpoints.len()).filter(|&i| {
+                let e = &self.endpoints[i];
+                op.allowed(&e.caps) && !(self.misses_only && e.bulk_only)
+            })
+        };
         let (mut order, sick): (Vec<usize>, Vec<usize>) =
             allowed().partition(|&i| self.endpoints[i].healthy());
         order.extend(sick);
@@ -826,6 +850,24 @@ mod tests {
   override_path = true
 [host."http://127.0.0.1:3"]
 "#;
+
+    /// A `bulk_only` mirror (a P2P daemon) serves bulk reads and is left
+    /// out of the client for misses, which go to the other hosts.
+    #[test]
+    fn bulk_only_hosts_are_left_out_of_misses() {
+        let (_dir, c) = client_with(
+            "127.0.0.1:5000",
+            "[host.\"http://127.0.0.1:4001\"]\n  capabilities = [\"pull\"]\n  bulk_only = true\n",
+        );
+        assert!(c.has_bulk_only_hosts());
+        let bulk = c.candidates(Op::Pull).expect("bulk");
+        assert_eq!(hosts_of(&c, &bulk), ["127.0.0.1:4001", "127.0.0.1:5000"]);
+        let misses = c.for_misses();
+        let pull = misses.candidates(Op::Pull).expect("misses");
+        assert_eq!(hosts_of(&misses, &pull), ["127.0.0.1:5000"]);
+        let (_dir, plain) = client_with("127.0.0.1:5000", MIRRORS);
+        assert!(!plain.has_bulk_only_hosts());
+    }
 
     #[test]
     fn hosts_by_capability_then_health() {

@@ -358,7 +358,8 @@ impl Shared {
         via: Option<&File>,
     ) -> io::Result<()> {
         let (started, mine) = (Instant::now(), FetchStats::default());
-        let result = self.fetch_with(blob, chunks, via, &self.fetch, Some(&mine));
+        let source = &self.miss_source;
+        let result = self.fetch_from(source, blob, chunks, via, &self.fetch, Some(&mine));
         add_stats(&self.miss_stats, &mine);
         if result.is_ok() {
             let bytes = mine.bytes.load(Ordering::Relaxed);

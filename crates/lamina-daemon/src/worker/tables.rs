@@ -204,7 +204,8 @@ impl Shared {
     /// range request, checked against the digest the index gives, retried
     /// on a fresh connection; kept beside the cache file for later mounts.
     pub(super) fn fetch_table(&self, blob: u32) -> io::Result<IndexBlob> {
-        self.fetch_table_from(blob, self.source.as_ref())
+        // Wanted by a miss, and small: never through a bulk-only host.
+        self.fetch_table_from(blob, self.miss_source.as_ref())
     }
 
     /// [`fetch_table`](Self::fetch_table) from `source`.

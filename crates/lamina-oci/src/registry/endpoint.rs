@@ -43,6 +43,8 @@ pub(crate) struct Endpoint {
     ns: Option<String>,
     /// What it may be used for.
     pub(crate) caps: Capabilities,
+    /// Bulk reads only (`bulk_only` in hosts.toml).
+    pub(crate) bulk_only: bool,
     client: Client,
     /// Opens a new connection for every request: for retries.
     fresh_client: Client,
@@ -101,6 +103,7 @@ impl Endpoint {
             base,
             ns: (!is_registry).then(|| namespace.to_string()),
             caps: entry.capabilities,
+            bulk_only: entry.bulk_only,
             client: build_client(&spec, true)?,
             fresh_client: build_client(&spec, false)?,
             plain_loopback: plain && loopback,
