@@ -4,7 +4,7 @@ a network namespace of its own, joined by a bridge (standard library only).
 
   fleet.py up   --dir DIR --nodes N --registry-data DATA [--no-dragonfly]
                 [--uplink 100mbit] [--links 1gbit] [--net 10.201.0] [--prefix lf]
-                [--policy always|auto]
+                [--policy always|auto] [--bulk-only]
   fleet.py stop-dfdaemon --dir DIR --node I     # node I's dfdaemon only
   fleet.py egress --dir DIR                     # bytes the registry sent so far
   fleet.py down --dir DIR                       # idempotent
@@ -242,12 +242,15 @@ metrics:
 {seed_block}""")
 
 
-def hosts_toml(node_dir, registry, dragonfly):
+def hosts_toml(node_dir, registry, dragonfly, bulk_only):
     """Node's hosts dir: its dfdaemon first (when there is one), then the
-    registry; lamina falls back to the registry when the mirror fails."""
+    registry; lamina falls back to the registry when the mirror fails. With
+    BULK_ONLY the dfdaemon serves bulk reads only and misses go straight to
+    the registry (lamina's own key, docs/dragonfly.md)."""
+    bulk = "  bulk_only = true\n" if bulk_only else ""
     mirror = f"""[host."http://127.0.0.1:{PROXY_PORT}"]
   capabilities = ["pull"]
-  [host."http://127.0.0.1:{PROXY_PORT}".header]
+{bulk}  [host."http://127.0.0.1:{PROXY_PORT}".header]
     X-Dragonfly-Registry = "http://{registry}"
 """ if dragonfly else ""
     write(node_dir / "hosts" / registry / "hosts.toml", f'server = "http://{registry}"\n\n{mirror}')
@@ -300,7 +303,7 @@ def up(args):
         if state["dragonfly"]:
             dfdaemon_config(d, name, ip, f"{net}.1", registry, False, args.policy)
             start_dfdaemon(state, d, name, ns, ip)
-        hosts = hosts_toml(d / name, registry, state["dragonfly"])
+        hosts = hosts_toml(d / name, registry, state["dragonfly"], args.bulk_only)
         nodes.append({"name": name, "netns": ns, "ip": ip, "hosts_dir": str(hosts),
                       "cache": str(d / name / "lamina-cache")})
     if state["dragonfly"]:
@@ -387,6 +390,9 @@ def main():
     u.add_argument("--links", default="1gbit")
     u.add_argument("--net", default="10.201.0")
     u.add_argument("--prefix", default="lf")
+    u.add_argument("--bulk-only", action="store_true",
+                   help="mark each node's dfdaemon bulk_only in its hosts.toml: misses go "
+                        "straight to the registry")
     u.add_argument("--policy", choices=["always", "auto"], default="always",
                    help="dfdaemon's schedulingPolicy for blobs: auto sends ranges of "
                         "4 MiB or less straight to the registry (no P2P)")
