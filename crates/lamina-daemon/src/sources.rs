@@ -89,6 +89,10 @@ pub(crate) fn bulk_and_miss_sources(
     Ok((of(client.clone()), of(client.for_misses())))
 }
 
+/// The sources of the other mounts (in the cache's `mounts/` dir, beside
+/// `config`'s run dir) whose blob lies in the same cache file as `config`'s
+/// blob `blob`: the same entry, so the same chunk table. Mounts with the
+/// same source as ours are left out (no help).
 pub(crate) fn of_other_mounts(config: &DaemonConfig, blob: usize) -> Vec<Arc<dyn RangeSource>> {
     let Some(ours) = config.blobs.get(blob) else {
         return Vec::new();
