@@ -12,9 +12,9 @@
 //! had (no fanotify: an unprivileged FUSE mount), nothing is copied.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -72,8 +72,8 @@ impl ChunkLocator {
         entry.copy_from_slice(&key.id[..16]);
         let slot = ChunkSlot::new(*digest, (key.blob, entry), cache_offset, size);
         let mut free = None;
-        for i in probe(digest) {
-            match self.read_slot(i) {
+        for (i, old) in self.window(digest) {
+            match old {
                 Some(old) if old == slot => return,
                 Some(old) if old.digest == *digest => {
                     free = Some(i);
@@ -95,8 +95,8 @@ impl ChunkLocator {
     /// entry than `not` where the locator says one holds it, and only if
     /// they hash to `digest`.
     pub fn copy(&self, digest: &[u8; 32], size: u32, not: &EntryKey) -> Option<Vec<u8>> {
-        for i in probe(digest) {
-            let Some(slot) = self.read_slot(i) else {
+        for (_, slot) in self.window(digest) {
+            let Some(slot) = slot else {
                 continue;
             };
             if slot.digest != *digest || slot.size.get() != size {
@@ -112,10 +112,24 @@ impl ChunkLocator {
         None
     }
 
-    fn read_slot(&self, i: u64) -> Option<ChunkSlot> {
-        let mut buf = [0u8; SLOT_LEN];
-        self.file.read_exact_at(&mut buf, slot_offset(i)).ok()?;
-        ChunkSlot::parse(&buf)
+    /// The slots probed for `digest` and what each holds (`None`: empty,
+    /// torn or unreadable). The window is contiguous except where it wraps
+    /// past the last slot: one read per run, not one per slot (a miss looks
+    /// up every chunk it fetches).
+    fn window(&self, digest: &[u8; 32]) -> Vec<(u64, Option<ChunkSlot>)> {
+        let slots: Vec<u64> = probe(digest).collect();
+        let mut out = Vec::with_capacity(slots.len());
+        for run in slots.chunk_by(|a, b| *b == a + 1) {
+            let mut buf = vec![0u8; run.len() * SLOT_LEN];
+            let read = self
+                .file
+                .read_exact_at(&mut buf, slot_offset(run[0]))
+                .is_ok();
+            for (i, bytes) in run.iter().zip(buf.chunks_exact(SLOT_LEN)) {
+                out.push((*i, read.then(|| ChunkSlot::parse(bytes)).flatten()));
+            }
+        }
+        out
     }
 
     /// Reads the slot's range from its entry's cache file (quietly) and
@@ -156,12 +170,7 @@ impl ChunkLocator {
 
 /// Opens the locator at `path` if it is one this code reads.
 fn open_valid(path: &Path) -> io::Result<Option<File>> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-    {
+    let file = match private::open_existing(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -177,22 +186,16 @@ fn open_valid(path: &Path) -> io::Result<Option<File>> {
 /// the header, sparse to its full length, renamed into place. Two workers
 /// creating it at once each rename a valid empty one.
 fn create(path: &Path) -> io::Result<File> {
-    let temp = private::temp_name(path, "new");
-    let file = private::create_new(&temp)?;
-    let written = file
-        .write_all_at(LocatorHeader::new().as_bytes(), 0)
-        .and_then(|()| file.set_len(FILE_LEN))
-        .and_then(|()| std::fs::rename(&temp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&temp);
-        return Err(e);
-    }
-    Ok(file)
+    private::write_atomic_with(path, false, |file| {
+        file.write_all_at(LocatorHeader::new().as_bytes(), 0)?;
+        file.set_len(FILE_LEN)
+    })
 }
 
-/// A quiet fd of the cache file at `path`, or `None` (logged once per file).
+/// A quiet fd of the cache file at `path` (a private regular file of this
+/// user, not followed through a symlink), or `None` (logged once per file).
 fn open_quiet(path: &Path, quiet: fn(&File) -> io::Result<File>) -> Option<File> {
-    let opened = File::open(path).and_then(|f| quiet(&f));
+    let opened = private::open_trusted(path).and_then(|f| quiet(&f));
     match opened {
         Ok(file) => Some(file),
         Err(e) => {
@@ -205,7 +208,7 @@ fn open_quiet(path: &Path, quiet: fn(&File) -> io::Result<File>) -> Option<File>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lamina_format::locate::PROBE;
+    use lamina_format::locate::{PROBE, SLOTS};
 
     fn key(b: u8) -> EntryKey {
         EntryKey {
@@ -222,7 +225,11 @@ mod tests {
         first.note(&[3; 32], &key(1), 0, 10);
         drop(first);
         let again = ChunkLocator::open(&blobs).unwrap();
-        let slots: Vec<ChunkSlot> = probe(&[3; 32]).filter_map(|i| again.read_slot(i)).collect();
+        let slots: Vec<ChunkSlot> = again
+            .window(&[3; 32])
+            .into_iter()
+            .filter_map(|w| w.1)
+            .collect();
         assert_eq!(slots.len(), 1, "the note survived reopening");
         let meta = std::fs::metadata(blobs.join(LOCATOR_FILE)).unwrap();
         assert_eq!(meta.len(), FILE_LEN);
@@ -266,7 +273,7 @@ mod tests {
         std::fs::write(dir.path().join(LOCATOR_FILE), b"not a locator").unwrap();
         let locator = ChunkLocator::open(dir.path()).unwrap();
         locator.note(&[4; 32], &key(1), 0, 10);
-        assert!(probe(&[4; 32]).any(|i| locator.read_slot(i).is_some()));
+        assert!(locator.window(&[4; 32]).iter().any(|w| w.1.is_some()));
     }
 
     /// Notes of one digest replace each other; a full window evicts one
@@ -278,8 +285,10 @@ mod tests {
         let digest = [9; 32];
         locator.note(&digest, &key(1), 0, 10);
         locator.note(&digest, &key(2), 0, 10);
-        let found: Vec<ChunkSlot> = probe(&digest)
-            .filter_map(|i| locator.read_slot(i))
+        let found: Vec<ChunkSlot> = locator
+            .window(&digest)
+            .into_iter()
+            .filter_map(|w| w.1)
             .collect();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].blob, [2; 32]);
@@ -289,12 +298,25 @@ mod tests {
             other[31] = k.wrapping_add(1);
             locator.note(&other, &key(3), u64::from(k), 10);
         }
+        // A window that wraps past the last slot is read in two runs.
+        let mut wrapped = [5u8; 32];
+        wrapped[..8].copy_from_slice(&(SLOTS - 3).to_le_bytes());
+        locator.note(&wrapped, &key(4), 0, 10);
+        let window = locator.window(&wrapped);
+        let slots: Vec<u64> = window.iter().map(|w| w.0).collect();
+        assert_eq!(slots, probe(&wrapped).collect::<Vec<_>>());
+        assert!(slots.contains(&0) && slots.contains(&(SLOTS - 1)));
+        assert!(window
+            .iter()
+            .any(|w| w.1.as_ref().is_some_and(|s| s.digest == wrapped)));
         let len = std::fs::metadata(dir.path().join(LOCATOR_FILE))
             .unwrap()
             .len();
         assert_eq!(len, FILE_LEN);
-        let live = probe(&digest)
-            .filter(|&i| locator.read_slot(i).is_some())
+        let live = locator
+            .window(&digest)
+            .iter()
+            .filter(|w| w.1.is_some())
             .count();
         assert_eq!(live, PROBE as usize);
     }
