@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use lamina_format::index::{BlobSummary, ChunkEntry, ChunkIndex, IndexBlob};
+use lamina_format::index::{BlobSummary, ChunkEntry, ChunkIndex, IndexBlob, IndexTop};
 use lamina_image::artifact::{
     ANNOTATION_UNCOMPRESSED_DIGEST, ANNOTATION_UNCOMPRESSED_SIZE, MEDIA_TYPE_BLOB, MEDIA_TYPE_INDEX,
 };
@@ -251,9 +251,9 @@ fn zstd(bytes: &[u8], work: &Path) -> Vec<u8> {
     z
 }
 
-/// The blob table of the index of `layout:tag` (a paged index).
+/// The top of the index of `layout:tag` (a paged index).
 #[track_caller]
-fn blob_table(layout: &Path, tag: &str, work: &Path) -> Vec<BlobSummary> {
+fn index_top(layout: &Path, tag: &str, work: &Path) -> IndexTop {
     let manifest = read_manifest(layout, tag);
     let index = &manifest["layers"][layer_of(&manifest, MEDIA_TYPE_INDEX)];
     let bytes = unzstd(&blob_path(layout, index["digest"].as_str().unwrap()), work);
@@ -264,7 +264,13 @@ fn blob_table(layout: &Path, tag: &str, work: &Path) -> Vec<BlobSummary> {
         "{}:{tag} has no paged index",
         layout.display()
     );
-    top.blobs
+    top
+}
+
+/// The blob table of the index of `layout:tag` (a paged index).
+#[track_caller]
+fn blob_table(layout: &Path, tag: &str, work: &Path) -> Vec<BlobSummary> {
+    index_top(layout, tag, work).blobs
 }
 
 fn unhex32(s: &str) -> [u8; 32] {
@@ -1157,10 +1163,7 @@ fn soak_mounts_gc_and_kills_never_give_a_wrong_byte() {
 /// table read from the end of the blob.
 #[track_caller]
 fn blob_chunks(layout: &Path, tag: &str, work: &Path) -> Vec<ChunkEntry> {
-    let manifest = read_manifest(layout, tag);
-    let index = &manifest["layers"][layer_of(&manifest, MEDIA_TYPE_INDEX)];
-    let bytes = unzstd(&blob_path(layout, index["digest"].as_str().unwrap()), work);
-    let top = ChunkIndex::parse_top(&bytes).unwrap();
+    let top = index_top(layout, tag, work);
     let [summary] = &top.blobs[..] else {
         panic!("{}:{tag}: {} data blobs", layout.display(), top.blobs.len());
     };
