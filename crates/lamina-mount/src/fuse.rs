@@ -12,8 +12,9 @@ use lamina_fetch::private;
 use lamina_fuse::ServeConfig;
 use lamina_oci::ImageRef;
 
-use crate::kernel::{fill_cache, io_err, record_eager, MountError, MountInfo, MountOptions};
-use crate::lazy::start_daemon;
+use crate::common::{io_err, MountError, MountInfo, MountOptions};
+use crate::daemons::start_daemon;
+use crate::kernel::{fill_cache, record_eager};
 
 /// Threads of a FUSE daemon: requests block on reads of the cache.
 pub const FUSE_THREADS: usize = 4;
@@ -56,7 +57,7 @@ pub fn mount_fuse(
 ) -> Result<MountInfo, MountError> {
     let mut info = fill_cache(image, mountpoint, opts, true)?;
     info.mountpoint = fs::canonicalize(mountpoint).map_err(io_err(mountpoint))?;
-    let run = crate::lazy::run_dir(&opts.cache_dir, mountpoint);
+    let run = crate::common::run_dir(&opts.cache_dir, mountpoint);
     private::private_dir(&run).map_err(io_err(&run))?;
     let image = FuseImage {
         metadata: &info.metadata_path,

@@ -5,9 +5,7 @@
 //! once the mount is usable.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lamina_daemon::config::{
@@ -23,11 +21,14 @@ use lamina_fuse::LookupLater;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 
-use crate::kernel::{
-    cache_layer_file, cache_metadata_frames, cached_layer, content_digest, io_err, open_recorded,
-    MountError, MountInfo, MountOptions, Record,
+use crate::common::{io_err, run_dir, MountError, MountInfo, MountOptions};
+use crate::daemons::start_daemon;
+use crate::layers::{
+    cache_layer_file, cache_metadata_frames, cached_layer, content_digest, open_recorded, Record,
 };
 use crate::mode::Mode;
+
+mod tar;
 
 /// What a lazy mount fetches without a reader waiting for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -87,13 +88,6 @@ impl Default for LazyOptions {
     }
 }
 
-/// The run directory of the mount at `mountpoint`.
-pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
-    let canonical = fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    let digest = lamina_oci::sha256(canonical.as_os_str().as_encoded_bytes());
-    cache_dir.join("mounts").join(hex::encode(&digest[..8]))
-}
-
 /// Whether the lazy mount at `mountpoint` (cache `cache_dir`) has its
 /// daemon: the `ready` file of its run dir names a live lamina daemon (its
 /// holder, or its FUSE daemon) that reported no error. A mount whose daemon
@@ -109,20 +103,6 @@ pub fn is_served(cache_dir: &Path, mountpoint: &Path) -> bool {
     // The pid of a lamina daemon, not of whatever took it over since.
     fs::read(format!("/proc/{}/cmdline", ready.pid))
         .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a.starts_with(b"internal-")))
-}
-
-/// The daemons this process started that outlive their start (holders,
-/// FUSE daemons): a long-lived process (the snapshotter) reaps exactly
-/// these ([`reap_daemons`]), never a child another thread waits for.
-static STARTED: std::sync::Mutex<Vec<Child>> = std::sync::Mutex::new(Vec::new());
-
-/// Reaps the daemons this process started that have exited; returns how
-/// many.
-pub fn reap_daemons() -> usize {
-    let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
-    let before = started.len();
-    started.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
-    before - started.len()
 }
 
 /// Opens `image` and mounts it lazily in `mode`; a bad mount point fails
@@ -239,6 +219,7 @@ pub fn mount(
 /// manifest and config round trips). Through FUSE, the same cache, worker
 /// and verification as the kernel path: the FUSE daemon asks the worker
 /// for the bytes a read needs.
+// Over 100 lines: one mount's steps in order, each taking what the one before found.
 pub fn mount_lazy_from(
     source: Box<dyn ImageSource>,
     image: &ImageRef,
@@ -255,7 +236,7 @@ pub fn mount_lazy_from(
         Err(ArtifactError::NotLamina(why)) => {
             // An unmodified image: served through its tar index, if any.
             return match crate::tar_index::find(image, img, opts)? {
-                Some((index_ref, index)) => crate::tar_index::mount_lazy(
+                Some((index_ref, index)) => tar::mount_lazy(
                     image,
                     img,
                     (&index_ref, index.as_ref()),
@@ -617,77 +598,6 @@ fn frames_for_daemon(
         frames,
         digest: format!("sha256:{}", hex::encode(content_digest(desc, "metadata")?)),
     })
-}
-
-/// Starts this binary's `subcommand CONFIG` (a mount daemon, `what` in
-/// messages) with its output in `log_path`, and waits until it has written
-/// the `ready` file next to its config: Ok once mounted, its error
-/// otherwise, or why it never reported (it exited: its log; 60 s passed).
-pub(crate) fn start_daemon(
-    subcommand: &str,
-    config_path: &Path,
-    log_path: &Path,
-    what: &str,
-) -> Result<(), MountError> {
-    let log = private::create_new(log_path).map_err(io_err(log_path))?;
-    let mut daemon = Command::new(lamina_sys::OWN_BINARY)
-        .arg0("lamina")
-        .arg(subcommand)
-        .arg(config_path)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(io_err(log_path))?)
-        .stderr(log)
-        .spawn()
-        .map_err(io_err(config_path))?;
-    let ready_path = config_path.with_file_name("ready");
-    let result = wait_ready(&mut daemon, &ready_path, log_path, what);
-    // Running (serving, or left running): reaped by `reap_daemons`.
-    if matches!(daemon.try_wait(), Ok(None)) {
-        STARTED
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(daemon);
-    }
-    result
-}
-
-fn wait_ready(
-    daemon: &mut Child,
-    ready_path: &Path,
-    log_path: &Path,
-    what: &str,
-) -> Result<(), MountError> {
-    let started = Instant::now();
-    loop {
-        if let Ok(bytes) = fs::read(ready_path) {
-            let ready: Ready = serde_json::from_slice(&bytes)
-                .map_err(|e| MountError::Daemon(format!("bad ready file: {e}")))?;
-            if let Some(err) = ready.error {
-                let _ = daemon.wait();
-                return Err(MountError::Daemon(err));
-            }
-            return Ok(());
-        }
-        if let Ok(Some(status)) = daemon.try_wait() {
-            let log = fs::read_to_string(log_path).unwrap_or_default();
-            return Err(MountError::Daemon(format!(
-                "{what} exited ({status}) before mounting: {}",
-                log.trim()
-            )));
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            // Never killed: if it has mounted by now, its death would let
-            // readers see holes as zeros (or a dead FUSE mount). It exits by
-            // itself once unmounted.
-            return Err(MountError::Daemon(format!(
-                "{what} (pid {}) did not report in 60 s; it is left running, see {}",
-                daemon.id(),
-                log_path.display()
-            )));
-        }
-        // Short: every start of a container waits here.
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 /// What became of a lazy mount's daemon after its unmount.

@@ -34,22 +34,27 @@
 #![warn(missing_docs)]
 
 mod cache;
+mod common;
+mod daemons;
 mod fuse;
 mod gc;
 mod kernel;
+mod layers;
 mod lazy;
 pub mod metrics;
 mod mode;
 mod tar_index;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
+pub use common::{run_dir, MountError, MountInfo, MountOptions};
+pub use daemons::reap_daemons;
 pub use fuse::{mount_fuse, FUSE_STATUS, FUSE_THREADS};
 pub use gc::{gc, EagerRecord, GcReport};
-pub use kernel::{mount_image, unmount, MountError, MountInfo, MountOptions};
+pub use kernel::{mount_image, unmount};
 pub use lamina_daemon::config::Privileges;
 pub use lazy::{
-    finish_unmount, is_served, last_status, mount, mount_lazy_from, reap_daemons, run_dir,
-    LazyOptions, Prefetch, Unmounted,
+    finish_unmount, is_served, last_status, mount, mount_lazy_from, LazyOptions, Prefetch,
+    Unmounted,
 };
 pub use mode::{choose as choose_mode, host_facts, HostFacts, Mode};
 pub use tar_index::{find as find_tar_index, FoundIndex};

@@ -10,12 +10,11 @@
 
 use std::path::Path;
 
-use lamina_fetch::store::Prepared;
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
-use lamina_format::tar_index::{TarIndex, TarLayer, SPAN_ZSTD};
+use lamina_format::tar_index::TarIndex;
 use lamina_image::artifact::{
-    check_lookup_for, ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE, MEDIA_TYPE_BOOT,
-    MEDIA_TYPE_LOOKUP, MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX, MEDIA_TYPE_TAR_WINDOWS,
+    check_lookup_for, ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE,
+    MEDIA_TYPE_LOOKUP, MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX,
 };
 use lamina_oci::{
     open_source, Descriptor, ImageRef, ImageSource, RegistryClient, RegistryRef, RegistryReference,
@@ -23,13 +22,8 @@ use lamina_oci::{
 };
 
 use crate::cache::materialize_tar;
-use crate::kernel::{cache_layer_file, io_err, MountError, MountInfo, MountOptions, Record};
-use crate::lazy::{
-    blob_spec, boot_specs, daemon_config, readahead_for_boot, source_spec, start_serving,
-    FuseExtras, LazyOptions, LazyPlan,
-};
-use crate::mode::Mode;
-use lamina_daemon::config::WindowsSpec;
+use crate::common::{io_err, MountError, MountInfo, MountOptions};
+use crate::layers::{cache_layer_file, Record};
 use lamina_fetch::store::{BlobStore, EntryKey};
 
 /// A tar index artifact, where it is and opened.
@@ -97,7 +91,10 @@ fn check_subject(artifact: &SourceImage, img: &SourceImage) -> Result<(), MountE
 }
 
 /// The artifact's layer of `media_type`.
-fn layer<'a>(artifact: &'a SourceImage, media_type: &str) -> Result<&'a Descriptor, MountError> {
+pub(crate) fn layer<'a>(
+    artifact: &'a SourceImage,
+    media_type: &str,
+) -> Result<&'a Descriptor, MountError> {
     artifact
         .manifest
         .layers
@@ -110,16 +107,16 @@ fn layer<'a>(artifact: &'a SourceImage, media_type: &str) -> Result<&'a Descript
 
 /// An image's tar index as a mount uses it: the span table (parsed and
 /// checked against the image), and the cached metadata and lookup table.
-struct IndexFiles {
-    index: TarIndex,
-    spans_path: std::path::PathBuf,
-    metadata_path: std::path::PathBuf,
-    lookup_path: Option<std::path::PathBuf>,
+pub(crate) struct IndexFiles {
+    pub index: TarIndex,
+    pub spans_path: std::path::PathBuf,
+    pub metadata_path: std::path::PathBuf,
+    pub lookup_path: Option<std::path::PathBuf>,
 }
 
 /// Caches `artifact`'s span table, metadata and (if `lookup`) lookup table
 /// for a mount of `img`, each checked against its digest and recorded.
-fn cache_index_files(
+pub(crate) fn cache_index_files(
     img: &SourceImage,
     artifact: &dyn ImageSource,
     opts: &MountOptions,
@@ -139,7 +136,7 @@ fn cache_index_files(
         true => {
             let (path, _) = cached(MEDIA_TYPE_LOOKUP, "lookup", "lookup table", false)?;
             // Bound to this index's metadata, as a lamina image's is
-            // (kernel::cached_lookup): the header says which it was built for.
+            // (layers::cached_lookup): the header says which it was built for.
             let mut header = [0; LOOKUP_HEADER_LEN];
             std::fs::File::open(&path)
                 .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header))
@@ -194,119 +191,6 @@ pub(crate) fn fill_cache(
         xattrs: true,
         fetched_bytes: fetched,
     })
-}
-
-/// Mounts `img` lazily through its tar index `artifact`: the span table,
-/// metadata (and for FUSE the lookup table) are cached now; each layer's
-/// cache file is its uncompressed tar, sparse, which the worker fills span
-/// by span from the original layer blob as reads need them.
-pub(crate) fn mount_lazy(
-    image: &ImageRef,
-    img: &SourceImage,
-    (index_ref, artifact): (&ImageRef, &dyn ImageSource),
-    mountpoint: std::path::PathBuf,
-    opts: &MountOptions,
-    lazy: &LazyOptions,
-    mode: Mode,
-) -> Result<MountInfo, MountError> {
-    let files = cache_index_files(img, artifact, opts, mode == Mode::Fuse)?;
-    let blob_dir = opts.cache_dir.join("blobs");
-    let mut blobs = Vec::new();
-    for (layer, src) in files.index.layers.iter().zip(&img.layers) {
-        note_single_frame(layer, &src.descriptor);
-        let store = BlobStore::open(&blob_dir, layer.blob.clone()).map_err(io_err(&blob_dir))?;
-        let prepared = Prepared {
-            cache_path: store.cache_path.clone(),
-            complete: store.is_complete(),
-            identity: store.identity(),
-        };
-        blobs.push(blob_spec(&src.descriptor.digest, prepared));
-    }
-    tracing::info!(
-        "{image}: mounting lazily through its tar index ({} layers, {} spans)",
-        blobs.len(),
-        files
-            .index
-            .layers
-            .iter()
-            .map(|l| l.blob.chunks.len())
-            .sum::<usize>()
-    );
-    let plan = LazyPlan {
-        image,
-        manifest_digest: img.manifest_digest.to_string(),
-        mountpoint,
-        metadata_path: files.metadata_path,
-        index_path: files.spans_path,
-        blobs,
-        tar_index: true,
-    };
-    let (mut config, run) = daemon_config(plan, opts, lazy)?;
-    let boot: Vec<Descriptor> = artifact
-        .image()
-        .manifest
-        .layers
-        .iter()
-        .filter(|l| l.media_type == MEDIA_TYPE_BOOT)
-        .cloned()
-        .collect();
-    let summaries: Vec<_> = files
-        .index
-        .layers
-        .iter()
-        .map(|l| l.blob.summary())
-        .collect();
-    // The worker fetches boot pages from the image's repository.
-    if same_repository(image, index_ref) {
-        config.boot_pages = boot_specs(&boot, &summaries, &opts.cache_dir.join("meta"))?;
-    } else if !boot.is_empty() {
-        tracing::warn!(
-            "{index_ref} has boot pages, but is not in {image}'s repository: the mount goes \
-             without them"
-        );
-    }
-    readahead_for_boot(&mut config, lazy);
-    // Predictions fetch whole spans and windows for whole files: a python3
-    // start at 100 Mbit/s took 0.99 s with them and 0.66 s without, moving
-    // twice the bytes (docs/index.md).
-    config.predict_max = 0;
-    // The worker checks each window's range against the blob's size.
-    config.tar_windows = match layer(artifact.image(), MEDIA_TYPE_TAR_WINDOWS) {
-        Ok(desc) => Some(WindowsSpec {
-            digest: desc.digest.to_string(),
-            size: desc.size,
-            source: source_spec(index_ref, opts, &config.mountpoint)?,
-        }),
-        Err(_) => None,
-    };
-    let fuse = FuseExtras {
-        lookup: files.lookup_path,
-        ..FuseExtras::default()
-    };
-    start_serving(&opts.cache_dir, &config, &run, mode, fuse)
-}
-
-/// Whether `a` and `b` are in one registry repository.
-fn same_repository(a: &ImageRef, b: &ImageRef) -> bool {
-    match (a, b) {
-        (ImageRef::Registry(a), ImageRef::Registry(b)) => {
-            a.host == b.host && a.repository == b.repository
-        }
-        _ => false,
-    }
-}
-
-/// Says so when a layer is one zstd frame: it cannot be split, so its first
-/// read fetches it whole.
-fn note_single_frame(layer: &TarLayer, desc: &Descriptor) {
-    let spans = &layer.blob.chunks;
-    if spans.len() == 1 && spans[0].flags.get() == SPAN_ZSTD {
-        tracing::info!(
-            "layer {} is a single zstd frame: its first read fetches it whole ({} bytes)",
-            desc.digest,
-            desc.size
-        );
-    }
 }
 
 /// The error for an unmodified image without a tar index.

@@ -1,0 +1,95 @@
+//! What every way of mounting shares: the mount settings, the mount it
+//! makes, the error, and where a mount keeps its run files.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lamina_daemon::config::Privileges;
+use lamina_image::artifact::ArtifactError;
+use lamina_oci::{ImageRef, SourceOptions};
+
+use crate::cache::CacheError;
+
+/// Local I/O on `path` failed.
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MountError + '_ {
+    move |e| MountError::Io(path.to_path_buf(), e)
+}
+
+/// Mount settings.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Cache directory.
+    pub cache_dir: PathBuf,
+    /// How to reach the image.
+    pub source: SourceOptions,
+    /// setuid and device nodes: off (`nosuid,nodev`) unless asked for.
+    pub privileges: Privileges,
+    /// An unmodified image's tar index, named (`--index`): else one is
+    /// looked for among the image's referrers.
+    pub index: Option<ImageRef>,
+}
+
+/// Why a mount failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// Opening the image.
+    #[error(transparent)]
+    Oci(#[from] lamina_oci::OciError),
+    /// The image is not a lamina image or its metadata is corrupt.
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    /// Filling the cache.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// The mountpoint is unusable.
+    #[error("mountpoint {0}: {1}")]
+    Mountpoint(PathBuf, String),
+    /// The mount(2) or umount(2) call failed.
+    #[error("{op} {path}: {errno}{hint}")]
+    Syscall {
+        /// Which call.
+        op: &'static str,
+        /// Mountpoint.
+        path: PathBuf,
+        /// The error.
+        errno: rustix::io::Errno,
+        /// What might help.
+        hint: &'static str,
+    },
+    /// A cache path the kernel's option parser cannot take.
+    #[error("cache path {0} contains a comma; choose another --cache-dir")]
+    BadCachePath(PathBuf),
+    /// Local I/O.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    /// A mount daemon (holder or FUSE daemon) could not start or mount.
+    #[error("mount daemon: {0}")]
+    Daemon(String),
+}
+
+/// A live mount.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MountInfo {
+    /// Where it is mounted.
+    pub mountpoint: PathBuf,
+    /// Manifest digest of the mounted image.
+    pub manifest_digest: String,
+    /// The EROFS metadata image.
+    pub metadata_path: PathBuf,
+    /// The cache files, in device order.
+    pub blob_paths: Vec<PathBuf>,
+    /// The lookup table: FUSE mounts of images that carry one.
+    pub lookup_path: Option<PathBuf>,
+    /// Whether the image's tree may hold extended attributes (false when
+    /// its manifest says no inode has any).
+    pub xattrs: bool,
+    /// Bytes of blobs read from the source (0 when all were cached).
+    pub fetched_bytes: u64,
+}
+
+/// The run directory of the mount at `mountpoint`.
+pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
+    let canonical = fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let digest = lamina_oci::sha256(canonical.as_os_str().as_encoded_bytes());
+    cache_dir.join("mounts").join(hex::encode(&digest[..8]))
+}
