@@ -1,20 +1,22 @@
 //! Arguments and the glue from them to library calls.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
-use lamina_image::artifact::{self, LaminaLayers};
-use lamina_image::build::BuildOptions;
-use lamina_image::convert::{convert, ConvertOptions, Progress};
-use lamina_image::index::{index, IndexOptions};
-use lamina_mount::{Mode, MountOptions, Privileges};
-use lamina_oci::{open_source, HostsConfig, ImageRef, SourceOptions};
+use lamina_oci::{HostsConfig, ImageRef, SourceOptions};
 use lamina_snapshotter::metrics::MetricsAddress;
 
-use crate::config::{ConfigError, LogFormat};
+use crate::config::LogFormat;
+use crate::size::{parse_chunk_size, parse_frame_size, parse_size};
+
+mod apply;
+mod commands;
+mod show;
+
+pub(crate) use apply::apply;
+use show::{mount_metrics, status};
 
 /// Lazy-loading container images on EROFS.
 ///
@@ -336,6 +338,10 @@ pub(crate) enum Command {
     Inspect {
         /// The image (lamina or plain OCI).
         image: String,
+        /// Also list every chunk of every blob (its digest, sizes and
+        /// offsets; `--json` only). Reads each blob up to its chunk table.
+        #[arg(long)]
+        chunks: bool,
     },
 }
 
@@ -461,44 +467,6 @@ fn parse_prefetch(s: &str) -> lamina_mount::Prefetch {
     }
 }
 
-/// `--metadata-frame-size`: a size (`4K`, `1M`, bytes) of 4 KiB..64 MiB.
-fn parse_frame_size(s: &str) -> std::result::Result<u64, String> {
-    let n = parse_size(s)?;
-    match (4 << 10..=64 << 20).contains(&n) {
-        true => Ok(n),
-        false => Err(format!("{n} is not between 4 KiB and 64 MiB")),
-    }
-}
-
-pub(crate) fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
-    let n = parse_size(s)?;
-    if !n.is_power_of_two() || !(4096..=16 << 20).contains(&n) {
-        return Err("must be a power of two between 4096 and 16777216".into());
-    }
-    Ok(n)
-}
-
-pub(crate) fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let mult = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1u64 << 40,
-                _ => return Err(format!("unknown size suffix in {s:?}")),
-            };
-            (&s[..i], mult)
-        }
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("bad size {s:?}"))
-}
-
 fn parse_ref(s: &str) -> Result<ImageRef> {
     s.parse::<ImageRef>()
         .with_context(|| format!("bad image reference {s:?}"))
@@ -522,330 +490,21 @@ pub fn run(args: Args) -> Result<u8> {
         hosts: HostsConfig::new(hosts_dir),
         ..SourceOptions::default()
     };
+    let json = args.json;
     match args.command {
-        Command::Convert {
-            src,
-            dst,
-            chunk_size,
-            zstd_level,
-            pack_limit,
-            format_version,
-            work_dir,
-            prefetch,
-            metadata_frame_size,
-        } => {
-            let opts = ConvertOptions {
-                build: BuildOptions {
-                    chunk_bits: chunk_size.trailing_zeros() as u8,
-                    zstd_level,
-                    pack_limit,
-                    paged: format_version == "4",
-                },
-                source,
-                work_dir,
-                prefetch_trace: prefetch,
-                metadata_frame_size: metadata_frame_size.map(|n| n as usize),
-            };
-            let (src, dst) = (parse_ref(&src)?, parse_ref(&dst)?);
-            let bar = progress_bar(args.json);
-            let report = convert(&src, &dst, &opts, &|p| report_progress(&bar, p))
-                .with_context(|| format!("converting {src} to {dst}"));
-            bar.finish_and_clear();
-            let report = report?;
-            if args.json {
-                print_json(&report)?;
-            } else {
-                let s = &report.stats;
-                println!("converted {src} -> {dst} in {:.2} s", report.seconds);
-                println!("  manifest     {}", report.manifest_digest);
-                println!(
-                    "  tree         {} entries, {} files, {} bytes",
-                    s.entries, s.files, s.file_bytes
-                );
-                println!(
-                    "  metadata     {} bytes EROFS ({} compressed), index {} bytes",
-                    report.metadata_bytes, report.metadata_compressed_bytes, report.index_bytes
-                );
-                println!(
-                    "  data         {} blobs, {} chunks stored, {} bytes -> {} compressed (source layers {})",
-                    report.blobs.len(),
-                    s.chunks_stored,
-                    s.stored_bytes,
-                    s.compressed_bytes,
-                    report.source_layer_bytes
-                );
-                println!("  dedup ratio  {:.3}", report.dedup_ratio);
-                if let Some(b) = &report.boot_pages {
-                    println!(
-                        "  boot pages   {} runs, {} bytes -> {} compressed",
-                        b.extents, b.bytes, b.compressed_bytes
-                    );
-                }
-                if s.confined_paths > 0 {
-                    println!(
-                        "  confined     {} hostile paths kept inside the image",
-                        s.confined_paths
-                    );
-                }
-            }
-        }
-        Command::Index {
-            src,
-            dst,
-            span_size,
-            prefetch,
-        } => {
-            let src = parse_ref(&src)?;
-            let dst = dst.as_deref().map(parse_ref).transpose()?;
-            let opts = IndexOptions {
-                source,
-                span_size,
-                prefetch_trace: prefetch,
-            };
-            let bar = progress_bar(args.json);
-            let report = index(&src, dst.as_ref(), &opts, &|layer| {
-                bar.set_message(format!("layer {}", layer + 1));
-            })
-            .with_context(|| format!("indexing {src}"));
-            bar.finish_and_clear();
-            let reports = report?;
-            if args.json {
-                print_json(&reports)?;
-            }
-            for report in reports.iter().filter(|_| !args.json) {
-                let platform = report.platform.as_deref().map(|p| format!(" ({p})"));
-                println!(
-                    "indexed {src}{} in {:.2} s",
-                    platform.unwrap_or_default(),
-                    report.seconds
-                );
-                println!(
-                    "  index        {} -> {}",
-                    report.manifest_digest, report.stored
-                );
-                println!(
-                    "  size         {} bytes for {} bytes of layers ({} bytes of tar, {} inodes)",
-                    report.artifact_bytes,
-                    report.image_layer_bytes,
-                    report.tar_bytes,
-                    report.inodes
-                );
-                println!(
-                    "  spans        {} ({} with a window)",
-                    report.spans, report.windows
-                );
-            }
-        }
-        Command::Mount {
-            image,
-            mountpoint,
-            serve,
-            record_trace,
-            suid,
-            dev,
-        } => {
-            let image = parse_ref(&image)?;
-            let opts = MountOptions {
-                cache_dir: absolute(&serve.cache_dir)?,
-                source,
-                privileges: Privileges { suid, dev },
-                index: serve.index.as_deref().map(parse_ref).transpose()?,
-            };
-            let lazy = serve.lazy_options(&image, record_trace);
-            let (mode, why) = mount_mode(&serve.mode, &opts.cache_dir, lazy.is_some())?;
-            tracing::info!("mounting with the {mode} path: {why}");
-            let info = lamina_mount::mount(&image, &mountpoint, &opts, lazy.as_ref(), mode)
-                .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
-            if args.json {
-                let mut report = serde_json::to_value(&info)?;
-                report["mode"] = serde_json::json!(mode);
-                report["mode_reason"] = serde_json::json!(why);
-                print_json(&report)?;
-            } else {
-                println!(
-                    "mounted {image} at {} ({} blobs, {} bytes fetched)",
-                    mountpoint.display(),
-                    info.blob_paths.len(),
-                    info.fetched_bytes
-                );
-            }
-        }
-        Command::Run {
-            image,
-            args: cmd,
-            serve,
-            name,
-            rm,
-            env,
-            volumes,
-            net,
-            cap_add,
-            security_opt,
-            user,
-            workdir,
-            entrypoint,
-            tty,
-            interactive,
-            stop_timeout,
-            state_dir,
-            runtime,
-        } => {
-            let image = parse_ref(&image)?;
-            let volumes = volumes
-                .iter()
-                .map(|v| v.parse::<lamina_run::Volume>())
-                .collect::<Result<Vec<_>, _>>()?;
-            let lazy = serve.lazy_options(&image, None);
-            let cache_dir = absolute(&serve.cache_dir)?;
-            let (mode, why) = mount_mode(&serve.mode, &cache_dir, lazy.is_some())?;
-            tracing::info!("mounting with the {mode} path: {why}");
-            let opts = lamina_run::RunOptions {
-                lazy,
-                mode,
-                image,
-                // The image is mounted in lamina run's private (0700) state
-                // dir, for runc: setuid binaries and device nodes work in
-                // the container as on overlayfs.
-                mount: MountOptions {
-                    cache_dir,
-                    source,
-                    privileges: Privileges {
-                        suid: true,
-                        dev: true,
-                    },
-                    index: serve.index.as_deref().map(parse_ref).transpose()?,
-                },
-                state_dir: absolute(&state_dir)?,
-                runc: lamina_run::container::find_runtime(&runtime)?,
-                name,
-                remove: rm,
-                env,
-                volumes,
-                network: net.parse()?,
-                security: security(&cap_add, &security_opt)?,
-                user,
-                workdir,
-                entrypoint,
-                args: cmd,
-                tty,
-                interactive,
-                stop_timeout: std::time::Duration::from_secs(stop_timeout),
-            };
-            let report = lamina_run::run(&opts)?;
-            for w in &report.cleanup_warnings {
-                eprintln!("lamina: {w}");
-            }
-            if args.json {
-                eprintln!("{}", serde_json::to_string(&report)?);
-            }
-            return Ok(u8::try_from(report.exit_code).unwrap_or(125));
-        }
-        Command::Rm {
-            names,
-            cache_dir,
-            state_dir,
-        } => {
-            for name in names {
-                let removed =
-                    lamina_run::remove(&absolute(&state_dir)?, &absolute(&cache_dir)?, &name)?;
-                if args.json {
-                    print_json(&serde_json::json!({"removed": name, "upper_dir": removed}))?;
-                } else {
-                    println!("{name}");
-                }
-            }
-        }
-        Command::Umount {
-            mountpoint,
-            cache_dir,
-        } => {
-            let cache_dir = absolute(&cache_dir)?;
-            // A holder removes its run dir (and status) as soon as it sees
-            // the unmount, which may be before we look: keep what it last
-            // wrote before unmounting.
-            let before = lamina_mount::last_status(&cache_dir, &mountpoint);
-            lamina_mount::unmount(&mountpoint)?;
-            let mut done = lamina_mount::finish_unmount(&cache_dir, &mountpoint);
-            if done.last_status.is_none() {
-                done.last_status = before;
-            }
-            if let Some(pid) = done.still_serving {
-                eprintln!(
-                    "lamina: {} is unmounted, but the filesystem lives on (another mount or an \
-                     overlay uses it); its holder (pid {pid}) serves it until the last user is gone",
-                    mountpoint.display()
-                );
-            }
-            if args.json {
-                let status: serde_json::Value = done
-                    .last_status
-                    .and_then(|s| serde_json::from_str(&s).ok())
-                    .unwrap_or(serde_json::Value::Null);
-                print_json(&serde_json::json!({
-                    "unmounted": mountpoint,
-                    "last_status": status,
-                    "holder_still_serving": done.still_serving,
-                }))?;
-            } else {
-                println!("unmounted {}", mountpoint.display());
-            }
-        }
+        c @ Command::Convert { .. } => commands::convert_image(c, source, json)?,
+        c @ Command::Index { .. } => commands::index_image(c, source, json)?,
+        c @ Command::Mount { .. } => commands::mount_image(c, source, json)?,
+        c @ Command::Run { .. } => return commands::run_container(c, source, json),
+        c @ Command::Rm { .. } => commands::remove_containers(c, json)?,
+        c @ Command::Umount { .. } => commands::unmount(c, json)?,
         Command::Status {
             cache_dir,
             prometheus: true,
         } => std::io::stdout().write_all(mount_metrics(&absolute(&cache_dir)?).as_bytes())?,
         Command::Status { cache_dir, .. } => status(&absolute(&cache_dir)?, args.json)?,
-        Command::Gc {
-            max_size,
-            cache_dir,
-        } => {
-            let max_size = max_size.ok_or(ConfigError::Missing(
-                "gc needs --max-size SIZE (or max_size in the config file's [gc])",
-            ))?;
-            let cache_dir = absolute(&cache_dir)?;
-            let report = lamina_mount::gc(&cache_dir, max_size)
-                .with_context(|| format!("collecting {}", cache_dir.display()))?;
-            if args.json {
-                print_json(&report)?;
-            } else {
-                println!(
-                    "evicted {} files ({} bytes); {} bytes kept, {} files in use",
-                    report.evicted.len(),
-                    report.freed_bytes,
-                    report.kept_bytes,
-                    report.in_use
-                );
-            }
-        }
-        Command::Snapshotter {
-            root,
-            address,
-            timeout,
-            prefetch,
-            fill_ahead,
-            predict_max,
-            mode,
-            metrics_address,
-            cache_max_size,
-        } => lamina_snapshotter::serve(lamina_snapshotter::Options {
-            mode: match mode.as_str() {
-                "kernel" => Some(Mode::Kernel),
-                "fuse" => Some(Mode::Fuse),
-                _ => None,
-            },
-            root: absolute(&root)?,
-            address: absolute(&address)?,
-            source,
-            lazy: lamina_mount::LazyOptions {
-                timeout: std::time::Duration::from_secs(timeout.max(1)),
-                prefetch: parse_prefetch(&prefetch),
-                fill_ahead,
-                predict_max,
-                ..lamina_mount::LazyOptions::default()
-            },
-            metrics_address,
-            cache_max_size,
-        })?,
+        c @ Command::Gc { .. } => commands::collect_garbage(c, json)?,
+        c @ Command::Snapshotter { .. } => commands::serve_snapshotter(c, source)?,
         Command::InternalFuse { config } => {
             lamina_fuse::serve(&lamina_fuse::load_config(&config)?)?
         }
@@ -854,10 +513,7 @@ pub fn run(args: Args) -> Result<u8> {
             let sock = lamina_sys::adopt_inherited_fd(fd)?;
             lamina_daemon::worker::run_worker(&config, sock)?
         }
-        Command::Inspect { image } => {
-            let image = parse_ref(&image)?;
-            inspect(&image, &source, args.json)?;
-        }
+        c @ Command::Inspect { .. } => commands::inspect_image(c, source, json)?,
     }
     Ok(0)
 }
@@ -881,253 +537,9 @@ impl Args {
     }
 }
 
-fn inspect(image: &ImageRef, source: &SourceOptions, json: bool) -> Result<()> {
-    let src = open_source(image, source).with_context(|| format!("opening {image}"))?;
-    let img = src.image();
-    let ann = &img.manifest.annotations;
-    let num = |key: &str| ann.get(key).and_then(|v| v.parse::<u64>().ok());
-    let layers = match LaminaLayers::from_manifest(&img.manifest) {
-        Ok(l) => l,
-        Err(_) => {
-            // A plain image: list its layers.
-            let layers: Vec<_> = img
-                .layers
-                .iter()
-                .map(|l| serde_json::json!({"digest": l.descriptor.digest.to_string(), "media_type": l.descriptor.media_type, "size": l.descriptor.size, "diff_id": l.diff_id.to_string()}))
-                .collect();
-            let doc = serde_json::json!({"image": image.to_string(), "lamina": false, "manifest_digest": img.manifest_digest.to_string(), "layers": layers});
-            if json {
-                print_json(&doc)?;
-            } else {
-                println!("{image}: not a lamina image ({} layers)", layers.len());
-                for l in &img.layers {
-                    println!(
-                        "  {} {} {}",
-                        l.descriptor.digest, l.descriptor.size, l.descriptor.media_type
-                    );
-                }
-            }
-            return Ok(());
-        }
-    };
-    let index = artifact::read_index(src.as_ref(), &layers)?;
-    let chunks: usize = index.blobs.iter().map(|b| b.chunk_count).sum();
-    // Both index versions give each blob's data size (a paged one in its
-    // blob table).
-    let stored: u64 = index.blobs.iter().filter_map(|b| b.data_size).sum();
-    let compressed: u64 = index.blobs.iter().map(|b| b.compressed_size).sum();
-    let metadata_bytes = layers
-        .metadata
-        .annotations
-        .get(artifact::ANNOTATION_UNCOMPRESSED_SIZE)
-        .and_then(|v| v.parse::<u64>().ok());
-    let file_bytes = num(artifact::ANNOTATION_STATS_FILE_BYTES);
-    let referenced = num(artifact::ANNOTATION_STATS_REFERENCED_BYTES);
-    // Boot pages: the segments' sizes summed (None when one lacks its size).
-    let boot_bytes = (!layers.boot.is_empty())
-        .then(|| {
-            layers
-                .boot
-                .iter()
-                .map(|b| {
-                    b.annotations
-                        .get(artifact::ANNOTATION_UNCOMPRESSED_SIZE)?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum::<Option<u64>>()
-        })
-        .flatten();
-    let boot_compressed =
-        (!layers.boot.is_empty()).then(|| layers.boot.iter().map(|b| b.size).sum::<u64>());
-    // Segments: the frames of the boot-pages layers (one per layer before frames).
-    let boot_segments = artifact::boot_layers(&layers.boot, &index.blobs)
-        .map(|l| l.iter().map(|b| b.frames.len()).sum::<usize>())
-        .ok();
-    let doc = serde_json::json!({
-        "image": image.to_string(),
-        "lamina": true,
-        "manifest_digest": img.manifest_digest.to_string(),
-        "source_manifest_digest": ann.get(artifact::ANNOTATION_SOURCE),
-        "format": num(artifact::ANNOTATION_FORMAT),
-        // Version 2: each blob ends with its chunk table.
-        "paged_index": index.inline.is_empty() && !index.blobs.is_empty(),
-        "chunk_size": num(artifact::ANNOTATION_CHUNK_SIZE),
-        "pack_limit": num(artifact::ANNOTATION_PACK_LIMIT),
-        "entries": num(artifact::ANNOTATION_STATS_ENTRIES),
-        "files": num(artifact::ANNOTATION_STATS_FILES),
-        "file_bytes": file_bytes,
-        "metadata_bytes": metadata_bytes,
-        "metadata_compressed_bytes": layers.metadata.size,
-        "index_compressed_bytes": layers.index.size,
-        "boot_set_chunks": index.prefetch.len(),
-        "boot_pages_bytes": boot_bytes,
-        "boot_pages_compressed_bytes": boot_compressed,
-        "boot_pages_segments": boot_segments,
-        "chunks": chunks,
-        "stored_bytes": stored,
-        "compressed_bytes": compressed,
-        "referenced_bytes": referenced,
-        "dedup_ratio": referenced.map(|f| if stored == 0 { 1.0 } else { f as f64 / stored as f64 }),
-        "blobs": index.blobs.iter().zip(&layers.blobs).map(|(b, d)| serde_json::json!({
-            "digest": d.digest.to_string(), "compressed_bytes": b.compressed_size,
-            "cache_bytes": b.cache_size, "chunks": b.chunk_count,
-        })).collect::<Vec<_>>(),
-    });
-    if json {
-        return print_json(&doc);
-    }
-    println!("{image}: lamina image {}", img.manifest_digest);
-    println!(
-        "  tree      {} entries, {} files, {} bytes",
-        doc["entries"], doc["files"], doc["file_bytes"]
-    );
-    println!(
-        "  metadata  {} bytes EROFS ({} compressed)",
-        doc["metadata_bytes"], layers.metadata.size
-    );
-    println!(
-        "  chunks    {chunks} stored, {stored} bytes, {compressed} compressed, chunk size {}",
-        doc["chunk_size"]
-    );
-    println!("  dedup     {}", doc["dedup_ratio"]);
-    if let Some(compressed) = boot_compressed {
-        println!(
-            "  boot      {} chunks; boot pages {} bytes ({compressed} compressed, {} segments)",
-            index.prefetch.len(),
-            doc["boot_pages_bytes"],
-            layers.boot.len()
-        );
-    }
-    for (b, d) in index.blobs.iter().zip(&layers.blobs) {
-        println!(
-            "  blob      {} {} bytes, {} chunks, cache {} bytes",
-            d.digest, b.compressed_size, b.chunk_count, b.cache_size
-        );
-    }
-    Ok(())
-}
-
-fn status(cache_dir: &std::path::Path, json: bool) -> Result<()> {
-    let mut mounts = Vec::new();
-    if let Ok(dir) = std::fs::read_dir(cache_dir.join("mounts")) {
-        for entry in dir.flatten() {
-            let read = |name: &str| -> Option<serde_json::Value> {
-                serde_json::from_slice(&std::fs::read(entry.path().join(name)).ok()?).ok()
-            };
-            let (Some(config), Some(ready)) = (read("config.json"), read("ready")) else {
-                continue;
-            };
-            let alive = ready["pid"]
-                .as_u64()
-                .is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
-            mounts.push(serde_json::json!({
-                "mountpoint": config["mountpoint"],
-                "image": config["image"],
-                "manifest_digest": config["manifest_digest"],
-                "holder_pid": ready["pid"],
-                "alive": alive,
-                "status": read("status.json"),
-                // A FUSE daemon's counters (passthrough opens, reads served).
-                "fuse": read(lamina_mount::FUSE_STATUS),
-            }));
-        }
-    }
-    if json {
-        return print_json(&mounts);
-    }
-    if mounts.is_empty() {
-        println!("no lazy mounts");
-    }
-    for m in &mounts {
-        let s = &m["status"];
-        println!(
-            "{} {} ({})",
-            m["mountpoint"],
-            m["image"],
-            if m["alive"] == true {
-                "serving"
-            } else {
-                "holder gone"
-            }
-        );
-        println!(
-            "  cached {} / {} bytes, fetched {} bytes in {} requests, {} misses ({} failed), prefetch {}/{}",
-            s["cached_bytes"], s["total_bytes"], s["fetched_bytes"], s["requests"],
-            s["misses"], s["failed_misses"], s["prefetch_done"], s["prefetch_total"]
-        );
-    }
-    Ok(())
-}
-
-/// The lazy mounts under `cache_dir` as metrics (no `# EOF`: a textfile
-/// collector may concatenate files).
-fn mount_metrics(cache_dir: &std::path::Path) -> String {
-    let mut registry = prometheus_client::registry::Registry::default();
-    registry.register_collector(Box::new(lamina_mount::metrics::MountsCollector::new(
-        cache_dir.to_path_buf(),
-    )));
-    let mut text = String::new();
-    // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode_registry(&mut text, &registry);
-    text
-}
-
-/// The mount path `asked` (auto, kernel or fuse) comes to on this host for
-/// a cache in `cache_dir`, and why.
-fn mount_mode(asked: &str, cache_dir: &std::path::Path, lazy: bool) -> Result<(Mode, String)> {
-    Ok(match asked {
-        "kernel" => (Mode::Kernel, "--mode kernel".into()),
-        "fuse" => (Mode::Fuse, "--mode fuse".into()),
-        _ => {
-            // The cache dir's filesystem is part of the choice.
-            lamina_fetch::private::private_dir(cache_dir)
-                .with_context(|| format!("cache dir {}", cache_dir.display()))?;
-            lamina_mount::choose_mode(&lamina_mount::host_facts(cache_dir), lazy)
-        }
-    })
-}
-
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
     Ok(())
-}
-
-fn progress_bar(json: bool) -> ProgressBar {
-    if json || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg} {bytes} {binary_bytes_per_sec}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    bar
-}
-
-fn report_progress(bar: &ProgressBar, p: Progress) {
-    match p {
-        Progress::Layer { index, total, .. } => {
-            bar.set_message(format!("layer {}/{total}", index + 1));
-            bar.set_position(0);
-        }
-        Progress::Bytes(n) => bar.set_position(n),
-        Progress::Writing => bar.set_message("writing"),
-    }
-}
-
-/// `lamina run`'s `--cap-add` and `--security-opt` over the safe defaults.
-fn security(cap_add: &[String], opts: &[String]) -> anyhow::Result<lamina_run::Security> {
-    let mut security = lamina_run::Security::default();
-    for cap in cap_add {
-        security
-            .cap_add
-            .push(lamina_run::config::parse_capability(cap)?);
-    }
-    for opt in opts {
-        lamina_run::config::apply_security_opt(opt, &mut security)?;
-    }
-    Ok(security)
 }

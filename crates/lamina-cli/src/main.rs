@@ -15,6 +15,7 @@ mod cli;
 mod config;
 mod exit;
 mod logging;
+mod size;
 
 use std::process::ExitCode;
 
@@ -61,7 +62,7 @@ fn main() -> ExitCode {
             Err(e) => return fail(e.into()),
         }
     };
-    config::apply(&mut args, &matches, &file);
+    cli::apply(&mut args, &matches, &file);
     let filter = std::env::var(logging::FILTER_VAR)
         .ok()
         .or_else(|| file.log.clone())
