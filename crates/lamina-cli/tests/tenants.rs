@@ -1179,6 +1179,26 @@ fn blob_chunks(layout: &Path, tag: &str, work: &Path) -> Vec<ChunkEntry> {
         .chunks
 }
 
+/// Waits until the worker of `m` holds every chunk of its image (its
+/// `status.json` says each blob is complete).
+#[track_caller]
+fn wait_complete(m: &Mount) {
+    let path = run_dir(m).join("status.json");
+    let start = Instant::now();
+    loop {
+        let status: Value = fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        let blobs = status["blobs"].as_array().cloned().unwrap_or_default();
+        if !blobs.is_empty() && blobs.iter().all(|b| b["complete"] == true) {
+            return;
+        }
+        assert!(start.elapsed() < SHORT, "never complete: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The worker's `status.json` once its figures stopped changing.
 #[track_caller]
 fn settled_status(m: &Mount) -> Value {
@@ -1319,4 +1339,107 @@ fn an_update_fetches_only_the_chunks_the_node_does_not_hold() {
         }
     }
     f.finish("an update");
+}
+
+/// Issue 31 point 3, with boot pages: v1 and v2 converted with the boot
+/// pages of one recorded start (v1 reading a few files v2 shares). A node
+/// that ran v1 (read all of it, and its boot set's whole chunks came after
+/// the start) mounts v2: every chunk of the boot set is on the
+/// node already, so the worker copies them and does not fetch v2's boot
+/// pages (its log says so); v2 reads right and the update fetches at most
+/// 1.2x the changed chunks plus v2's chunk table, as without boot pages.
+/// On a fresh cache v2 still takes its boot pages.
+#[test]
+fn an_update_skips_boot_pages_the_node_holds() {
+    let Some((_time, t, src)) = begin(
+        "an_update_skips_boot_pages_the_node_holds",
+        "tenants-update-boot",
+    ) else {
+        return;
+    };
+    let (ref_1, ref_2) = (reference(&t, &src, "b"), reference(&t, &src, "h"));
+    let (want_1, want_2) = (tree_hashes(&ref_1), tree_hashes(&ref_2));
+    let files: Vec<String> = want_2.keys().cloned().collect();
+    let shared_files: Vec<String> = files
+        .iter()
+        .filter(|f| want_1.get(*f) == want_2.get(*f))
+        .take(4)
+        .cloned()
+        .collect();
+    assert!(!shared_files.is_empty(), "v1 and v2 share no file");
+
+    let reg = Registry::start();
+    convert(&oci_ref(&src, "b"), &reg.reference("app:plain"));
+    let trace = t.join("start.trace");
+    let rec = Mount::with_args(
+        &reg.reference("app:plain"),
+        &t.join("mnt-record"),
+        &t.join("cache-record"),
+        &["--lazy", "--record-trace", trace.to_str().unwrap()],
+    );
+    read_files(&rec.path, &shared_files, t.path(), "record");
+    rec.unmount();
+    let out = t.join("out");
+    for (tag, from) in [("v1", "b"), ("v2", "h")] {
+        let args = ["--prefetch", trace.to_str().unwrap()];
+        let src_ref = oci_ref(&src, from);
+        for dst in [reg.reference(&format!("app:{tag}")), oci_ref(&out, tag)] {
+            lamina(["convert", "--json", args[0], args[1], &src_ref, &dst]).ok();
+        }
+    }
+    let (v1, v2) = (
+        blob_chunks(&out, "v1", t.path()),
+        blob_chunks(&out, "v2", t.path()),
+    );
+    let held: BTreeSet<[u8; 32]> = v1.iter().map(|c| c.digest).collect();
+    let changed_bytes: u64 = v2
+        .iter()
+        .filter(|c| !held.contains(&c.digest))
+        .map(|c| u64::from(c.compressed_size.get()))
+        .sum();
+    let bound = changed_bytes * 6 / 5 + v2.len() as u64 * size_of::<ChunkEntry>() as u64;
+
+    let mut f = Failures::default();
+    let cache = t.join("cache");
+    let m1 = Mount::with_args(
+        &reg.reference("app:v1"),
+        &t.join("mnt-v1"),
+        &cache,
+        &["--lazy"],
+    );
+    let got = read_files(&m1.path, &files, t.path(), "v1");
+    check_reads(&mut f, "v1", &want_1, &files, &got);
+    // A node that ran v1: its boot set's whole chunks came after the start.
+    wait_complete(&m1);
+    m1.unmount();
+    for (label, cache) in [("updated", cache), ("fresh", t.join("cache-fresh"))] {
+        let m2 = Mount::with_args(
+            &reg.reference("app:v2"),
+            &t.join(&format!("mnt-v2-{label}")),
+            &cache,
+            &["--lazy", "--fill-ahead", "0", "--readahead", "0"],
+        );
+        let got = read_files(&m2.path, &files, t.path(), &format!("v2-{label}"));
+        check_reads(&mut f, &format!("v2 {label}"), &want_2, &files, &got);
+        let status = settled_status(&m2);
+        let log = fs::read_to_string(run_dir(&m2).join("worker.log")).unwrap_or_default();
+        m2.unmount();
+        let fetched = status["fetched_bytes"].as_u64().unwrap_or(u64::MAX);
+        let skipped = log.contains("boot pages not fetched");
+        eprintln!("v2 {label}: fetched {fetched} bytes (changed chunks {changed_bytes}, bound {bound}), boot pages skipped: {skipped}");
+        if label == "fresh" {
+            f.check(
+                !skipped && status["boot_page_bytes"].as_u64() > Some(0),
+                || format!("v2 on a fresh cache took no boot pages:\n{log}"),
+            );
+            continue;
+        }
+        f.check(skipped, || {
+            format!("v2 after v1 fetched its boot pages though the node held the boot set:\n{log}")
+        });
+        f.check(fetched <= bound, || {
+            format!("the update fetched {fetched} bytes; the changed chunks are {changed_bytes} (bound {bound})")
+        });
+    }
+    f.finish("an update with boot pages");
 }

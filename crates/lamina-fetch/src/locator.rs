@@ -64,6 +64,27 @@ impl ChunkLocator {
         })
     }
 
+    /// Whether any chunk may have been noted (a cheap gate before lookups
+    /// that need chunk tables): the slots sharing the header's block are
+    /// read, and past it the file is sparse, so a slot written there is
+    /// data. A wrong `true` only costs lookups that find nothing.
+    pub fn may_hold_any(&self) -> bool {
+        const BLOCK: u64 = 4096;
+        let mut first = vec![0u8; BLOCK as usize - HEADER_LEN];
+        if self
+            .file
+            .read_exact_at(&mut first, HEADER_LEN as u64)
+            .is_err()
+            || first.iter().any(|&b| b != 0)
+        {
+            return true;
+        }
+        !matches!(
+            rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Data(BLOCK)),
+            Err(rustix::io::Errno::NXIO)
+        )
+    }
+
     /// Notes that chunk `digest` (`size` bytes) lies verified at
     /// `cache_offset` of `key`'s cache file. Best effort: a slot that is
     /// not written only costs a fetch later.
@@ -265,6 +286,26 @@ mod tests {
         let hole = sha256(&vec![0u8; data.len()]);
         locator.note(&hole, &key(3), 0, size);
         assert_eq!(locator.copy(&hole, size, &ours), None);
+    }
+
+    #[test]
+    fn holds_nothing_until_a_chunk_is_noted() {
+        let dir = tempfile::tempdir().unwrap();
+        let locator = ChunkLocator::open(dir.path()).unwrap();
+        assert!(!locator.may_hold_any(), "a new locator");
+        // Digests whose home slot (their first 8 bytes, little-endian,
+        // modulo SLOTS) lies in the header's block, and far past it.
+        let (mut near, mut far) = ([0u8; 32], [0u8; 32]);
+        near[0] = 1;
+        far[..8].copy_from_slice(&(SLOTS / 2).to_le_bytes());
+        assert!(slot_offset(probe(&near).next().unwrap()) < 4096);
+        assert!(slot_offset(probe(&far).next().unwrap()) > 4096);
+        for digest in [near, far] {
+            let dir = tempfile::tempdir().unwrap();
+            let locator = ChunkLocator::open(dir.path()).unwrap();
+            locator.note(&digest, &key(1), 0, 10);
+            assert!(locator.may_hold_any(), "noted {:?}", &digest[..4]);
+        }
     }
 
     #[test]

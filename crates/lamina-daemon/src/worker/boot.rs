@@ -84,6 +84,11 @@ impl Shared {
     /// [`BOOT_STREAMS`] at a time, each applied as soon as it is verified,
     /// so the start reads (and computes) while later frames are on the wire.
     pub(super) fn load_boot_pages(&self) {
+        if self.boot_set_held() {
+            self.boot_pending.store(0, Ordering::SeqCst);
+            self.landed.notify_all();
+            return;
+        }
         let frames: Vec<(usize, &BootPagesSpec, BootFrameSpec)> = self
             .config
             .boot_pages
@@ -116,6 +121,72 @@ impl Shared {
                 });
             }
         });
+    }
+
+    /// Whether this node already held every chunk of the boot set (the
+    /// chunk locator knew each digest), now copied into this image's cache
+    /// files as verified fills: then the boot pages, which would be fetched
+    /// only to repeat those bytes, are not (a node updating to a new
+    /// version of an image it ran). Asked only of a locator that holds
+    /// something: the check needs the chunk tables, which a fresh node
+    /// takes from the boot pages instead.
+    fn boot_set_held(&self) -> bool {
+        match &self.locator {
+            Some(locator) if locator.may_hold_any() && !self.boot_set.is_empty() => {}
+            other => {
+                tracing::debug!(
+                    locator = other.is_some(),
+                    boot_set = self.boot_set.len(),
+                    "boot set not looked up on this node"
+                );
+                return false;
+            }
+        }
+        let mut by_blob: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for &(b, i) in &self.boot_set {
+            if (b as usize) < self.stores.len() {
+                by_blob.entry(b).or_default().push(i as usize);
+            }
+        }
+        let held = std::thread::scope(|scope| {
+            let checks: Vec<_> = by_blob
+                .iter()
+                .map(|(&blob, chunks)| scope.spawn(move || self.copy_all_located(blob, chunks)))
+                .collect();
+            checks
+                .into_iter()
+                .all(|c| c.join().unwrap_or(Ok(false)).unwrap_or(false))
+        });
+        tracing::debug!(
+            held,
+            chunks = self.boot_set.len(),
+            "boot set looked up on this node"
+        );
+        if held {
+            tracing::info!(
+                "boot pages not fetched: the {} chunks of the boot set were on this node already",
+                self.boot_set.len()
+            );
+        }
+        held
+    }
+
+    /// Copies the chunks of `blob` the locator finds; whether it found all.
+    fn copy_all_located(&self, blob: u32, chunks: &[usize]) -> io::Result<bool> {
+        let (entries, key, missing) = {
+            let store = self.lock_store(blob)?;
+            let missing: Vec<usize> = chunks
+                .iter()
+                .copied()
+                .filter(|&i| i < store.blob.chunks.len() && !store.is_filled(i))
+                .collect();
+            (store.blob.chunks.clone(), store.key, missing)
+        };
+        if missing.is_empty() {
+            return Ok(true);
+        }
+        let rest = self.copy_located(blob, (&entries, &key), &missing, None)?;
+        Ok(rest.is_empty())
     }
 
     /// Loads frame `k` of a boot-pages layer (a cached copy that still

@@ -194,9 +194,15 @@ impl Shared {
     ) -> io::Result<bool> {
         let mut store = self.lock_store(blob)?;
         for i in needed {
-            if !store.is_filled(i) && !store.adopt(i, via)? {
+            if store.is_filled(i) {
+                continue;
+            }
+            if !store.adopt(i, via)? {
                 return Ok(false);
             }
+            // Whole at last (boot pages, or another mount's fill): the
+            // node holds it for later images too.
+            self.note_located(&store.blob.chunks[i], &store.key);
         }
         Ok(true)
     }
@@ -326,6 +332,7 @@ impl Shared {
                 if locked {
                     store.unlock_chunk(i)?;
                 }
+                self.note_located(&store.blob.chunks[i], &store.key);
                 continue;
             }
             inflight.insert((blob, i));
