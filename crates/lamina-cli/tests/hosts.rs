@@ -340,3 +340,49 @@ fn bad_hosts_toml_names_file_and_key() {
     ])
     .ok();
 }
+
+/// A mirror marked `bulk_only` (a P2P daemon, docs/dragonfly.md) is never
+/// asked for a whole blob of 64 KiB or less (the config, the chunk index,
+/// a small metadata layer): a P2P task costs more than the registry sending
+/// them. (Ranges of data blobs read ahead are bulk reads and may go to it.)
+/// Every file equals the source. Fails if the config goes to the mirror.
+#[test]
+fn small_blobs_go_around_a_bulk_only_mirror() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-bulk-small");
+    let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "none", &[]);
+    let toml = format!(
+        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  \
+         capabilities = [\"pull\"]\n  bulk_only = true\n",
+        reg.port, proxy.port
+    );
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    mount_and_compare(&t, "bulk-small", &reg.reference(IMAGE), &dir);
+    let url = format!("http://127.0.0.1:{}/v2/lam/manifests/edge", reg.port);
+    let accept = "Accept: application/vnd.oci.image.manifest.v1+json";
+    let manifest: Value = run(&mut command("curl", ["-sf", "-H", accept, &url]), SHORT)
+        .ok()
+        .json();
+    let layers = manifest["layers"].as_array().expect("layers").iter();
+    let small: Vec<String> = std::iter::once(&manifest["config"])
+        .chain(layers)
+        .filter(|d| d["size"].as_u64().unwrap_or(u64::MAX) <= 64 << 10)
+        .map(|d| d["digest"].as_str().expect("digest").to_string())
+        .collect();
+    assert!(!small.is_empty(), "no small blob in {manifest}");
+    let stats = proxy.stats();
+    let asked: Vec<&str> = stats["log"]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let wrong: Vec<&&str> = asked
+        .iter()
+        .filter(|line| !line.contains(" bytes=") && small.iter().any(|d| line.contains(d.as_str())))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "the bulk_only mirror was asked for small blobs: {wrong:?}"
+    );
+}

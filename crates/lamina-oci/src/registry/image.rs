@@ -46,7 +46,8 @@ impl RegistrySource {
                 }
                 Document::Manifest(manifest) => {
                     let config_desc = manifest.config.clone();
-                    let resp = client.blob_response(repo, &config_desc.digest)?;
+                    let resp = small_blob_client(&client, config_desc.size)
+                        .blob_response(repo, &config_desc.digest)?;
                     let config_bytes = read_verified(
                         resp,
                         &config_desc.digest,
@@ -80,6 +81,20 @@ impl RegistrySource {
     }
 }
 
+/// Blobs this small (an image's config, a lamina image's chunk index) go
+/// around a `bulk_only` host: a P2P daemon schedules each blob as a task
+/// of its own (about 250 ms before the first byte, docs/dragonfly.md),
+/// which costs more than the registry sending them to every node.
+const SMALL_BLOB: u64 = 64 << 10;
+
+/// The client to fetch a blob of `size` bytes with (see [`SMALL_BLOB`]).
+fn small_blob_client(client: &RegistryClient, size: u64) -> RegistryClient {
+    match size <= SMALL_BLOB && client.has_bulk_only_hosts() {
+        true => client.for_misses(),
+        false => client.clone(),
+    }
+}
+
 impl ImageSource for RegistrySource {
     fn image(&self) -> &SourceImage {
         &self.image
@@ -94,7 +109,8 @@ impl ImageSource for RegistrySource {
     }
 
     fn open_blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>, OciError> {
-        let resp = self.client.blob_response(&self.repository, &desc.digest)?;
+        let resp = small_blob_client(&self.client, desc.size)
+            .blob_response(&self.repository, &desc.digest)?;
         Ok(Box::new(VerifyingReader::new(
             resp,
             desc.digest.clone(),
