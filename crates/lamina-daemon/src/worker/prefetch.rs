@@ -1,8 +1,12 @@
 //! Background fetching once the start is over: the boot set's chunks, later
-//! layers, the whole image (`--prefetch-all`), yielding to every miss.
+//! layers, the whole image (`--prefetch-all`), yielding to every miss
+//! (unless it goes through a bulk_only host, not the misses' path).
 
 use super::boot::decompress_exactly;
 use super::*;
+
+/// Batches a prefetch has in flight at once through a bulk_only host.
+const P2P_STREAMS: usize = 4;
 
 /// Hashes, syncs and records the layer files the mount wrote without a
 /// record, off the mount's path; a failure only means a later mount hashes
@@ -190,23 +194,47 @@ impl Shared {
         if boot_chunks_later {
             self.wait_quiet(Duration::from_millis(500));
         }
+        self.prefetch_rest(&rest);
+    }
+
+    /// Fetches `rest` (blob, chunk) in batches of up to 32 chunks of one
+    /// blob. Through the misses' own source it yields to every miss, one
+    /// batch at a time: the registry's link is what both use. Through a
+    /// bulk_only host (a P2P daemon: misses go around it) it takes nothing
+    /// from the misses' path, so it neither waits for them nor goes one
+    /// batch at a time: [`P2P_STREAMS`] batches are in flight, and a miss on
+    /// a chunk of one waits for it instead of fetching it again.
+    fn prefetch_rest(&self, rest: &[(u32, usize)]) {
+        let mut batches: Vec<&[(u32, usize)]> = Vec::new();
         let mut at = 0;
         while at < rest.len() {
-            while self.active_misses.load(Ordering::Relaxed) > 0 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
             let blob = rest[at].0;
             let mut end = at;
             while end < rest.len() && end - at < 32 && rest[end].0 == blob {
                 end += 1;
             }
-            let mut chunks: Vec<usize> = rest[at..end].iter().map(|p| p.1).collect();
-            chunks.sort_unstable(); // boot-set order is not blob order: merge what is adjacent
-            self.prefetch_chunks(blob, chunks, &self.fetch);
-            self.prefetch_done
-                .fetch_add((end - at) as u64, Ordering::Relaxed);
+            batches.push(&rest[at..end]);
             at = end;
         }
+        let separate = !Arc::ptr_eq(&self.source, &self.miss_source);
+        let streams = if separate { P2P_STREAMS } else { 1 };
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..streams.min(batches.len()) {
+                scope.spawn(|| {
+                    while let Some(batch) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        while !separate && self.active_misses.load(Ordering::Relaxed) > 0 {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        let mut chunks: Vec<usize> = batch.iter().map(|p| p.1).collect();
+                        chunks.sort_unstable(); // boot-set order is not blob order: merge what is adjacent
+                        self.prefetch_chunks(batch[0].0, chunks, &self.fetch);
+                        self.prefetch_done
+                            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
     }
 
     /// Returns once the start the mount was made for seems over: its first
