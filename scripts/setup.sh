@@ -17,6 +17,7 @@ PACKAGES=(
     stargz-snapshotter podman uidmap catatonit
     ca-certificates curl build-essential pkg-config
     clang libclang-dev protobuf-compiler libprotobuf-dev
+    python3-matplotlib
 )
 
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -139,7 +140,7 @@ fi
 log "dockerd: $("$DOCKERD_DIR/dockerd" --version)"
 
 # --- Dragonfly (Go modules, crates.io) ---------------------------------------------------
-# The P2P tests and benchmark run a real Dragonfly cluster (tests/tools/fleet.py).
+# The P2P tests and benchmark run a real Dragonfly cluster (bench/harness/fleet.py).
 # The scheduler (and the manager, for those who run one) are built from
 # Dragonfly's Go module (its go.mod lists no versions through `go install`,
 # so the module's source is built in place); dfdaemon from the

@@ -1,4 +1,4 @@
-//! Issue 31: a fleet on one machine (`tests/tools/fleet.py`): a registry
+//! Issue 31: a fleet on one machine (`bench/harness/fleet.py`): a registry
 //! whose uplink (100mbit) is the shared bottleneck, a real Dragonfly cluster
 //! (scheduler, seed peer, a dfdaemon on every node, as Dragonfly's own
 //! docker-compose deployment runs it) and three lamina nodes, each in a
@@ -87,7 +87,7 @@ impl Fleet {
             dir: dir.to_path_buf(),
             state: Value::Null,
         };
-        let out = python("tests/tools/fleet.py", &args, TIMEOUT).ok();
+        let out = python("bench/harness/fleet.py", &args, TIMEOUT).ok();
         fleet.state = out.json();
         fleet
     }
@@ -108,7 +108,7 @@ impl Fleet {
     #[track_caller]
     fn egress(&self) -> u64 {
         let out = python(
-            "tests/tools/fleet.py",
+            "bench/harness/fleet.py",
             ["egress", "--dir", &self.dir.display().to_string()],
             SHORT,
         )
@@ -121,7 +121,7 @@ impl Fleet {
         let dir = self.dir.display().to_string();
         let node = node.to_string();
         python(
-            "tests/tools/fleet.py",
+            "bench/harness/fleet.py",
             ["stop-dfdaemon", "--dir", &dir, "--node", &node],
             SHORT,
         )
@@ -136,7 +136,7 @@ impl Drop for Fleet {
             &mut command(
                 tool("python3"),
                 [
-                    repo_file("tests/tools/fleet.py").display().to_string(),
+                    repo_file("bench/harness/fleet.py").display().to_string(),
                     "down".into(),
                     "--dir".into(),
                     dir,

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """A fleet on one machine: a registry, a Dragonfly cluster and N nodes, each in
 a network namespace of its own, joined by a bridge (standard library only).
+A fixture of the benchmark harness (`bring_up`, `bring_down`,
+`registry_egress`) and a command of its own for the tests and by hand:
 
   fleet.py up   --dir DIR --nodes N --registry-data DATA [--no-dragonfly]
                 [--uplink 100mbit] [--links 1gbit] [--net 10.201.0] [--prefix lf]
@@ -265,7 +267,7 @@ def start_dfdaemon(state, d, name, ns, ip):
     wait_port("127.0.0.1", PROXY_PORT, ns, f"dfdaemon of {name}", proc)
 
 
-def up(args):
+def up(args, quiet=False):
     d = Path(args.dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
     if (d / "fleet.json").exists():
@@ -316,7 +318,8 @@ def up(args):
     state.update({"registry": registry, "nodes": nodes, "registry_ns": n["reg"],
                   "registry_log": str(d / "registry.log")})
     save(d, state)
-    print(json.dumps(state, indent=2))
+    if not quiet:
+        print(json.dumps(state, indent=2))
 
 
 def save(d, state):
@@ -356,12 +359,31 @@ def stop_dfdaemon(args):
     log(f"stopped the dfdaemon of node {args.node}")
 
 
-def egress(args):
+def registry_egress(state):
     """Bytes the registry's namespace has sent (its eth0's tx_bytes)."""
-    state = load(args.dir)
     # Asked through ip: /sys shows the namespace of whoever mounted it.
     stats = sh("ip", "-s", "-j", "link", "show", "eth0", ns=state["registry_ns"]).stdout
-    print(json.loads(stats)[0]["stats64"]["tx"]["bytes"])
+    return json.loads(stats)[0]["stats64"]["tx"]["bytes"]
+
+
+def egress(args):
+    print(registry_egress(load(args.dir)))
+
+
+def bring_up(d, nodes, data, prefix, net, flags=()):
+    """`up` for a benchmark: the fleet's state (fleet.json)."""
+    args = parser().parse_args(["up", "--dir", str(d), "--nodes", str(nodes), "--registry-data", str(data),
+                                "--prefix", prefix, "--net", net, *flags])
+    try:
+        up(args, quiet=True)
+    except BaseException:
+        down(args)
+        raise
+    return load(d)
+
+
+def bring_down(d):
+    down(argparse.Namespace(dir=str(d)))
 
 
 def down(args):
@@ -378,7 +400,7 @@ def down(args):
     log(f"down: {len(state['pids'])} processes, {len(state['namespaces'])} namespaces")
 
 
-def main():
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up")
@@ -401,7 +423,11 @@ def main():
     s = sub.add_parser("stop-dfdaemon")
     s.add_argument("--dir", required=True)
     s.add_argument("--node", type=int, required=True)
-    args = p.parse_args()
+    return p
+
+
+def main():
+    args = parser().parse_args()
     if os.geteuid() != 0:
         raise SystemExit("fleet: must run as root (network namespaces)")
     if args.cmd == "up":
