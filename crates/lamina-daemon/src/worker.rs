@@ -224,8 +224,125 @@ impl Fetch {
 pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     let config = DaemonConfig::load(config_path)?;
     adopt_in_background(config.adopt.clone());
+    let (shared, ahead_rx, predict_rx, predicting) = build_shared(config, sock)?;
+    let n = shared.stores.len();
+    let _ = shared.me.set(Arc::downgrade(&shared));
+    // Blobs completed by an earlier worker: tell the holder again.
+    for b in 0..n {
+        shared.check_complete(b as u32);
+    }
+    start_boot_loads(&shared);
+    // Quiet periods count from now: misses queued in the holder arrive next.
+    shared.last_miss_ms.store(
+        shared.started.elapsed().as_millis() as u64,
+        Ordering::Relaxed,
+    );
+    protocol::send_owned(&shared.sock, Message::Hello, None)?;
+    tracing::info!(image = %shared.config.image, blobs = n, "serving misses");
+
+    let jobs = {
+        let shared = shared.clone();
+        MissPool::new(shared.config.workers, MAX_MISS_THREADS, move |job| {
+            shared.serve_job(job)
+        })
+    };
+    start_background(&shared, ahead_rx, predict_rx, predicting);
+    serve_holder(&shared, &jobs)
+}
+
+/// Where windows to fetch ahead (or predicted batches) come in: a blob and
+/// a range of its chunks.
+type WindowReceiver = mpsc::Receiver<(u32, std::ops::Range<usize>)>;
+
+/// Loads the index, opens the stores and sources and builds the `Shared`
+/// state; returns it with the receivers of the fill-ahead and prediction
+/// queues, and whether misses are predicted.
+fn build_shared(
+    config: DaemonConfig,
+    sock: OwnedFd,
+) -> io::Result<(Arc<Shared>, WindowReceiver, WindowReceiver, bool)> {
     let (index, windows) = load_index(&config)?;
     let boot_set = index.prefetch.clone();
+    let chunk_bits = index.chunk_bits;
+    let (stores, digests) = open_stores(&config, index)?;
+    let (source, miss_source) =
+        crate::sources::bulk_and_miss_sources(&config.source, config.timeout_secs)?;
+    let trace = match &config.record_trace {
+        Some(p) => Some(Mutex::new(
+            File::options().create(true).append(true).open(p)?,
+        )),
+        None => None,
+    };
+    let n = stores.len();
+    let hedging = Arc::new(Hedging::default());
+    // A few windows queued are plenty: each is up to `fill_ahead` bytes.
+    let (ahead_tx, ahead_rx) = mpsc::sync_channel(8);
+    // Unbounded: a batch per 2 MiB of the mapped files the start touches.
+    let (predict_tx, predict_rx) = mpsc::channel();
+    let predicting = config.predict_max > 0 && config.metadata_fill.is_some();
+    let locator = open_locator(&config.blob_dir);
+    let [fetch, boot_fetch, ahead_fetch, predict_fetch] = fetch_options(&config, &hedging);
+    let shared = Arc::new(Shared {
+        file_map: OnceLock::new(),
+        predicted: Mutex::new(HashSet::new()),
+        miss_rate: RateMeter::default(),
+        predictions: AtomicU64::new(0),
+        predict: predicting.then_some(predict_tx),
+        ahead: (config.fill_ahead > 0).then_some(ahead_tx),
+        streams: (0..n).map(|_| Mutex::new(Stream::default())).collect(),
+        ahead_unread: Mutex::new(HashSet::new()),
+        ahead_chunk_bytes: AtomicU64::new(0),
+        ahead_used_bytes: AtomicU64::new(0),
+        ahead_stats: FetchStats::default(),
+        predict_stats: FetchStats::default(),
+        fetch,
+        boot_fetch,
+        ahead_fetch,
+        predict_fetch,
+        config,
+        digests,
+        chunk_bits,
+        stores,
+        windows,
+        source,
+        miss_source,
+        hedging,
+        stats: FetchStats::default(),
+        miss_stats: FetchStats::default(),
+        last_miss_ms: AtomicU64::new(0),
+        started: Instant::now(),
+        inflight: Mutex::new(HashSet::new()),
+        landed: Condvar::new(),
+        misses: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        miss_latency: Recorder::default(),
+        active_misses: AtomicU64::new(0),
+        prefetch_done: AtomicU64::new(0),
+        prefetch_total: AtomicU64::new(0),
+        complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        boot_chunks: boot_set.iter().copied().collect(),
+        boot_set,
+        boot_frames: AtomicUsize::new(0),
+        boot_pending: AtomicUsize::new(0),
+        sock,
+        trace,
+        group: OnceLock::new(),
+        superblock: OnceLock::new(),
+        holder_gone: AtomicBool::new(false),
+        me: OnceLock::new(),
+        locator,
+        located_chunks: AtomicU64::new(0),
+        located_bytes: AtomicU64::new(0),
+    });
+    Ok((shared, ahead_rx, predict_rx, predicting))
+}
+
+/// Opens each blob's store (or leaves it to open at its first read), and
+/// parses the blobs' digests, in device order.
+fn open_stores(
+    config: &DaemonConfig,
+    index: IndexTop,
+) -> io::Result<(Vec<LazyStore>, Vec<Digest>)> {
     let mut stores = Vec::new();
     let mut digests = Vec::new();
     let mut inline = index.inline.into_iter();
@@ -261,99 +378,43 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             refused,
         });
     }
-    let (source, miss_source) =
-        crate::sources::bulk_and_miss_sources(&config.source, config.timeout_secs)?;
-    let trace = match &config.record_trace {
-        Some(p) => Some(Mutex::new(
-            File::options().create(true).append(true).open(p)?,
-        )),
-        None => None,
-    };
-    let n = stores.len();
-    let hedging = Arc::new(Hedging::default());
-    // A few windows queued are plenty: each is up to `fill_ahead` bytes.
-    let (ahead_tx, ahead_rx) = mpsc::sync_channel(8);
-    // Unbounded: a batch per 2 MiB of the mapped files the start touches.
-    let (predict_tx, predict_rx) = mpsc::channel();
-    let predicting = config.predict_max > 0 && config.metadata_fill.is_some();
-    let locator = open_locator(&config.blob_dir);
-    let shared = Arc::new(Shared {
-        file_map: OnceLock::new(),
-        predicted: Mutex::new(HashSet::new()),
-        miss_rate: RateMeter::default(),
-        predictions: AtomicU64::new(0),
-        predict: predicting.then_some(predict_tx),
-        ahead: (config.fill_ahead > 0).then_some(ahead_tx),
-        streams: (0..n).map(|_| Mutex::new(Stream::default())).collect(),
-        ahead_unread: Mutex::new(HashSet::new()),
-        ahead_chunk_bytes: AtomicU64::new(0),
-        ahead_used_bytes: AtomicU64::new(0),
-        ahead_stats: FetchStats::default(),
-        predict_stats: FetchStats::default(),
-        fetch: FetchOptions {
+    Ok((stores, digests))
+}
+
+/// The fetch options of misses, boot-set requests, fill-ahead and
+/// predicted requests, in that order.
+fn fetch_options(config: &DaemonConfig, hedging: &Arc<Hedging>) -> [FetchOptions; 4] {
+    [
+        FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
             hedging: config.hedge.then(|| hedging.clone()),
             ..FetchOptions::default()
         },
-        boot_fetch: FetchOptions {
+        FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs),
             merge_gap: 128 << 10,
             hedging: config.hedge.then(|| hedging.clone()),
             ..FetchOptions::default()
         },
-        ahead_fetch: FetchOptions {
+        FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs) / 4,
             attempts: 2,
             merge_gap: 0,
             ..FetchOptions::default()
         },
-        predict_fetch: FetchOptions {
+        FetchOptions {
             deadline: Duration::from_secs(config.timeout_secs) / 4,
             attempts: 2,
             merge_gap: 0,
             hedging: config.hedge.then(|| hedging.clone()),
             ..FetchOptions::default()
         },
-        config,
-        digests,
-        chunk_bits: index.chunk_bits,
-        stores,
-        windows,
-        source,
-        miss_source,
-        hedging,
-        stats: FetchStats::default(),
-        miss_stats: FetchStats::default(),
-        last_miss_ms: AtomicU64::new(0),
-        started: Instant::now(),
-        inflight: Mutex::new(HashSet::new()),
-        landed: Condvar::new(),
-        misses: AtomicU64::new(0),
-        failed: AtomicU64::new(0),
-        miss_latency: Recorder::default(),
-        active_misses: AtomicU64::new(0),
-        prefetch_done: AtomicU64::new(0),
-        prefetch_total: AtomicU64::new(0),
-        complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
-        boot_chunks: boot_set.iter().copied().collect(),
-        boot_set,
-        boot_frames: AtomicUsize::new(0),
-        boot_pending: AtomicUsize::new(0),
-        sock,
-        trace,
-        group: OnceLock::new(),
-        superblock: OnceLock::new(),
-        holder_gone: AtomicBool::new(false),
-        me: OnceLock::new(),
-        locator,
-        located_chunks: AtomicU64::new(0),
-        located_bytes: AtomicU64::new(0),
-    });
-    let _ = shared.me.set(Arc::downgrade(&shared));
-    // Blobs completed by an earlier worker: tell the holder again.
-    for b in 0..n {
-        shared.check_complete(b as u32);
-    }
+    ]
+}
+
+/// Starts loading the boot pages and storing the later layers, each on a
+/// thread of its own, when there are any.
+fn start_boot_loads(shared: &Arc<Shared>) {
     // Boot pages go in while misses are served: the start they were
     // recorded from is about to read exactly these pages, in the order of
     // the segments. A miss on a boot-set chunk waits for them (it would
@@ -371,20 +432,16 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         let shared = shared.clone();
         std::thread::spawn(move || shared.store_later_layers());
     }
-    // Quiet periods count from now: misses queued in the holder arrive next.
-    shared.last_miss_ms.store(
-        shared.started.elapsed().as_millis() as u64,
-        Ordering::Relaxed,
-    );
-    protocol::send_owned(&shared.sock, Message::Hello, None)?;
-    tracing::info!(image = %shared.config.image, blobs = n, "serving misses");
+}
 
-    let jobs = {
-        let shared = shared.clone();
-        MissPool::new(shared.config.workers, MAX_MISS_THREADS, move |job| {
-            shared.serve_job(job)
-        })
-    };
+/// Starts the background threads: status and fill records, prefetch,
+/// fill-ahead, and (when `predicting`) predictions and the file map.
+fn start_background(
+    shared: &Arc<Shared>,
+    ahead_rx: WindowReceiver,
+    predict_rx: WindowReceiver,
+    predicting: bool,
+) {
     {
         let shared = shared.clone();
         // Status is checked every 25 ms and written only when it changed, so
@@ -408,15 +465,20 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
         std::thread::spawn(move || shared.prefetch());
     }
     // Two threads each: the next window is requested while one is in flight.
-    serve_ahead(&shared, ahead_rx, 2, |s| (&s.ahead_fetch, &s.ahead_stats));
+    serve_ahead(shared, ahead_rx, 2, |s| (&s.ahead_fetch, &s.ahead_stats));
     if predicting {
-        serve_ahead(&shared, predict_rx, 2, |s| {
+        serve_ahead(shared, predict_rx, 2, |s| {
             (&s.predict_fetch, &s.predict_stats)
         });
         let shared = shared.clone();
         std::thread::spawn(move || shared.build_file_map());
     }
+}
 
+/// Reads the holder's messages until it shuts the worker down or dies:
+/// misses are answered at once when their chunks are filled, else queued
+/// to `jobs`.
+fn serve_holder(shared: &Shared, jobs: &MissPool<Job>) -> io::Result<()> {
     loop {
         match protocol::recv(std::os::fd::AsFd::as_fd(&shared.sock))? {
             Some((Message::Shutdown, _)) => {
@@ -427,7 +489,7 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
             None => {
                 // The holder died without a word (kill -9).
                 shared.holder_gone.store(true, Ordering::SeqCst);
-                shared.take_over_after_holder(&jobs)?;
+                shared.take_over_after_holder(jobs)?;
                 shared.save_records(Duration::ZERO);
                 let _ = shared.write_status();
                 return Ok(());

@@ -6,13 +6,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
+use lamina_format::boot::BootPages;
 use lamina_oci::{
-    media_types, open_sink, open_source, Descriptor, Digest, ImageRef, Manifest, SourceOptions,
+    media_types, open_sink, open_source, Descriptor, Digest, ImageRef, ImageSink, ImageSource,
+    Manifest, SourceImage, SourceOptions,
 };
 
 use crate::artifact::*;
 use crate::boot::{boot_chunks, build_boot_pages, parse_trace, TraceEntry};
-use crate::build::{BuildError, BuildOptions, BuildStats, ImageBuilder};
+use crate::build::{BuildError, BuildOptions, BuildStats, BuiltImage, ImageBuilder};
 
 /// Conversion settings.
 #[derive(Debug, Clone, Default)]
@@ -225,7 +227,53 @@ pub fn convert(
             .prefix("lamina-convert-")
             .tempdir()?,
     };
-    let mut builder = ImageBuilder::new(&opts.build, work.path())?;
+    let (built, boot) = build_image(&*source, opts, work.path(), progress)?;
+    let tables = compress_tables(&built, opts)?;
+    let lookup_bytes = tables.lookup_raw.len() as u64;
+
+    let (mut layers, blob_reports) = adopt_blobs(&mut *sink, &built)?;
+    let boot_report = put_small_layers(&mut *sink, &built, &tables, &boot, &mut layers)?;
+    let config_desc = put_config(&mut *sink, image, &layers)?;
+    let manifest = lamina_manifest(config_desc, layers, &built, image, opts);
+    let manifest_bytes =
+        serde_json::to_vec(&manifest).map_err(|e| ConvertError::Config(e.to_string()))?;
+    let manifest_digest = sink.commit(&manifest_bytes, media_types::OCI_MANIFEST)?;
+
+    let stats = built.stats;
+    Ok(ConvertReport {
+        manifest_digest: manifest_digest.to_string(),
+        source_manifest_digest: image.manifest_digest.to_string(),
+        metadata_bytes: built.metadata.len() as u64,
+        metadata_compressed_bytes: tables.metadata_z.len() as u64,
+        index_bytes: tables.index_raw.len() as u64,
+        lookup_bytes,
+        blobs: blob_reports,
+        source_layer_bytes: image
+            .layers
+            .iter()
+            .map(|l| l.descriptor.size)
+            .fold(0, u64::saturating_add),
+        boot_pages: boot_report,
+        dedup_ratio: if stats.stored_bytes == 0 {
+            1.0
+        } else {
+            stats.referenced_bytes as f64 / stats.stored_bytes as f64
+        },
+        stats,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Builds the image from the source's layers in `work`, with the boot set
+/// of the trace given in `opts`; returns it with its boot pages.
+fn build_image(
+    source: &dyn ImageSource,
+    opts: &ConvertOptions,
+    work: &std::path::Path,
+    progress: &dyn Fn(Progress),
+) -> Result<(BuiltImage, BootPages), ConvertError> {
+    let image = source.image();
+    let mut builder = ImageBuilder::new(&opts.build, work)?;
     let total = image.layers.len();
     for (i, layer) in image.layers.iter().enumerate() {
         progress(Progress::Layer {
@@ -243,7 +291,21 @@ pub fn convert(
     let built = builder.finish(&boot_chunks(&trace))?;
     progress(Progress::Writing);
     let boot = build_boot_pages(&built, &trace)?;
+    Ok((built, boot))
+}
 
+/// The metadata, chunk index and lookup table, raw and compressed.
+struct Tables {
+    metadata_z: Vec<u8>,
+    index_raw: Vec<u8>,
+    index_z: Vec<u8>,
+    lookup_raw: Vec<u8>,
+    lookup_z: Vec<u8>,
+}
+
+/// Compresses the metadata, and builds and compresses the chunk index and
+/// the lookup table beside it.
+fn compress_tables(built: &BuiltImage, opts: &ConvertOptions) -> Result<Tables, ConvertError> {
     // The metadata's compression (the slowest step left: 85 MB for a
     // million files) runs beside the lookup table's build and compression.
     let frame = opts.metadata_frame_size.unwrap_or(METADATA_FRAME_SIZE);
@@ -267,8 +329,21 @@ pub fn convert(
     });
     let metadata_z = metadata_z?;
     let (index_raw, index_z, lookup_raw, lookup_z) = tables?;
-    let lookup_bytes = lookup_raw.len() as u64;
+    Ok(Tables {
+        metadata_z,
+        index_raw,
+        index_z,
+        lookup_raw,
+        lookup_z,
+    })
+}
 
+/// Hands the built data blobs to `sink`; returns their descriptors (the
+/// first layers) and their reports.
+fn adopt_blobs(
+    sink: &mut dyn ImageSink,
+    built: &BuiltImage,
+) -> Result<(Vec<Descriptor>, Vec<BlobReport>), ConvertError> {
     let mut layers = Vec::new();
     let mut blob_reports = Vec::new();
     for blob in &built.blobs {
@@ -293,21 +368,30 @@ pub fn convert(
         });
         layers.push(desc);
     }
-    let small_layers = vec![
-        (index_raw.clone(), index_z, MEDIA_TYPE_INDEX),
-        (
-            built.metadata.clone(),
-            metadata_z.clone(),
-            MEDIA_TYPE_METADATA,
-        ),
-        (lookup_raw, lookup_z, MEDIA_TYPE_LOOKUP),
+    Ok((layers, blob_reports))
+}
+
+/// Writes the index, metadata and lookup layers, then the boot pages
+/// layer if any, to `sink`, adding them to `layers`; returns the boot
+/// pages' report.
+fn put_small_layers(
+    sink: &mut dyn ImageSink,
+    built: &BuiltImage,
+    tables: &Tables,
+    boot: &BootPages,
+    layers: &mut Vec<Descriptor>,
+) -> Result<Option<BootReport>, ConvertError> {
+    let small_layers: [(&[u8], &[u8], &str); 3] = [
+        (&tables.index_raw, &tables.index_z, MEDIA_TYPE_INDEX),
+        (&built.metadata, &tables.metadata_z, MEDIA_TYPE_METADATA),
+        (&tables.lookup_raw, &tables.lookup_z, MEDIA_TYPE_LOOKUP),
     ];
-    let boot_layer = boot_pages_layer(&boot).map_err(|e| match e {
+    let boot_layer = boot_pages_layer(boot).map_err(|e| match e {
         BootLayerError::TooLarge(why) => ConvertError::Config(why),
         BootLayerError::Io(e) => e.into(),
     })?;
     let boot_report = boot_layer.as_ref().map(|b| b.report.clone());
-    for (raw, compressed, media_type) in &small_layers {
+    for (raw, compressed, media_type) in small_layers {
         let desc = Descriptor {
             media_type: media_type.to_string(),
             digest: Digest::of_bytes(compressed),
@@ -323,7 +407,16 @@ pub fn convert(
         sink.put_blob_bytes(&boot.descriptor, &boot.compressed)?;
         layers.push(boot.descriptor.clone());
     }
+    Ok(boot_report)
+}
 
+/// Writes the image config to `sink`: the source's, with `layers` as its
+/// rootfs and no history; returns its descriptor.
+fn put_config(
+    sink: &mut dyn ImageSink,
+    image: &SourceImage,
+    layers: &[Descriptor],
+) -> Result<Descriptor, ConvertError> {
     // The runtime config stays the source's; only the layer list changes.
     let mut config = image.config.clone();
     let obj = config
@@ -348,8 +441,19 @@ pub fn convert(
         artifact_type: None,
     };
     sink.put_blob_bytes(&config_desc, &config_bytes)?;
+    Ok(config_desc)
+}
 
-    let manifest = Manifest {
+/// The lamina manifest: `config_desc` and `layers`, annotated with the
+/// format, the source, the build options and the build's figures.
+fn lamina_manifest(
+    config_desc: Descriptor,
+    layers: Vec<Descriptor>,
+    built: &BuiltImage,
+    image: &SourceImage,
+    opts: &ConvertOptions,
+) -> Manifest {
+    Manifest {
         schema_version: 2,
         media_type: Some(media_types::OCI_MANIFEST.to_string()),
         config: config_desc,
@@ -399,34 +503,7 @@ pub fn convert(
         .into(),
         artifact_type: None,
         subject: None,
-    };
-    let manifest_bytes =
-        serde_json::to_vec(&manifest).map_err(|e| ConvertError::Config(e.to_string()))?;
-    let manifest_digest = sink.commit(&manifest_bytes, media_types::OCI_MANIFEST)?;
-
-    let stats = built.stats;
-    Ok(ConvertReport {
-        manifest_digest: manifest_digest.to_string(),
-        source_manifest_digest: image.manifest_digest.to_string(),
-        metadata_bytes: built.metadata.len() as u64,
-        metadata_compressed_bytes: metadata_z.len() as u64,
-        index_bytes: index_raw.len() as u64,
-        lookup_bytes,
-        blobs: blob_reports,
-        source_layer_bytes: image
-            .layers
-            .iter()
-            .map(|l| l.descriptor.size)
-            .fold(0, u64::saturating_add),
-        boot_pages: boot_report,
-        dedup_ratio: if stats.stored_bytes == 0 {
-            1.0
-        } else {
-            stats.referenced_bytes as f64 / stats.stored_bytes as f64
-        },
-        stats,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    }
 }
 
 /// Reads a trace file (see [`crate::boot`]).

@@ -185,80 +185,12 @@ impl DockerArchiveSource {
             .map_err(|e| OciError::json(format!("{}: manifest.json", path.display()), e))?;
         let entry = select_entry(path, &entries, reference)?;
 
-        let (config_name, config_member) = index.lookup(&entry.config).ok_or_else(|| {
-            archive_err(
-                path,
-                format!(
-                    "config {:?} listed in manifest.json is missing",
-                    entry.config
-                ),
-            )
-        })?;
-        let config_bytes =
-            read_member_limited(path, config_member, MAX_CONFIG_SIZE, &entry.config)?;
-        let config_digest = Digest::of_bytes(&config_bytes);
-        let named = digest_from_name(&entry.config).or_else(|| digest_from_name(&config_name));
-        if let Some(expected) = named {
-            if expected != config_digest {
-                return Err(OciError::DigestMismatch {
-                    expected,
-                    actual: config_digest,
-                });
-            }
-        }
-        let config: serde_json::Value = serde_json::from_slice(&config_bytes)
-            .map_err(|e| OciError::json(format!("image config {config_digest}"), e))?;
-        let diff_ids: Vec<Digest> = config
-            .get("rootfs")
-            .and_then(|r| r.get("diff_ids"))
-            .and_then(|d| d.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().and_then(|s| s.parse().ok()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if diff_ids.len() != entry.layers.len() {
-            return Err(OciError::Config {
-                config: config_digest,
-                message: format!(
-                    "rootfs.diff_ids has {} valid entries but manifest.json of {} lists {} layers",
-                    diff_ids.len(),
-                    path.display(),
-                    entry.layers.len()
-                ),
-            });
-        }
+        let (config_member, config_bytes, config_digest) = read_config(path, &index, entry)?;
+        let diff_ids = layer_diff_ids(path, entry, &config_bytes, &config_digest)?;
 
         let mut blobs = HashMap::new();
         blobs.insert(config_digest.clone(), config_member);
-        let mut layer_members = Vec::with_capacity(entry.layers.len());
-        let mut layers = Vec::with_capacity(entry.layers.len());
-        for (layer_name, diff_id) in entry.layers.iter().zip(&diff_ids) {
-            let (resolved, member) = index.lookup(layer_name).ok_or_else(|| {
-                archive_err(
-                    path,
-                    format!("layer {layer_name:?} listed in manifest.json is missing"),
-                )
-            })?;
-            let mut magic = [0u8; 4];
-            let n = read_prefix(path, member, &mut magic)?;
-            let compression = Compression::sniff(magic.get(..n).unwrap_or_default());
-            let named =
-                digest_from_blob_path(layer_name).or_else(|| digest_from_blob_path(&resolved));
-            let digest = match named {
-                Some(d) => d,
-                None if compression == Compression::None => diff_id.clone(),
-                None => hash_member(path, member, layer_name)?,
-            };
-            blobs.insert(digest.clone(), member);
-            layer_members.push(member);
-            layers.push(Descriptor::new(
-                compression.oci_layer_media_type(),
-                digest,
-                member.size,
-            ));
-        }
+        let (layer_members, layers) = locate_layers(path, &index, entry, &diff_ids, &mut blobs)?;
         let manifest = Manifest {
             schema_version: 2,
             media_type: Some(mt::OCI_MANIFEST.to_string()),
@@ -284,6 +216,108 @@ impl DockerArchiveSource {
     fn open_member(&self, member: Member) -> Result<BufReader<io::Take<File>>, OciError> {
         open_member(&self.path, member)
     }
+}
+
+/// Reads the config `entry` names, checked against the digest its member's
+/// name encodes (if any); returns its member, bytes and digest.
+fn read_config(
+    path: &Path,
+    index: &ArchiveIndex,
+    entry: &ArchiveEntry,
+) -> Result<(Member, Vec<u8>, Digest), OciError> {
+    let (config_name, config_member) = index.lookup(&entry.config).ok_or_else(|| {
+        archive_err(
+            path,
+            format!(
+                "config {:?} listed in manifest.json is missing",
+                entry.config
+            ),
+        )
+    })?;
+    let config_bytes = read_member_limited(path, config_member, MAX_CONFIG_SIZE, &entry.config)?;
+    let config_digest = Digest::of_bytes(&config_bytes);
+    let named = digest_from_name(&entry.config).or_else(|| digest_from_name(&config_name));
+    if let Some(expected) = named {
+        if expected != config_digest {
+            return Err(OciError::DigestMismatch {
+                expected,
+                actual: config_digest,
+            });
+        }
+    }
+    Ok((config_member, config_bytes, config_digest))
+}
+
+/// The config's `rootfs.diff_ids`, one per layer `entry` lists.
+fn layer_diff_ids(
+    path: &Path,
+    entry: &ArchiveEntry,
+    config_bytes: &[u8],
+    config_digest: &Digest,
+) -> Result<Vec<Digest>, OciError> {
+    let config: serde_json::Value = serde_json::from_slice(config_bytes)
+        .map_err(|e| OciError::json(format!("image config {config_digest}"), e))?;
+    let diff_ids: Vec<Digest> = config
+        .get("rootfs")
+        .and_then(|r| r.get("diff_ids"))
+        .and_then(|d| d.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().and_then(|s| s.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if diff_ids.len() != entry.layers.len() {
+        return Err(OciError::Config {
+            config: config_digest.clone(),
+            message: format!(
+                "rootfs.diff_ids has {} valid entries but manifest.json of {} lists {} layers",
+                diff_ids.len(),
+                path.display(),
+                entry.layers.len()
+            ),
+        });
+    }
+    Ok(diff_ids)
+}
+
+/// Finds the member of each layer `entry` lists and its digest (named by
+/// its path, else its diff_id when uncompressed, else hashed), adding each
+/// to `blobs`; returns the members and descriptors in layer order.
+fn locate_layers(
+    path: &Path,
+    index: &ArchiveIndex,
+    entry: &ArchiveEntry,
+    diff_ids: &[Digest],
+    blobs: &mut HashMap<Digest, Member>,
+) -> Result<(Vec<Member>, Vec<Descriptor>), OciError> {
+    let mut layer_members = Vec::with_capacity(entry.layers.len());
+    let mut layers = Vec::with_capacity(entry.layers.len());
+    for (layer_name, diff_id) in entry.layers.iter().zip(diff_ids) {
+        let (resolved, member) = index.lookup(layer_name).ok_or_else(|| {
+            archive_err(
+                path,
+                format!("layer {layer_name:?} listed in manifest.json is missing"),
+            )
+        })?;
+        let mut magic = [0u8; 4];
+        let n = read_prefix(path, member, &mut magic)?;
+        let compression = Compression::sniff(magic.get(..n).unwrap_or_default());
+        let named = digest_from_blob_path(layer_name).or_else(|| digest_from_blob_path(&resolved));
+        let digest = match named {
+            Some(d) => d,
+            None if compression == Compression::None => diff_id.clone(),
+            None => hash_member(path, member, layer_name)?,
+        };
+        blobs.insert(digest.clone(), member);
+        layer_members.push(member);
+        layers.push(Descriptor::new(
+            compression.oci_layer_media_type(),
+            digest,
+            member.size,
+        ));
+    }
+    Ok((layer_members, layers))
 }
 
 fn select_entry<'a>(

@@ -281,6 +281,83 @@ where
     };
     let read_err = |source| ApplyError::Read { layer, source };
 
+    let Some(incoming) = classify_entry(entry, &pending, layer, stats, &fail)? else {
+        return Ok(());
+    };
+    let meta = read_metadata(entry, &pending).map_err(read_err)?;
+
+    let (parent_comps, name, confined) = split_path(&raw_path);
+    if confined {
+        stats.confined += 1;
+    }
+
+    // Whiteouts: applied only to what lower layers left.
+    if let Some(name) = &name {
+        if name.starts_with(WHITEOUT_PREFIX) {
+            return apply_whiteout(tree, &parent_comps, name, layer, stats, &fail);
+        }
+    }
+
+    let parent = resolve_dir(tree, &parent_comps, layer, true, stats)
+        .map_err(|r| fail(r.to_string()))?
+        .ok_or_else(|| fail("parent directory could not be created".into()))?;
+
+    let Some(name) = name else {
+        // The entry names the directory itself ("./", "..", "/").
+        return match incoming {
+            Incoming::Dir => {
+                tree.nodes[parent].meta = meta;
+                Ok(())
+            }
+            _ => Err(fail("only a directory can name the root".into())),
+        };
+    };
+
+    let kind = match incoming {
+        Incoming::Dir => {
+            let existing = tree.entries(parent).and_then(|e| e.get(&name)).copied();
+            if let Some(existing) = existing {
+                if tree.nodes[existing.node].is_dir() {
+                    // Same directory, new metadata: children stay.
+                    tree.nodes[existing.node].meta = meta;
+                    if let Some(e) = tree.entries_mut(parent).and_then(|e| e.get_mut(&name)) {
+                        e.layer = layer;
+                    }
+                    return Ok(());
+                }
+            }
+            NodeKind::Directory {
+                entries: BTreeMap::new(),
+            }
+        }
+        Incoming::File => store_content(entry, &raw_path, &shown, layer, stats, content)?,
+        Incoming::Symlink(target) => NodeKind::Symlink { target },
+        Incoming::Char(major, minor) => NodeKind::CharDevice { major, minor },
+        Incoming::Block(major, minor) => NodeKind::BlockDevice { major, minor },
+        Incoming::Fifo => NodeKind::Fifo,
+        Incoming::Hardlink(target) => {
+            return add_hardlink(tree, parent, name, &target, layer, stats, &fail);
+        }
+    };
+    let node = tree.add_node(Node { meta, kind });
+    let entries = tree
+        .entries_mut(parent)
+        .ok_or_else(|| fail("parent is not a directory".into()))?;
+    entries.insert(name, DirEntry { node, layer });
+    Ok(())
+}
+
+/// Checks that `entry` is one lamina can apply (no PAX size other than the
+/// header's, not sparse) and reduces it to what the tree needs; `None` for
+/// an entry type lamina skips (counted in `stats`).
+fn classify_entry<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    pending: &Pending,
+    layer: u32,
+    stats: &mut LayerStats,
+    fail: &impl Fn(String) -> ApplyError,
+) -> Result<Option<Incoming>, ApplyError> {
+    let read_err = |source| ApplyError::Read { layer, source };
     let header = entry.header();
     let device = |h: &tar::Header| -> Result<(u32, u32), ApplyError> {
         let major = h.device_major().map_err(read_err)?.unwrap_or(0);
@@ -342,134 +419,115 @@ where
         tar::EntryType::Fifo => Incoming::Fifo,
         _ => {
             stats.skipped += 1;
-            return Ok(());
+            return Ok(None);
         }
     };
-    let meta = read_metadata(entry, &pending).map_err(read_err)?;
+    Ok(Some(incoming))
+}
 
-    let (parent_comps, name, confined) = split_path(&raw_path);
-    if confined {
+/// Applies the whiteout or opaque marker `name` in the directory
+/// `parent_comps` names, hiding only what lower layers left.
+fn apply_whiteout<C>(
+    tree: &mut Tree<C>,
+    parent_comps: &[Vec<u8>],
+    name: &[u8],
+    layer: u32,
+    stats: &mut LayerStats,
+    fail: &impl Fn(String) -> ApplyError,
+) -> Result<(), ApplyError> {
+    stats.whiteouts += 1;
+    let Some(parent) =
+        resolve_dir(tree, parent_comps, layer, false, stats).map_err(|r| fail(r.to_string()))?
+    else {
+        return Ok(()); // nothing below to hide
+    };
+    let entries = tree
+        .entries_mut(parent)
+        .ok_or_else(|| fail("whiteout parent is not a directory".into()))?;
+    if name == OPAQUE_MARKER {
+        entries.retain(|_, e| e.layer >= layer);
+    } else {
+        let victim = &name[WHITEOUT_PREFIX.len()..];
+        if entries.get(victim).is_some_and(|e| e.layer < layer) {
+            entries.remove(victim);
+        }
+    }
+    Ok(())
+}
+
+/// Passes a regular file's bytes to `content` and returns its node kind;
+/// whatever the callback left unread is read and dropped.
+fn store_content<C, R: Read, F>(
+    entry: &mut tar::Entry<'_, R>,
+    raw_path: &[u8],
+    shown: &str,
+    layer: u32,
+    stats: &mut LayerStats,
+    content: &mut F,
+) -> Result<NodeKind<C>, ApplyError>
+where
+    F: FnMut(&[u8], &mut dyn Read, u64, u64) -> io::Result<C>,
+{
+    let read_err = |source| ApplyError::Read { layer, source };
+    let size = entry.size();
+    let offset = entry.raw_file_position();
+    let mut reader = (&mut *entry).take(size);
+    let handle =
+        content(raw_path, &mut reader, size, offset).map_err(|source| ApplyError::Content {
+            layer,
+            path: shown.to_owned(),
+            source,
+        })?;
+    // A callback that stopped early must not desynchronise the tar.
+    io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
+    stats.content_bytes += size;
+    Ok(NodeKind::Regular {
+        size,
+        content: handle,
+    })
+}
+
+/// Adds `name` in `parent` as a hard link to `target`, which must exist in
+/// the tree and not be a directory.
+fn add_hardlink<C>(
+    tree: &mut Tree<C>,
+    parent: NodeId,
+    name: Vec<u8>,
+    target: &[u8],
+    layer: u32,
+    stats: &mut LayerStats,
+    fail: &impl Fn(String) -> ApplyError,
+) -> Result<(), ApplyError> {
+    let (t_parent, t_name, t_confined) = split_path(target);
+    if t_confined {
         stats.confined += 1;
     }
-
-    // Whiteouts: applied only to what lower layers left.
-    if let Some(name) = &name {
-        if name.starts_with(WHITEOUT_PREFIX) {
-            stats.whiteouts += 1;
-            let Some(parent) = resolve_dir(tree, &parent_comps, layer, false, stats)
-                .map_err(|r| fail(r.to_string()))?
-            else {
-                return Ok(()); // nothing below to hide
-            };
-            let entries = tree
-                .entries_mut(parent)
-                .ok_or_else(|| fail("whiteout parent is not a directory".into()))?;
-            if name.as_slice() == OPAQUE_MARKER {
-                entries.retain(|_, e| e.layer >= layer);
-            } else {
-                let victim = &name[WHITEOUT_PREFIX.len()..];
-                if entries.get(victim).is_some_and(|e| e.layer < layer) {
-                    entries.remove(victim);
-                }
-            }
-            return Ok(());
-        }
+    let t_name = t_name.ok_or_else(|| fail("hardlink to a directory".into()))?;
+    let t_dir =
+        resolve_dir(tree, &t_parent, layer, false, stats).map_err(|r| fail(r.to_string()))?;
+    let target_node = t_dir
+        .and_then(|d| tree.entries(d))
+        .and_then(|e| e.get(&t_name))
+        .map(|e| e.node)
+        .ok_or_else(|| {
+            fail(format!(
+                "hardlink target {:?} does not exist in the image",
+                String::from_utf8_lossy(target)
+            ))
+        })?;
+    if tree.nodes[target_node].is_dir() {
+        return Err(fail("hardlink to a directory".into()));
     }
-
-    let parent = resolve_dir(tree, &parent_comps, layer, true, stats)
-        .map_err(|r| fail(r.to_string()))?
-        .ok_or_else(|| fail("parent directory could not be created".into()))?;
-
-    let Some(name) = name else {
-        // The entry names the directory itself ("./", "..", "/").
-        return match incoming {
-            Incoming::Dir => {
-                tree.nodes[parent].meta = meta;
-                Ok(())
-            }
-            _ => Err(fail("only a directory can name the root".into())),
-        };
-    };
-
-    let kind = match incoming {
-        Incoming::Dir => {
-            let existing = tree.entries(parent).and_then(|e| e.get(&name)).copied();
-            if let Some(existing) = existing {
-                if tree.nodes[existing.node].is_dir() {
-                    // Same directory, new metadata: children stay.
-                    tree.nodes[existing.node].meta = meta;
-                    if let Some(e) = tree.entries_mut(parent).and_then(|e| e.get_mut(&name)) {
-                        e.layer = layer;
-                    }
-                    return Ok(());
-                }
-            }
-            NodeKind::Directory {
-                entries: BTreeMap::new(),
-            }
-        }
-        Incoming::File => {
-            let size = entry.size();
-            let offset = entry.raw_file_position();
-            let mut reader = (&mut *entry).take(size);
-            let handle = content(&raw_path, &mut reader, size, offset).map_err(|source| {
-                ApplyError::Content {
-                    layer,
-                    path: shown.clone(),
-                    source,
-                }
-            })?;
-            // A callback that stopped early must not desynchronise the tar.
-            io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
-            stats.content_bytes += size;
-            NodeKind::Regular {
-                size,
-                content: handle,
-            }
-        }
-        Incoming::Symlink(target) => NodeKind::Symlink { target },
-        Incoming::Char(major, minor) => NodeKind::CharDevice { major, minor },
-        Incoming::Block(major, minor) => NodeKind::BlockDevice { major, minor },
-        Incoming::Fifo => NodeKind::Fifo,
-        Incoming::Hardlink(target) => {
-            let (t_parent, t_name, t_confined) = split_path(&target);
-            if t_confined {
-                stats.confined += 1;
-            }
-            let t_name = t_name.ok_or_else(|| fail("hardlink to a directory".into()))?;
-            let t_dir = resolve_dir(tree, &t_parent, layer, false, stats)
-                .map_err(|r| fail(r.to_string()))?;
-            let target_node = t_dir
-                .and_then(|d| tree.entries(d))
-                .and_then(|e| e.get(&t_name))
-                .map(|e| e.node)
-                .ok_or_else(|| {
-                    fail(format!(
-                        "hardlink target {:?} does not exist in the image",
-                        String::from_utf8_lossy(&target)
-                    ))
-                })?;
-            if tree.nodes[target_node].is_dir() {
-                return Err(fail("hardlink to a directory".into()));
-            }
-            let entries = tree
-                .entries_mut(parent)
-                .ok_or_else(|| fail("parent is not a directory".into()))?;
-            entries.insert(
-                name,
-                DirEntry {
-                    node: target_node,
-                    layer,
-                },
-            );
-            return Ok(());
-        }
-    };
-    let node = tree.add_node(Node { meta, kind });
     let entries = tree
         .entries_mut(parent)
         .ok_or_else(|| fail("parent is not a directory".into()))?;
-    entries.insert(name, DirEntry { node, layer });
+    entries.insert(
+        name,
+        DirEntry {
+            node: target_node,
+            layer,
+        },
+    );
     Ok(())
 }
 

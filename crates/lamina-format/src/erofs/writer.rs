@@ -8,9 +8,9 @@
 //! directory/symlink blocks come after the inodes. Tails of directories and
 //! symlinks are inlined right after their inode when they fit in its block.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use lamina_tree::{NodeId, NodeKind, Tree};
+use lamina_tree::{DirEntry, NodeId, NodeKind, Tree};
 use zerocopy::IntoBytes;
 
 use super::format::*;
@@ -209,12 +209,70 @@ pub fn write_image_with(
         )?);
     }
 
+    let placed_end = place_inodes(&mut plans, &order, &group_starts, devices.len(), bs)?;
+    let nid_of: HashMap<NodeId, u64> = plans
+        .iter()
+        .map(|p| (p.node, (p.offset / INODE_SLOT_SIZE) as u64))
+        .collect();
+    let root_nid = u16::try_from(nid_of[&tree.root])
+        .map_err(|_| FormatError::TooLarge("root inode beyond nid 65535"))?;
+    let total_blocks = place_data_blocks(&mut plans, placed_end, bs)?;
+
+    // Emit.
+    let mut out = vec![0u8; total_blocks as usize * bs];
+    let mut stats = ImageStats {
+        inodes: plans.len() as u64,
+        blocks: total_blocks,
+        ..ImageStats::default()
+    };
+    for (ino, plan) in plans.iter().enumerate() {
+        emit_inode(
+            &mut out,
+            tree,
+            plan,
+            ino as u32 + 1,
+            &nid_of,
+            bs,
+            &mut stats,
+        );
+    }
+
+    let devt_slotoff = (SUPERBLOCK_OFFSET + 128) / size_of::<DeviceSlot>();
+    emit_device_table(&mut out, devices, devt_slotoff);
+
+    let mut sb = superblock(
+        block_bits,
+        root_nid,
+        plans.len() as u64,
+        build_time,
+        total_blocks,
+        devices,
+        devt_slotoff,
+    );
+    // The UUID is a digest of everything else, so equal trees give equal images.
+    let digest = ring::digest::digest(&ring::digest::SHA256, &out);
+    sb.uuid.copy_from_slice(&digest.as_ref()[..16]);
+    let mut pos = SUPERBLOCK_OFFSET;
+    put(&mut out, &mut pos, sb.as_bytes());
+    Ok((out, stats))
+}
+
+/// Sets each inode's offset, in placement order, from the block after the
+/// device table; returns the end, in bytes, of the inodes and of the data
+/// blocks reserved among them.
+fn place_inodes(
+    plans: &mut [Plan],
+    order: &[NodeId],
+    group_starts: &GroupStarts,
+    device_count: usize,
+    bs: usize,
+) -> Result<usize, FormatError> {
     // Place inodes. Block 0: superblock + device table. A directory's full
     // data blocks go at the next block boundary just before its children's
     // inodes, so a listing reads dirents and then the inodes they name from
     // one region; the inode cursor flows around such reserved blocks.
     let slot_of: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let devt_end = SUPERBLOCK_OFFSET + 128 + devices.len() * size_of::<DeviceSlot>();
+    let devt_end = SUPERBLOCK_OFFSET + 128 + device_count * size_of::<DeviceSlot>();
     let mut cursor = devt_end.next_multiple_of(bs);
     let mut reserved: Vec<std::ops::Range<usize>> = Vec::new(); // byte ranges, increasing
     let mut reserved_end = 0usize; // bytes
@@ -254,18 +312,17 @@ pub fn write_image_with(
         }
         reserved.retain(|r| r.end > cursor);
     }
-    let nid_of: HashMap<NodeId, u64> = plans
-        .iter()
-        .map(|p| (p.node, (p.offset / INODE_SLOT_SIZE) as u64))
-        .collect();
-    let root_nid = u16::try_from(nid_of[&tree.root])
-        .map_err(|_| FormatError::TooLarge("root inode beyond nid 65535"))?;
+    Ok(cursor.max(reserved_end))
+}
 
+/// Gives the full data blocks not yet placed their place from the block
+/// at or after `placed_end` bytes on; returns the image's size in blocks.
+fn place_data_blocks(plans: &mut [Plan], placed_end: usize, bs: usize) -> Result<u32, FormatError> {
     // Remaining full data blocks (symlinks, and directories placed above
     // already have theirs) after everything else.
-    let mut next_block = u32::try_from(cursor.max(reserved_end).div_ceil(bs))
-        .map_err(|_| FormatError::TooLarge("blocks"))?;
-    for plan in &mut plans {
+    let mut next_block =
+        u32::try_from(placed_end.div_ceil(bs)).map_err(|_| FormatError::TooLarge("blocks"))?;
+    for plan in plans.iter_mut() {
         let full = plan.full_blocks(bs);
         if full == 0 {
             plan.raw_blkaddr = NULL_ADDR;
@@ -276,105 +333,121 @@ pub fn write_image_with(
                 .ok_or(FormatError::TooLarge("blocks"))?;
         }
     }
-    let total_blocks = next_block;
+    Ok(next_block)
+}
 
-    // Emit.
-    let mut out = vec![0u8; total_blocks as usize * bs];
-    let mut stats = ImageStats {
-        inodes: plans.len() as u64,
-        blocks: total_blocks,
-        ..ImageStats::default()
+/// Writes inode number `ino` as `plan` places it, with its xattrs and what
+/// follows them, counting it in `stats`.
+fn emit_inode(
+    out: &mut [u8],
+    tree: &Tree<FileChunks>,
+    plan: &Plan,
+    ino: u32,
+    nid_of: &HashMap<NodeId, u64>,
+    bs: usize,
+    stats: &mut ImageStats,
+) {
+    let node = &tree.nodes[plan.node];
+    // Linux creates every symlink 0777 whatever a tar header says, so an
+    // unpacked image (and overlayfs over one) shows 0777: do the same.
+    let perm = if matches!(node.kind, NodeKind::Symlink { .. }) {
+        0o777
+    } else {
+        node.meta.mode & 0o7777
     };
-    for (ino, plan) in plans.iter().enumerate() {
-        let node = &tree.nodes[plan.node];
-        // Linux creates every symlink 0777 whatever a tar header says, so an
-        // unpacked image (and overlayfs over one) shows 0777: do the same.
-        let perm = if matches!(node.kind, NodeKind::Symlink { .. }) {
-            0o777
-        } else {
-            node.meta.mode & 0o7777
+    let mode = (node.file_type_bits() | perm) as u16;
+    let (layout, i_u) = match &plan.payload {
+        Payload::None { rdev } => (DataLayout::FlatPlain, *rdev),
+        Payload::Flat { inline_tail, .. } => (
+            if *inline_tail {
+                DataLayout::FlatInline
+            } else {
+                DataLayout::FlatPlain
+            },
+            plan.raw_blkaddr,
+        ),
+        Payload::Chunked { format, .. } => (DataLayout::ChunkBased, u32::from(*format)),
+    };
+    let icount = if plan.xattrs.is_empty() {
+        0
+    } else {
+        (1 + (plan.xattrs.len() - 12) / 4) as u16
+    };
+    let mut pos = plan.offset;
+    if plan.extended {
+        let inode = InodeExtended {
+            i_format: layout.i_format(true).into(),
+            i_xattr_icount: icount.into(),
+            i_mode: mode.into(),
+            i_size: plan.size.into(),
+            i_u: i_u.into(),
+            i_ino: ino.into(),
+            i_uid: node.meta.uid.into(),
+            i_gid: node.meta.gid.into(),
+            i_mtime: (node.meta.mtime as u64).into(),
+            i_mtime_nsec: node.meta.mtime_nsec.into(),
+            i_nlink: plan.nlink.into(),
+            ..InodeExtended::default()
         };
-        let mode = (node.file_type_bits() | perm) as u16;
-        let (layout, i_u) = match &plan.payload {
-            Payload::None { rdev } => (DataLayout::FlatPlain, *rdev),
-            Payload::Flat { inline_tail, .. } => (
-                if *inline_tail {
-                    DataLayout::FlatInline
-                } else {
-                    DataLayout::FlatPlain
-                },
-                plan.raw_blkaddr,
-            ),
-            Payload::Chunked { format, .. } => (DataLayout::ChunkBased, u32::from(*format)),
+        put(out, &mut pos, inode.as_bytes());
+    } else {
+        stats.compact_inodes += 1;
+        let inode = InodeCompact {
+            i_format: layout.i_format(false).into(),
+            i_xattr_icount: icount.into(),
+            i_mode: mode.into(),
+            i_nlink: (plan.nlink as u16).into(),
+            i_size: (plan.size as u32).into(),
+            i_u: i_u.into(),
+            i_ino: ino.into(),
+            i_uid: (node.meta.uid as u16).into(),
+            i_gid: (node.meta.gid as u16).into(),
+            ..InodeCompact::default()
         };
-        let icount = if plan.xattrs.is_empty() {
-            0
-        } else {
-            (1 + (plan.xattrs.len() - 12) / 4) as u16
-        };
-        let mut pos = plan.offset;
-        let ino = ino as u32 + 1;
-        if plan.extended {
-            let inode = InodeExtended {
-                i_format: layout.i_format(true).into(),
-                i_xattr_icount: icount.into(),
-                i_mode: mode.into(),
-                i_size: plan.size.into(),
-                i_u: i_u.into(),
-                i_ino: ino.into(),
-                i_uid: node.meta.uid.into(),
-                i_gid: node.meta.gid.into(),
-                i_mtime: (node.meta.mtime as u64).into(),
-                i_mtime_nsec: node.meta.mtime_nsec.into(),
-                i_nlink: plan.nlink.into(),
-                ..InodeExtended::default()
-            };
-            put(&mut out, &mut pos, inode.as_bytes());
-        } else {
-            stats.compact_inodes += 1;
-            let inode = InodeCompact {
-                i_format: layout.i_format(false).into(),
-                i_xattr_icount: icount.into(),
-                i_mode: mode.into(),
-                i_nlink: (plan.nlink as u16).into(),
-                i_size: (plan.size as u32).into(),
-                i_u: i_u.into(),
-                i_ino: ino.into(),
-                i_uid: (node.meta.uid as u16).into(),
-                i_gid: (node.meta.gid as u16).into(),
-                ..InodeCompact::default()
-            };
-            put(&mut out, &mut pos, inode.as_bytes());
-        }
-        put(&mut out, &mut pos, &plan.xattrs);
-        stats.xattr_bytes += plan.xattrs.len() as u64;
-        match &plan.payload {
-            Payload::None { .. } => {}
-            Payload::Chunked { indexes, .. } => {
-                pos = pos.next_multiple_of(size_of::<ChunkIndex>());
-                for index in indexes {
-                    put(&mut out, &mut pos, index.as_bytes());
-                }
+        put(out, &mut pos, inode.as_bytes());
+    }
+    put(out, &mut pos, &plan.xattrs);
+    stats.xattr_bytes += plan.xattrs.len() as u64;
+    emit_payload(out, plan, pos, nid_of, bs);
+}
+
+/// Writes what follows `plan`'s inode and xattrs (which end at `pos`): its
+/// chunk indexes, or its full data blocks and inline tail.
+fn emit_payload(
+    out: &mut [u8],
+    plan: &Plan,
+    mut pos: usize,
+    nid_of: &HashMap<NodeId, u64>,
+    bs: usize,
+) {
+    match &plan.payload {
+        Payload::None { .. } => {}
+        Payload::Chunked { indexes, .. } => {
+            pos = pos.next_multiple_of(size_of::<ChunkIndex>());
+            for index in indexes {
+                put(out, &mut pos, index.as_bytes());
             }
-            Payload::Flat { data, inline_tail } => {
-                let bytes = match data {
-                    FlatData::Symlink(target) => target.clone(),
-                    FlatData::Dir { blocks, entries } => dir_bytes(blocks, entries, &nid_of, bs),
-                };
-                let full = plan.full_blocks(bs) as usize * bs;
-                let full_len = full.min(bytes.len());
-                if full_len > 0 {
-                    let at = plan.raw_blkaddr as usize * bs;
-                    out[at..at + full_len].copy_from_slice(&bytes[..full_len]);
-                }
-                if *inline_tail {
-                    put(&mut out, &mut pos, &bytes[full_len..]);
-                }
+        }
+        Payload::Flat { data, inline_tail } => {
+            let bytes = match data {
+                FlatData::Symlink(target) => target.clone(),
+                FlatData::Dir { blocks, entries } => dir_bytes(blocks, entries, nid_of, bs),
+            };
+            let full = plan.full_blocks(bs) as usize * bs;
+            let full_len = full.min(bytes.len());
+            if full_len > 0 {
+                let at = plan.raw_blkaddr as usize * bs;
+                out[at..at + full_len].copy_from_slice(&bytes[..full_len]);
+            }
+            if *inline_tail {
+                put(out, &mut pos, &bytes[full_len..]);
             }
         }
     }
+}
 
-    let devt_slotoff = (SUPERBLOCK_OFFSET + 128) / size_of::<DeviceSlot>();
+/// Writes the device table, from slot `devt_slotoff`.
+fn emit_device_table(out: &mut [u8], devices: &[Device], devt_slotoff: usize) {
     for (i, dev) in devices.iter().enumerate() {
         let mut tag = [0u8; 64];
         let t = dev.tag.as_bytes();
@@ -386,16 +459,27 @@ pub fn write_image_with(
             reserved: [0; 56],
         };
         let mut pos = (devt_slotoff + i) * size_of::<DeviceSlot>();
-        put(&mut out, &mut pos, slot.as_bytes());
+        put(out, &mut pos, slot.as_bytes());
     }
+}
 
+/// The superblock, all but its UUID.
+fn superblock(
+    block_bits: u8,
+    root_nid: u16,
+    inos: u64,
+    build_time: (i64, u32),
+    total_blocks: u32,
+    devices: &[Device],
+    devt_slotoff: usize,
+) -> SuperBlock {
     let mut volume_name = [0u8; 16];
     volume_name[..6].copy_from_slice(b"lamina");
-    let mut sb = SuperBlock {
+    SuperBlock {
         magic: EROFS_MAGIC.into(),
         blkszbits: block_bits,
         root_nid: root_nid.into(),
-        inos: (plans.len() as u64).into(),
+        inos: inos.into(),
         build_time: (build_time.0 as u64).into(),
         build_time_nsec: build_time.1.into(),
         blocks: total_blocks.into(),
@@ -415,13 +499,7 @@ pub fn write_image_with(
         })
         .into(),
         ..SuperBlock::default()
-    };
-    // The UUID is a digest of everything else, so equal trees give equal images.
-    let digest = ring::digest::digest(&ring::digest::SHA256, &out);
-    sb.uuid.copy_from_slice(&digest.as_ref()[..16]);
-    let mut pos = SUPERBLOCK_OFFSET;
-    put(&mut out, &mut pos, sb.as_bytes());
-    Ok((out, stats))
+    }
 }
 
 fn put(out: &mut [u8], pos: &mut usize, bytes: &[u8]) {
@@ -511,83 +589,12 @@ fn plan_inode(
     let node = &tree.nodes[id];
     let xattrs = encode_xattrs(&node.meta.xattrs)?;
     let (size, payload) = match &node.kind {
-        NodeKind::Directory { entries } => {
-            let mut list: Vec<(Vec<u8>, NodeId, FileType)> = Vec::with_capacity(entries.len() + 2);
-            list.push((b".".to_vec(), id, FileType::Directory));
-            list.push((b"..".to_vec(), parent, FileType::Directory));
-            for (name, entry) in entries {
-                if name.is_empty()
-                    || name.len() > MAX_NAME_LEN
-                    || name.contains(&b'/')
-                    || name.contains(&0)
-                    || name == b"."
-                    || name == b".."
-                {
-                    return Err(FormatError::InvalidName(
-                        String::from_utf8_lossy(name).into_owned(),
-                    ));
-                }
-                list.push((
-                    name.clone(),
-                    entry.node,
-                    file_type(&tree.nodes[entry.node].kind),
-                ));
-            }
-            list.sort_by(|a, b| a.0.cmp(&b.0));
-            let (blocks, size) = pack_dir_blocks(&list, bs);
-            (
-                size,
-                FlatData::Dir {
-                    blocks,
-                    entries: list,
-                },
-            )
-                .into_flat()
-        }
+        NodeKind::Directory { entries } => plan_dir(tree, id, parent, entries, bs)?,
         NodeKind::Symlink { target } => {
             (target.len() as u64, FlatData::Symlink(target.clone())).into_flat()
         }
         NodeKind::Regular { size, content } => {
-            if *size == 0 {
-                (0, Payload::None { rdev: NULL_ADDR })
-            } else {
-                let bits = content.chunk_bits;
-                if !(block_bits..=block_bits + 31).contains(&bits) {
-                    return Err(FormatError::BadChunk(format!("chunk bits {bits}")));
-                }
-                let expected = size.div_ceil(1u64 << bits);
-                if content.chunks.len() as u64 != expected {
-                    return Err(FormatError::ChunkCount {
-                        size: *size,
-                        got: content.chunks.len(),
-                        bits,
-                    });
-                }
-                let indexes = content
-                    .chunks
-                    .iter()
-                    .map(|c| match *c {
-                        ChunkAddr::Hole => Ok(ChunkIndex {
-                            blkaddr: NULL_ADDR.into(),
-                            ..ChunkIndex::default()
-                        }),
-                        ChunkAddr::Data { device, blkaddr } => {
-                            if device == 0 || usize::from(device) > device_count {
-                                return Err(FormatError::BadChunk(format!(
-                                    "device {device} of {device_count}"
-                                )));
-                            }
-                            Ok(ChunkIndex {
-                                advise: 0.into(),
-                                device_id: device.into(),
-                                blkaddr: blkaddr.into(),
-                            })
-                        }
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let format = u16::from(bits - block_bits) | CHUNK_FORMAT_INDEXES;
-                (*size, Payload::Chunked { format, indexes })
-            }
+            plan_chunks(*size, content, device_count, block_bits)?
         }
         NodeKind::CharDevice { major, minor } | NodeKind::BlockDevice { major, minor } => (
             0,
@@ -620,6 +627,97 @@ fn plan_inode(
         *inline_tail = fits;
     }
     Ok(plan)
+}
+
+/// Directory `id`'s size and payload: its entries, with `.` and `..`
+/// (`parent`), checked and sorted by name, packed into blocks.
+fn plan_dir(
+    tree: &Tree<FileChunks>,
+    id: NodeId,
+    parent: NodeId,
+    entries: &BTreeMap<Vec<u8>, DirEntry>,
+    bs: usize,
+) -> Result<(u64, Payload), FormatError> {
+    let mut list: Vec<(Vec<u8>, NodeId, FileType)> = Vec::with_capacity(entries.len() + 2);
+    list.push((b".".to_vec(), id, FileType::Directory));
+    list.push((b"..".to_vec(), parent, FileType::Directory));
+    for (name, entry) in entries {
+        if name.is_empty()
+            || name.len() > MAX_NAME_LEN
+            || name.contains(&b'/')
+            || name.contains(&0)
+            || name == b"."
+            || name == b".."
+        {
+            return Err(FormatError::InvalidName(
+                String::from_utf8_lossy(name).into_owned(),
+            ));
+        }
+        list.push((
+            name.clone(),
+            entry.node,
+            file_type(&tree.nodes[entry.node].kind),
+        ));
+    }
+    list.sort_by(|a, b| a.0.cmp(&b.0));
+    let (blocks, size) = pack_dir_blocks(&list, bs);
+    Ok((
+        size,
+        FlatData::Dir {
+            blocks,
+            entries: list,
+        },
+    )
+        .into_flat())
+}
+
+/// A regular file's size and payload: its chunk indexes, checked against
+/// its size and the device table (no payload for an empty file).
+fn plan_chunks(
+    size: u64,
+    content: &FileChunks,
+    device_count: usize,
+    block_bits: u8,
+) -> Result<(u64, Payload), FormatError> {
+    if size == 0 {
+        return Ok((0, Payload::None { rdev: NULL_ADDR }));
+    }
+    let bits = content.chunk_bits;
+    if !(block_bits..=block_bits + 31).contains(&bits) {
+        return Err(FormatError::BadChunk(format!("chunk bits {bits}")));
+    }
+    let expected = size.div_ceil(1u64 << bits);
+    if content.chunks.len() as u64 != expected {
+        return Err(FormatError::ChunkCount {
+            size,
+            got: content.chunks.len(),
+            bits,
+        });
+    }
+    let indexes = content
+        .chunks
+        .iter()
+        .map(|c| match *c {
+            ChunkAddr::Hole => Ok(ChunkIndex {
+                blkaddr: NULL_ADDR.into(),
+                ..ChunkIndex::default()
+            }),
+            ChunkAddr::Data { device, blkaddr } => {
+                if device == 0 || usize::from(device) > device_count {
+                    return Err(FormatError::BadChunk(format!(
+                        "device {device} of {device_count}"
+                    )));
+                }
+                Ok(ChunkIndex {
+                    advise: 0.into(),
+                    device_id: device.into(),
+                    blkaddr: blkaddr.into(),
+                })
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let format = u16::from(bits - block_bits) | CHUNK_FORMAT_INDEXES;
+    Ok((size, Payload::Chunked { format, indexes }))
 }
 
 trait IntoFlat {
