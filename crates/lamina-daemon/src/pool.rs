@@ -58,12 +58,17 @@ impl<J: Send + 'static> MissPool<J> {
     }
 
     /// Hands `job` to an idle thread, or to a new one when none is idle
-    /// and the bound allows. `Err` gives the job back if the pool's
-    /// threads are gone.
+    /// and the bound allows. `Err` gives the job back if the pool has no
+    /// thread (none could be started: it would wait in the queue forever)
+    /// or its threads are gone; the caller serves or fails it.
     pub fn submit(&self, job: J) -> Result<(), mpsc::SendError<J>> {
         let free = self.idle.fetch_sub(1, Ordering::SeqCst);
         if free <= 0 && self.threads.load(Ordering::SeqCst) < self.max {
             self.spawn();
+        }
+        if self.threads.load(Ordering::SeqCst) == 0 {
+            self.idle.fetch_add(1, Ordering::SeqCst);
+            return Err(mpsc::SendError(job));
         }
         self.tx.send(job)
     }
@@ -135,6 +140,25 @@ mod tests {
                 "slow"
             );
         }
+    }
+
+    /// A pool none of whose threads could be started gives each job back
+    /// instead of queueing it for no one (the FUSE daemon then serves the
+    /// read itself, the worker fails the miss with EIO at once).
+    #[test]
+    fn a_pool_without_threads_gives_the_job_back() {
+        let (tx, rx) = mpsc::channel();
+        let pool = MissPool {
+            tx,
+            rx: Arc::new(Mutex::new(rx)),
+            idle: Arc::new(AtomicIsize::new(0)),
+            threads: AtomicUsize::new(0),
+            max: 0, // as if every spawn had failed
+            serve: Arc::new(|_: u32| panic!("no thread should serve")),
+        };
+        assert_eq!(pool.submit(7).unwrap_err().0, 7);
+        assert_eq!(pool.submit(8).unwrap_err().0, 8);
+        assert_eq!(pool.idle.load(Ordering::SeqCst), 0, "idle count restored");
     }
 
     /// The bound holds: a ninth blocked job waits for a thread.
