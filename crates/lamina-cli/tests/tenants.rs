@@ -1183,13 +1183,9 @@ fn blob_chunks(layout: &Path, tag: &str, work: &Path) -> Vec<ChunkEntry> {
 /// `status.json` says each blob is complete).
 #[track_caller]
 fn wait_complete(m: &Mount) {
-    let path = run_dir(m).join("status.json");
     let start = Instant::now();
     loop {
-        let status: Value = fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Value::Null);
+        let status = worker_status(m).unwrap_or(Value::Null);
         let blobs = status["blobs"].as_array().cloned().unwrap_or_default();
         if !blobs.is_empty() && blobs.iter().all(|b| b["complete"] == true) {
             return;
@@ -1199,11 +1195,15 @@ fn wait_complete(m: &Mount) {
     }
 }
 
+/// The worker's `status.json` as it is now (`None`: not there or torn).
+fn worker_status(m: &Mount) -> Option<Value> {
+    serde_json::from_slice(&fs::read(run_dir(m).join("status.json")).ok()?).ok()
+}
+
 /// The worker's `status.json` once its figures stopped changing.
 #[track_caller]
 fn settled_status(m: &Mount) -> Value {
-    let path = run_dir(m).join("status.json");
-    let read = || -> Option<Value> { serde_json::from_slice(&fs::read(&path).ok()?).ok() };
+    let read = || worker_status(m);
     let start = Instant::now();
     let mut last = read();
     loop {
