@@ -220,7 +220,7 @@ fn chunk_lists(
     index: &lamina_format::index::IndexTop,
     layers: &LaminaLayers,
 ) -> Result<Vec<serde_json::Value>> {
-    use lamina_format::index::{ChunkEntry, IndexBlob, MAX_CHUNKS};
+    use lamina_format::index::{ChunkEntry, IndexBlob, MAX_TABLE_CHUNKS};
     use std::io::Read;
     let list = |chunks: &[ChunkEntry]| {
         serde_json::Value::from_iter(chunks.iter().map(|c| {
@@ -234,7 +234,7 @@ fn chunk_lists(
     if !index.inline.is_empty() {
         return Ok(index.inline.iter().map(|b| list(&b.chunks)).collect());
     }
-    let table_max = u64::from(MAX_CHUNKS) * size_of::<ChunkEntry>() as u64;
+    let table_max = u64::from(MAX_TABLE_CHUNKS) * size_of::<ChunkEntry>() as u64;
     index
         .blobs
         .iter()
