@@ -40,6 +40,7 @@ client-1.5.10/bin/dfdaemon, as scripts/setup.sh builds them.
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -370,6 +371,34 @@ def egress(args):
     print(registry_egress(load(args.dir)))
 
 
+ACCESS_LINE = re.compile(r'^(\S+) \S+ \S+ \[[^]]*\] "(\w+) (\S+) [^"]*" (\d+) (\d+)')
+
+
+def served_by_client(log_path, skip=0):
+    """What the registry's access log says it sent, from line SKIP on, by
+    client address and route: a dfdaemon's requests carry the `ns` query
+    parameter, lamina's own do not. {"CLIENT via|direct": {requests, bytes}}."""
+    totals = {}
+    with open(log_path, errors="replace") as f:
+        for n, line in enumerate(f):
+            m = ACCESS_LINE.match(line)
+            if n < skip or not m:
+                continue
+            client, _, path, _, size = m.groups()
+            key = f"{client} {'via' if 'ns=' in path else 'direct'}"
+            t = totals.setdefault(key, {"requests": 0, "bytes": 0})
+            t["requests"] += 1
+            t["bytes"] += int(size)
+    return totals
+
+
+def served(args):
+    path = load(args.dir)["registry_log"]
+    with open(path, errors="replace") as f:
+        lines = sum(1 for _ in f)
+    print(json.dumps({"lines": lines, "by_client": served_by_client(path, args.skip)}))
+
+
 def bring_up(d, nodes, data, prefix, net, flags=()):
     """`up` for a benchmark: the fleet's state (fleet.json)."""
     args = parser().parse_args(["up", "--dir", str(d), "--nodes", str(nodes), "--registry-data", str(data),
@@ -420,6 +449,10 @@ def parser():
                         "4 MiB or less straight to the registry (no P2P)")
     for name in ["down", "egress"]:
         sub.add_parser(name).add_argument("--dir", required=True)
+    v = sub.add_parser("served", help="the registry's access log summed by client and route "
+                                      "(via a dfdaemon or direct), from line --skip on")
+    v.add_argument("--dir", required=True)
+    v.add_argument("--skip", type=int, default=0)
     s = sub.add_parser("stop-dfdaemon")
     s.add_argument("--dir", required=True)
     s.add_argument("--node", type=int, required=True)
@@ -437,7 +470,7 @@ def main():
             down(args)
             raise
         return
-    {"down": down, "egress": egress, "stop-dfdaemon": stop_dfdaemon}[args.cmd](args)
+    {"down": down, "egress": egress, "served": served, "stop-dfdaemon": stop_dfdaemon}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,21 @@ impl Fleet {
         out.stdout.trim().parse().expect("egress bytes")
     }
 
+    /// What the registry's access log says it sent from line `skip` on, by
+    /// client and route, and how many lines the log has now.
+    #[track_caller]
+    fn served(&self, skip: u64) -> Value {
+        let dir = self.dir.display().to_string();
+        let skip = skip.to_string();
+        let out = python(
+            "bench/harness/fleet.py",
+            ["served", "--dir", &dir, "--skip", &skip],
+            SHORT,
+        )
+        .ok();
+        out.json()
+    }
+
     #[track_caller]
     fn stop_dfdaemon(&self, node: usize) {
         let dir = self.dir.display().to_string();
@@ -263,20 +278,34 @@ fn three_nodes_start_python3_through_dragonfly_and_fall_back_without_it() {
     m.unmount();
 
     let before = fleet.egress();
+    let log_lines = fleet.served(0)["lines"].as_u64().unwrap();
     let starts = start_all(&nodes, &boot, &t, "p2p");
     let fleet_bytes = fleet.egress() - before;
+    let by_client = fleet.served(log_lines)["by_client"].clone();
     let secs: Vec<f64> = starts.iter().map(|s| s.1).collect();
     eprintln!(
         "one node alone, straight to the registry: {lone_bytes} bytes sent by the registry, {lone_secs:.2} s; \
-         three through Dragonfly: {fleet_bytes} bytes, {secs:.2?} s"
+         three through Dragonfly: {fleet_bytes} bytes, {secs:.2?} s; the registry's log by client: {by_client}"
     );
+    // Any host a node's worker gave up on, for the failure message.
+    let gave_up: Vec<String> = starts
+        .iter()
+        .map(|(m, _)| fs::read_to_string(run_dir(m).join("worker.log")).unwrap_or_default())
+        .flat_map(|log| {
+            log.lines()
+                .filter(|l| l.contains("asked first for the next"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
     for (m, _) in starts {
         m.unmount();
     }
     let mut f = Failures::default();
     f.check(fleet_bytes as f64 <= 1.3 * lone_bytes as f64, || {
         format!(
-            "three nodes through Dragonfly made the registry send {fleet_bytes} bytes, one node alone {lone_bytes}"
+            "three nodes through Dragonfly made the registry send {fleet_bytes} bytes, one node alone {lone_bytes}; \
+             the registry's log by client: {by_client}; hosts the workers gave up on: {gave_up:#?}"
         )
     });
     let dir = t.join("fleet");

@@ -386,3 +386,41 @@ fn small_blobs_go_around_a_bulk_only_mirror() {
         "the bulk_only mirror was asked for small blobs: {wrong:?}"
     );
 }
+
+/// A mirror that fails one request (a node's dfdaemon whose P2P task
+/// failed answers 500) stays the first host: that request goes on to the
+/// registry, the next ones go to the mirror again. Only a host that cannot
+/// be reached, or fails several requests in a row, is tried last for a
+/// while. Here the mirror fails every third range read: the registry is
+/// asked directly only for those, and every file equals the source. Fails
+/// if one 500 sends the rest of the image around the mirror.
+#[test]
+fn one_failed_request_does_not_send_the_rest_around_a_mirror() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-one-500");
+    let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "500,ok,ok", &[]);
+    // The registry behind a plain proxy of its own, to count what it is asked.
+    let direct = FaultProxy::start(t.path(), "direct", 0, reg.port, "none", &[]);
+    let toml = format!(
+        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  \
+         capabilities = [\"pull\"]\n",
+        direct.port, proxy.port
+    );
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    mount_and_compare(&t, "one-500", &reg.reference(IMAGE), &dir);
+    let ranges = |p: &FaultProxy| p.stats()["eligible"].as_u64().unwrap_or(0);
+    let faulted = proxy.stats()["faulted"].as_u64().unwrap_or(0);
+    let (mirrored, direct) = (ranges(&proxy), ranges(&direct));
+    eprintln!("the mirror: {mirrored} range reads, {faulted} answered 500; the registry: {direct} range reads");
+    assert!(faulted >= 1, "the mirror failed no request");
+    assert!(
+        mirrored > faulted * 2,
+        "after a 500 the mirror was asked for {mirrored} ranges in all ({faulted} failed): lamina went around it"
+    );
+    assert!(
+        direct <= faulted,
+        "the registry was asked directly for {direct} ranges, the mirror failed {faulted}"
+    );
+}

@@ -264,18 +264,23 @@ impl RegistryClient {
             let endpoint = &self.endpoints[i];
             let retries = if k == last { MAX_RETRIES } else { 0 };
             match attempt(endpoint, retries) {
-                Ok(v) => return Ok((v, i)),
+                Ok(v) => {
+                    endpoint.note_success();
+                    return Ok((v, i));
+                }
                 Err(e) => {
                     let next = tried.peek().map(|&(_, n)| &self.endpoints[n].host);
-                    if host_failure(&e) && self.endpoints.len() > 1 && endpoint.mark_unhealthy() {
+                    let others = next.map_or("the other hosts", String::as_str);
+                    if self.endpoints.len() > 1 && endpoint.note_failure(&e) {
                         // Once per outage: a mirror that is down (a node's
                         // dfdaemon, say) is tried last until it recovers.
                         tracing::warn!(
                             host = %endpoint.host,
-                            "{e}; {} asked first for the next {} s",
-                            next.map_or("the other hosts", String::as_str),
+                            "{e}; {others} asked first for the next {} s",
                             endpoint::UNHEALTHY_FOR.as_secs()
                         );
+                    } else if next.is_some() && host_failure(&e) {
+                        tracing::info!(host = %endpoint.host, "{e}; this request goes to {others}");
                     }
                     if next.is_none() {
                         return Err(e);
@@ -934,6 +939,43 @@ mod tests {
         let err = c.candidates(Op::Push).expect_err("no push host");
         assert!(err.to_string().contains("may push"), "{err}");
         assert!(c.candidates(Op::Pull).is_ok());
+    }
+
+    #[test]
+    fn a_host_that_answers_is_demoted_only_after_failures_in_a_row() {
+        let (_dir, c) = client_with("127.0.0.1:5000", MIRRORS);
+        let status = |status| OciError::HttpStatus {
+            method: "GET".into(),
+            url: "http://127.0.0.1:1/v2/app/blobs/sha256:ab".into(),
+            status,
+            body: String::new(),
+        };
+        let mirror = &c.endpoints[0];
+        // A missing object says nothing about the host.
+        for _ in 0..endpoint::FAILURES_BEFORE_UNHEALTHY {
+            assert!(!mirror.note_failure(&status(404)));
+        }
+        assert!(mirror.healthy());
+        // Failed requests with a success between them: still first.
+        for _ in 1..endpoint::FAILURES_BEFORE_UNHEALTHY {
+            assert!(!mirror.note_failure(&status(500)));
+        }
+        mirror.note_success();
+        for _ in 1..endpoint::FAILURES_BEFORE_UNHEALTHY {
+            assert!(!mirror.note_failure(&status(500)));
+        }
+        assert!(mirror.healthy());
+        // The last one in a row demotes it, and says so once.
+        assert!(mirror.note_failure(&status(503)));
+        assert!(!mirror.healthy());
+        assert!(!mirror.note_failure(&status(500)));
+        // A host that cannot be reached is demoted at once.
+        let tls = OciError::Tls {
+            url: "https://mirror.example/v2/".into(),
+            detail: "unknown issuer".into(),
+        };
+        assert!(c.endpoints[1].note_failure(&tls));
+        assert!(!c.endpoints[1].healthy());
     }
 
     #[test]

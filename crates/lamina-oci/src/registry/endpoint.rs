@@ -5,6 +5,7 @@
 //! it failed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,12 @@ use crate::source::SourceOptions;
 
 /// How long a host that failed is tried only after the healthy ones.
 pub(crate) const UNHEALTHY_FOR: Duration = Duration::from_secs(30);
+
+/// Requests a reachable host may fail in a row before it is tried last.
+/// One failed request (a dfdaemon whose P2P task failed answers 500) moves
+/// only that request on; demoting the host for it would send every later
+/// read of the image around the mirror.
+pub(crate) const FAILURES_BEFORE_UNHEALTHY: u32 = 3;
 
 #[derive(Debug, Default)]
 struct AuthState {
@@ -53,6 +60,8 @@ pub(crate) struct Endpoint {
     credentials: Option<Credentials>,
     auth: Mutex<AuthState>,
     unhealthy_until: Mutex<Option<Instant>>,
+    /// Host failures since its last answer that was used.
+    failures_in_row: AtomicU32,
 }
 
 impl Endpoint {
@@ -110,6 +119,7 @@ impl Endpoint {
             credentials: load_credentials(&entry.host, &CredEnv::from_process(opts))?,
             auth: Mutex::new(AuthState::default()),
             unhealthy_until: Mutex::new(None),
+            failures_in_row: AtomicU32::new(0),
         })
     }
 
@@ -138,6 +148,23 @@ impl Endpoint {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// A request to this host failed with `err`. Returns whether the host
+    /// is now tried last for a while, having been healthy until now (the
+    /// caller says so once): at once if it cannot be reached, after
+    /// [`FAILURES_BEFORE_UNHEALTHY`] failures in a row if it answers.
+    pub(crate) fn note_failure(&self, err: &OciError) -> bool {
+        if !host_failure(err) {
+            return false;
+        }
+        let in_row = self.failures_in_row.fetch_add(1, Ordering::Relaxed) + 1;
+        (unreachable(err) || in_row >= FAILURES_BEFORE_UNHEALTHY) && self.mark_unhealthy()
+    }
+
+    /// A request to this host succeeded.
+    pub(crate) fn note_success(&self) {
+        self.failures_in_row.store(0, Ordering::Relaxed);
     }
 
     /// Try the other hosts first for a while.
@@ -347,9 +374,19 @@ impl Endpoint {
     }
 }
 
+/// Whether an error says the host could not be reached or did not answer
+/// in time (refused, reset before an answer, timed out, bad certificate).
+fn unreachable(err: &OciError) -> bool {
+    match err {
+        OciError::Http { source, .. } => source.is_connect() || source.is_timeout(),
+        OciError::Tls { .. } => true,
+        _ => false,
+    }
+}
+
 /// Whether an error says the host itself is in trouble (unreachable, slow,
 /// failing, overloaded or answering nonsense), not just that it lacks one
-/// object: such a host is tried last for a while.
+/// object: such a host may be tried last for a while.
 pub(crate) fn host_failure(err: &OciError) -> bool {
     match err {
         OciError::HttpStatus { status, .. } => *status >= 500 || *status == 429,
