@@ -14,10 +14,10 @@ import tempfile
 from pathlib import Path
 
 from .harness import report
-from .harness.core import Results, log
+from .harness.core import ROOT, Results, log
 from .harness.lamina import Lamina, binary
 
-BENCHMARKS = ("fleet",)
+BENCHMARKS = ("fleet", "image")
 
 
 def main():
@@ -46,7 +46,11 @@ def main():
         raise SystemExit(f"bench {args.name}: missing {', '.join(missing)} (run scripts/setup.sh)")
     work = Path(args.work or tempfile.mkdtemp(prefix=f"lamina-bench-{args.name}."))
     work.mkdir(parents=True, exist_ok=True)
-    lamina = Lamina(binary())
+    # A private copy: a rebuild of target/ while the benchmark runs must not
+    # change the binary under test.
+    built = binary()
+    os.environ["LAMINA_BENCH_BINARY_SOURCE"] = str(built)  # its build time goes in the results
+    lamina = Lamina(shutil.copy2(built, work / "lamina"))
     options = dict(kv.split("=", 1) for kv in args.set)
     results = Results(args.name, {"lamina": str(lamina.path), "options": options}, quick=args.quick)
     out = Path(args.out or bench["out"])
@@ -55,7 +59,11 @@ def main():
     finally:
         lamina.umount_all()
     results.write(out)
-    print(bench["render"](results.doc, args.plot or bench["plot"]))
+    tables = bench["render"](results.doc, args.plot or bench["plot"])
+    print(tables)
+    if "doc" in bench and not args.out:  # the doc carries this results file's tables
+        report.replace_between(ROOT / bench["doc"], report.TABLES_BEGIN, report.TABLES_END, tables)
+        log(f"tables updated in {bench['doc']}")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     log(f"done in {results.doc['seconds']} s")

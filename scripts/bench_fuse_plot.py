@@ -9,6 +9,7 @@ and after ls -lR per image size (when measured). Needs python3-matplotlib.
 """
 
 import json
+import os
 import sys
 
 import matplotlib
@@ -16,20 +17,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-WARM = "#66a61e"
-COLD = "#1f78b4"
-LAMINA = "#d95f02"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
+from bench.harness.report import COLD, LAMINA, WARM, label_bars as harness_label_bars  # noqa: E402
+
 SHORT = {"erofs": "kernel\nEROFS\n(ref)", "lamina-kernel": "lamina\nkernel", "lamina-fuse": "lamina\nFUSE",
          "lamina-fuse-fresh": "lamina\nFUSE\nnew\ndaemon", "squashfuse": "squash-\nfuse", "ext4": "ext4", "nydusd": "nydusd"}
 
 
 def label_bars(ax, bars, fmt):
-    top = max((b.get_height() for b in bars if b.get_height() == b.get_height()), default=0)
-    for b in bars:
-        if b.get_height() != b.get_height():  # nan: not measured
-            continue
-        ax.text(b.get_x() + b.get_width() / 2, b.get_height() + top * 0.015, fmt.format(b.get_height()),
-                ha="center", va="bottom", fontsize=7)
+    harness_label_bars(ax, bars, fmt, fontsize=7)
 
 
 def pair_panel(ax, names, a, b, la, lb, ylabel, title, fmt):

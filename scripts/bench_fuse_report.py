@@ -10,8 +10,8 @@ Usage: bench_fuse_report.py RESULTS.json                 (prints the tables)
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_report import BEGIN, END, report_main  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
+from bench.harness.report import TABLES_BEGIN as BEGIN, TABLES_END as END, report_main  # noqa: E402
 
 FS_LABEL = {
     "erofs": "kernel EROFS (mkfs.erofs, file-backed; reference)",

@@ -39,7 +39,7 @@ Parts, in this order (docs/bench-fuse.md has the method):
    after `ls -lR` and 2 s later (at rest).
 
 Timed commands are single subprocesses timed with perf_counter around them;
-runs are interleaved round-robin with a rotating order (bench_run.py).
+runs are interleaved round-robin with a rotating order (bench/harness/measure.py).
 Mounts made here are unmounted on exit.
 """
 
@@ -53,11 +53,13 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_run import (  # noqa: E402
-    LAMINA_MOUNTS, MOUNTED, cpu_stat, dir_bytes, drop_caches, file_size, image_info, is_mountpoint,
-    log, machine_info, own_cpu, round_robin, run, summary, sys_mount, sys_umount, timed,
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
+from bench.harness.core import log  # noqa: E402
+from bench.harness.measure import (  # noqa: E402
+    LAMINA_MOUNTS, MOUNTED, count_entries, cpu_stat, dir_bytes, drop_caches, file_size, image_info,
+    is_mountpoint, machine_info, own_cpu, round_robin, summary, sys_mount, sys_umount,
 )
+from bench.harness.measure import run_quiet as run, timed_cmd as timed  # noqa: E402
 
 # name -> (comparison, bound): "<=" for times, ratios and sizes, ">=" for throughput ratios.
 TARGETS = {
@@ -172,13 +174,6 @@ def fuse_logs(cache):
             with open(p, errors="replace") as f:
                 text += f.read()
     return text
-
-
-def count_entries(path):
-    n = 1
-    for _root, dirs, files in os.walk(path):
-        n += len(dirs) + len(files)
-    return n
 
 
 def deepest_files(rootfs, n):

@@ -12,7 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fuse_report import kib_mib, met_cell, spread_ms  # noqa: E402
-from bench_report import BEGIN, END, report_main  # noqa: E402
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
+from bench.harness.report import TABLES_BEGIN as BEGIN, TABLES_END as END, report_main  # noqa: E402
 
 FS_LABEL = {
     "erofs": "kernel EROFS (mkfs.erofs image, file-backed; reference)",

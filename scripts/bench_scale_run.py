@@ -47,11 +47,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fuse_run import (  # noqa: E402
     ANOMALIES, count_entries, lamina_mount, lamina_umount_wait, procs_of, time_v,
 )
-from bench_run import (  # noqa: E402
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
+from bench.harness.core import log  # noqa: E402
+from bench.harness.measure import (  # noqa: E402
     LAMINA_MOUNTS, MOUNTED, child_cpu, cpu_stat, dir_bytes, drop_caches, fault_proxy, file_size, image_info,
-    is_mountpoint, lamina_status, log, machine_info, own_cpu, round_robin, run, summary, sys_mount,
-    sys_umount, timed,
+    is_mountpoint, lamina_status, machine_info, own_cpu, round_robin, summary, sys_mount, sys_umount,
 )
+from bench.harness.measure import run_quiet as run, timed_cmd as timed  # noqa: E402
 
 MODES = ("kernel", "fuse")
 # name -> (comparison, bound). The issue sets them at 1M files; they are evaluated at every size.

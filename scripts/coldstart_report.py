@@ -10,8 +10,8 @@ Usage: coldstart_report.py RESULTS.json                 (prints the tables)
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_report import report_main  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
+from bench.harness.report import report_main  # noqa: E402
 
 BEGIN = "<!-- coldstart-tables:begin -->"
 END = "<!-- coldstart-tables:end -->"

@@ -76,8 +76,8 @@ import tarfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_run import cpu_stat, drop_caches, fault_proxy, machine_info, own_cpu  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
+from bench.harness.measure import cpu_stat, drop_caches, fault_proxy, machine_info, own_cpu  # noqa: E402
 
 # containerd / lamina-boot time ratios wanted for python3, per link
 TIME_TARGETS = {"python": {"1gbit": 18.0, "100mbit": 24.0, "10mbit": 32.0}}

@@ -34,8 +34,8 @@ step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "bench/: the harness imports and renders its committed results"
-for results in docs/fleet-results.json; do
-    /usr/bin/python3 -m bench "$(basename "$results" -results.json)" --report "$results" >/dev/null
+for pair in fleet:docs/fleet-results.json image:docs/bench-results.json; do
+    /usr/bin/python3 -m bench "${pair%%:*}" --report "${pair#*:}" >/dev/null
 done
 
 step "cargo test --workspace --no-fail-fast -- --test-threads=1"

@@ -49,3 +49,50 @@ def pyplot():
     except ImportError:
         log(f"no plot: {sys.executable} has no matplotlib (run /usr/bin/python3 after scripts/setup.sh)")
         return None
+
+
+def replace_between(doc_path, begin, end, text):
+    """Replaces the part of the Markdown file `doc_path` between the markers
+    `begin` and `end` with `text` (the tables a results file renders)."""
+    doc = Path(doc_path).read_text()
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{doc_path}: markers {begin} / {end} not found")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    Path(doc_path).write_text(head + begin + "\n" + text + end + tail)
+
+
+def report_main(render, begin, end, usage):
+    """`REPORT results.json` prints the tables; `REPORT results.json --update
+    DOC` replaces the part of DOC between the `begin` and `end` markers with
+    them (the older drivers under scripts/)."""
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--update"):
+        sys.exit(usage)
+    text = render(load(args[0]))
+    if len(args) == 1:
+        sys.stdout.write(text)
+        return
+    replace_between(args[2], begin, end, text)
+
+
+# The markers of the tables a doc carries from its results file.
+TABLES_BEGIN = "<!-- bench-tables:begin -->"
+TABLES_END = "<!-- bench-tables:end -->"
+
+
+# Plot colours: lamina, the others; warm and cold runs.
+LAMINA = "#d95f02"
+OTHER = "#7570b3"
+WARM = "#66a61e"
+COLD = "#1f78b4"
+
+
+def label_bars(ax, bars, fmt, fontsize=8):
+    """Writes each bar's value above it (bars that are nan: not measured)."""
+    top = max((b.get_height() for b in bars if b.get_height() == b.get_height()), default=0)
+    for b in bars:
+        if b.get_height() != b.get_height():
+            continue
+        ax.text(b.get_x() + b.get_width() / 2, b.get_height() + top * 0.015, fmt.format(b.get_height()),
+                ha="center", va="bottom", fontsize=fontsize)
