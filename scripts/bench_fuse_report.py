@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
-from bench.harness.report import TABLES_BEGIN as BEGIN, TABLES_END as END, report_main  # noqa: E402
+from bench.harness.report import TABLES_BEGIN as BEGIN, TABLES_END as END, notes, report_main  # noqa: E402
 
 FS_LABEL = {
     "erofs": "kernel EROFS (mkfs.erofs, file-backed; reference)",
@@ -182,14 +182,7 @@ def render(r):
             f"{x['files']:,} files {'yes' if x['fuse_log_lookup_table'] else 'no'}" for x in b["by_files"].values())
           + f"; Debian image {'yes' if r['debian'].get('fuse_log_lookup_table') else 'no'}.")
 
-    an = r.get("anomalies") or []
-    w("")
-    w("Anomalies during the run (worked around, see `anomalies` in the JSON): "
-      + ("; ".join(an) if an else "none") + ".")
-    nm = r.get("not_measured") or {}
-    if nm:
-        w("")
-        w("Not measured: " + "; ".join(f"{k} ({v})" for k, v in nm.items()) + ".")
+    out += notes(r)
     return "\n".join(out) + "\n"
 
 

@@ -56,8 +56,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
 from bench.harness.core import log  # noqa: E402
 from bench.harness.measure import (  # noqa: E402
-    LAMINA_MOUNTS, MOUNTED, count_entries, cpu_stat, dir_bytes, drop_caches, file_size, image_info,
-    is_mountpoint, machine_info, own_cpu, round_robin, summary, sys_mount, sys_umount,
+    LAMINA_MOUNTS, MOUNTED, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches, file_size, finish,
+    image_info, is_mountpoint, judged, machine_info, own_cpu, round_robin, summary, sys_mount, sys_umount,
 )
 from bench.harness.measure import run_quiet as run, timed_cmd as timed  # noqa: E402
 
@@ -651,41 +651,13 @@ def main():
                                                                 small["rss_after_mount"]["RssAnon_kib"])
             v["big_fuse_rss_anon_after_ls_vs_small"] = ratio(big["rss_after_ls"]["RssAnon_kib"],
                                                              small["rss_after_ls"]["RssAnon_kib"])
-    ratios = {}
-    for k, val in v.items():
-        op, bound = TARGETS.get(k.split("@")[0], (None, None))
-        met = None
-        if op and val is not None:
-            met = val <= bound if op == "<=" else val >= bound
-        ratios[k] = {"value": val, "target": f"{op} {bound}" if op else None, "met": met}
-    result["ratios"] = ratios
+    result["ratios"] = judged(v, TARGETS)
     result["anomalies"] = ANOMALIES
-
-    with open("/proc/loadavg") as f:
-        result["machine"]["loadavg_at_end"] = f.read().split()[:3]
-    result["bench_seconds"] = round(time.perf_counter() - t_start, 1)
-    busy1, _steal1 = cpu_stat()
-    result["machine"]["other_cpu_s_during_bench"] = round(busy1 - busy0 - (own_cpu() - own0), 1)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    for k, x in ratios.items():
-        met = "" if x["met"] is None else ("met" if x["met"] else "NOT MET")
-        print(f"  {k:<48}{x['value']:10.3f}  {x['target'] or '':>9}  {met}")
-    print(f"bench took {result['bench_seconds']} s")
+    finish(result, a.out, t_start, busy0, own0)
 
 
 if __name__ == "__main__":
     try:
         main()
     finally:
-        for t in reversed(list(SQUASHFUSE_MOUNTS)):
-            sys_umount(t)
-        for entry in reversed(list(LAMINA_MOUNTS)):
-            try:
-                lamina_umount_wait(*entry)
-            except Exception as e:  # noqa: BLE001 - cleanup goes on
-                log(f"warning: {e}")
-        for t in reversed(list(MOUNTED)):
-            if is_mountpoint(t):
-                sys_umount(t)
+        cleanup(lamina_umount_wait, SQUASHFUSE_MOUNTS)

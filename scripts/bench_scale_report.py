@@ -13,7 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fuse_report import kib_mib, met_cell, spread_ms  # noqa: E402
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
-from bench.harness.report import TABLES_BEGIN as BEGIN, TABLES_END as END, report_main  # noqa: E402
+from bench.harness.report import TABLES_BEGIN as BEGIN, TABLES_END as END, notes, report_main  # noqa: E402
 
 FS_LABEL = {
     "erofs": "kernel EROFS (mkfs.erofs image, file-backed; reference)",
@@ -182,13 +182,7 @@ def render(r):
             w(f"| {v} | `{x['convert_flags']}` | {st.get('packs', 0):,} / {st.get('packed_files', 0):,} | "
               f"{x['fetched_bytes']:,.0f} ({rb}) | {x['requests']:g} ({rq}) | {x['miss_requests']:g} |")
 
-    an = r.get("anomalies") or []
-    w("")
-    w("Anomalies during the run (see `anomalies` in the JSON): " + ("; ".join(an) if an else "none") + ".")
-    nm = r.get("not_measured") or {}
-    if nm:
-        w("")
-        w("Not measured: " + "; ".join(f"{k} ({v})" for k, v in nm.items()) + ".")
+    out += notes(r)
     return "\n".join(out) + "\n"
 
 

@@ -50,8 +50,9 @@ from bench_fuse_run import (  # noqa: E402
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
 from bench.harness.core import log  # noqa: E402
 from bench.harness.measure import (  # noqa: E402
-    LAMINA_MOUNTS, MOUNTED, child_cpu, cpu_stat, dir_bytes, drop_caches, fault_proxy, file_size, image_info,
-    is_mountpoint, lamina_status, machine_info, own_cpu, round_robin, summary, sys_mount, sys_umount,
+    LAMINA_MOUNTS, MOUNTED, child_cpu, cleanup, cpu_stat, dir_bytes, drop_caches, fault_proxy, file_size,
+    finish, image_info, is_mountpoint, judged, lamina_status, machine_info, own_cpu, round_robin, summary,
+    sys_mount, sys_umount,
 )
 from bench.harness.measure import run_quiet as run, timed_cmd as timed  # noqa: E402
 
@@ -516,38 +517,13 @@ def main():
         pv = result["python"]["variants"]
         v["python_packed_vs_unpacked_bytes"] = pv["packed"]["fetched_bytes"] / pv["unpacked"]["fetched_bytes"]
         v["python_packed_vs_unpacked_requests"] = pv["packed"]["requests"] / pv["unpacked"]["requests"]
-    ratios = {}
-    for k, val in v.items():
-        op, bound = TARGETS.get(k.split("@")[0], (None, None))
-        met = None
-        if op and val is not None:
-            met = {"<=": val <= bound, "<": val < bound, ">=": val >= bound}[op]
-        ratios[k] = {"value": val, "target": f"{op} {bound}" if op else None, "met": met}
-    result["ratios"] = ratios
+    result["ratios"] = judged(v, TARGETS)
     result["anomalies"] = ANOMALIES
-    with open("/proc/loadavg") as f:
-        result["machine"]["loadavg_at_end"] = f.read().split()[:3]
-    result["bench_seconds"] = round(time.perf_counter() - t_start, 1)
-    busy1, _ = cpu_stat()
-    result["machine"]["other_cpu_s_during_bench"] = round(busy1 - busy0 - (own_cpu() - own0), 1)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    for k, x in ratios.items():
-        met = "" if x["met"] is None else ("met" if x["met"] else "NOT MET")
-        print(f"  {k:<60}{x['value']:12.3f}  {x['target'] or '':>9}  {met}")
-    print(f"bench took {result['bench_seconds']} s")
+    finish(result, a.out, t_start, busy0, own0, width=60)
 
 
 if __name__ == "__main__":
     try:
         main()
     finally:
-        for entry in reversed(list(LAMINA_MOUNTS)):
-            try:
-                lamina_umount_wait(*entry)
-            except Exception as e:  # noqa: BLE001 - cleanup goes on
-                log(f"warning: {e}")
-        for t in reversed(list(MOUNTED)):
-            if is_mountpoint(t):
-                sys_umount(t)
+        cleanup(lamina_umount_wait)

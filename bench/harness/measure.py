@@ -307,3 +307,49 @@ def unmount_all():
     for t in reversed(list(MOUNTED)):
         if is_mountpoint(t):
             sys_umount(t)
+
+
+def judged(values, targets):
+    """{name: {value, target, met}} for a benchmark's figures: `targets`
+    maps a figure's name (before any `@size`) to (op, bound)."""
+    out = {}
+    for name, value in values.items():
+        op, bound = targets.get(name.split("@")[0], (None, None))
+        met = None
+        if op and value is not None:
+            met = {"<=": value <= bound, "<": value < bound, ">=": value >= bound}[op]
+        out[name] = {"value": value, "target": f"{op} {bound}" if op else None, "met": met}
+    return out
+
+
+def finish(result, path, started, busy0, own0, width=48):
+    """Writes `result` to `path` with the bench's duration and what else the
+    machine did meanwhile, and prints its judged figures."""
+    with open("/proc/loadavg") as f:
+        result["machine"]["loadavg_at_end"] = f.read().split()[:3]
+    result["bench_seconds"] = round(time.perf_counter() - started, 1)
+    busy1, _ = cpu_stat()
+    result["machine"]["other_cpu_s_during_bench"] = round(busy1 - busy0 - (own_cpu() - own0), 1)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    for name, x in result.get("ratios", {}).items():
+        met = "" if x["met"] is None else ("met" if x["met"] else "NOT MET")
+        print(f"  {name:<{width}}{x['value']:12.3f}  {x['target'] or '':>9}  {met}")
+    print(f"bench took {result['bench_seconds']} s")
+
+
+def cleanup(umount_lamina, fuse_mounts=()):
+    """At exit: other FUSE mounts (squashfuse), lamina's mounts through
+    `umount_lamina(*entry)`, then kernel mounts; each failure is logged and
+    the rest still goes."""
+    for t in reversed(list(fuse_mounts)):
+        sys_umount(t)
+    for entry in reversed(list(LAMINA_MOUNTS)):
+        try:
+            umount_lamina(*entry)
+        except Exception as e:  # noqa: BLE001 - cleanup goes on
+            log(f"warning: {e}")
+    for t in reversed(list(MOUNTED)):
+        if is_mountpoint(t):
+            sys_umount(t)

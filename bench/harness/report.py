@@ -96,3 +96,15 @@ def label_bars(ax, bars, fmt, fontsize=8):
             continue
         ax.text(b.get_x() + b.get_width() / 2, b.get_height() + top * 0.015, fmt.format(b.get_height()),
                 ha="center", va="bottom", fontsize=fontsize)
+
+
+def notes(r):
+    """The closing lines of a results file's tables: what went wrong and was
+    worked around (`anomalies`), and what was not measured and why."""
+    anomalies = r.get("anomalies") or []
+    lines = ["", "Anomalies during the run (worked around, see `anomalies` in the JSON): "
+             + ("; ".join(anomalies) if anomalies else "none") + "."]
+    missing = r.get("not_measured") or {}
+    if missing:
+        lines += ["", "Not measured: " + "; ".join(f"{k} ({v})" for k, v in missing.items()) + "."]
+    return lines
