@@ -61,9 +61,9 @@ def main():
     results.write(out)
     tables = bench["render"](results.doc, args.plot or bench["plot"])
     print(tables)
-    if "doc" in bench and not args.out:  # the doc carries this results file's tables
-        report.replace_between(ROOT / bench["doc"], report.TABLES_BEGIN, report.TABLES_END, tables)
-        log(f"tables updated in {bench['doc']}")
+    if "tables_in" in bench and not args.out:  # the doc that carries this results file's tables
+        report.replace_between(ROOT / bench["tables_in"], report.TABLES_BEGIN, report.TABLES_END, tables)
+        log(f"tables updated in {bench['tables_in']}")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     log(f"done in {results.doc['seconds']} s")

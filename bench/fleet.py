@@ -224,6 +224,10 @@ def summarize(results, image_bytes, changed_bytes, big):
         results.target(f"{variant}: read-all egress, {big} nodes vs the image", total / image_bytes, "<=", 1.2)
         slowest = max(p2p["start_seconds"]) / lone["start_seconds"][0]
         results.target(f"{variant}: slowest start, {big} nodes vs 1 alone", slowest, "<=", 1.5)
+        # Not a target: how the route scales, against a lone node on it.
+        alone = by.get((variant, 1))
+        if alone:
+            summary.setdefault("scaling", {})[variant] = max(p2p["start_seconds"]) / alone["start_seconds"][0]
     update = next((r for r in results.doc["runs"] if r["kind"] == "update"), None)
     if update and changed_bytes:
         results.target("update: registry bytes vs changed chunks", update["after_v1"]["egress_bytes"] / changed_bytes,
@@ -234,6 +238,8 @@ def render(doc, plot_path):
     """The tables docs/dragonfly.md carries, and the plot."""
     rows = []
     for key, s in doc["summary"].items():
+        if key == "scaling":
+            continue
         variant, n = key.split("/")
         rows.append((variant, n, s["start_egress_bytes"] / 1e6, s["start"]["median"], s["start"]["max"],
                      s["read_all_egress_bytes"] / 1e6, s["read_all"]["median"], s["read_all"]["max"]))
@@ -250,10 +256,14 @@ def render(doc, plot_path):
                                update[k]["start_seconds"], update[k]["read_all_seconds"])
                               for k in ("fresh", "after_v1")])]
     out += ["", report.targets(doc)]
+    scaling = doc["summary"].get("scaling", {})
+    if scaling:
+        out += ["", "Slowest start of the largest fleet against a lone node on the same route (not a target): "
+                + ", ".join(f"{v} {x:.2f}x" for v, x in scaling.items()) + "."]
     plt = report.pyplot()
     if plt and doc["summary"]:
         fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-        for variant in sorted({k.split("/")[0] for k in doc["summary"]}):
+        for variant in sorted({k.split("/")[0] for k in doc["summary"] if k != "scaling"}):
             keys = sorted((k for k in doc["summary"] if k.startswith(variant + "/")), key=lambda k: int(k[len(variant) + 1:]))
             ns = [int(k.split("/")[1]) for k in keys]
             s = [doc["summary"][k] for k in keys]

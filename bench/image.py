@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .harness import measure as m
 from .harness import report
-from .harness.core import Results, log, run, stats
+from .harness.core import ROOT, Results, log, run, stats
 from .harness.registry import DEBIAN_LAYOUT, DEBIAN_TAG, debian_layout
 
 # ratio name -> bound (lamina / reference, lower is better)
@@ -446,9 +446,9 @@ def warm_cold_panel(ax, s, workload, short, title):
 
 
 BENCHMARK = {
-    "out": "docs/bench-results.json",
-    "plot": "docs/bench.png",
-    "doc": "docs/benchmarks.md",
+    "out": ROOT / "docs" / "bench-results.json",
+    "plot": ROOT / "docs" / "bench.png",
+    "tables_in": "docs/benchmarks.md",
     "needs": ["umoci", "mksquashfs", "mkfs.erofs", "findmnt"],
     "measure": measure,
     "derive": derive,
