@@ -56,9 +56,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
 from bench.harness.core import log  # noqa: E402
 from bench.harness.measure import (  # noqa: E402
-    LAMINA_MOUNTS, MOUNTED, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches, file_size, finish,
-    image_info, is_mountpoint, judged, machine_info, own_cpu, round_robin, summary, sys_mount, sys_umount,
+    ANOMALIES, LAMINA_MOUNTS, MOUNTED, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches, file_size,
+    finish, image_info, is_mountpoint, judged, lamina_mount, machine_info, own_cpu, procs_of, round_robin,
+    rss, summary, sys_mount, sys_umount, time_v,
 )
+from bench.harness.measure import lamina_umount as lamina_umount_wait  # noqa: E402
 from bench.harness.measure import run_quiet as run, timed_cmd as timed  # noqa: E402
 
 # name -> (comparison, bound): "<=" for times, ratios and sizes, ">=" for throughput ratios.
@@ -83,15 +85,6 @@ TARGETS = {
 SQUASHFUSE_MOUNTS = []  # fuse mounts of squashfuse/nydusd, unmounted with umount(2)
 
 
-def lamina_mount(lamina, ref, mnt, cache, mode, lazy=False):
-    """`lamina mount --json`; returns (wall s, cpu s, its JSON)."""
-    cmd = [lamina, "mount", "--json", "--mode", mode] + (["--lazy"] if lazy else []) + [
-        ref, mnt, "--cache-dir", cache]
-    dt, cpu, out = timed(cmd, capture=True)
-    LAMINA_MOUNTS.append((lamina, mnt, cache))
-    return dt, cpu, json.loads(out)
-
-
 def daemon_pids(cache, what="internal-fuse"):
     """Pids of lamina daemons (`lamina internal-fuse CACHE/...`) serving from `cache`."""
     needle = f"{what}\0{os.path.realpath(cache)}/".encode()
@@ -105,63 +98,6 @@ def daemon_pids(cache, what="internal-fuse"):
             except OSError:
                 pass
     return pids
-
-
-def procs_of(cache):
-    """{pid: {"cmd": argv[1], VmRSS/RssAnon/RssFile KiB}} of every process whose argv names `cache`."""
-    needle = os.path.realpath(cache).encode()
-    out = {}
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            with open(f"/proc/{e}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            if not any(needle in a for a in argv):
-                continue
-            out[int(e)] = dict(cmd=argv[1].decode(errors="replace") if len(argv) > 1 else "", **rss(int(e)))
-        except OSError:
-            pass
-    return out
-
-
-def rss(pid):
-    """VmRSS, RssAnon, RssFile, VmHWM of `pid` in KiB."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k = line.split(":", 1)[0]
-            if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-                out[k + "_kib"] = int(line.split()[1])
-    return out
-
-
-ANOMALIES = []  # things that went wrong during the bench and were worked around (kept in the results)
-
-
-def wait_gone(pids, timeout=30):
-    t0 = time.monotonic()
-    while pids and time.monotonic() - t0 < timeout:
-        pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
-        time.sleep(0.02)
-    if pids:
-        log(f"warning: processes {pids} still running {timeout} s after lamina umount")
-        ANOMALIES.append(f"lamina daemon(s) {pids} still running {timeout} s after lamina umount")
-    elif time.monotonic() - t0 > 2:
-        ANOMALIES.append(f"lamina daemon(s) took {time.monotonic() - t0:.1f} s to exit after lamina umount")
-
-
-def lamina_umount_wait(lamina, mnt, cache):
-    """`lamina umount`, then wait until every daemon of `cache` has exited."""
-    pids = list(procs_of(cache))
-    if is_mountpoint(mnt):
-        p = subprocess.run([lamina, "umount", mnt, "--cache-dir", cache], capture_output=True, text=True)
-        if p.returncode != 0:
-            log(f"warning: lamina umount {mnt}: {p.stderr.strip()}")
-            sys_umount(mnt)
-    if (lamina, mnt, cache) in LAMINA_MOUNTS:
-        LAMINA_MOUNTS.remove((lamina, mnt, cache))
-    wait_gone(pids)
 
 
 def fuse_logs(cache):
@@ -249,17 +185,6 @@ def wait_for_objects(cache, n, timeout=120):
         last = s
         time.sleep(1)
     raise RuntimeError(f"no {n} passthrough objects under {cache} after {timeout} s: {last}")
-
-
-def time_v(cmd):
-    """Run cmd under /usr/bin/time -v; returns (wall s, stdout, peak RSS KiB)."""
-    t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
-    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
-    return dt, p.stdout, int(m.group(1)) if m else None
 
 
 def med(xs):

@@ -44,16 +44,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fuse_run import (  # noqa: E402
-    ANOMALIES, count_entries, lamina_mount, lamina_umount_wait, procs_of, time_v,
-)
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
 from bench.harness.core import log  # noqa: E402
 from bench.harness.measure import (  # noqa: E402
-    LAMINA_MOUNTS, MOUNTED, child_cpu, cleanup, cpu_stat, dir_bytes, drop_caches, fault_proxy, file_size,
-    finish, image_info, is_mountpoint, judged, lamina_status, machine_info, own_cpu, round_robin, summary,
-    sys_mount, sys_umount,
+    ANOMALIES, LAMINA_MOUNTS, MOUNTED, child_cpu, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches,
+    fault_proxy, file_size, finish, image_info, is_mountpoint, judged, lamina_mount, lamina_status,
+    machine_info, own_cpu, procs_of, round_robin, summary, sys_mount, sys_umount, time_v,
 )
+from bench.harness.measure import lamina_umount as lamina_umount_wait  # noqa: E402
 from bench.harness.measure import run_quiet as run, timed_cmd as timed  # noqa: E402
 
 MODES = ("kernel", "fuse")

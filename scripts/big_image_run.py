@@ -51,8 +51,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)  # bench.harness
 from mkimage import MT_CONFIG, MT_INDEX, MT_MANIFEST, MT_TAR, REF_NAME, T0, dumps  # noqa: E402
-from bench.harness.measure import drop_caches, machine_info  # noqa: E402
-from bench_fuse_run import procs_of  # noqa: E402
+from bench.harness.measure import drop_caches, machine_info, procs_of  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import statistics
@@ -60,24 +61,84 @@ def lamina_status(lamina, cache, mountpoint):
     return {}
 
 
-def lamina_umount(lamina, mountpoint, cache=None):
-    """`lamina umount` (stops a lazy mount's daemon) and wait until that daemon is gone."""
-    if not is_mountpoint(mountpoint):
-        return
-    pids = []
-    if cache:
-        st = lamina_status(lamina, cache, mountpoint)
-        pids = [p for p in (st.get("holder_pid"), st.get("pid")) if p]
-    p = subprocess.run([lamina, "umount", mountpoint], capture_output=True, text=True)
-    if p.returncode != 0:
-        log(f"warning: lamina umount {mountpoint}: {p.stderr.strip()}")
-        sys_umount(mountpoint)
-    deadline = time.monotonic() + 10
-    while pids and time.monotonic() < deadline:
+def lamina_umount(lamina, mnt, cache=None):
+    """`lamina umount` (which stops the mount's daemons), then waits until
+    every process naming `cache` has exited."""
+    pids = list(procs_of(cache)) if cache else []
+    if is_mountpoint(mnt):
+        cmd = [lamina, "umount", mnt] + (["--cache-dir", cache] if cache else [])
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            log(f"warning: lamina umount {mnt}: {p.stderr.strip()}")
+            sys_umount(mnt)
+    for entry in [(lamina, mnt), (lamina, mnt, cache)]:
+        if entry in LAMINA_MOUNTS:
+            LAMINA_MOUNTS.remove(entry)
+    wait_gone(pids)
+
+
+def lamina_mount(lamina, ref, mnt, cache, mode, lazy=False):
+    """`lamina mount --json`; returns (wall s, cpu s, its JSON)."""
+    cmd = [lamina, "mount", "--json", "--mode", mode] + (["--lazy"] if lazy else []) + [
+        ref, mnt, "--cache-dir", cache]
+    dt, cpu, out = timed_cmd(cmd, capture=True)
+    LAMINA_MOUNTS.append((lamina, mnt, cache))
+    return dt, cpu, json.loads(out)
+
+
+def procs_of(cache):
+    """{pid: {"cmd": argv[1], VmRSS/RssAnon/RssFile KiB}} of every process whose argv names `cache`."""
+    needle = os.path.realpath(cache).encode()
+    out = {}
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if not any(needle in a for a in argv):
+                continue
+            out[int(e)] = dict(cmd=argv[1].decode(errors="replace") if len(argv) > 1 else "", **rss(int(e)))
+        except OSError:
+            pass
+    return out
+
+
+def rss(pid):
+    """VmRSS, RssAnon, RssFile, VmHWM of `pid` in KiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k = line.split(":", 1)[0]
+            if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                out[k + "_kib"] = int(line.split()[1])
+    return out
+
+
+ANOMALIES = []  # things that went wrong during the bench and were worked around (kept in the results)
+
+
+def wait_gone(pids, timeout=30):
+    t0 = time.monotonic()
+    while pids and time.monotonic() - t0 < timeout:
         pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
-        time.sleep(0.05)
+        time.sleep(0.02)
     if pids:
-        log(f"warning: lamina daemon(s) {pids} still running after umount of {mountpoint}")
+        log(f"warning: processes {pids} still running {timeout} s after lamina umount")
+        ANOMALIES.append(f"lamina daemon(s) {pids} still running {timeout} s after lamina umount")
+    elif time.monotonic() - t0 > 2:
+        ANOMALIES.append(f"lamina daemon(s) took {time.monotonic() - t0:.1f} s to exit after lamina umount")
+
+
+def time_v(cmd):
+    """Run cmd under /usr/bin/time -v; returns (wall s, stdout, peak RSS KiB)."""
+    t0 = time.perf_counter()
+    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    return dt, p.stdout, int(m.group(1)) if m else None
 
 
 def is_mountpoint(path):
