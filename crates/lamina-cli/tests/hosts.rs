@@ -42,6 +42,20 @@ fn hosts_dir(t: &TestDir, namespace: &str, text: &str) -> PathBuf {
     dir
 }
 
+/// A hosts.toml with the registry at `server` (a port on 127.0.0.1) and
+/// one mirror before it that may pull, `bulk_only` or not.
+fn mirror_first(server: u16, mirror: u16, bulk_only: bool) -> String {
+    let bulk = if bulk_only {
+        "  bulk_only = true\n"
+    } else {
+        ""
+    };
+    format!(
+        "server = \"http://127.0.0.1:{server}\"\n\n[host.\"http://127.0.0.1:{mirror}\"]\n  \
+         capabilities = [\"pull\"]\n{bulk}"
+    )
+}
+
 /// `127.0.0.1:PORT` written as containerd names its directory.
 fn ns_dir(port: u16) -> String {
     format!("127.0.0.1_{port}_")
@@ -217,11 +231,7 @@ fn corrupting_mirror_is_caught_and_skipped() {
     }
     let (reg, t) = registry_with_edge("hosts-corrupt");
     let proxy = FaultProxy::start(t.path(), "mirror", 0, reg.port, "flipall", &[]);
-    let toml = format!(
-        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  \
-         capabilities = [\"pull\"]\n",
-        reg.port, proxy.port
-    );
+    let toml = mirror_first(reg.port, proxy.port, false);
     let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
     let last = mount_and_compare(&t, "corrupt", &reg.reference(IMAGE), &dir);
     let stats = proxy.stats();
@@ -353,11 +363,7 @@ fn small_blobs_go_around_a_bulk_only_mirror() {
     }
     let (reg, t) = registry_with_edge("hosts-bulk-small");
     let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "none", &[]);
-    let toml = format!(
-        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  \
-         capabilities = [\"pull\"]\n  bulk_only = true\n",
-        reg.port, proxy.port
-    );
+    let toml = mirror_first(reg.port, proxy.port, true);
     let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
     mount_and_compare(&t, "bulk-small", &reg.reference(IMAGE), &dir);
     let url = format!("http://127.0.0.1:{}/v2/lam/manifests/edge", reg.port);
@@ -403,11 +409,7 @@ fn one_failed_request_does_not_send_the_rest_around_a_mirror() {
     let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "500,ok,ok", &[]);
     // The registry behind a plain proxy of its own, to count what it is asked.
     let direct = FaultProxy::start(t.path(), "direct", 0, reg.port, "none", &[]);
-    let toml = format!(
-        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  \
-         capabilities = [\"pull\"]\n",
-        direct.port, proxy.port
-    );
+    let toml = mirror_first(direct.port, proxy.port, false);
     let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
     mount_and_compare(&t, "one-500", &reg.reference(IMAGE), &dir);
     let ranges = |p: &FaultProxy| p.stats()["eligible"].as_u64().unwrap_or(0);
