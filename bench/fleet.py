@@ -26,7 +26,6 @@ import threading
 
 from .harness import fleet as fleetctl
 from .harness.core import ROOT, Results, log, run, stats, timed
-from .harness.lamina import Lamina
 from .harness.registry import DEBIAN_LAYOUT, Registry, debian_layout
 from .harness.rebuild import rebuild
 from .harness import report

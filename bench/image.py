@@ -297,11 +297,9 @@ def render(doc, plot_path):
     return tables(doc)
 
 
-def ms(x):
-    return f"{x * 1000:.1f}"
-
-
 def spread_ms(d):
+    """A summary's median and range in ms (core.stats' keys)."""
+    ms = report.ms
     return f"{ms(d['median'])} ({ms(d['min'])}–{ms(d['max'])})"
 
 

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by scripts/bench_fuse.sh, bench_scale.sh, coldstart.sh and
+# Shared by scripts/bench_scale.sh, coldstart.sh and
 # big_image.sh (sourced, not run). Expects ROOT, PY, NO_PLOT and the log/die functions;
 # sets LAMINA and IMAGE_DIR: the release binary (built by cargo into
 # $CARGO_TARGET_DIR, else target/; or LAMINA_BIN=PATH to

@@ -28,7 +28,7 @@
 # Must run as root (mounts, tmpfs, chroot, drop_caches). Builds lamina
 # through cargo (CARGO_TARGET_DIR is honoured; LAMINA_BIN=PATH measures a
 # given lamina). Generated images are kept in /var/cache/lamina-test/bench-fuse
-# (shared with bench_fuse.sh). Everything else runs in a temporary directory
+# (shared with python3 -m bench fuse). Everything else runs in a temporary directory
 # under /tmp, removed on exit with every mount in it; the unpacked trees live
 # in a tmpfs (1M files: about 3 GB of RAM).
 set -euo pipefail

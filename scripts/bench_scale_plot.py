@@ -18,8 +18,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fuse_plot import COLD, LAMINA, WARM, label_bars  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
+from bench.harness.report import COLD, LAMINA, WARM, label_bars as harness_label_bars  # noqa: E402
+
+
+def label_bars(ax, bars, fmt):
+    harness_label_bars(ax, bars, fmt, fontsize=7)
 
 EROFS = "#7570b3"
 FUSE = "#e7298a"

@@ -11,9 +11,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fuse_report import kib_mib, met_cell, spread_ms  # noqa: E402
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
 from bench.harness.report import TABLES_BEGIN as BEGIN, TABLES_END as END, notes, report_main  # noqa: E402
+from bench.harness.report import binary as report_binary, kib_mib, met_cell, spread_ms  # noqa: E402
 
 FS_LABEL = {
     "erofs": "kernel EROFS (mkfs.erofs image, file-backed; reference)",
@@ -60,12 +60,8 @@ def render(r):
         w(f"The machine was shared and busy during this run (load average up to {max(load):.1f} on "
           f"{m['nproc']} vCPUs at its start and end): the times below (convert, mount, `ls -lR`) include "
           "waiting for the CPU behind other processes.")
-    lb = m.get("lamina_binary", {})
     w("")
-    w(f"lamina binary sha256 `{lb.get('sha256', '?')[:16]}…`, built {lb.get('built_at', '?')} "
-      f"from commit `{lb.get('git_head', '?')[:10]}`"
-      f"{' (working tree had uncommitted changes)' if lb.get('git_tree_dirty') else ''}; "
-      f"{', '.join(f'{k} {v}' for k, v in m.get('versions', {}).items() if v and k != 'lamina')}.")
+    w(report_binary(m))
     if "1000000" not in sizes:
         w("")
         w("The targets are set at 1,000,000 files; this run has no 1,000,000-file image, so the table "

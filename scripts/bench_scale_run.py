@@ -7,7 +7,7 @@ bench_scale.sh builds lamina and calls:
                      --debian LAYOUT:TAG [--runs N] [--warm-runs W] [--cold-runs C]
                      [--py-runs P] [--no-python] --out FILE.json
 
-Per image size (the synthetic images of bench_fuse_image.py: N files of
+Per image size (the synthetic images of bench/harness/synthetic.py: N files of
 100-3,000 bytes, 1,000 per directory, one gzip layer), in this order
 (docs/bench-scale.md has the method):
 
@@ -47,8 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
 from bench.harness.core import log  # noqa: E402
 from bench.harness.measure import (  # noqa: E402
-    ANOMALIES, LAMINA_MOUNTS, MOUNTED, child_cpu, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches,
-    fault_proxy, file_size, finish, image_info, is_mountpoint, judged, lamina_mount, lamina_status,
+    ANOMALIES, MOUNTED, child_cpu, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches,
+    fault_proxy, file_size, finish, image_info, judged, lamina_mount, lamina_status,
     machine_info, own_cpu, procs_of, round_robin, summary, sys_mount, sys_umount, time_v,
 )
 from bench.harness.measure import lamina_umount as lamina_umount_wait  # noqa: E402
@@ -168,7 +168,7 @@ def part_size(a, lamina, work, n_files):
     env_c = dict(os.environ, LC_ALL="C")
     layout = os.path.join(a.images_dir, f"small-files-{n_files}")
     log(f"{n_files:,} files: image {layout}")
-    run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_fuse_image.py"), "small-files",
+    run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "harness", "synthetic.py"), "small-files",
          "--files", str(n_files), "--out", layout], stdout=None)
     src = image_info(layout, "bench")
     if len(src["layers"]) != 1:

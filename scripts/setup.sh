@@ -17,7 +17,7 @@ PACKAGES=(
     stargz-snapshotter podman uidmap catatonit
     ca-certificates curl build-essential pkg-config
     clang libclang-dev protobuf-compiler libprotobuf-dev
-    python3-matplotlib
+    python3-matplotlib fio squashfuse time
 )
 
 log() { printf '[setup] %s\n' "$*" >&2; }

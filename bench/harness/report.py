@@ -108,3 +108,33 @@ def notes(r):
     if missing:
         lines += ["", "Not measured: " + "; ".join(f"{k} ({v})" for k, v in missing.items()) + "."]
     return lines
+
+
+def ms(seconds):
+    return f"{seconds * 1000:.1f}"
+
+
+def spread_ms(d):
+    """A summary's median and range in ms: `median (min–max)` (its `runs_s`)."""
+    return f"{ms(d['median_s'])} ({ms(min(d['runs_s']))}–{ms(max(d['runs_s']))})"
+
+
+def kib_mib(kib):
+    return f"{kib / 1024:.1f}" if kib is not None else "–"
+
+
+def met_cell(x):
+    """A judged figure's table cell."""
+    if x["met"] is None:
+        return ""
+    return "yes" if x["met"] else "**no**"
+
+
+def binary(machine):
+    """The line saying which lamina binary was measured and the versions of
+    the tools beside it (`measure.machine_info`)."""
+    lb = machine.get("lamina_binary", {})
+    return (f"lamina binary sha256 `{lb.get('sha256', '?')[:16]}…`, built {lb.get('built_at', '?')} "
+            f"from commit `{lb.get('git_head', '?')[:10]}`"
+            f"{' (working tree had uncommitted changes)' if lb.get('git_tree_dirty') else ''}; "
+            f"{', '.join(f'{k} {v}' for k, v in machine.get('versions', {}).items() if v and k != 'lamina')}.")

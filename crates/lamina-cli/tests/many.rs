@@ -1,5 +1,5 @@
 //! An image of many small files (issue 10): 100,000 files of 100 to 3,000
-//! bytes, 1,000 per directory, from `scripts/bench_fuse_image.py`. Converted
+//! bytes, 1,000 per directory, from `bench/harness/synthetic.py`. Converted
 //! into the local registry (small files packed, the default), it mounts
 //! lazily through a counting proxy: what crosses the wire before the first
 //! read is a small part of the image, reading one file takes at most two
@@ -22,7 +22,7 @@ fn many_small_files_mount_lazily_fetching_little_and_equal_umoci() {
     let layout = t.join("src");
     let files = FILES.to_string();
     python(
-        "scripts/bench_fuse_image.py",
+        "bench/harness/synthetic.py",
         [
             OsStr::new("small-files"),
             OsStr::new("--files"),

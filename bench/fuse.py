@@ -1,67 +1,61 @@
-#!/usr/bin/env python3
-"""Measurement engine of scripts/bench_fuse.sh (standard library only).
+"""lamina's FUSE path side by side with the kernel's EROFS, lamina's kernel
+path, squashfuse and ext4, in one run:
 
-bench_fuse.sh builds lamina and lookup_bench, unpacks the Debian image and
-calls:
-
-  bench_fuse_run.py --lamina BIN --image LAYOUT:TAG --rootfs DIR --work DIR
-                    --images-dir DIR [--lookup-bench BIN] [--runs N]
-                    [--warm-runs W] [--cold-runs C] [--fio-mib M]
-                    [--fio-rand-mib R] [--files N] [--small-files K]
-                    [--mphf-keys 1000000,10000000] [--no-big] [--no-mphf]
-                    --out FILE.json
-
-Parts, in this order (docs/bench-fuse.md has the method):
-
-1. Debian tree, side by side: kernel EROFS (mkfs.erofs image of ROOTFS,
-   file-backed mount(2), the reference), lamina's kernel path (`lamina mount
-   --mode kernel`, eager), lamina FUSE (`lamina mount --mode fuse`, eager, so
-   the cache is complete), squashfuse of a mksquashfs (zstd) image, the ext4
-   ROOTFS, and nydusd when it is on PATH (otherwise recorded as such).
-   `ls -lR MNT` warm and cold (drop_caches before every cold run).
-2. stat+open+close of the deepest regular files of the tree, in-process
-   (os.stat, os.open, os.close), warm (after a warm-up pass, --stat-repeat
-   passes per run) and cold (drop_caches, one pass): paths per second.
+1. Debian tree: kernel EROFS (mkfs.erofs image of ROOTFS, file-backed
+   mount(2), the reference), lamina's kernel path (`--mode kernel`, eager),
+   lamina FUSE (`--mode fuse`, eager, so the cache is complete), squashfuse
+   of a mksquashfs (zstd) image, the ext4 ROOTFS (nydusd when on PATH is
+   recorded as not measured). `ls -lR MNT` warm and cold (drop_caches
+   before every cold run; "lamina-fuse-fresh" also starts a new daemon).
+2. stat+open+close of the deepest regular files of the tree, in-process,
+   warm (stat_repeat passes per run) and cold (one pass): paths per second.
 3. fio, 4 KiB buffered reads (psync), sequential and random, of one file of
-   --fio-mib MiB of random bytes: on ext4 (a copy in the work dir, the
-   reference), through lamina FUSE (eager, complete cache) and lamina's
-   kernel path; drop_caches before every run. MB/s. The first open of the
-   FUSE file (served by the daemon while its passthrough object is made) is
-   one sequential run of its own, before the timed runs, which start once
-   the object is there. The FUSE daemon's log is grepped for "passthrough"
-   afterwards.
-4. lookup_bench (the perfect-hash build) at each --mphf-keys, under
+   fio_mib MiB of random bytes on ext4 (the reference), through lamina FUSE
+   and lamina's kernel path (eager, complete caches); drop_caches first.
+4. lookup_bench (the perfect-hash build) at each of mphf_keys, under
    /usr/bin/time -v: build s per million keys, bits per key, peak RSS.
-5. Images of --small-files and --files small files: `lamina convert` (wall,
-   peak RSS), then `lamina mount --mode fuse` eager (first mount fills the
-   cache; the following ones are timed), `--mode fuse --lazy` (fresh cache
-   each run, timed), and the FUSE daemon's RSS right after the mount, right
-   after `ls -lR` and 2 s later (at rest).
+5. Images of small_files and files small files (synthetic, cached in
+   /var/cache/lamina-test/bench-fuse): `lamina convert`, then FUSE mounts,
+   eager (timed once the cache is full) and lazy (fresh cache), and the
+   daemon's RSS after the mount, after `ls -lR` and 2 s later.
 
-Timed commands are single subprocesses timed with perf_counter around them;
-runs are interleaved round-robin with a rotating order (bench/harness/measure.py).
-Mounts made here are unmounted on exit.
+Options (--set): runs (3), warm_runs (5*runs), cold_runs (3*runs),
+fio_runs (max(runs, 5)), fio_mib (512), fio_rand_mib (128), stat_paths
+(300), stat_repeat (20), mphf_keys (1000000,10000000), files (1000000),
+small_files (10000), and parts=debian,fio,mphf,big (all). --quick: one run,
+3 warm / 2 cold, 100,000 files, a 128 MiB fio file, 1M keys. Moved from
+scripts/bench_fuse.sh; docs/bench-fuse.md carries its tables and plot.
+
+Each part's figures (every run, with their medians) are one entry of the
+results file's `runs`; the ratios and targets are derived from them.
 """
 
-import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+import types
+from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
-from bench.harness.core import log  # noqa: E402
-from bench.harness.measure import (  # noqa: E402
+from .harness import report
+from .harness.report import binary as report_binary, kib_mib, met_cell, spread_ms
+from .harness.core import ROOT, Results, log
+from .harness.measure import (
     ANOMALIES, LAMINA_MOUNTS, MOUNTED, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches, file_size,
-    finish, image_info, is_mountpoint, judged, lamina_mount, machine_info, own_cpu, procs_of, round_robin,
-    rss, summary, sys_mount, sys_umount, time_v,
+    image_info, is_mountpoint, judged, lamina_mount, machine_info, own_cpu, procs_of, round_robin, rss,
+    summary, sys_mount, sys_umount, time_v,
 )
-from bench.harness.measure import lamina_umount as lamina_umount_wait  # noqa: E402
-from bench.harness.measure import run_quiet as run, timed_cmd as timed  # noqa: E402
+from .harness.measure import lamina_umount as lamina_umount_wait
+from .harness.measure import run_quiet as run, timed_cmd as timed
+from .harness.registry import DEBIAN_LAYOUT, DEBIAN_TAG, debian_layout
+
+HARNESS_DIR = str(ROOT / "bench" / "harness")
+IMAGES_DIR = "/var/cache/lamina-test/bench-fuse"
+PARTS = ("debian", "fio", "mphf", "big")
+
 
 # name -> (comparison, bound): "<=" for times, ratios and sizes, ">=" for throughput ratios.
 TARGETS = {
@@ -313,7 +307,7 @@ def part_debian(a, lamina, work, result):
 # -------------------------------------------------------------------- part 3
 def part_fio(a, lamina, work, result):
     layout = os.path.join(a.images_dir, f"big-file-{a.fio_mib}m")
-    run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_fuse_image.py"), "big-file",
+    run([sys.executable, os.path.join(HARNESS_DIR, "synthetic.py"), "big-file",
          "--mib", str(a.fio_mib), "--out", layout], stdout=None)
     d = os.path.join(work, "fio")
     os.makedirs(d, exist_ok=True)
@@ -407,7 +401,7 @@ def part_big(a, lamina, work, result):
     for n_files in dict.fromkeys([a.small_files, a.files]):
         layout = os.path.join(a.images_dir, f"small-files-{n_files}")
         log(f"{n_files:,} files: image {layout}")
-        run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_fuse_image.py"), "small-files",
+        run([sys.executable, os.path.join(HARNESS_DIR, "synthetic.py"), "small-files",
              "--files", str(n_files), "--out", layout], stdout=None)
         d = os.path.join(work, f"files-{n_files}")
         os.makedirs(d, exist_ok=True)
@@ -468,82 +462,108 @@ def part_big(a, lamina, work, result):
                      "mount_cmd": "lamina mount --mode fuse [--lazy] oci:LAYOUT:x MNT --cache-dir C"}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lamina", required=True)
-    ap.add_argument("--lookup-bench")
-    ap.add_argument("--image", required=True, help="LAYOUT:TAG of the Debian image")
-    ap.add_argument("--rootfs", required=True)
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--images-dir", required=True, help="where generated images are kept between runs")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--warm-runs", type=int)
-    ap.add_argument("--cold-runs", type=int)
-    ap.add_argument("--stat-paths", type=int, default=300)
-    ap.add_argument("--stat-repeat", type=int, default=20)
-    ap.add_argument("--fio-mib", type=int, default=512)
-    ap.add_argument("--fio-rand-mib", type=int, default=128)
-    ap.add_argument("--fio-runs", type=int)
-    ap.add_argument("--mphf-keys", default="1000000,10000000")
-    ap.add_argument("--mphf-runs", type=int)
-    ap.add_argument("--files", type=int, default=1_000_000)
-    ap.add_argument("--small-files", type=int, default=10_000)
-    ap.add_argument("--no-big", action="store_true")
-    ap.add_argument("--no-mphf", action="store_true")
-    ap.add_argument("--no-fio", action="store_true")
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
-    a.warm_runs = a.warm_runs or 5 * a.runs
-    a.cold_runs = a.cold_runs or 3 * a.runs
-    a.fio_runs = a.fio_runs or max(a.runs, 5)
-    a.mphf_runs = a.mphf_runs or a.runs
-    a.mphf_keys = [int(k) for k in a.mphf_keys.split(",") if k]
-    if not a.no_mphf and not a.lookup_bench:
-        sys.exit("--lookup-bench is needed unless --no-mphf")
-    lamina = os.path.abspath(a.lamina)
-    work = os.path.abspath(a.work)
-    os.makedirs(a.images_dir, exist_ok=True)
 
-    t_start = time.perf_counter()
-    busy0, _steal0 = cpu_stat()
-    own0 = own_cpu()
-    result = {
-        "schema": 1,
-        "machine": machine_info(lamina, packages=("erofs-utils", "squashfs-tools", "squashfuse", "fio", "fuse3")),
-        "config": {"runs": a.runs, "warm_runs": a.warm_runs, "cold_runs": a.cold_runs, "fio_runs": a.fio_runs,
-                   "fio_mib": a.fio_mib, "fio_rand_mib": a.fio_rand_mib, "stat_paths": a.stat_paths,
-                   "stat_repeat": a.stat_repeat, "mphf_keys": a.mphf_keys, "mphf_runs": a.mphf_runs,
-                   "files": None if a.no_big else a.files, "small_files": None if a.no_big else a.small_files,
-                   "statistic": "median"},
-        "not_measured": {},
-    }
-    result["not_measured"]["nydusd"] = ("nydusd not on PATH" if shutil.which("nydusd") is None
-                                        else "on PATH, but this script does not measure it yet")
-    part_debian(a, lamina, work, result)
-    for t in [t for t in SQUASHFUSE_MOUNTS]:
-        sys_umount(t)
-        SQUASHFUSE_MOUNTS.remove(t)
-    for entry in reversed(list(LAMINA_MOUNTS)):
-        lamina_umount_wait(*entry)
-    for t in reversed(list(MOUNTED)):
-        sys_umount(t)
-    if a.no_fio:
-        result["not_measured"]["fio"] = "--no-fio"
-    else:
+
+def options(quick, given):
+    """The run's options: defaults, --quick, then --set KEY=VALUE."""
+    o = types.SimpleNamespace(runs=1 if quick else 3, stat_paths=300, stat_repeat=20, fio_mib=128 if quick else 512,
+                              fio_rand_mib=32 if quick else 128, mphf_keys="1000000" if quick else "1000000,10000000",
+                              files=100_000 if quick else 1_000_000, small_files=10_000, parts=",".join(PARTS),
+                              warm_runs=None, cold_runs=None, fio_runs=None, mphf_runs=None)
+    for key, value in given.items():
+        if not hasattr(o, key):
+            raise SystemExit(f"bench fuse: no option {key} (see python3 -m bench fuse --help)")
+        setattr(o, key, value if key in ("mphf_keys", "parts") else int(value))
+    o.warm_runs = o.warm_runs or (3 if quick else 5 * o.runs)
+    o.cold_runs = o.cold_runs or (2 if quick else 3 * o.runs)
+    o.fio_runs = o.fio_runs or (1 if quick else max(o.runs, 5))
+    o.mphf_runs = o.mphf_runs or o.runs
+    o.mphf_keys = [int(k) for k in str(o.mphf_keys).split(",") if k]
+    o.parts = [p for p in str(o.parts).split(",") if p]
+    return o
+
+
+def lookup_bench():
+    """The perfect-hash build example, built through cargo (release)."""
+    log("building the lookup_bench example (release)")
+    cargo_env = Path.home() / ".cargo" / "env"
+    prefix = f". {cargo_env} && " if cargo_env.exists() else ""
+    subprocess.run(["bash", "-c", f"{prefix}cargo build --release -q -p lamina-format --example lookup_bench"],
+                   cwd=ROOT, check=True)
+    return str(Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release" / "examples" / "lookup_bench")
+
+
+def measure(results, lamina, work, quick, given):
+    a = options(quick, given)
+    a.image = f"{DEBIAN_LAYOUT}:{DEBIAN_TAG}"
+    a.images_dir = IMAGES_DIR
+    a.no_big = "big" not in a.parts
+    a.lookup_bench = lookup_bench() if "mphf" in a.parts else None
+    os.makedirs(a.images_dir, exist_ok=True)
+    debian_layout()
+    log("umoci unpack (the tree of mkfs.erofs, mksquashfs and the ext4 reference)")
+    run(["umoci", "unpack", "--image", a.image, str(work / "bundle")])
+    a.rootfs = str(work / "bundle" / "rootfs")
+    lamina, work = str(lamina.path), str(work)
+    doc = results.doc
+    doc["machine"] = machine_info(lamina, packages=("erofs-utils", "squashfs-tools", "squashfuse", "fio", "fuse3"))
+    doc["config"].update(runs=a.runs, warm_runs=a.warm_runs, cold_runs=a.cold_runs, fio_runs=a.fio_runs,
+                         fio_mib=a.fio_mib, fio_rand_mib=a.fio_rand_mib, stat_paths=a.stat_paths,
+                         stat_repeat=a.stat_repeat, mphf_keys=a.mphf_keys, mphf_runs=a.mphf_runs,
+                         files=None if a.no_big else a.files, small_files=None if a.no_big else a.small_files,
+                         statistic="median")
+    busy0, own0 = cpu_stat()[0], own_cpu()
+    result = {}
+    doc["not_measured"] = {"nydusd": "nydusd not on PATH" if shutil.which("nydusd") is None
+                           else "on PATH, but this benchmark does not measure it yet"}
+    try:
+        run_parts(a, lamina, work, result)
+    finally:
+        cleanup(lamina_umount_wait, SQUASHFUSE_MOUNTS)
+    for part in PARTS:
+        if part not in a.parts:
+            doc["not_measured"][part] = "not asked for (--set parts=...)"
+    doc["runs"] = [{"part": name, "figures": result[name]}
+                   for name in ("debian", "ls_lR", "stat_open", "fio", "mphf", "big") if name in result]
+    doc["anomalies"] = list(ANOMALIES)
+    doc["machine"]["loadavg_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    doc["machine"]["other_cpu_s_during_bench"] = round(cpu_stat()[0] - busy0 - (own_cpu() - own0), 1)
+    derive(doc)
+
+
+def run_parts(a, lamina, work, result):
+    if "debian" in a.parts:
+        part_debian(a, lamina, work, result)
+        for t in list(SQUASHFUSE_MOUNTS):
+            sys_umount(t)
+            SQUASHFUSE_MOUNTS.remove(t)
+        for entry in reversed(list(LAMINA_MOUNTS)):
+            lamina_umount_wait(*entry)
+        for t in reversed(list(MOUNTED)):
+            sys_umount(t)
+    if "fio" in a.parts:
         part_fio(a, lamina, work, result)
-    if a.no_mphf:
-        result["not_measured"]["mphf"] = "--no-mphf"
-    else:
+    if "mphf" in a.parts:
         part_mphf(a, result)
-    if a.no_big:
-        result["not_measured"]["big"] = "--no-big"
-    else:
+    if "big" in a.parts:
         part_big(a, lamina, work, result)
 
-    # ---------------------------------------------------------------- targets
+
+def view(doc):
+    """The results as one dict by part (what the tables and plot read)."""
+    r = {run["part"]: run["figures"] for run in doc["runs"]}
+    r.update(machine=doc["machine"], config=doc["config"], not_measured=doc.get("not_measured") or {},
+             anomalies=doc.get("anomalies") or [], bench_seconds=doc.get("seconds", 0),
+             ratios=doc["summary"].get("ratios", {}))
+    return r
+
+
+def derive(doc):
+    """Ratios (judged against TARGETS) and the targets, from the parts' figures."""
+    result = view(dict(doc, summary={}))
+    v = {}
     ls = result["ls_lR"]
     so = result["stat_open"]
-    v = {}
     for fs in ("lamina-fuse", "lamina-fuse-fresh", "lamina-kernel", "squashfuse", "ext4"):
         for t in ("warm", "cold") if fs != "lamina-fuse-fresh" else ("cold",):
             v[f"ls_{t}_{fs}_vs_erofs"] = ratio(ls[t][fs]["median_s"], ls[t]["erofs"]["median_s"])
@@ -576,13 +596,256 @@ def main():
                                                                 small["rss_after_mount"]["RssAnon_kib"])
             v["big_fuse_rss_anon_after_ls_vs_small"] = ratio(big["rss_after_ls"]["RssAnon_kib"],
                                                              small["rss_after_ls"]["RssAnon_kib"])
-    result["ratios"] = judged(v, TARGETS)
-    result["anomalies"] = ANOMALIES
-    finish(result, a.out, t_start, busy0, own0)
+    ratios = judged(v, TARGETS)
+    doc["summary"] = {"ratios": ratios}
+    results = Results.of(doc)
+    doc["targets"] = []
+    for name, x in ratios.items():
+        if x["target"]:
+            op, bound = x["target"].split()
+            results.target(name, x["value"], op, float(bound))
 
 
-if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        cleanup(lamina_umount_wait, SQUASHFUSE_MOUNTS)
+def render(doc, plot_path):
+    r = view(doc)
+    plot(r, plot_path)
+    return tables(r)
+
+
+FS_LABEL = {
+    "erofs": "kernel EROFS (mkfs.erofs, file-backed; reference)",
+    "lamina-kernel": "lamina, kernel path (`--mode kernel`, eager)",
+    "lamina-fuse": "lamina FUSE (`--mode fuse`, eager)",
+    "lamina-fuse-fresh": "lamina FUSE, new daemon before each cold run (umount, drop_caches, mount)",
+    "squashfuse": "squashfuse (mksquashfs zstd image)",
+    "ext4": "ext4 directory (umoci rootfs)",
+}
+FIO_LABEL = {
+    "ext4": "ext4 file (reference)",
+    "lamina-fuse": "lamina FUSE (`--mode fuse`, eager)",
+    "lamina-kernel": "lamina, kernel path (`--mode kernel`, eager)",
+}
+
+
+def tables(r):
+    out = []
+    w = out.append
+    m, cfg, rt = r["machine"], r["config"], r["ratios"]
+    w(f"Measured {m['date']} on {m['nproc']} vCPUs ({m.get('cpu', '?')}), kernel {m['kernel']}, "
+      f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}. Medians of {cfg['runs']} runs of mounts "
+      f"and lookup_bench, {cfg.get('fio_runs', cfg['runs'])} of fio, {cfg['warm_runs']} warm and {cfg['cold_runs']} cold runs of `ls -lR` and stat+open. "
+      f"While the bench ran ({r['bench_seconds']:.0f} s), other processes on the machine used "
+      f"{m.get('other_cpu_s_during_bench')} CPU-seconds (load {' '.join(m.get('loadavg_at_start', []))} → "
+      f"{' '.join(m.get('loadavg_at_end', []))}).")
+    w("")
+    w(report_binary(m))
+    w("")
+    w("### Targets")
+    w("")
+    w("| figure | value | target | met |")
+    w("|---|---:|---:|---|")
+    for k, x in rt.items():
+        if x["target"]:
+            w(f"| `{k}` | {x['value']:.3f} | {x['target']} | {met_cell(x)} |")
+    w("")
+    w("Ratios are FUSE / reference for times (lower is better) and for throughputs "
+      "(MB/s, paths/s: higher is better).")
+
+    d = r["debian"]
+    w("")
+    w("### `ls -lR` of the Debian tree (ms; median, min–max in parentheses)")
+    w("")
+    ls = r["ls_lR"]
+    w(f"{d['entries']['erofs']:,} entries on every filesystem"
+      if len(set(d["entries"].values())) == 1 else f"entries differ: {d['entries']}")
+    w("")
+    w("| filesystem | warm | cold | warm / EROFS | cold / EROFS |")
+    w("|---|---:|---:|---:|---:|")
+    for n in ls["cold"]:
+        rc = ls["cold"][n]["median_s"] / ls["cold"]["erofs"]["median_s"]
+        if n in ls["warm"]:
+            rw = ls["warm"][n]["median_s"] / ls["warm"]["erofs"]["median_s"]
+            w(f"| {FS_LABEL.get(n, n)} | {spread_ms(ls['warm'][n])} | {spread_ms(ls['cold'][n])} | "
+              f"{rw:.3f} | {rc:.3f} |")
+        else:
+            w(f"| {FS_LABEL.get(n, n)} | – | {spread_ms(ls['cold'][n])} | – | {rc:.3f} |")
+    w("")
+    w(f"nydusd: {r.get('nydusd')}.")
+
+    so = r["stat_open"]
+    w("")
+    w(f"### stat + open + close of the {so['paths']} deepest files (paths per second)")
+    w("")
+    w(f"Depth {so['depth_min']}–{so['depth_max']} components (mean {so['depth_mean']}), e.g. "
+      f"`{so['sample'][0]}`. Warm: {so['repeat_warm']} passes per run after a warm-up pass; "
+      f"cold: one pass after drop_caches.")
+    w("")
+    w("| filesystem | warm paths/s | cold paths/s | warm / EROFS | cold / EROFS |")
+    w("|---|---:|---:|---:|---:|")
+    for n in so["cold"]:
+        cv = so["cold"][n]["paths_per_s"]
+        if n in so["warm"]:
+            wv = so["warm"][n]["paths_per_s"]
+            w(f"| {FS_LABEL.get(n, n)} | {wv:,.0f} | {cv:,.0f} | {wv / so['warm']['erofs']['paths_per_s']:.3f} | "
+              f"{cv / so['cold']['erofs']['paths_per_s']:.3f} |")
+        else:
+            w(f"| {FS_LABEL.get(n, n)} | – | {cv:,.0f} | – | {cv / so['cold']['erofs']['paths_per_s']:.3f} |")
+
+    f = r.get("fio")
+    if f:
+        w("")
+        w(f"### fio, 4 KiB buffered reads of a {f['file_bytes'] / 2**20:.0f} MiB file, cold (MB/s)")
+        w("")
+        w(f"Sequential: the whole file; random: {f['rand']['io_mib']} MiB of it. {f['cold']}.")
+        w("")
+        w("| file | sequential | / ext4 | disk read, MiB | random | / ext4 | disk read, MiB |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+
+        def mib(x):
+            return f"{x:.0f}" if x is not None else "–"
+        for n in ("ext4", "lamina-fuse", "lamina-kernel"):
+            s, q = f["seq"][n], f["rand"][n]
+            w(f"| {FIO_LABEL[n]} | {s['mb_s']:.1f} ({min(s['runs_mb_s']):.1f}–{max(s['runs_mb_s']):.1f}) | "
+              f"{s['mb_s'] / f['seq']['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
+              f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
+              f"{q['mb_s'] / f['rand']['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
+        first = f.get("fuse_first_open")
+        if first:
+            w("")
+            w(f"The first open of the FUSE file, before the runs above, is served by the daemon while its "
+              f"passthrough object is made: {first['mb_s']:.1f} MB/s sequential, one run "
+              f"({first['mb_s'] / f['seq']['ext4']['mb_s']:.3f} of ext4's median). The runs above start once "
+              f"the daemon counted {f['fuse_objects_before_runs'].get('objects_created')} object(s) made.")
+        w("")
+        w("Disk read: median MiB read from the work directory's block device during a run "
+          "(`/sys/dev/block/M:m/stat`; every process's reads, not only fio's).")
+        w("")
+        w(f"Lines of the FUSE daemon's log (`fuse.log`) mentioning passthrough: "
+          f"{f['fuse_log_passthrough_lines']}.")
+
+    mp = r.get("mphf")
+    if mp:
+        w("")
+        w("### Perfect-hash build (`lookup_bench`)")
+        w("")
+        w("| keys | threads | hash function build s | s per million keys | bits per key | "
+          "whole table build s | table bytes per key | peak RSS MiB |")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for x in mp["by_keys"].values():
+            w(f"| {x['keys']:,} | {x['threads']} | {x['build_s']:.3f} | {x['build_s_per_million_keys']:.3f} | "
+              f"{x['bits_per_key']:.3f} | {x['table_build_s']:.3f} | {x['table_bytes_per_key']:.2f} | "
+              f"{kib_mib(x['peak_rss_kib'])} |")
+
+    b = r.get("big")
+    if b:
+        w("")
+        w("### Many small files: convert, mount, FUSE daemon RSS")
+        w("")
+        w("| files | convert s | convert peak RSS MiB | eager FUSE mount, filled cache, ms | lazy FUSE mount, "
+          "fresh cache, ms | daemon RSS after mount MiB (anon / file) | `ls -lR` s | daemon RSS after "
+          "`ls -lR` MiB (anon / file) | 2 s later MiB |")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for x in b["by_files"].values():
+            ra, rl = x["rss_after_mount"] or {}, x["rss_after_ls"] or {}
+            rr = x.get("rss_at_rest_after_ls") or {}
+            w(f"| {x['files']:,} | {x['convert']['wall_s']:.1f} | {kib_mib(x['convert']['peak_rss_kib'])} | "
+              f"{x['fuse_mount']['median_s'] * 1000:.1f} | {x['fuse_lazy_mount']['median_s'] * 1000:.1f} | "
+              f"{kib_mib(ra.get('VmRSS_kib'))} ({kib_mib(ra.get('RssAnon_kib'))} / "
+              f"{kib_mib(ra.get('RssFile_kib'))}) | {x['ls_lR_s']:.2f} | "
+              f"{kib_mib(rl.get('VmRSS_kib'))} ({kib_mib(rl.get('RssAnon_kib'))} / "
+              f"{kib_mib(rl.get('RssFile_kib'))}) | {kib_mib(rr.get('VmRSS_kib'))} |")
+        w("")
+        w("Lookup table in use (the daemon logged \"lookups through the lookup table\"): " + ", ".join(
+            f"{x['files']:,} files {'yes' if x['fuse_log_lookup_table'] else 'no'}" for x in b["by_files"].values())
+          + f"; Debian image {'yes' if r['debian'].get('fuse_log_lookup_table') else 'no'}.")
+
+    out += report.notes(r)
+    return "\n".join(out) + "\n"
+
+
+SHORT = {"erofs": "kernel\nEROFS\n(ref)", "lamina-kernel": "lamina\nkernel", "lamina-fuse": "lamina\nFUSE",
+         "lamina-fuse-fresh": "lamina\nFUSE\nnew\ndaemon", "squashfuse": "squash-\nfuse", "ext4": "ext4", "nydusd": "nydusd"}
+
+
+def label_bars(ax, bars, fmt):
+    report.label_bars(ax, bars, fmt, fontsize=7)
+
+
+def pair_panel(ax, names, a, b, la, lb, ylabel, title, fmt):
+    w = 0.38
+    xs = range(len(names))
+    b1 = ax.bar([x - w / 2 for x in xs], a, w, label=la, color=report.WARM)
+    b2 = ax.bar([x + w / 2 for x in xs], b, w, label=lb, color=report.COLD)
+    label_bars(ax, list(b1) + list(b2), fmt)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([SHORT.get(n, n) for n in names], fontsize=8)
+    for lbl in ax.get_xticklabels():
+        if lbl.get_text().startswith("lamina\nFUSE"):
+            lbl.set_color(report.LAMINA)
+            lbl.set_fontweight("bold")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(0, max(x for x in a + b if x == x) * 1.3)
+    ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
+
+
+def plot(r, path):
+    """ls -lR and stat+open warm/cold per filesystem; fio MB/s; the FUSE
+    daemon's RSS per image size (medians, labelled)."""
+    plt = report.pyplot()
+    if plt is None:
+        return
+    rt = r["ratios"]
+    panels = 2 + ("fio" in r) + ("big" in r)
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 5.4))
+    ls = r["ls_lR"]
+    names = list(ls["cold"])
+    nan = float("nan")
+    pair_panel(axes[0], names, [ls["warm"][n]["median_s"] * 1000 if n in ls["warm"] else nan for n in names],
+               [ls["cold"][n]["median_s"] * 1000 for n in names], "warm", "cold (drop_caches)",
+               "milliseconds (median)",
+               f"ls -lR Debian tree\nlamina FUSE / EROFS: warm {rt['ls_warm_lamina-fuse_vs_erofs']['value']:.2f}, "
+               f"cold {rt['ls_cold_lamina-fuse_vs_erofs']['value']:.2f}", "{:.0f}")
+    so = r["stat_open"]
+    pair_panel(axes[1], names, [so["warm"][n]["paths_per_s"] / 1000 if n in so["warm"] else nan for n in names],
+               [so["cold"][n]["paths_per_s"] / 1000 for n in names], "warm", "cold (drop_caches)",
+               "thousand paths per second (median)",
+               f"stat+open+close, {so['paths']} deepest files\nlamina FUSE / EROFS: warm "
+               f"{rt['stat_open_warm_lamina-fuse_vs_erofs']['value']:.2f}, cold "
+               f"{rt['stat_open_cold_lamina-fuse_vs_erofs']['value']:.2f}", "{:.1f}")
+    i = 2
+    if "fio" in r:
+        f = r["fio"]
+        fn = ["ext4", "lamina-fuse", "lamina-kernel"]
+        pair_panel(axes[i], fn, [f["seq"][n]["mb_s"] for n in fn], [f["rand"][n]["mb_s"] for n in fn],
+                   "sequential", "random", "MB/s (median)",
+                   f"fio 4 KiB buffered reads, cold, {f['file_bytes'] / 2**20:.0f} MiB file\nlamina FUSE / ext4: "
+                   f"seq {rt['fio_seq_lamina-fuse_vs_ext4']['value']:.2f}, "
+                   f"rand {rt['fio_rand_lamina-fuse_vs_ext4']['value']:.2f}", "{:.0f}")
+        i += 1
+    if "big" in r:
+        by = r["big"]["by_files"]
+        ks = list(by)
+        after_mount = [(by[k]["rss_after_mount"] or {}).get("VmRSS_kib", 0) / 1024 for k in ks]
+        after_ls = [(by[k]["rss_after_ls"] or {}).get("VmRSS_kib", 0) / 1024 for k in ks]
+        ax = axes[i]
+        pair_panel(ax, [f"{int(k):,} files" for k in ks], after_mount, after_ls, "after mount", "after ls -lR",
+                   "FUSE daemon VmRSS, MiB",
+                   "FUSE daemon RSS; eager mount (filled cache) ms: "
+                   + ", ".join(f"{by[k]['fuse_mount']['median_s'] * 1000:.0f}" for k in ks), "{:.1f}")
+    m = r["machine"]
+    fig.suptitle(f"lamina FUSE benchmark - {m['date'][:10]}, kernel {m['kernel']}, {m['nproc']} CPUs; "
+                 f"commit {m.get('lamina_binary', {}).get('git_head', '?')[:10]}", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=100)
+
+
+BENCHMARK = {
+    "out": ROOT / "docs" / "bench-fuse-results.json",
+    "plot": ROOT / "docs" / "bench-fuse.png",
+    "tables_in": "docs/bench-fuse.md",
+    "needs": ["umoci", "mksquashfs", "mkfs.erofs", "findmnt", "fio", "squashfuse", "/usr/bin/time"],
+    "measure": measure,
+    "derive": derive,
+    "render": render,
+}

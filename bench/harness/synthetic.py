@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Synthetic one-layer OCI images for scripts/bench_fuse.sh (standard library only).
+"""Synthetic one-layer OCI images for the benchmarks (`bench/fuse.py`,
+scripts/bench_scale.sh; standard library only; run as a script).
 
-Usage: bench_fuse_image.py small-files --files N --out LAYOUT [--tag TAG] [--seed S]
-       bench_fuse_image.py big-file --mib M --out LAYOUT [--tag TAG] [--seed S]
+Usage: synthetic.py small-files --files N --out LAYOUT [--tag TAG] [--seed S]
+       synthetic.py big-file --mib M --out LAYOUT [--tag TAG] [--seed S]
 
 small-files: N regular files of 100-3,000 bytes (uniform, seeded), 1,000 per
   directory (d000000/f000.bin, ...); every file starts with its own index, the
@@ -17,7 +18,7 @@ at any N. Then the layout is written by hand: blobs/sha256/*, the config
 (rootfs.diff_ids = sha256 of the uncompressed tar), the manifest, index.json
 (tag as org.opencontainers.image.ref.name) and oci-layout. The layout is
 written to LAYOUT.tmp and renamed, and a file LAYOUT/bench-params.json records
-the parameters: bench_fuse.sh reuses a layout whose parameters match.
+the parameters: a benchmark reuses a layout whose parameters match.
 """
 
 import argparse
