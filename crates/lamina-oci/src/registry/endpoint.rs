@@ -375,7 +375,8 @@ impl Endpoint {
 }
 
 /// Whether an error says the host could not be reached or did not answer
-/// in time (refused, reset before an answer, timed out, bad certificate).
+/// in time (connection refused or failed, timed out, bad certificate). A
+/// connection cut mid-answer counts as a failed request, not as this.
 fn unreachable(err: &OciError) -> bool {
     match err {
         OciError::Http { source, .. } => source.is_connect() || source.is_timeout(),
