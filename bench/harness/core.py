@@ -7,10 +7,11 @@ A results file is one JSON document:
      "machine": {...}, "commit": SHA, "date": ISO-8601, "config": {...},
      "runs": [{...raw figures of one measurement...}, ...],
      "summary": {...}, "targets": [{"name", "value", "bound", "op", "met"}],
-     "not_measured": [...], "seconds": total}
+     "not_measured": {WHAT: WHY}, "seconds": total}
 
 `runs` keeps every raw figure; `summary` and `targets` are derived from them
-(report.py renders both). It is written atomically: a run that fails
+(report.py renders both). A benchmark may add `anomalies`: what went wrong
+during the run and was worked around. It is written atomically: a run that fails
 leaves the previous file in place.
 """
 
@@ -102,7 +103,7 @@ class Results:
             "runs": [],
             "summary": {},
             "targets": [],
-            "not_measured": [],
+            "not_measured": {},
         }
 
     @classmethod
