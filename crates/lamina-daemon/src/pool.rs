@@ -42,19 +42,24 @@ impl<J: Send + 'static> std::fmt::Debug for MissPool<J> {
 impl<J: Send + 'static> MissPool<J> {
     /// `min` threads now (at least one), at most `max` ever.
     pub fn new(min: usize, max: usize, serve: impl Fn(J) + Send + Sync + 'static) -> Self {
-        let (tx, rx) = mpsc::channel();
-        let pool = MissPool {
-            tx,
-            rx: Arc::new(Mutex::new(rx)),
-            idle: Arc::new(AtomicIsize::new(0)),
-            threads: AtomicUsize::new(0),
-            max: max.max(min).max(1),
-            serve: Arc::new(serve),
-        };
+        let pool = Self::unstarted(max.max(min).max(1), serve);
         for _ in 0..min.max(1) {
             pool.spawn();
         }
         pool
+    }
+
+    /// A pool of no thread yet, that may start `max`.
+    fn unstarted(max: usize, serve: impl Fn(J) + Send + Sync + 'static) -> Self {
+        let (tx, rx) = mpsc::channel();
+        MissPool {
+            tx,
+            rx: Arc::new(Mutex::new(rx)),
+            idle: Arc::new(AtomicIsize::new(0)),
+            threads: AtomicUsize::new(0),
+            max,
+            serve: Arc::new(serve),
+        }
     }
 
     /// Hands `job` to an idle thread, or to a new one when none is idle
@@ -147,15 +152,8 @@ mod tests {
     /// read itself, the worker fails the miss with EIO at once).
     #[test]
     fn a_pool_without_threads_gives_the_job_back() {
-        let (tx, rx) = mpsc::channel();
-        let pool = MissPool {
-            tx,
-            rx: Arc::new(Mutex::new(rx)),
-            idle: Arc::new(AtomicIsize::new(0)),
-            threads: AtomicUsize::new(0),
-            max: 0, // as if every spawn had failed
-            serve: Arc::new(|_: u32| panic!("no thread should serve")),
-        };
+        // As if every spawn had failed.
+        let pool = MissPool::unstarted(0, |_: u32| panic!("no thread should serve"));
         assert_eq!(pool.submit(7).unwrap_err().0, 7);
         assert_eq!(pool.submit(8).unwrap_err().0, 8);
         assert_eq!(pool.idle.load(Ordering::SeqCst), 0, "idle count restored");
