@@ -43,9 +43,8 @@ from pathlib import Path
 from .fuse_tables import plot, tables
 from .harness.core import ROOT, Results, log
 from .harness.measure import (
-    ANOMALIES, LAMINA_MOUNTS, MOUNTED, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches, file_size,
-    image_info, is_mountpoint, judged, lamina_mount, machine_info, own_cpu, procs_of, round_robin, rss,
-    summary, sys_mount, sys_umount, time_v,
+    ANOMALIES, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches, file_size, image_info, is_mountpoint,
+    judged, lamina_mount, machine_info, own_cpu, procs_of, round_robin, rss, summary, sys_mount, time_v,
 )
 from .harness.measure import lamina_umount as lamina_umount_wait
 from .harness.measure import run_quiet as run, timed_cmd as timed
@@ -518,7 +517,7 @@ def measure(results, lamina, work, quick, given):
     try:
         run_parts(a, lamina, work, result)
     finally:
-        cleanup(lamina_umount_wait, SQUASHFUSE_MOUNTS)
+        cleanup(SQUASHFUSE_MOUNTS)
     for part in PARTS:
         if part not in a.parts:
             doc["not_measured"][part] = "not asked for (--set parts=...)"
@@ -533,13 +532,7 @@ def measure(results, lamina, work, quick, given):
 def run_parts(a, lamina, work, result):
     if "debian" in a.parts:
         part_debian(a, lamina, work, result)
-        for t in list(SQUASHFUSE_MOUNTS):
-            sys_umount(t)
-            SQUASHFUSE_MOUNTS.remove(t)
-        for entry in reversed(list(LAMINA_MOUNTS)):
-            lamina_umount_wait(*entry)
-        for t in reversed(list(MOUNTED)):
-            sys_umount(t)
+        cleanup(SQUASHFUSE_MOUNTS)
     if "fio" in a.parts:
         part_fio(a, lamina, work, result)
     if "mphf" in a.parts:

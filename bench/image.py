@@ -230,7 +230,7 @@ def measure(results, lamina, work, quick, options):
         measure_workloads(results, targets, warm_runs, cold_runs)
         results.add_run(phase="sizes", **sizes(lamina_json, out, image["layer_bytes"]))
     finally:
-        m.unmount_all()
+        m.cleanup()
     busy1, steal1 = m.cpu_stat()
     # CPU used by anything but the bench and what it ran (a noise indicator:
     # the machine is shared), and hypervisor steal time.

@@ -524,4 +524,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        cleanup(lamina_umount_wait)
+        cleanup()

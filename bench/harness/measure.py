@@ -25,7 +25,7 @@ from .core import ROOT, log, machine
 MS_RDONLY = 1
 LIBC = ctypes.CDLL(None, use_errno=True)
 FAULTPROXY = str(ROOT / "tests" / "tools" / "faultproxy.py")
-MOUNTED = []  # kernel mounts made here, unmounted by unmount_all
+MOUNTED = []  # kernel mounts made here, unmounted by cleanup
 
 
 def sys_mount(src, tgt, fstype="erofs", opts=None):
@@ -360,16 +360,6 @@ def ratio(a, b):
     return a / b if b else None
 
 
-def unmount_all():
-    """Unmounts what was mounted here, lamina's mounts first (their daemons
-    stop), newest first."""
-    for entry in reversed(list(LAMINA_MOUNTS)):
-        lamina_umount(*entry)
-    for t in reversed(list(MOUNTED)):
-        if is_mountpoint(t):
-            sys_umount(t)
-
-
 def judged(values, targets):
     """{name: {value, target, met}} for a benchmark's figures: `targets`
     maps a figure's name (before any `@size`) to (op, bound)."""
@@ -400,15 +390,17 @@ def finish(result, path, started, busy0, own0, width=48):
     print(f"bench took {result['bench_seconds']} s")
 
 
-def cleanup(umount_lamina, fuse_mounts=()):
-    """At exit: other FUSE mounts (squashfuse), lamina's mounts through
-    `umount_lamina(*entry)`, then kernel mounts; each failure is logged and
-    the rest still goes."""
-    for t in reversed(list(fuse_mounts)):
+def cleanup(fuse_mounts=None):
+    """Unmounts what was mounted here, newest first: other FUSE mounts in
+    `fuse_mounts` (squashfuse; the list is emptied), lamina's mounts (their
+    daemons stop and are waited for), then kernel mounts. Each failure is
+    logged and the rest still goes."""
+    for t in reversed(list(fuse_mounts or [])):
         sys_umount(t)
+        fuse_mounts.remove(t)
     for entry in reversed(list(LAMINA_MOUNTS)):
         try:
-            umount_lamina(*entry)
+            lamina_umount(*entry)
         except Exception as e:  # noqa: BLE001 - cleanup goes on
             log(f"warning: {e}")
     for t in reversed(list(MOUNTED)):
