@@ -376,26 +376,25 @@ ACCESS_LINE = re.compile(r'^(\S+) \S+ \S+ \[[^]]*\] "(\w+) (\S+) [^"]*" (\d+) (\
 def served_by_client(log_path, skip=0):
     """What the registry's access log says it sent, from line SKIP on, by
     client address and route: a dfdaemon's requests carry the `ns` query
-    parameter, lamina's own do not. {"CLIENT via|direct": {requests, bytes}}."""
-    totals = {}
+    parameter, lamina's own do not. ({"CLIENT via|direct": {requests,
+    bytes}}, the log's length in lines)."""
+    totals, lines = {}, 0
     with open(log_path, errors="replace") as f:
-        for n, line in enumerate(f):
+        for lines, line in enumerate(f, 1):
             m = ACCESS_LINE.match(line)
-            if n < skip or not m:
+            if lines <= skip or not m:
                 continue
             client, _, path, _, size = m.groups()
             key = f"{client} {'via' if 'ns=' in path else 'direct'}"
             t = totals.setdefault(key, {"requests": 0, "bytes": 0})
             t["requests"] += 1
             t["bytes"] += int(size)
-    return totals
+    return totals, lines
 
 
 def served(args):
-    path = load(args.dir)["registry_log"]
-    with open(path, errors="replace") as f:
-        lines = sum(1 for _ in f)
-    print(json.dumps({"lines": lines, "by_client": served_by_client(path, args.skip)}))
+    totals, lines = served_by_client(load(args.dir)["registry_log"], args.skip)
+    print(json.dumps({"lines": lines, "by_client": totals}))
 
 
 def bring_up(d, nodes, data, prefix, net, flags=()):
