@@ -168,7 +168,9 @@ pub fn send(sock: BorrowedFd<'_>, msg: Message, fd: Option<BorrowedFd<'_>>) -> i
     }
 }
 
-/// Receives one message and its fd, if any. `Ok(None)` means the peer closed.
+/// Receives one message and its fd, if any. `Ok(None)` means the peer is
+/// gone: it closed, or it died with messages it had not read (the kernel
+/// then resets the connection).
 pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Option<(Message, Option<OwnedFd>)>> {
     let mut bytes = [0u8; MSG_LEN];
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
@@ -182,6 +184,7 @@ pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Option<(Message, Option<OwnedFd>
         ) {
             Ok(r) => break r,
             Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::CONNRESET) => return Ok(None),
             Err(e) => return Err(e.into()),
         }
     };
@@ -210,6 +213,24 @@ pub fn send_owned(sock: &OwnedFd, msg: Message, fd: Option<&OwnedFd>) -> io::Res
 mod tests {
     use super::*;
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+
+    /// A peer killed with messages it never read resets the connection:
+    /// that is the peer gone (`Ok(None)`), as a clean close is, not an
+    /// error. A worker whose holder was killed so exited instead of taking
+    /// its place (CI: "Connection reset by peer", then reads failed).
+    #[test]
+    fn a_peer_gone_with_unread_messages_is_a_close() {
+        let (a, b) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        send(a.as_fd(), Message::Hello, None).unwrap();
+        drop(b);
+        assert!(recv(a.as_fd()).unwrap().is_none());
+    }
 
     #[test]
     fn round_trip_with_fd() {
