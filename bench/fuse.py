@@ -33,7 +33,6 @@ results file's `runs`; the ratios and targets are derived from them.
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -43,10 +42,11 @@ from pathlib import Path
 from .fuse_tables import plot, tables
 from .harness.core import ROOT, Results, log
 from .harness.measure import (
-    ANOMALIES, cleanup, count_entries, cpu_stat, dir_bytes, drop_caches, file_size, image_info, is_mountpoint,
-    judged, lamina_mount, machine_info, own_cpu, procs_of, round_robin, rss, summary, sys_mount, time_v,
+    ANOMALIES, MachineWatch, cleanup, count_entries, dir_bytes, drop_caches, file_size, image_info, is_mountpoint,
+    judged, lamina_mount, machine_info, procs_of, ratio, round_robin, rss, summary, sys_mount, time_v,
 )
 from .harness.measure import lamina_umount as lamina_umount_wait
+from .harness.measure import median_of as med
 from .harness.measure import run_quiet as run, timed_cmd as timed
 from .harness.registry import DEBIAN_LAYOUT, DEBIAN_TAG, debian_layout
 
@@ -177,14 +177,6 @@ def wait_for_objects(cache, n, timeout=120):
         last = s
         time.sleep(1)
     raise RuntimeError(f"no {n} passthrough objects under {cache} after {timeout} s: {last}")
-
-
-def med(xs):
-    return statistics.median(xs) if xs else None
-
-
-def ratio(a, b):
-    return a / b if a is not None and b else None
 
 
 # ------------------------------------------------------------------ part 1-2
@@ -510,7 +502,7 @@ def measure(results, lamina, work, quick, given):
                          stat_repeat=a.stat_repeat, mphf_keys=a.mphf_keys, mphf_runs=a.mphf_runs,
                          files=None if a.no_big else a.files, small_files=None if a.no_big else a.small_files,
                          statistic="median")
-    busy0, own0 = cpu_stat()[0], own_cpu()
+    watch = MachineWatch()
     result = {}
     doc["not_measured"] = {"nydusd": "nydusd not on PATH" if shutil.which("nydusd") is None
                            else "on PATH, but this benchmark does not measure it yet"}
@@ -524,8 +516,7 @@ def measure(results, lamina, work, quick, given):
     doc["runs"] = [{"part": name, "figures": result[name]}
                    for name in ("debian", "ls_lR", "stat_open", "fio", "mphf", "big") if name in result]
     doc["anomalies"] = list(ANOMALIES)
-    doc["machine"]["loadavg_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
-    doc["machine"]["other_cpu_s_during_bench"] = round(cpu_stat()[0] - busy0 - (own_cpu() - own0), 1)
+    watch.note_end(doc["machine"])
     derive(doc)
 
 

@@ -24,7 +24,6 @@ its tables and plot.
 import json
 import os
 import shutil
-from pathlib import Path
 
 from .harness import measure as m
 from .harness import report
@@ -205,8 +204,7 @@ def measure(results, lamina, work, quick, options):
     results.doc["config"].update(runs=runs, warm_runs=warm_runs, cold_runs=cold_runs, chunk_size=1 << 20,
                                  lamina_zstd_level=3, statistic="median")
     results.doc["machine"] = m.machine_info(str(lamina.path))
-    busy0, steal0 = m.cpu_stat()
-    own0 = m.own_cpu()
+    watch = m.MachineWatch()
     layout_ref = debian_layout()
     image = m.image_info(str(DEBIAN_LAYOUT), DEBIAN_TAG)
     results.doc["config"]["image"] = image
@@ -231,12 +229,7 @@ def measure(results, lamina, work, quick, options):
         results.add_run(phase="sizes", **sizes(lamina_json, out, image["layer_bytes"]))
     finally:
         m.cleanup()
-    busy1, steal1 = m.cpu_stat()
-    # CPU used by anything but the bench and what it ran (a noise indicator:
-    # the machine is shared), and hypervisor steal time.
-    results.doc["machine"]["other_cpu_s_during_bench"] = round(busy1 - busy0 - (m.own_cpu() - own0), 1)
-    results.doc["machine"]["steal_s_during_bench"] = round(steal1 - steal0, 1)
-    results.doc["machine"]["loadavg_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    watch.note_end(results.doc["machine"])
     derive(results.doc)
 
 

@@ -356,8 +356,34 @@ def own_cpu():
     return child_cpu() + a.ru_utime + a.ru_stime
 
 
+class MachineWatch:
+    """What else the machine did while a benchmark ran (it is shared: a noise
+    indicator for every figure): start one before measuring, `note_end`
+    after."""
+
+    def __init__(self):
+        self.busy0, self.steal0 = cpu_stat()
+        self.own0 = own_cpu()
+
+    def note_end(self, machine):
+        """Adds to `machine` the CPU seconds used by anything but the bench
+        and what it ran, hypervisor steal time and the load at the end."""
+        busy1, steal1 = cpu_stat()
+        machine["other_cpu_s_during_bench"] = round(busy1 - self.busy0 - (own_cpu() - self.own0), 1)
+        machine["steal_s_during_bench"] = round(steal1 - self.steal0, 1)
+        with open("/proc/loadavg") as f:
+            machine["loadavg_at_end"] = f.read().split()[:3]
+
+
+def median_of(xs):
+    """The median of the values that are not None (None if there are none)."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
 def ratio(a, b):
-    return a / b if b else None
+    """a / b, None when either is missing or b is 0."""
+    return a / b if a is not None and b else None
 
 
 def judged(values, targets):
