@@ -17,7 +17,7 @@ from .harness import report
 from .harness.core import ROOT, Results, log
 from .harness.lamina import Lamina, binary
 
-BENCHMARKS = ("fleet", "fuse", "image")
+BENCHMARKS = ("fleet", "fuse", "image", "scale")
 
 
 def main():
