@@ -1,0 +1,332 @@
+//! Section 8, gc: it evicts only unused images and keeps live mounts' files;
+//! a live mount outlives its removed binary and a replaced cache file.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use crate::daemon::{finish_with_logs, kill9, num, settled_status, start, status_file, Lazy};
+use crate::holder::worker_pid;
+use crate::readers::{check_reads, chroot_python, hash_files};
+use crate::IMAGE;
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------
+// 8. gc
+
+/// Files of a cache dir's blobs/ and meta/ (absolute paths).
+fn cache_files(cache: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for sub in ["blobs", "meta"] {
+        if let Ok(d) = fs::read_dir(cache.join(sub)) {
+            out.extend(d.flatten().map(|e| e.path()));
+        }
+    }
+    out
+}
+
+/// Files a live lazy mount uses, from its run dir's config.json.
+fn live_files(rd: &Path) -> BTreeSet<PathBuf> {
+    let c: Value = serde_json::from_slice(&fs::read(rd.join("config.json")).unwrap()).unwrap();
+    let mut out = BTreeSet::new();
+    for key in ["metadata_path", "index_path"] {
+        let p = PathBuf::from(c[key].as_str().unwrap());
+        // The fill record of a file cached whole, `<file>.fill`: a lazy
+        // mount leaves it to its worker, which writes it in the background.
+        let mut record = p.clone().into_os_string();
+        record.push(".fill");
+        let record = PathBuf::from(record);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !record.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the worker did not record {} within 30 s",
+                p.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        out.insert(record);
+        out.insert(p);
+    }
+    for boot in c["boot_pages"].as_array().unwrap() {
+        // Each frame's copy, `<path>.<k>`.
+        let frames = boot["frames"].as_array().map_or(1, Vec::len);
+        for k in 0..frames {
+            out.insert(PathBuf::from(format!(
+                "{}.{k}",
+                boot["path"].as_str().unwrap()
+            )));
+        }
+    }
+    for b in c["blobs"].as_array().unwrap() {
+        let p = PathBuf::from(b["cache_path"].as_str().unwrap());
+        // The fill record exists once the worker saved verified chunks,
+        // the chunk table once a read needed the blob (paged index).
+        for kept in ["fill", "table"] {
+            if p.with_extension(kept).exists() {
+                out.insert(p.with_extension(kept));
+            }
+        }
+        out.insert(p);
+    }
+    out
+}
+
+/// The edge fixture converted into `dir` (tag edge), lazily mountable from
+/// the layout with --lazy.
+fn edge_image(dir: &Path) -> String {
+    let image = oci_ref(dir, "edge");
+    lamina(["convert", &oci_ref(&edge_layout(), "edge"), &image]).ok();
+    image
+}
+
+/// Issue 28 point 6: a lazy mount made by a binary that is then removed (an
+/// upgrade, a cleaned build dir) still restarts its worker after a `kill
+/// -9`, from the very binary it runs (`/proc/self/exe`), and reads every
+/// file right. Before, the holder looked for the binary by its path and
+/// retried forever, and readers got EIO.
+#[test]
+fn a_removed_binary_still_restarts_its_worker() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("lazy-moved-binary");
+    let edge = edge_image(&t.join("edge"));
+    let bin = t.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let copy = bin.join("lamina");
+    fs::copy(LAMINA, &copy).unwrap();
+    let (mnt, cache) = (t.join("mnt"), t.join("cache"));
+    fs::create_dir_all(&mnt).unwrap();
+    let mut args = vec!["mount", "--json", "--lazy", "--mode", "kernel", &edge];
+    args.extend([
+        mnt.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    let out = run(&mut command(&copy, args), TIMEOUT).ok();
+    let m = Mount {
+        path: mnt.clone(),
+        cache: cache.clone(),
+        info: out.json(),
+    };
+    fs::remove_dir_all(&bin).unwrap();
+    let worker = worker_pid(&m);
+    kill9(worker);
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    let restarted = worker_pid(&m);
+    assert_ne!(restarted, worker, "the worker was not restarted");
+    m.unmount();
+}
+
+/// Issue 28 point 2: a cache file replaced under a live lazy mount (here
+/// by hand: a new sparse file renamed over each, then the worker killed so
+/// that it opens its stores again) is never served from: reads fail with
+/// EIO, never zeros. Before, the new worker filled the new file and let the
+/// kernel read the old, sparse inode: zeros.
+#[test]
+fn a_cache_file_replaced_under_a_live_mount_is_never_served_from() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("lazy-replaced");
+    let edge = edge_image(&t.join("edge"));
+    let cache = t.join("cache");
+    let m = Mount::with_args(
+        &edge,
+        &t.join("mnt"),
+        &cache,
+        &["--lazy", "--mode", "kernel"],
+    );
+    let worker = worker_pid(&m);
+    for blob in m.blob_paths() {
+        let size = fs::metadata(&blob).unwrap().len();
+        let other = blob.with_extension("other");
+        fs::File::create(&other).unwrap().set_len(size).unwrap();
+        fs::rename(&other, &blob).unwrap();
+    }
+    kill9(worker);
+    let reference = ociunpack(&edge_layout(), "edge");
+    let (mut failed, mut wrong) = (0, Vec::new());
+    for rel in regular_files(&reference) {
+        let want = fs::read(reference.join(&rel)).unwrap();
+        match fs::read(m.path.join(&rel)) {
+            Ok(got) if got == want => {}
+            Ok(_) => wrong.push(rel),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(5), "{}: {e}", rel.display());
+                failed += 1;
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "wrong bytes read from {wrong:?}");
+    assert!(failed > 0, "no read failed: the replaced files were served");
+    let log = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap();
+    assert!(log.contains("replaced since"), "worker log:\n{log}");
+    drop(m);
+}
+
+/// One live lazy mount (Debian) and one image mounted and unmounted before
+/// (edge) in one cache dir: gc --max-size 0 evicts exactly the edge files and
+/// the live mount reads every file right afterwards.
+#[test]
+fn gc_evicts_only_the_unused_image() {
+    let Some(Lazy { _time, deb, reg, t }) = start("gc_evicts_only_the_unused_image", "lazy-gc")
+    else {
+        return;
+    };
+    let cache = t.join("cache");
+
+    let edge = edge_image(&t.join("edge"));
+    let me = Mount::with_args(&edge, &t.join("mnt-edge"), &cache, &["--lazy"]);
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &me.path);
+    let edge_files = live_files(&run_dir(&me));
+    me.unmount();
+
+    // 1 MiB fill window: the full read after gc takes fewer requests.
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &cache,
+        &["--fill-window", "1048576"],
+    );
+    chroot_python(&m.path);
+    let rd = run_dir(&m);
+    let live = live_files(&rd);
+    let before = cache_files(&cache);
+    let mut f = Failures::default();
+    f.check(
+        edge_files.is_subset(&before) && live.is_subset(&before),
+        || {
+            format!(
+                "cache files before gc {before:?} lack some of edge {edge_files:?} / live {live:?}"
+            )
+        },
+    );
+    f.check(edge_files.is_disjoint(&live), || {
+        "edge and Debian share cache files".into()
+    });
+
+    let report = lamina([
+        "gc",
+        "--json",
+        "--max-size",
+        "0",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ])
+    .ok()
+    .json();
+    let evicted: BTreeSet<PathBuf> = report["evicted"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no evicted list: {report}"))
+        .iter()
+        .map(|p| PathBuf::from(p.as_str().unwrap()))
+        .collect();
+    let after = cache_files(&cache);
+    f.check(evicted == edge_files, || {
+        format!("gc evicted {evicted:?}, expected exactly the unused image's files {edge_files:?}")
+    });
+    // Read again: the worker may have saved a fill record since (it saves
+    // verified chunks within a second), and gc rightly keeps it. The chunk
+    // locator stays too: bounded, and shared by every entry.
+    let mut live = live_files(&rd);
+    live.insert(
+        cache
+            .join("blobs")
+            .join(lamina_fetch::locator::LOCATOR_FILE),
+    );
+    f.check(after == live, || {
+        format!("after gc the cache holds {after:?}, expected exactly the live mount's files and the chunk locator {live:?}")
+    });
+    let got = hash_files(&m.path, &deb.files, t.path(), "after-gc", TIMEOUT);
+    match got {
+        Ok(got) => check_reads(&mut f, "live mount after gc", deb, &deb.files, &got),
+        Err(e) => f.check(false, || e),
+    }
+    let s = settled_status(&m);
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    eprintln!(
+        "figures: gc evicted {} files, freed {} bytes, kept {} bytes, {} in use",
+        evicted.len(),
+        report["freed_bytes"],
+        report["kept_bytes"],
+        report["in_use"]
+    );
+    finish_with_logs(f, &rd, String::new, "gc");
+    m.unmount();
+}
+
+/// The same cache dir named by a relative path (as `lamina gc --cache-dir
+/// cache` from its parent): gc must still see the live mount's files as in
+/// use, and the mount must keep working, also after its worker restarts.
+#[test]
+fn gc_with_relative_cache_dir_keeps_live_mount_files() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "gc_with_relative_cache_dir_keeps_live_mount_files",
+        "lazy-gc-rel",
+    ) else {
+        return;
+    };
+    let cache = t.join("cache");
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &cache,
+        &["--timeout", "5"],
+    );
+    chroot_python(&m.path);
+    let rd = run_dir(&m);
+    let live = live_files(&rd);
+
+    let mut c = lamina_cmd(["gc", "--json", "--max-size", "0", "--cache-dir", "cache"]);
+    c.current_dir(t.path());
+    let out = run(&mut c, TIMEOUT).ok();
+    let report = out.json();
+    let after = cache_files(&cache);
+    let mut f = Failures::default();
+    f.check(report["evicted"].as_array().is_some_and(|e| e.is_empty()), || {
+        format!(
+            "`lamina gc --max-size 0 --cache-dir cache` (relative) evicted files of the live mount: {}",
+            report["evicted"]
+        )
+    });
+    f.check(live.is_subset(&after), || {
+        format!(
+            "live mount files gone after gc: {:?}",
+            live.difference(&after).collect::<Vec<_>>()
+        )
+    });
+
+    // What that costs: the next worker (after a crash) must still serve.
+    let pid = status_file(&rd)
+        .and_then(|s| s["pid"].as_u64())
+        .expect("worker pid") as u32;
+    kill9(pid);
+    let sample = vec!["usr/sbin/nginx".to_string(), "usr/bin/perl".to_string()]
+        .into_iter()
+        .filter(|p| deb.hashes.contains_key(p))
+        .collect::<Vec<_>>();
+    match hash_files(
+        &m.path,
+        &sample,
+        t.path(),
+        "after-gc",
+        Duration::from_secs(120),
+    ) {
+        Ok(got) => check_reads(
+            &mut f,
+            "live mount after gc and a worker restart",
+            deb,
+            &sample,
+            &got,
+        ),
+        Err(e) => f.check(false, || e),
+    }
+    finish_with_logs(f, &rd, String::new, "gc with a relative cache dir");
+    m.unmount();
+}

@@ -1,0 +1,225 @@
+//! Section 11, many mounts, one cache: each chunk is fetched once, and a
+//! dead holder fails no read of another mount, nor reads zeros.
+
+use std::fs;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+use crate::daemon::{
+    daemon_logs, finish_with_logs, fully_cached, kill9, mib, num, pid_alive, settled_status, start,
+    wait_status, Lazy,
+};
+use crate::faults::eio_sample;
+use crate::holder::{holder_pid, largest_file, worker_pid, OpenFile};
+use crate::readers::{check_reads, hash_files, hash_in_background};
+use crate::stress::shuffled;
+use crate::IMAGE;
+
+// ---------------------------------------------------------------------------
+// 11. many mounts, one cache (issue 7, point 4)
+
+/// Compressed bytes of the image's data blobs (`lamina inspect`).
+fn compressed_data_bytes(image: &str) -> u64 {
+    let doc = lamina(["inspect", "--json", image]).ok().json();
+    doc["blobs"]
+        .as_array()
+        .expect("blobs")
+        .iter()
+        .map(|b| b["compressed_bytes"].as_u64().expect("compressed_bytes"))
+        .sum()
+}
+
+/// Two mounts of one image share a cache dir. A mount that prefetches the
+/// whole image turns none of its writes into misses of an idle mount (on
+/// main every background write was a miss of the other holder, which
+/// fetched the chunk again). Then eight readers, four on each mount, read
+/// every file at once: right bytes, and every chunk fetched once between
+/// the two workers.
+#[test]
+fn mounts_sharing_a_cache_fetch_each_chunk_once() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "mounts_sharing_a_cache_fetch_each_chunk_once",
+        "lazy-shared",
+    ) else {
+        return;
+    };
+    let image = reg.reference(IMAGE);
+    let data_bytes = compressed_data_bytes(&image);
+    let mut f = Failures::default();
+
+    let cache = t.join("cache");
+    let idle = Mount::with_args(&image, &t.join("idle"), &cache, &["--prefetch", "none"]);
+    let busy = Mount::with_args(&image, &t.join("busy"), &cache, &["--prefetch", "all"]);
+    wait_status(&busy, "whole image prefetched", TIMEOUT, fully_cached);
+    let s = settled_status(&idle);
+    f.check(
+        num(&s, "misses") == 0 && num(&s, "fetched_bytes") == 0,
+        || format!("the other mount's background fills reached the idle mount: {s}"),
+    );
+    busy.unmount();
+    idle.unmount();
+
+    let cache = t.join("cache2");
+    let a = Mount::with_args(&image, &t.join("a"), &cache, &["--prefetch", "none"]);
+    let b = Mount::with_args(&image, &t.join("b"), &cache, &["--prefetch", "none"]);
+    let readers: Vec<_> = (0..8u64)
+        .map(|i| {
+            let root = if i % 2 == 0 { &a.path } else { &b.path };
+            let files = shuffled(deb.files.clone(), 0x5eed ^ i);
+            hash_in_background(
+                root,
+                files,
+                t.path(),
+                &format!("r{i}"),
+                Duration::from_secs(600),
+            )
+        })
+        .collect();
+    for h in readers {
+        match h.join().expect("reader thread") {
+            Ok(got) => check_reads(&mut f, "shared-cache reader", deb, &deb.files, &got),
+            Err(e) => f.check(false, || e),
+        }
+    }
+    let (sa, sb) = (settled_status(&a), settled_status(&b));
+    let fetched = num(&sa, "fetched_bytes") + num(&sb, "fetched_bytes");
+    // Merged requests may carry the small gaps between chunks; twice the
+    // chunks would be twice the image.
+    f.check(fetched <= data_bytes + data_bytes / 20, || {
+        format!(
+            "the two mounts fetched {} together, the image's data is {}: chunks fetched twice\n{sa}\n{sb}",
+            mib(fetched),
+            mib(data_bytes)
+        )
+    });
+    f.check(
+        num(&sa, "failed_misses") + num(&sb, "failed_misses") == 0,
+        || format!("failed misses:\n{sa}\n{sb}"),
+    );
+    eprintln!(
+        "figures: two mounts, one cache: fetched {} + {} of {} image data; misses {} + {}",
+        mib(num(&sa, "fetched_bytes")),
+        mib(num(&sb, "fetched_bytes")),
+        mib(data_bytes),
+        num(&sa, "misses"),
+        num(&sb, "misses")
+    );
+    finish_with_logs(
+        f,
+        &run_dir(&a),
+        || daemon_logs(&run_dir(&b)),
+        "shared cache",
+    );
+    a.unmount();
+    b.unmount();
+}
+
+/// `kill -9` of the holder with a file half read: on main the group closed
+/// and the rest of the file read as the cache file's holes (zeros). Now the
+/// worker holds a copy of the group: the read gets the image's bytes or EIO,
+/// never zeros, and the filesystem can still be unmounted, after which the
+/// worker leaves.
+/// Issue 28 point 5: two lazy mounts share the image's cache files, and the
+/// holder of one (B) is killed with -9. Its worker takes the holder's place
+/// (it keeps the fanotify group), so reads through the other mount (A), which
+/// the kernel asks B's group about too, and through B itself get the image's
+/// bytes. Before, B's worker answered every later event with EIO, and every
+/// read of data not yet local failed through either mount.
+#[test]
+fn a_dead_holder_fails_no_reads_of_another_mount() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_dead_holder_fails_no_reads_of_another_mount",
+        "lazy-holder-shared",
+    ) else {
+        return;
+    };
+    let cache = t.join("cache");
+    let args = ["--prefetch", "none", "--timeout", "20", "--mode", "kernel"];
+    let a = Mount::with_args(&reg.reference(IMAGE), &t.join("a"), &cache, &args);
+    let b = Mount::with_args(&reg.reference(IMAGE), &t.join("b"), &cache, &args);
+    let holder = holder_pid(&b);
+    let worker = worker_pid(&b);
+    kill9(holder);
+    assert!(
+        process_exits(holder, Duration::from_secs(10)),
+        "holder survived kill -9"
+    );
+    let sample = eio_sample(deb, 12);
+    let (through_a, through_b) = sample.split_at(sample.len() / 2);
+    let mut f = Failures::default();
+    let deadline = Duration::from_secs(300);
+    for (name, m, files) in [("A", &a, through_a), ("B", &b, through_b)] {
+        match hash_files(&m.path, files, t.path(), &format!("via-{name}"), deadline) {
+            Ok(got) => check_reads(&mut f, &format!("through {name}"), deb, files, &got),
+            Err(e) => f.check(false, || e),
+        }
+    }
+    f.check(pid_alive(worker), || "B's worker left".into());
+    let log = fs::read_to_string(run_dir(&b).join("worker.log")).unwrap_or_default();
+    f.check(log.contains("serving the group here"), || {
+        format!("B's worker log:\n{log}")
+    });
+    run(Command::new("umount").arg(&b.path), TIMEOUT).ok();
+    std::mem::forget(b);
+    f.check(process_exits(worker, Duration::from_secs(10)), || {
+        format!("B's worker {worker} still runs after the unmount")
+    });
+    a.unmount();
+    f.finish("a dead holder");
+}
+
+#[test]
+fn holder_killed_reads_fail_closed_not_zeros() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "holder_killed_reads_fail_closed_not_zeros",
+        "lazy-holder-kill",
+    ) else {
+        return;
+    };
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--prefetch", "none", "--timeout", "20"],
+    );
+    let rd = run_dir(&m);
+    let holder = holder_pid(&m);
+    let worker = worker_pid(&m);
+    let file = largest_file(deb);
+    let open = OpenFile::open(&m.path.join(file));
+    kill9(holder);
+    assert!(
+        process_exits(holder, Duration::from_secs(10)),
+        "holder survived kill -9"
+    );
+    let got = open.finish();
+    let mut f = Failures::default();
+    f.check(got == deb.hashes[file] || got == "errno 5", || {
+        format!(
+            "after the holder's kill -9, {file} read {got} (reference {}): wrong bytes",
+            deb.hashes[file]
+        )
+    });
+    f.check(pid_alive(worker), || {
+        "the worker left with the group".into()
+    });
+    let log = fs::read_to_string(rd.join("worker.log")).unwrap_or_default();
+    f.check(log.contains("the holder died"), || {
+        format!("worker log:\n{log}")
+    });
+    run(Command::new("umount").arg(&m.path), TIMEOUT).ok();
+    std::mem::forget(m);
+    f.check(process_exits(worker, Duration::from_secs(10)), || {
+        format!("worker {worker} still runs after the unmount")
+    });
+    eprintln!(
+        "figures: holder kill -9 mid-read: the reader got {}",
+        if got == "errno 5" {
+            "EIO"
+        } else {
+            "the image's bytes"
+        }
+    );
+    f.finish("holder kill");
+}

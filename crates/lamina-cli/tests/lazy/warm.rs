@@ -1,0 +1,250 @@
+//! Section 2, a warm cache: a second mount fetches nothing; reads fetch
+//! ahead, and a first miss in a module fetches its directory's modules.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use crate::daemon::{
+    daemon_logs, finish_with_logs, fully_cached, mib, num, settled_status, start, wait_status, Lazy,
+};
+use crate::readers::{check_reads, chroot_python, hash_files};
+use crate::IMAGE;
+
+// ---------------------------------------------------------------------------
+// 2. a warm cache
+
+/// Once a cache dir holds the whole image, a new mount of it fetches
+/// nothing: the registry is even stopped before reading every file.
+#[test]
+fn second_mount_of_cached_image_fetches_nothing() {
+    let Some(Lazy { _time, deb, reg, t }) =
+        start("second_mount_of_cached_image_fetches_nothing", "lazy-warm")
+    else {
+        return;
+    };
+    let (mnt, cache) = (t.join("mnt"), t.join("cache"));
+
+    let m = Mount::with_args(&reg.reference(IMAGE), &mnt, &cache, &["--prefetch-all"]);
+    let started = Instant::now();
+    let s = wait_status(
+        &m,
+        "--prefetch-all fetched everything",
+        Duration::from_secs(240),
+        fully_cached,
+    );
+    eprintln!(
+        "figures: --prefetch-all: {} fetched in {:.1} s, {} requests",
+        mib(num(&s, "fetched_bytes")),
+        started.elapsed().as_secs_f64(),
+        num(&s, "requests")
+    );
+    m.unmount();
+
+    let m = Mount::new(&reg.reference(IMAGE), &mnt, &cache);
+    // From here on there is nothing to fetch from: any attempt would show.
+    reg.stop();
+    let got = hash_files(&m.path, &deb.files, t.path(), "warm", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    let mut f = Failures::default();
+    check_reads(&mut f, "warm mount", deb, &deb.files, &got);
+    let s = settled_status(&m);
+    for key in ["fetched_bytes", "requests", "failed_misses"] {
+        f.check(num(&s, key) == 0, || {
+            format!("{key} should stay 0 on a fully cached image: {s}")
+        });
+    }
+    f.check(fully_cached(&s), || format!("not fully cached: {s}"));
+    eprintln!(
+        "figures: warm mount read {} files, status {}",
+        got.len(),
+        serde_json::json!({"fetched_bytes": s["fetched_bytes"], "requests": s["requests"], "misses": s["misses"]})
+    );
+    f.finish("warm mount");
+    m.unmount();
+}
+
+/// A reader of the whole tree in path order (the order the converter laid
+/// the data out in, and the order `find`, `tar` or a scanner read it) gets
+/// the data fetched ahead in a few large requests instead of one request
+/// per file, and still every byte right; a python3 start (scattered reads)
+/// fetches nothing ahead.
+#[test]
+fn reading_in_order_fetches_ahead_in_few_requests() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "reading_in_order_fetches_ahead_in_few_requests",
+        "lazy-ahead",
+    ) else {
+        return;
+    };
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--prefetch", "none"],
+    );
+    let mut f = Failures::default();
+    chroot_python(&m.path);
+    let s = settled_status(&m);
+    f.check(num(&s, "ahead_requests") == 0, || {
+        format!("a python3 start (scattered reads) fetched ahead: {s}")
+    });
+
+    let started = Instant::now();
+    let got = hash_files(&m.path, &deb.files, t.path(), "in-order", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    let secs = started.elapsed().as_secs_f64();
+    check_reads(&mut f, "the tree read in path order", deb, &deb.files, &got);
+    let s = settled_status(&m);
+    let chunks: u64 = deb.model.iter().map(|b| b.chunks).sum();
+    // One request per miss would be about one per chunk (7,000 here).
+    f.check(num(&s, "requests") * 10 < chunks, || {
+        format!(
+            "{} requests for {chunks} chunks: not fetched ahead: {s}",
+            num(&s, "requests")
+        )
+    });
+    f.check(num(&s, "fetched_bytes") <= deb.compressed_bytes(), || {
+        format!(
+            "fetched more than the image's {} compressed bytes: {s}",
+            deb.compressed_bytes()
+        )
+    });
+    f.check(
+        num(&s, "ahead_fetched_bytes") * 2 > num(&s, "fetched_bytes"),
+        || format!("less than half the bytes were fetched ahead: {s}"),
+    );
+    // Issue 29: what was fetched ahead is accounted, and a whole-tree read
+    // reads nearly all of it (every file is read; only the last windows
+    // may run past what the reader still wanted).
+    let (ahead, used) = (num(&s, "ahead_chunk_bytes"), num(&s, "ahead_used_bytes"));
+    f.check(ahead > 0 && used <= ahead && used * 10 >= ahead * 9, || {
+        format!("fetched ahead {ahead} chunk bytes, {used} of them read since: {s}")
+    });
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    eprintln!(
+        "figures: in-order read of {} files in {secs:.1} s: {} fetched in {} requests ({} ahead, {}), {} misses",
+        deb.files.len(),
+        mib(num(&s, "fetched_bytes")),
+        num(&s, "requests"),
+        num(&s, "ahead_requests"),
+        mib(num(&s, "ahead_fetched_bytes")),
+        num(&s, "misses")
+    );
+    finish_with_logs(f, &run_dir(&m), String::new, "fill-ahead");
+    m.unmount();
+}
+
+/// Issue 29: a first miss in a module fetches its directory's other
+/// modules (`lamina_daemon::predict`), so an import of the package after it
+/// waits on no more round trips; `--predict-max 0` turns that off, and then
+/// each module is a miss of its own. Reads give the reference bytes. (On
+/// loopback misses come far faster than the rate predictions wait for.)
+#[test]
+fn a_first_miss_in_a_module_fetches_its_directorys_modules() {
+    predicted_module_reads(
+        "a_first_miss_in_a_module_fetches_its_directorys_modules",
+        "kernel",
+    );
+}
+
+/// The same through FUSE.
+#[test]
+fn fuse_a_first_miss_in_a_module_fetches_its_directorys_modules() {
+    predicted_module_reads(
+        "fuse_a_first_miss_in_a_module_fetches_its_directorys_modules",
+        "fuse",
+    );
+}
+
+fn predicted_module_reads(test: &'static str, mode: &str) {
+    let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-predict-{mode}")) else {
+        return;
+    };
+    let dir = "usr/lib/python3.11/asyncio/";
+    let modules: Vec<String> = deb
+        .files
+        .iter()
+        .filter(|p| p.starts_with(dir) && !p[dir.len()..].contains('/') && p.ends_with(".py"))
+        .cloned()
+        .collect();
+    let (first, rest) = modules
+        .split_first()
+        .expect("asyncio's modules in the image");
+    let mut f = Failures::default();
+    let mut misses_after_first = Vec::new();
+    for (predict, label) in [("8M", "predicted"), ("0", "not-predicted")] {
+        let m = Mount::with_args(
+            &reg.reference(IMAGE),
+            &t.join(&format!("mnt-{label}")),
+            &t.join(&format!("cache-{label}")),
+            &[
+                "--mode",
+                mode,
+                "--prefetch",
+                "none",
+                "--predict-max",
+                predict,
+            ],
+        );
+        // A python3 start first: predictions wait until misses were timed
+        // (`lamina_daemon::predict::RateMeter`).
+        chroot_python(&m.path);
+        let one = hash_files(
+            &m.path,
+            std::slice::from_ref(first),
+            t.path(),
+            label,
+            TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+        check_reads(&mut f, label, deb, std::slice::from_ref(first), &one);
+        // What was predicted counts once landed (a reader meeting it in
+        // flight waits for it, and sends no request of its own either).
+        wait_status(&m, "predicted chunks landed", TIMEOUT, |s| {
+            s["predictions"].as_u64() == Some(0) || s["ahead_chunk_bytes"].as_u64() > Some(0)
+        });
+        let before = settled_status(&m);
+        let label_rest = format!("{label}-rest");
+        let got = hash_files(&m.path, rest, t.path(), &label_rest, TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+        check_reads(&mut f, &label_rest, deb, rest, &got);
+        let after = settled_status(&m);
+        let new = num(&after, "miss_requests") - num(&before, "miss_requests");
+        eprintln!(
+            "figures: {mode}, {label}: {} modules of {dir} after the first: {new} miss requests; \
+             predictions {}, {} predicted requests, {} ahead / {} read",
+            rest.len(),
+            num(&after, "predictions"),
+            num(&after, "predicted_requests"),
+            num(&after, "ahead_chunk_bytes"),
+            num(&after, "ahead_used_bytes"),
+        );
+        if predict == "0" {
+            f.check(num(&after, "predictions") == 0, || {
+                format!("--predict-max 0 predicted: {after}")
+            });
+        } else {
+            f.check(num(&after, "predictions") >= 1, || {
+                format!("the first miss in {first} predicted nothing: {after}")
+            });
+            f.check(num(&after, "ahead_used_bytes") > 0, || {
+                format!("nothing predicted was read: {after}")
+            });
+        }
+        misses_after_first.push(new);
+        finish_with_logs(std::mem::take(&mut f), &run_dir(&m), String::new, label);
+        m.unmount();
+    }
+    // Without predictions the package's modules span more than the first
+    // one's chunk (else this test could not fail); with them, none missed.
+    assert!(
+        misses_after_first[1] > 0,
+        "{dir} lies in one chunk: the test shows nothing"
+    );
+    assert_eq!(
+        misses_after_first[0], 0,
+        "modules predicted on the first miss were fetched again"
+    );
+}
