@@ -129,7 +129,7 @@ def lazy_tables(r, w):
     if any(x.get("registry_wire") for x in by.values()):
         w("**From a registry.** The image pushed to a local registry (skopeo, digests kept) and mounted lazily "
           "through `tests/tools/faultproxy.py` spoiling nothing, which counts the answer bodies it sends (manifest, "
-          "config, layers): right after the mount (and `--settle`), then after reading the one file and 12 s more "
+          "config, layers): right after the mount (and `settle` s), then after reading the one file and 12 s more "
           "(a lazy mount fetches layers no reader waits for, such as the FUSE lookup table, once the start is over).")
         w("")
         w("| files | path | bytes before first read | / mkfs.erofs metadata | answers | bytes once the start was over |")
