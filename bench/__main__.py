@@ -13,11 +13,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .harness import report
+from .harness import report, workdir
 from .harness.core import ROOT, Results, log
 from .harness.lamina import Lamina, binary
 
-BENCHMARKS = ("fleet", "fuse", "image", "scale")
+BENCHMARKS = ("big_image", "fleet", "fuse", "image", "scale")
 
 
 def main():
@@ -26,7 +26,7 @@ def main():
     p.add_argument("name", choices=BENCHMARKS)
     p.add_argument("--quick", action="store_true", help="fewer, smaller runs (to try the benchmark)")
     p.add_argument("--out", help="results file (default: the benchmark's file under docs/)")
-    p.add_argument("--plot", help="plot file (default: the benchmark's under docs/)")
+    p.add_argument("--plot", help="plot file (default: the benchmark's under docs/, or beside --out)")
     p.add_argument("--work", help="work dir (default: a fresh one under /tmp, removed after)")
     p.add_argument("--report", metavar="FILE", help="print the tables of this results file and exit")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -54,19 +54,40 @@ def main():
     options = dict(kv.split("=", 1) for kv in args.set)
     results = Results(args.name, {"lamina": str(lamina.path), "options": options}, quick=args.quick)
     out = Path(args.out or bench["out"])
+    measured = False
     try:
         bench["measure"](results, lamina, work, args.quick, options)
+        measured = True
     finally:
         lamina.umount_all()
+        if not measured and not args.work:  # a failed run's too, unless something stays mounted in it
+            workdir.remove(work)
     results.write(out)
-    tables = bench["render"](results.doc, args.plot or bench["plot"])
+    # a results file given: its plot beside it (a trial run leaves docs/ alone)
+    plot = args.plot or (out.with_name(Path(bench["plot"]).name) if args.out else bench["plot"])
+    tables = bench["render"](results.doc, plot)
     print(tables)
-    if "tables_in" in bench and not args.out:  # the doc that carries this results file's tables
-        report.replace_between(ROOT / bench["tables_in"], report.TABLES_BEGIN, report.TABLES_END, tables)
-        log(f"tables updated in {bench['tables_in']}")
+    carrier = tables_doc(bench, out, args.out)
+    incomplete = results.doc.get("incomplete")  # a run stopped early: its tables stay out of docs/
+    if carrier and not incomplete:
+        begin, end = bench.get("markers", (report.TABLES_BEGIN, report.TABLES_END))  # a doc's own markers
+        report.replace_between(ROOT / carrier, begin, end, tables)
+        log(f"tables updated in {carrier}")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     log(f"done in {results.doc['seconds']} s")
+    if incomplete:
+        raise SystemExit(f"bench {args.name}: incomplete run: {incomplete} (results in {out})")
+
+
+def tables_doc(bench, out, given):
+    """The doc that carries the tables of results file `out`: `tables_in`
+    for the benchmark's own file, else the one its `tables_of` maps `out`
+    to (paths from the repository's root); None for any other file."""
+    rel = os.path.relpath(out.resolve(), ROOT)
+    if not given or rel == os.path.relpath(Path(bench["out"]).resolve(), ROOT):
+        return bench.get("tables_in")
+    return bench.get("tables_of", {}).get(rel)
 
 
 if __name__ == "__main__":

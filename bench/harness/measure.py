@@ -132,13 +132,25 @@ def wait_gone(pids, timeout=30):
 
 def time_v(cmd):
     """Run cmd under /usr/bin/time -v; returns (wall s, stdout, peak RSS KiB)."""
+    dt, stdout, usage = time_v_usage(cmd)
+    return dt, stdout, usage["peak_rss_kib"]
+
+
+def time_v_usage(cmd):
+    """Run cmd under /usr/bin/time -v; returns (wall s, stdout,
+    {"peak_rss_kib", "user_s", "sys_s"}), each None when time did not say."""
     t0 = time.perf_counter()
     p = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True)
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
-    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
-    return dt, p.stdout, int(m.group(1)) if m else None
+
+    def field(label, conv):
+        m = re.search(re.escape(label) + r": (\S+)", p.stderr)
+        return conv(m.group(1)) if m else None
+    return dt, p.stdout, {"peak_rss_kib": field("Maximum resident set size (kbytes)", int),
+                          "user_s": field("User time (seconds)", float),
+                          "sys_s": field("System time (seconds)", float)}
 
 
 def is_mountpoint(path):
