@@ -34,7 +34,10 @@ step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "bench/: the harness imports and renders its committed results"
-for pair in fleet:docs/fleet-results.json fuse:docs/bench-fuse-results.json image:docs/bench-results.json; do
+for pair in fleet:docs/fleet-results.json fuse:docs/bench-fuse-results.json image:docs/bench-results.json \
+    scale:docs/bench-scale-results.json big_image:docs/big-image-results.json \
+    coldstart:docs/coldstart-results.json coldstart:docs/coldstart-heavy-results.json \
+    coldstart:docs/coldstart-index-results.json coldstart:docs/coldstart-index-predictions-results.json; do
     /usr/bin/python3 -m bench "${pair%%:*}" --report "${pair#*:}" >/dev/null
 done
 

@@ -444,3 +444,29 @@ def cleanup(fuse_mounts=None):
     for t in reversed(list(MOUNTED)):
         if is_mountpoint(t):
             sys_umount(t)
+
+
+def proc_kib(pid, field):
+    """A kB field of /proc/PID/status (VmRSS, VmHWM), None when the process
+    is gone (or pid is None)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, TypeError):
+        pass
+    return None
+
+
+def pss_kib(pid):
+    """Proportional set size: shared pages (the one lamina binary's text) split
+    between the processes mapping them, so a sum over processes is fair."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None

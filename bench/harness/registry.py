@@ -10,13 +10,23 @@ DEBIAN_TAG = "bookworm"
 
 
 class Registry:
-    """Started on construction; its data stays in DIR/data after `stop`."""
+    """Started on construction (inside network namespace `netns` when
+    given: it and its clients then talk across that namespace's lo); its
+    data stays in DIR/data after `stop`."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, netns=None):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.script = ROOT / "tests" / "tools" / "registry.sh"
-        self.port = run(["bash", self.script, "start", self.dir], timeout=60).stdout.strip()
+        self.port = run(["bash", self.script, "start", self.dir], timeout=60, netns=netns).stdout.strip()
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self):
+        return int((self.dir / "pid").read_text())
 
     @property
     def data(self):

@@ -1,20 +1,7 @@
-#!/usr/bin/env python3
-"""Markdown tables of a scripts/coldstart.sh result file.
+"""The cold-start benchmark's tables (Markdown, as docs/coldstart.md and
+docs/coldstart-heavy.md carry them), from a results file as
+summary.view gives it."""
 
-Usage: coldstart_report.py RESULTS.json                 (prints the tables)
-       coldstart_report.py RESULTS.json --update DOC.md (replaces the text between
-                                                         <!-- coldstart-tables:begin --> and
-                                                         <!-- coldstart-tables:end --> in DOC.md)
-"""
-
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench.harness
-from bench.harness.report import report_main  # noqa: E402
-
-BEGIN = "<!-- coldstart-tables:begin -->"
-END = "<!-- coldstart-tables:end -->"
 VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina + boot set",
           "snapshotter": "snapshotter", "snapshotter-boot": "snapshotter + boot set", "run": "lamina run",
           "run-boot": "lamina run + boot set", "proxy": "lamina, through the fault proxy (clean)",
@@ -41,10 +28,18 @@ def spread(t):
     return f"{secs(t['median'])} ({secs(t['min'])}–{secs(t['max'])})"
 
 
-def render(r):
+def tables(r):
+    """Every table of a results file (summary.view), in Markdown."""
     out = []
     w = out.append
-    m, cfg, img, med, rt = r["machine"], r["config"], r["image"], r["medians"], r["ratios"]
+    for section in (heading, targets, cold_start, through, heavy, faults, where_time_goes, bytes_table,
+                    second_container, boot_sets, links):
+        section(w, r)
+    return "\n".join(out) + "\n"
+
+
+def heading(w, r):
+    m, cfg, img = r["machine"], r["config"], r["image"]
     img_bytes = img["layer_bytes"]
     w(f"Measured {m['date']} on {m['nproc']} vCPUs ({m.get('cpu', '?')}), kernel {m['kernel']}, "
       f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}; containerd {m['versions'].get('containerd')}, "
@@ -65,24 +60,29 @@ def render(r):
         w("")
         w(f"**Incomplete run**: {r['incomplete']}.")
 
+
+def targets(w, r):
     w("")
     w("### Targets")
     w("")
     w("| figure | workload | link | measured | target | met |")
     w("|---|---|---|---:|---:|---|")
     for t in r["targets"]:
-        if "target_min" in t:
-            bound, ok = f"≥ {t['target_min']:.0f}×", t["met"]
+        if t["op"] == ">=":
+            bound, ok = f"≥ {t['bound']:.0f}×", t["met"]
             val = f"{t['value']:.1f}×"
-            by = f"**no** (reached {t['value'] / t['target_min']:.0%} of it)" if not ok else "yes"
+            by = f"**no** (reached {t['value'] / t['bound']:.0%} of it)" if not ok else "yes"
         else:
             unit = t.get("unit", "%")
             fmt = {"%": "{:.2f} %", "x": "{:.2f}×", "MiB": "{:.1f} MiB"}[unit]
-            bound, ok = "≤ " + fmt.format(t["target_max"]), t["met"]
+            bound, ok = "≤ " + fmt.format(t["bound"]), t["met"]
             val = fmt.format(t["value"])
-            by = f"**no** ({t['value'] / t['target_max']:.2f}× the bound)" if not ok else "yes"
-        w(f"| {t['what']} | {WLABEL.get(t['workload'], t['workload'])} | {t['link']} | {val} | {bound} | {by} |")
+            by = f"**no** ({t['value'] / t['bound']:.2f}× the bound)" if not ok else "yes"
+        w(f"| {t['name']} | {WLABEL.get(t['workload'], t['workload'])} | {t['link']} | {val} | {bound} | {by} |")
 
+
+def cold_start(w, r):
+    med, rt = r["medians"], r["ratios"]
     w("")
     w("### Cold start: seconds from start to first useful output")
     w("")
@@ -99,9 +99,9 @@ def render(r):
             w(f"| {link} | {WLABEL.get(wl, wl)} | {' | '.join(cells)} | "
               f"{f'{rl:.1f}×' if rl else '–'} | {f'{rb:.1f}×' if rb else '–'} |")
 
-    through(w, r)
-    heavy(w, r)
-    faults(w, r)
+
+def where_time_goes(w, r):
+    med = r["medians"]
     w("")
     w("### Where the time goes (medians, seconds)")
     w("")
@@ -142,6 +142,9 @@ def render(r):
             boc = [secs(x) for x in bo[:2] + bo[3:5]] if bo else ["–"] * 4
             w(f"| {link} | {WLABEL.get(wl, wl)} | {cdc[0]} | {cdc[1]} | {' | '.join(lac)} | {' | '.join(boc)} |")
 
+
+def bytes_table(w, r):
+    cfg, img_bytes = r["config"], r["image"]["layer_bytes"]
     w("")
     w("### Bytes")
     w("")
@@ -181,6 +184,9 @@ def render(r):
         row.append(mb(mw) if mw else "–")
         w(f"| {WLABEL.get(wl, wl)} | {' | '.join(row)} |")
 
+
+def second_container(w, r):
+    cfg = r["config"]
     w("")
     w("### Second container, daemon memory")
     w("")
@@ -201,15 +207,25 @@ def render(r):
             t2 = ts[len(ts) // 2]
             wire = max(x["second"]["wire_bytes"] for x in runs)
             if v in ("containerd", "local"):
-                w(f"| {WLABEL.get(wl, wl)} | {VLABEL[v]} | {t2:.3f} | – | {wire:,} | – | – | – |")
+                w(f"| {WLABEL.get(wl, wl)} | {VLABEL.get(v, v)} | {t2:.3f} | – | {wire:,} | – | – | – |")
                 continue
             fetched = max((x["second"].get("fetched_bytes") or 0) for x in runs)
-            hs = sorted(x["rss_kib"]["holder"] or 0 for x in runs)
-            ws = sorted(x["rss_kib"]["worker"] or 0 for x in runs)
-            ss = [x["rss_kib"]["sum"] or 0 for x in runs]
-            w(f"| {WLABEL.get(wl, wl)} | {VLABEL[v]} | {t2:.3f} | {fetched:,} | {wire:,} | "
-              f"{hs[len(hs) // 2] / 1024:.1f} | {ws[len(ws) // 2] / 1024:.1f} | {max(ss) / 1024:.1f} |")
+            w(f"| {WLABEL.get(wl, wl)} | {VLABEL.get(v, v)} | {t2:.3f} | {fetched:,} | {wire:,} | {memory(runs)} |")
 
+
+def memory(runs):
+    """The memory cells of a variant's runs: holder and worker VmHWM
+    (medians) and their largest sum, in MB; "–" for runs that measured none
+    (docker-index)."""
+    if not all(x.get("rss_kib") for x in runs):
+        return "– | – | –"
+    hs = sorted(x["rss_kib"]["holder"] or 0 for x in runs)
+    ws = sorted(x["rss_kib"]["worker"] or 0 for x in runs)
+    ss = [x["rss_kib"]["sum"] or 0 for x in runs]
+    return f"{hs[len(hs) // 2] / 1024:.1f} | {ws[len(ws) // 2] / 1024:.1f} | {max(ss) / 1024:.1f}"
+
+
+def boot_sets(w, r):
     w("")
     w("### Boot sets")
     w("")
@@ -231,6 +247,8 @@ def render(r):
           f"{t['distinct_chunks']} ({mb(t['bytes'])}) | {pages} | {mb(rec['fetched_bytes'])}, "
           f"{rec['requests']} / {rec['misses']} | {top} |")
 
+
+def links(w, r):
     w("")
     w("### Links")
     w("")
@@ -238,7 +256,6 @@ def render(r):
     w("|---|---:|---:|---:|")
     for link, c in r["links"].items():
         w(f"| {link} | {c['nominal_MBps']:.2f} | {c['MBps']:.2f} | {c['range_request_1byte_ms']:.1f} |")
-    return "\n".join(out) + "\n"
 
 
 def heavy(w, r):
@@ -344,7 +361,7 @@ def through(w, r):
       "without and with the boot set.")
     w("")
     cols = [v for v in THROUGH if v in cfg["variants"]]
-    w("| link | workload | " + " | ".join(VLABEL[v] for v in cols) + " | snapshotter / run | with boot set |")
+    w("| link | workload | " + " | ".join(VLABEL.get(v, v) for v in cols) + " | snapshotter / run | with boot set |")
     w("|---|---|" + "---:|" * (len(cols) + 2))
     for link, per_w in med.items():
         for wl, per_v in per_w.items():
@@ -366,7 +383,7 @@ def through(w, r):
     w("Bytes to first useful output (medians over all links; fetched = lamina's `fetched_bytes`, wire = "
       "the namespace's `lo`; snapshotter: from `rpull` on, with the image's manifest and config):")
     w("")
-    w("| workload | " + " | ".join(f"{VLABEL[v]} fetched / wire MB" for v in cols[1:]) + " |")
+    w("| workload | " + " | ".join(f"{VLABEL.get(v, v)} fetched / wire MB" for v in cols[1:]) + " |")
     w("|---|" + "---:|" * (len(cols) - 1))
     img_bytes = r["image"]["layer_bytes"]
     for wl in cfg["workloads"]:
@@ -379,6 +396,12 @@ def through(w, r):
             wm = f"{mb(w_[len(w_) // 2])} ({100 * w_[len(w_) // 2] / img_bytes:.1f} %)" if w_ else "–"
             cells.append(f"{fm} / {wm}")
         w(f"| {WLABEL.get(wl, wl)} | {' | '.join(cells)} |")
+    idle_and_peers(w, r)
+
+
+def idle_and_peers(w, r):
+    """The snapshotter's idle footprint, and the peers found on PATH."""
+    cfg = r["config"]
     idle = r.get("idle")
     if idle:
         w("")
@@ -396,11 +419,3 @@ def through(w, r):
         w("")
         w("Other lazy-pulling snapshotters on PATH: " + (", ".join(found) if found else "none") +
           f" (looked for {', '.join(f'`{k}`' for k in peers)}); none is compared here.")
-
-
-def main():
-    report_main(render, BEGIN, END, __doc__)
-
-
-if __name__ == "__main__":
-    main()
