@@ -40,10 +40,10 @@ import types
 from pathlib import Path
 
 from .fuse_tables import plot, tables
-from .harness.core import ROOT, Results, log
+from .harness.core import ROOT, log
 from .harness.measure import (
     ANOMALIES, MachineWatch, cleanup, count_entries, dir_bytes, drop_caches, file_size, image_info, is_mountpoint,
-    judged, lamina_mount, machine_info, procs_of, ratio, round_robin, rss, summary, sys_mount, time_v,
+    judge, lamina_mount, machine_info, procs_of, ratio, round_robin, rss, summary, sys_mount, time_v,
 )
 from .harness.measure import lamina_umount as lamina_umount_wait
 from .harness.measure import median_of as med
@@ -579,14 +579,7 @@ def derive(doc):
                                                                 small["rss_after_mount"]["RssAnon_kib"])
             v["big_fuse_rss_anon_after_ls_vs_small"] = ratio(big["rss_after_ls"]["RssAnon_kib"],
                                                              small["rss_after_ls"]["RssAnon_kib"])
-    ratios = judged(v, TARGETS)
-    doc["summary"] = {"ratios": ratios}
-    results = Results.of(doc)
-    doc["targets"] = []
-    for name, x in ratios.items():
-        if x["target"]:
-            op, bound = x["target"].split()
-            results.target(name, x["value"], op, float(bound))
+    judge(doc, v, TARGETS)
 
 
 def render(doc, plot_path):

@@ -39,10 +39,10 @@ import sys
 import time
 import types
 
-from .harness.core import ROOT, SCHEMA, Results, log
+from .harness.core import ROOT, SCHEMA, log
 from .harness.measure import (
     ANOMALIES, MOUNTED, MachineWatch, child_cpu, cleanup, count_entries, dir_bytes, drop_caches, fault_proxy,
-    file_size, image_info, judged, lamina_mount, lamina_status, machine_info, procs_of, rm, round_robin, summary,
+    file_size, image_info, judge, lamina_mount, lamina_status, machine_info, procs_of, rm, round_robin, summary,
     sys_mount, sys_umount, time_v,
 )
 from .harness.measure import lamina_umount as lamina_umount_wait
@@ -531,14 +531,7 @@ def derive(doc):
         pv = r["python"]["variants"]
         v["python_packed_vs_unpacked_bytes"] = pv["packed"]["fetched_bytes"] / pv["unpacked"]["fetched_bytes"]
         v["python_packed_vs_unpacked_requests"] = pv["packed"]["requests"] / pv["unpacked"]["requests"]
-    ratios = judged(v, TARGETS)
-    doc["summary"] = {"ratios": ratios}
-    results = Results.of(doc)
-    doc["targets"] = []
-    for name, x in ratios.items():
-        if x["target"]:
-            op, bound = x["target"].split()
-            results.target(name, x["value"], op, float(bound))
+    judge(doc, v, TARGETS)
 
 
 def size_ratios(v, k, x):

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from .core import ROOT, log, machine
+from .core import ROOT, Results, log, machine
 
 MS_RDONLY = 1
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -411,21 +411,17 @@ def judged(values, targets):
     return out
 
 
-def finish(result, path, started, busy0, own0, width=48):
-    """Writes `result` to `path` with the bench's duration and what else the
-    machine did meanwhile, and prints its judged figures."""
-    with open("/proc/loadavg") as f:
-        result["machine"]["loadavg_at_end"] = f.read().split()[:3]
-    result["bench_seconds"] = round(time.perf_counter() - started, 1)
-    busy1, _ = cpu_stat()
-    result["machine"]["other_cpu_s_during_bench"] = round(busy1 - busy0 - (own_cpu() - own0), 1)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    for name, x in result.get("ratios", {}).items():
-        met = "" if x["met"] is None else ("met" if x["met"] else "NOT MET")
-        print(f"  {name:<{width}}{x['value']:12.3f}  {x['target'] or '':>9}  {met}")
-    print(f"bench took {result['bench_seconds']} s")
+def judge(doc, values, targets):
+    """Judges `values` against `targets` (see judged) into `doc`: its
+    summary's "ratios" and its targets (those with a bound)."""
+    ratios = judged(values, targets)
+    doc["summary"] = {"ratios": ratios}
+    results = Results.of(doc)
+    doc["targets"] = []
+    for name, x in ratios.items():
+        if x["target"]:
+            op, bound = x["target"].split()
+            results.target(name, x["value"], op, float(bound))
 
 
 def cleanup(fuse_mounts=None):
