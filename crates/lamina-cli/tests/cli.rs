@@ -30,6 +30,8 @@ fn u64_field(doc: &Value, path: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("{path:?} is not an unsigned integer in {doc:#}"))
 }
 
+// Over 100 lines: every command's --json report checked against the others on the same images
+// (split, each part would convert them again).
 #[test]
 fn json_reports_are_complete_and_consistent() {
     if !require(&[]) {
@@ -320,6 +322,7 @@ fn inspect_agrees_with_the_convert_report() {
 }
 
 /// Exit codes: 2 usage / bad reference, 3 content refused, 4 not found.
+// Over 100 lines: a table of commands and the exit code each must give.
 #[test]
 fn exit_codes_for_local_images() {
     if !require(&[]) {

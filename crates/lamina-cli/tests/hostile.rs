@@ -129,6 +129,7 @@ fn check_confined(f: &mut Failures, tag: &str, mnt: &Path, confined: &Value) {
     }
 }
 
+// Over 100 lines: a table of hostile images, each with the outcome it must get.
 #[test]
 fn hostile_images_are_refused_or_confined() {
     if !require(&["zstd"]) {
@@ -330,6 +331,7 @@ fn hostile_images_are_refused_or_confined() {
 /// image: `lamina mount` must refuse it with exit 3, mount nothing and leave
 /// no cache file (complete or `.partial-*`) for that blob. After the byte is
 /// restored, the same cache dir mounts fine.
+// Over 100 lines: a corrupt blob refused, then restored and mounted, on one cache dir.
 #[test]
 fn corrupt_data_blob_is_refused_at_mount() {
     if !require(&["zstd"]) {

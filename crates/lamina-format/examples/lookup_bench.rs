@@ -115,6 +115,7 @@ fn time_each(count: usize, mut f: impl FnMut(usize) -> bool) -> (f64, usize) {
     (start.elapsed().as_nanos() as f64 / count as f64, hits)
 }
 
+// Over 100 lines: the benchmark's steps in order, each printing its figures.
 fn main() -> Result<(), String> {
     let args = args()?;
     let n = args.keys;

@@ -91,6 +91,7 @@ fn reg_ref(host: &str, rest: &str) -> ImageRef {
     format!("docker://{host}/{rest}").parse().expect("ref")
 }
 
+// Over 100 lines: one push, pull and range sequence against the same registry.
 #[test]
 fn push_pull_range_against_real_registry() {
     let Some(reg) = start_registry() else { return };

@@ -32,6 +32,7 @@ pub(crate) fn images() -> &'static Images {
     I.get_or_init(build_images)
 }
 
+// Over 100 lines: the images the tests share, built and pushed once, in order.
 fn build_images() -> Images {
     let source = debian_source();
     let reg = Registry::start();

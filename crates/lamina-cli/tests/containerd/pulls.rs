@@ -14,6 +14,8 @@ use crate::{Version, LAMINA_IMAGE, ORIG_IMAGE, PLAIN_IMAGE, SRC_TAG};
 
 /// Pull, run, writes, content store, bytes moved, a plain image: the checks
 /// both containerd versions share.
+// Over 100 lines: the checks both containerd versions share, in one containerd whose set-up
+// dominates the time.
 fn lamina_and_plain_images_run(version: Version) {
     let Some(node) = Node::start(version) else {
         return;

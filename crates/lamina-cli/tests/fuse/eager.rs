@@ -236,6 +236,7 @@ fn an_idle_fuse_daemon_releases_the_pages_it_mapped() {
 /// the daemon counts the passthrough open. A small file is
 /// read through the daemon and gets no object. An overlay on the mount
 /// (stack depth 1) reads the big file's bytes and takes writes.
+// Over 100 lines: one mount checked each way a file is served, in the order its doc gives.
 #[test]
 fn fuse_passthrough_serves_big_complete_files_from_their_objects() {
     if !require(&[]) {

@@ -55,6 +55,7 @@ impl Drop for DevFuseMode {
 ///
 /// A normal host's /dev/fuse is 0666 (fusermount3 opens it as the user);
 /// where it is not (this CI's is 0600) the test opens it up and restores it.
+// Over 100 lines: the unprivileged set-up and every check that needs it, in order.
 #[test]
 fn rootless_lazy_fuse_mount_through_fusermount3() {
     if !require(&["setpriv", "fusermount3", "unshare"]) {

@@ -18,6 +18,8 @@ use serde_json::Value;
 
 /// Record what python3 reads, bake it into a new tag as the boot set, and
 /// mount that: once the prefetch is done python3 runs without fetching.
+// Over 100 lines: record a trace, convert with it, start again: each step on what the one before
+// made.
 #[test]
 fn boot_set_prefetch_serves_python_without_fetching() {
     let Some(Lazy { _time, deb, reg, t }) = start(

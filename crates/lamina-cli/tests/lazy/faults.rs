@@ -98,6 +98,7 @@ fn faulty_proxy_recoverable_faults_read_correct_bytes() {
 /// right, and every failed read answered within its timeout. On main before
 /// the fix, resets alone stopped the worker for good (7,015 of 7,153 files
 /// EIO), truncations failed 1,948 files and flipped bytes 1,478.
+// Over 100 lines: eight readers and a fault proxy set up, run and checked together.
 fn eight_readers_through_faults(test: &'static str, kind: &str, mode: &str) {
     let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-faults-{kind}-{mode}"))
     else {

@@ -87,6 +87,8 @@ pub(crate) fn debian() -> &'static Debian {
     }
 }
 
+// Over 100 lines: the shared fixture built once, each step (image, convert, push, model) on the
+// one before.
 fn build_debian() -> Debian {
     let started = Instant::now();
     let source = debian_source();

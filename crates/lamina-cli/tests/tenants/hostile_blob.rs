@@ -47,6 +47,7 @@ impl Tenants<'_> {
     /// and every file read, then B mounted. Then, with the page cache
     /// dropped, B reads every file with its own bytes, and the cache holds
     /// two entries for X, B's and H's.
+    // Over 100 lines: one round of two tenants' mounts and reads in the order its doc gives.
     fn round(&self, f: &mut Failures, mode: &str, b_first: bool) {
         let label = format!("{mode}-{}", if b_first { "b-first" } else { "h-first" });
         let started = Instant::now();

@@ -51,6 +51,7 @@ fn worker_pid(rd: &Path, timeout: Duration) -> u32 {
 /// after a `kill -9` of the worker (the other half only by its successor,
 /// which opens the cache entry again), then all again after a second kill.
 /// A2's mount equals its reference too.
+// Over 100 lines: one race set up, run and checked step by step on the same mounts.
 #[test]
 fn an_eager_mount_never_swaps_a_live_lazy_mounts_cache_file() {
     let _time = Timer(
@@ -230,6 +231,7 @@ struct Slot {
 /// unpack`: no wrong byte, no reader past its deadline (a read that fails
 /// is counted and allowed: a mount whose worker was just killed may answer
 /// EIO at its timeout). Runs [`soak_secs`].
+// Over 100 lines: the soak's rounds of mounts, gc and kills, each checked before the next.
 #[test]
 fn soak_mounts_gc_and_kills_never_give_a_wrong_byte() {
     let _time = Timer(

@@ -84,6 +84,7 @@ fn settled_status(m: &Mount) -> Value {
 /// the chunks that changed: at most 1.2x their compressed size, plus v2's
 /// chunk table. A mount of v2 on a fresh cache fetches them all (the
 /// measure would see a copy that did not happen). Kernel path and FUSE.
+// Over 100 lines: v1 then v2 on one cache, the counts checked between.
 #[test]
 fn an_update_fetches_only_the_chunks_the_node_does_not_hold() {
     let Some((_time, t, src)) = begin(

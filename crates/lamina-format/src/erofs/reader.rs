@@ -722,6 +722,7 @@ mod tests {
     }
 
     /// Every kind of inode and layout the writer makes.
+    // Over 100 lines: one fixture holding every kind of inode and layout, spelled out.
     fn sample() -> (Tree<FileChunks>, Vec<Device>) {
         let mut t: Tree<FileChunks> = Tree::new();
         let root = t.root;
