@@ -63,8 +63,9 @@ def main():
         if not measured and not args.work:  # a failed run's too, unless something stays mounted in it
             workdir.remove(work)
     results.write(out)
-    # a results file given: its plot beside it (a trial run leaves docs/ alone)
-    plot = args.plot or (out.with_name(Path(bench["plot"]).name) if args.out else bench["plot"])
+    plot = args.plot or bench["plot"]  # None: the benchmark draws none
+    if args.out and not args.plot and plot:  # a results file given: its plot beside it (docs/ left alone)
+        plot = out.with_name(Path(plot).name)
     tables = bench["render"](results.doc, plot)
     print(tables)
     carrier = tables_doc(bench, out, args.out)
