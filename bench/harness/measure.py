@@ -443,16 +443,12 @@ def cleanup(fuse_mounts=None):
 
 
 def proc_kib(pid, field):
-    """A kB field of /proc/PID/status (VmRSS, VmHWM), None when the process
-    is gone (or pid is None)."""
+    """One of rss()'s fields (VmRSS, RssAnon, RssFile, VmHWM) of `pid` in
+    KiB, None when the process is gone (or pid is None)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, TypeError):
-        pass
-    return None
+        return rss(pid).get(f"{field}_kib")
+    except OSError:
+        return None
 
 
 def pss_kib(pid):
