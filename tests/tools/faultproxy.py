@@ -3,8 +3,8 @@
 
 Usage:
     faultproxy.py LISTEN_PORT UPSTREAM_PORT MODE [--every N] [--stall SECS]
-                  [--blob DIGEST] [--lifetime SECS] [--port-file FILE]
-                  [--stats FILE]
+                  [--blob DIGEST] [--whole] [--lifetime SECS]
+                  [--port-file FILE] [--stats FILE]
 
 Listens on 127.0.0.1:LISTEN_PORT (0: any free port; it is printed on stdout as
 `listening PORT` and written to --port-file) and forwards every request to
@@ -12,7 +12,8 @@ http://127.0.0.1:UPSTREAM_PORT. Only blob range reads are tampered with:
 GET /v2/<repo>/blobs/<digest> requests carrying a Range header ("eligible"
 requests), of blob DIGEST alone with --blob. Manifests, the full-blob GETs
 lamina uses for its index and metadata, HEADs and uploads pass through
-untouched.
+untouched. With --whole, full-blob GETs (no Range header) are eligible too
+(with --blob: a data blob's, the whole-blob prefetch through a P2P mirror).
 
 MODE says what happens to an eligible request that is faulted:
 
@@ -187,7 +188,8 @@ class Handler(BaseHTTPRequestHandler):
         cfg = self.server.cfg
         path = self.path.split("?", 1)[0]
         range_hdr = self.headers.get("Range")
-        eligible = self.command == "GET" and range_hdr is not None and BLOB_PATH.match(path) is not None
+        wanted = range_hdr is not None or cfg.whole
+        eligible = self.command == "GET" and wanted and BLOB_PATH.match(path) is not None
         if cfg.blob:
             eligible = eligible and path.endswith("/" + cfg.blob)
         fault = plan.next_fault(eligible, f"{self.command} {path} {range_hdr or ''}".strip())
@@ -260,6 +262,7 @@ def main():
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("--stall", type=float, default=2.0)
     ap.add_argument("--blob", default="", help="fault range reads of this blob (sha256:...) only")
+    ap.add_argument("--whole", action="store_true", help="fault full-blob GETs too, not only range reads")
     ap.add_argument("--lifetime", type=float, default=600.0)
     ap.add_argument("--port-file")
     ap.add_argument("--stats")

@@ -426,3 +426,69 @@ fn one_failed_request_does_not_send_the_rest_around_a_mirror() {
         "the registry was asked directly for {direct} ranges, the mirror failed {faulted}"
     );
 }
+
+/// `--prefetch all` through a bulk_only mirror (a P2P daemon) asks it for
+/// each data blob whole, in one request, filling chunks as they stream by:
+/// dfdaemon schedules a task per request, and a task first asked for in
+/// ranges has its seed fetch those ranges only. When a stream is cut short
+/// (the mirror sends half the answer for a data blob and closes), the rest
+/// of that blob is fetched in ranges: the prefetch completes and every file
+/// equals the source. Fails if the prefetch goes in ranges only, or if a
+/// stream cut short loses what it had not delivered.
+#[test]
+fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-stream-cut");
+    let blobs = data_blobs(&reg);
+    let cut = blobs[0].clone();
+    let extra = ["--blob", cut.as_str(), "--whole"];
+    let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "truncate", &extra);
+    let toml = mirror_first(reg.port, proxy.port, true);
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    let args = ["--hosts-dir", dir.to_str().unwrap(), "--prefetch", "all"];
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &args,
+    );
+    let started = Instant::now();
+    let complete = |s: &Value| {
+        s["status"]["blobs"]
+            .as_array()
+            .is_some_and(|b| !b.is_empty() && b.iter().all(|b| b["complete"] == true))
+    };
+    while !m.status().is_some_and(|s| complete(&s)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the prefetch did not complete: {:?}",
+            m.status()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    m.unmount();
+    let stats = proxy.stats();
+    let asked: Vec<&str> = stats["log"]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for blob in &blobs {
+        let whole = asked
+            .iter()
+            .filter(|l| l.starts_with("GET ") && l.ends_with(blob.as_str()))
+            .count();
+        assert_eq!(whole, 1, "{blob} asked for whole {whole} times: {asked:#?}");
+    }
+    assert!(
+        stats["faults"]["truncate"].as_u64() >= Some(1),
+        "no stream was cut: {stats}"
+    );
+    assert!(
+        worker.contains("prefetch of the whole blob stopped"),
+        "the cut stream is not in the worker's log:\n{worker}"
+    );
+}

@@ -42,6 +42,7 @@ mod located;
 mod misses;
 mod prefetch;
 mod status;
+mod stream;
 mod tables;
 mod takeover;
 

@@ -25,6 +25,22 @@ pub trait RangeSource: Send + Sync + std::fmt::Debug {
     fn read_range_again(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
         self.read_range(digest, offset, len)
     }
+
+    /// The same, as a hedge: a copy of a request that is slow, not failed,
+    /// so on a fresh connection but without holding the first answer's
+    /// sender to blame.
+    fn read_range_beside(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        self.read_range_again(digest, offset, len)
+    }
+
+    /// Blob `digest` whole, as one stream to read in order: one request
+    /// for all of it, where a P2P daemon schedules its task once (it moves
+    /// 4 MiB pieces per range asked). `None`: this source reads ranges
+    /// only. The caller verifies what it reads, chunk by chunk.
+    fn stream_blob(&self, digest: &Digest) -> io::Result<Option<Box<dyn io::Read + Send>>> {
+        let _ = digest;
+        Ok(None)
+    }
 }
 
 /// A registry repository, read with HTTP Range requests over one pooled client.
@@ -47,6 +63,20 @@ impl RangeSource for RegistrySource {
         self.client
             .get_blob_range_once(&self.repository, digest, (offset, len), true)
             .map_err(|e| e.into_io())
+    }
+
+    fn read_range_beside(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        self.client
+            .get_blob_range_beside(&self.repository, digest, (offset, len))
+            .map_err(|e| e.into_io())
+    }
+
+    fn stream_blob(&self, digest: &Digest) -> io::Result<Option<Box<dyn io::Read + Send>>> {
+        let body = self
+            .client
+            .get_blob(&self.repository, digest)
+            .map_err(|e| e.into_io())?;
+        Ok(Some(Box::new(body)))
     }
 }
 
@@ -608,8 +638,10 @@ mod tests {
         Ok(got.into_inner().unwrap())
     }
 
-    /// Stalls every first copy until the test ends; a retry or hedge (on a
-    /// fresh connection) answers at once.
+    /// Stalls every first copy until the test ends; a hedge (on a fresh
+    /// connection) answers at once. A retry fails: a hedge is a copy of a
+    /// slow request, not a retry, which would blame the host that last sent
+    /// those bytes (a P2P mirror is slow on a blob's first request).
     #[derive(Debug)]
     struct Stalling {
         blob: Vec<u8>,
@@ -622,7 +654,11 @@ mod tests {
             Err(io::Error::other("stalled"))
         }
 
-        fn read_range_again(&self, _: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        fn read_range_again(&self, _: &Digest, _: u64, _: u64) -> io::Result<Vec<u8>> {
+            Err(io::Error::other("a hedge was sent as a retry"))
+        }
+
+        fn read_range_beside(&self, _: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
             Ok(self.blob[offset as usize..(offset + len) as usize].to_vec())
         }
     }

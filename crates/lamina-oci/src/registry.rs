@@ -373,6 +373,20 @@ impl RegistryClient {
         self.blob_range(fresh, false, repo, digest, offset, len)
     }
 
+    /// A copy of a range request still in flight (a hedge): on a fresh
+    /// connection, and unlike [`get_blob_range_once`](Self::get_blob_range_once)
+    /// with `fresh`, without distrusting whoever answered the range before:
+    /// a slow answer is no bad answer, and a P2P mirror is slow on its first
+    /// request for a blob.
+    pub fn get_blob_range_beside(
+        &self,
+        repo: &str,
+        digest: &Digest,
+        (offset, len): (u64, u64),
+    ) -> Result<Vec<u8>, OciError> {
+        self.blob_range(true, false, repo, digest, offset, len)
+    }
+
     fn blob_range(
         &self,
         fresh: bool,
@@ -427,11 +441,22 @@ impl RegistryClient {
         }
         let end = offset.saturating_add(len);
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
-        let found = served
-            .iter()
-            .rposition(|s| s.digest == *digest && s.start < end && offset < s.end);
+        // Only a host this client asks can have sent the answer it retries:
+        // a miss retried never blames the bulk_only host (a P2P daemon)
+        // that sent bulk reads of the same bytes.
+        let usable = |i: usize| !(self.misses_only && self.endpoints[i].bulk_only);
+        let found = served.iter().rposition(|s| {
+            s.digest == *digest && s.start < end && offset < s.end && usable(s.endpoint)
+        });
         if let Some(s) = found.and_then(|i| served.remove(i)) {
-            self.endpoints[s.endpoint].mark_unhealthy();
+            let endpoint = &self.endpoints[s.endpoint];
+            if endpoint.mark_unhealthy() {
+                tracing::info!(
+                    host = %endpoint.host,
+                    "{digest} bytes {offset}+{len} asked for again after its answer: the host that sent it is asked last for the next {} s",
+                    endpoint::UNHEALTHY_FOR.as_secs()
+                );
+            }
         }
     }
 
@@ -991,5 +1016,25 @@ mod tests {
         // Another blob's range says nothing about host 0.
         c.distrust_sender(&Digest::of_bytes(b"other"), 1000, 50);
         assert!(c.endpoints[0].healthy());
+    }
+
+    /// Misses and bulk reads share what was served. A miss retried on
+    /// bytes a bulk_only mirror (a node's P2P daemon) sent for a bulk read
+    /// earlier did not come from it: the mirror stays first for bulk reads
+    /// (demoted, a whole-image prefetch would go to the registry).
+    #[test]
+    fn a_retried_miss_does_not_demote_a_host_misses_never_ask() {
+        let (_dir, c) = client_with(
+            "127.0.0.1:5000",
+            "[host.\"http://127.0.0.1:4001\"]\n  capabilities = [\"pull\"]\n  bulk_only = true\n",
+        );
+        let d = Digest::of_bytes(b"blob");
+        c.remember_sender(&d, 0, 4 << 20, 0);
+        let misses = c.for_misses();
+        misses.distrust_sender(&d, 4096, 4096);
+        assert!(c.endpoints[0].healthy(), "the mirror was demoted by a miss");
+        // A bulk read retried on them does blame it.
+        c.distrust_sender(&d, 4096, 4096);
+        assert!(!c.endpoints[0].healthy());
     }
 }

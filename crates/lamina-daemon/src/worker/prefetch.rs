@@ -191,7 +191,11 @@ impl Shared {
             at = end;
         }
 
-        if boot_chunks_later {
+        // Through a P2P daemon the whole image goes at once, blob by blob
+        // (`stream_blobs`): it is not on the misses' path, and each blob's
+        // first request on the fleet decides what the seed peer fetches.
+        let streamed = self.streams_whole_blobs();
+        if boot_chunks_later && !streamed {
             self.wait_quiet(Duration::from_millis(500));
         }
         self.prefetch_rest(&rest);
@@ -205,6 +209,15 @@ impl Shared {
     /// batch at a time: [`P2P_STREAMS`] batches are in flight, and a miss on
     /// a chunk of one waits for it instead of fetching it again.
     fn prefetch_rest(&self, rest: &[(u32, usize)]) {
+        let separate = self.bulk_apart();
+        let streams = if separate { P2P_STREAMS } else { 1 };
+        let leftover;
+        let rest = if self.streams_whole_blobs() {
+            leftover = self.stream_blobs(rest, streams);
+            &leftover[..]
+        } else {
+            rest
+        };
         let mut batches: Vec<&[(u32, usize)]> = Vec::new();
         let mut at = 0;
         while at < rest.len() {
@@ -216,8 +229,6 @@ impl Shared {
             batches.push(&rest[at..end]);
             at = end;
         }
-        let separate = !Arc::ptr_eq(&self.source, &self.miss_source);
-        let streams = if separate { P2P_STREAMS } else { 1 };
         let next = AtomicUsize::new(0);
         std::thread::scope(|scope| {
             for _ in 0..streams.min(batches.len()) {
@@ -235,6 +246,18 @@ impl Shared {
                 });
             }
         });
+    }
+
+    /// Whether bulk reads go another way than misses (a bulk_only host).
+    fn bulk_apart(&self) -> bool {
+        !Arc::ptr_eq(&self.source, &self.miss_source)
+    }
+
+    /// Whether `--prefetch all` fetches each blob in one request: through
+    /// a bulk_only host (a P2P daemon), for a lamina image (a tar index's
+    /// spans decode with windows, fetched in ranges).
+    fn streams_whole_blobs(&self) -> bool {
+        self.config.prefetch_all && self.bulk_apart() && self.windows.is_none()
     }
 
     /// Returns once the start the mount was made for seems over: its first
