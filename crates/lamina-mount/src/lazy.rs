@@ -250,22 +250,26 @@ pub fn mount_lazy_from(
         }
         Err(e) => return Err(e.into()),
     };
-    // Index and metadata are independent: fetch them at once. Boot pages
-    // are left to the worker, which fetches them while the mount and the
-    // container runtime start (misses wait for them).
+    // Index and metadata are independent: fetch them at once, and the
+    // first frame of the boot pages beside the metadata once the index
+    // says where it is. The other frames are left to the worker, which
+    // fetches them while the mount and the container runtime start (misses
+    // wait for them).
     let meta_dir = opts.cache_dir.join("meta");
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     let src = source.as_ref();
     let (index_bytes, metadata, lookup_path) = std::thread::scope(|scope| {
         let index = scope.spawn(|| {
-            cached_layer(
+            let bytes = cached_layer(
                 src,
                 &layers.index,
                 "chunk index",
                 &index_path,
                 Record::Later,
-            )
+            )?;
+            first_boot_frames(src, &layers, &bytes, &meta_dir);
+            Ok(bytes)
         });
         // Only the FUSE daemon reads the lookup table, and only once its
         // worker has fetched it, unless it is cached already.
@@ -354,6 +358,57 @@ pub fn mount_lazy_from(
         lookup_later: lookup_later.map(|(_, later)| later),
     };
     start_serving(&opts.cache_dir, &config, &run, mode, fuse)
+}
+
+/// Fetches the first frame of each boot-pages layer into the file the
+/// worker looks in first (`BootPagesSpec::frame_path`), checked against
+/// the frame's digest (the worker checks it again before use). Through a
+/// P2P daemon each blob's first request waits for the daemon's task (a
+/// third of a second, docs/dragonfly.md): made here, beside the
+/// metadata's, that wait is paid once rather than twice in a row. A
+/// failure only leaves the frame to the worker.
+fn first_boot_frames(
+    src: &dyn ImageSource,
+    layers: &LaminaLayers,
+    index_bytes: &[u8],
+    meta_dir: &Path,
+) {
+    if layers.boot.is_empty() {
+        return;
+    }
+    let specs = artifact::parse_index(index_bytes, layers)
+        .map_err(MountError::from)
+        .and_then(|index| boot_specs(&layers.boot, &index.blobs, meta_dir));
+    let specs = match specs {
+        Ok(specs) => specs,
+        Err(e) => return tracing::debug!("boot pages not fetched at mount: {e}"),
+    };
+    for (spec, desc) in specs.iter().zip(&layers.boot) {
+        let Some(frame) = spec.frames().into_iter().next() else {
+            continue;
+        };
+        let path = spec.frame_path(0);
+        let wanted = lamina_oci::Digest::parse(&frame.digest).ok();
+        let held = fs::read(&path)
+            .ok()
+            .map(|z| lamina_oci::Digest::of_bytes(&z));
+        if wanted.is_none() || held == wanted {
+            continue;
+        }
+        match src.read_blob_range(desc, frame.offset, frame.compressed_size) {
+            Ok(Some(z)) if Some(lamina_oci::Digest::of_bytes(&z)) == wanted => {
+                if let Err(e) = private::write_atomic_file(&path, &z, false) {
+                    tracing::debug!("{}: {e}", path.display());
+                }
+            }
+            Ok(Some(_)) => tracing::warn!(
+                "the first boot-pages frame of {} does not match its digest: left to the worker",
+                desc.digest
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::debug!("the first boot-pages frame of {}: {e}", desc.digest),
+        }
+    }
 }
 
 /// The boot-pages layers `descs` of an image whose cache files are `blobs`,

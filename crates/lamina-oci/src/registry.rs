@@ -664,6 +664,14 @@ fn manifest_on(
     })
 }
 
+/// Sent with a range read to a `bulk_only` host (a node's dfdaemon): the
+/// bytes its P2P task is named by, instead of the blob's digest alone. A
+/// Dragonfly task's seed peer fetches what the task was first asked for
+/// (a range: those pieces only), and is not asked again for the rest, so a
+/// whole-blob prefetch of a blob that was first read in ranges would go to
+/// the registry from every node. Ranges and whole blobs are two tasks.
+const P2P_TASK_HEADER: &str = "X-Dragonfly-Content-For-Calculating-Task-ID";
+
 /// One range read of a blob, as sent to one host.
 struct RangeRequest<'a> {
     fresh: bool,
@@ -689,13 +697,20 @@ impl RangeRequest<'_> {
             .ok_or_else(|| protocol(format!("range {offset}+{len} overflows")))?;
         let url = ep.url(&format!("{}/blobs/{digest}", self.repo))?;
         let range = format!("bytes={offset}-{last}");
+        let task = ep.bulk_only.then(|| format!("{digest} ranges"));
         let resp = ep.send(
             self.fresh,
             self.retries,
             Method::GET,
             &url,
             &pull_scope(self.repo),
-            &|r| Ok(r.header(RANGE, range.as_str())),
+            &|r| {
+                let r = r.header(RANGE, range.as_str());
+                Ok(match &task {
+                    Some(task) => r.header(P2P_TASK_HEADER, task.as_str()),
+                    None => r,
+                })
+            },
         )?;
         if resp.status() == StatusCode::NOT_FOUND {
             return Err(blob_not_found(ep, self.repo, digest));

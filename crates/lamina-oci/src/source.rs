@@ -237,6 +237,19 @@ pub trait ImageSource: Send + Sync + std::fmt::Debug {
 
     /// Any blob of the image, raw, verified the same way (digest and size).
     fn open_blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>, OciError>;
+
+    /// `len` bytes of blob `desc` from `offset`, unverified (a range cannot
+    /// be checked against the blob's digest: the caller checks them against
+    /// one of its own). `None`: this source reads blobs whole only.
+    fn read_blob_range(
+        &self,
+        desc: &Descriptor,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>, OciError> {
+        let _ = (desc, offset, len);
+        Ok(None)
+    }
 }
 
 /// Open the image named by `r`.

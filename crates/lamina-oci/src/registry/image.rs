@@ -117,6 +117,17 @@ impl ImageSource for RegistrySource {
             Some(desc.size),
         )))
     }
+
+    fn read_blob_range(
+        &self,
+        desc: &Descriptor,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>, OciError> {
+        self.client
+            .get_blob_range(&self.repository, &desc.digest, offset, len)
+            .map(Some)
+    }
 }
 
 /// Pushes an image to a registry. Blobs are uploaded as they are put; the
