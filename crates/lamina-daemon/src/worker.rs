@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -117,6 +117,8 @@ struct Shared {
     prefetch_done: AtomicU64,
     prefetch_total: AtomicU64,
     complete_sent: Vec<AtomicBool>,
+    /// Per blob: whether it is or was streamed whole (`stream.rs`).
+    streaming: Vec<AtomicU8>,
     boot_set: Vec<(u32, u32)>,
     /// The boot set, to look up: a miss on one of these chunks waits for
     /// the boot pages still on their way instead of fetching it.
@@ -321,6 +323,7 @@ fn build_shared(
         prefetch_done: AtomicU64::new(0),
         prefetch_total: AtomicU64::new(0),
         complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        streaming: (0..n).map(|_| AtomicU8::new(0)).collect(),
         boot_chunks: boot_set.iter().copied().collect(),
         boot_set,
         boot_frames: AtomicUsize::new(0),

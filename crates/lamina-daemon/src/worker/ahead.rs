@@ -42,7 +42,15 @@ impl Shared {
         };
         let entries = &store.blob.chunks;
         let size = |i: usize| u64::from(entries[i].size.get());
+        let booting = chunks
+            .clone()
+            .all(|i| self.boot_chunks.contains(&(blob, i as u32)));
         if let Some(window) = stream.observe(chunks, entries.len(), self.config.fill_ahead, size) {
+            // Not for the recorded start's own reads: a whole blob on the
+            // wire would slow the start down.
+            if !booting && self.stream_for_reader(blob) {
+                return;
+            }
             tracing::debug!(blob, ?window, "fetching ahead of a stream");
             if ahead.try_send((blob, window)).is_err() {
                 tracing::debug!(blob, "fill-ahead queue full; the reader's misses fetch it");
@@ -117,6 +125,9 @@ impl Shared {
         let (Some(tx), Some(map)) = (&self.predict, self.file_map.get()) else {
             return;
         };
+        if self.is_streaming(blob) {
+            return; // the stream brings the rest of the file
+        }
         let Some(group) = map.group_at(blob, offset) else {
             return;
         };

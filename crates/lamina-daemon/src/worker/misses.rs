@@ -85,11 +85,16 @@ impl Shared {
                 return Ok(());
             }
             self.predict_from(blob, offset, &needed);
-            let store = self.lock_store(blob)?;
-            let w = self.config.fill_window.max(1);
-            let start = offset / w * w;
-            let win = store.chunks_covering(start, w.max(offset + count - start));
-            (needed, win)
+            if self.is_streaming(blob) {
+                // The rest of the window comes with the blob's stream.
+                (needed.clone(), needed)
+            } else {
+                let store = self.lock_store(blob)?;
+                let w = self.config.fill_window.max(1);
+                let start = offset / w * w;
+                let win = store.chunks_covering(start, w.max(offset + count - start));
+                (needed, win)
+            }
         };
         let started = Instant::now();
         let deadline = started + Duration::from_secs(self.config.timeout_secs);
@@ -375,6 +380,11 @@ impl Shared {
         result
     }
 
+    /// Fetches chunks nobody is waiting for yet (ahead of a reader,
+    /// predicted, prefetched) in ranges. Never through a bulk_only host: a
+    /// P2P daemon moves 4 MiB pieces per range and schedules each range as
+    /// a download of its own, which goes to the registry from every node
+    /// (docs/dragonfly.md); through it go whole blobs (`stream.rs`).
     pub(super) fn fetch_with(
         &self,
         blob: u32,
@@ -383,7 +393,7 @@ impl Shared {
         opts: &FetchOptions,
         also_count: Option<&FetchStats>,
     ) -> io::Result<()> {
-        let source = &self.source;
+        let source = &self.miss_source;
         self.fetch_from(source, blob, chunks, via, opts, also_count)
     }
 

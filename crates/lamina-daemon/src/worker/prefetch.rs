@@ -5,7 +5,7 @@
 use super::boot::decompress_exactly;
 use super::*;
 
-/// Batches a prefetch has in flight at once through a bulk_only host.
+/// Whole blobs a prefetch streams at once through a bulk_only host.
 const P2P_STREAMS: usize = 4;
 
 /// Hashes, syncs and records the layer files the mount wrote without a
@@ -135,9 +135,13 @@ impl Shared {
         let mut rest: Vec<(u32, usize)> = Vec::new();
         // With boot pages, the boot set's whole chunks follow once the start
         // is over (no miss for a while), so that the pages around those it
-        // read are local too: starts differ by a page or two.
-        let boot_chunks_later =
-            self.config.prefetch && self.config.boot_chunks && !self.config.boot_pages.is_empty();
+        // read are local too: starts differ by a page or two. Not through a
+        // P2P daemon (a bulk_only host): ranges go straight to the registry
+        // there, from every node; a page a later start misses costs less.
+        let boot_chunks_later = self.config.prefetch
+            && self.config.boot_chunks
+            && !self.config.boot_pages.is_empty()
+            && !self.bulk_apart();
         if self.config.prefetch_all || boot_chunks_later {
             for &(b, i) in &self.boot_set {
                 if (b as usize) < self.stores.len() && planned.insert((b, i as usize)) {
@@ -201,19 +205,16 @@ impl Shared {
         self.prefetch_rest(&rest);
     }
 
-    /// Fetches `rest` (blob, chunk) in batches of up to 32 chunks of one
-    /// blob. Through the misses' own source it yields to every miss, one
-    /// batch at a time: the registry's link is what both use. Through a
-    /// bulk_only host (a P2P daemon: misses go around it) it takes nothing
-    /// from the misses' path, so it neither waits for them nor goes one
-    /// batch at a time: [`P2P_STREAMS`] batches are in flight, and a miss on
-    /// a chunk of one waits for it instead of fetching it again.
+    /// Fetches `rest` (blob, chunk): through a bulk_only host (a P2P
+    /// daemon) with `--prefetch all`, each blob whole ([`P2P_STREAMS`] at
+    /// once, `stream.rs`); what that leaves, and everything otherwise, in
+    /// batches of up to 32 chunks of one blob, one batch at a time and
+    /// yielding to every miss: ranges go the misses' way, on the link both
+    /// use.
     fn prefetch_rest(&self, rest: &[(u32, usize)]) {
-        let separate = self.bulk_apart();
-        let streams = if separate { P2P_STREAMS } else { 1 };
         let leftover;
         let rest = if self.streams_whole_blobs() {
-            leftover = self.stream_blobs(rest, streams);
+            leftover = self.stream_blobs(rest, P2P_STREAMS);
             &leftover[..]
         } else {
             rest
@@ -229,27 +230,20 @@ impl Shared {
             batches.push(&rest[at..end]);
             at = end;
         }
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..streams.min(batches.len()) {
-                scope.spawn(|| {
-                    while let Some(batch) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        while !separate && self.active_misses.load(Ordering::Relaxed) > 0 {
-                            std::thread::sleep(Duration::from_millis(2));
-                        }
-                        let mut chunks: Vec<usize> = batch.iter().map(|p| p.1).collect();
-                        chunks.sort_unstable(); // boot-set order is not blob order: merge what is adjacent
-                        self.prefetch_chunks(batch[0].0, chunks, &self.fetch);
-                        self.prefetch_done
-                            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    }
-                });
+        for batch in batches {
+            while self.active_misses.load(Ordering::Relaxed) > 0 {
+                std::thread::sleep(Duration::from_millis(2));
             }
-        });
+            let mut chunks: Vec<usize> = batch.iter().map(|p| p.1).collect();
+            chunks.sort_unstable(); // boot-set order is not blob order: merge what is adjacent
+            self.prefetch_chunks(batch[0].0, chunks, &self.fetch);
+            self.prefetch_done
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
     }
 
     /// Whether bulk reads go another way than misses (a bulk_only host).
-    fn bulk_apart(&self) -> bool {
+    pub(super) fn bulk_apart(&self) -> bool {
         !Arc::ptr_eq(&self.source, &self.miss_source)
     }
 
@@ -286,6 +280,9 @@ impl Shared {
     }
 
     pub(super) fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
+        if self.is_streaming(blob) {
+            return; // they come with the blob's stream
+        }
         if let Ok(mine) = self.claim(blob, chunks.into_iter(), None, false) {
             if let Err(e) = self.fetch_with(blob, &mine, None, opts, None) {
                 tracing::warn!("prefetch: {e}");

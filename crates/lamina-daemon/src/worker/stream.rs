@@ -18,6 +18,16 @@ use super::*;
 /// away), a miss further on fetches its chunks itself.
 const CLAIM_AHEAD: u64 = 8 << 20;
 
+/// Blobs smaller than this are not streamed for a reader: a P2P task
+/// waits about a third of a second before its first byte, the time the
+/// registry takes to send 4 MiB at 100 Mbit/s; their ranges go straight.
+const STREAM_AT_LEAST: u64 = 4 << 20;
+
+/// `Shared::streaming` states: never streamed, a stream running, streamed.
+const NOT_STREAMED: u8 = 0;
+const STREAMING: u8 = 1;
+const STREAMED: u8 = 2;
+
 /// A blob's bytes read in order, with the span of the last chunk asked for
 /// kept (entries may share stored bytes).
 struct InOrder {
@@ -79,6 +89,9 @@ impl Shared {
                         by_blob.get(next.fetch_add(1, Ordering::Relaxed))
                     {
                         let unsettled = self.stream_blob(*blob, chunks);
+                        let settled = chunks.len().saturating_sub(unsettled.len());
+                        self.prefetch_done
+                            .fetch_add(settled as u64, Ordering::Relaxed);
                         if let Ok(mut left) = left.lock() {
                             left.extend(unsettled.into_iter().map(|i| (*blob, i)));
                         }
@@ -87,6 +100,62 @@ impl Shared {
             }
         });
         left.into_inner().unwrap_or_default()
+    }
+
+    /// Whether blob `blob` is being streamed whole (or was): what a miss,
+    /// a prediction or a prefetch would fetch of it in ranges comes with
+    /// the stream, and only the chunks a reader waits for are fetched.
+    pub(super) fn is_streaming(&self, blob: u32) -> bool {
+        self.streaming
+            .get(blob as usize)
+            .is_some_and(|s| s.load(Ordering::Relaxed) == STREAMING)
+    }
+
+    /// A reader is reading blob `blob` in order, through a node whose
+    /// bulk reads go to a P2P daemon: the blob comes whole, once, in one
+    /// request on a thread of its own (started once per blob), instead of
+    /// windows of ranges ahead of the reader. Returns false where that is
+    /// not how this mount fetches ahead (the caller queues a window).
+    pub(super) fn stream_for_reader(&self, blob: u32) -> bool {
+        let small = self.stores[blob as usize].summary.compressed_size < STREAM_AT_LEAST;
+        if !self.bulk_apart() || self.windows.is_some() || small {
+            return false;
+        }
+        // Once per blob: after its stream the blob is whole, or the stream
+        // failed and the reader's misses fetch what it reads.
+        let state = &self.streaming[blob as usize];
+        if state
+            .compare_exchange(
+                NOT_STREAMED,
+                STREAMING,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return true;
+        }
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return false;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("blob-stream".into())
+            .spawn(move || {
+                let count = me.stores[blob as usize].summary.chunk_count;
+                let chunks: Vec<usize> = (0..count).collect();
+                tracing::debug!(
+                    blob,
+                    "read in order: the whole blob streamed through the P2P host"
+                );
+                let left = me.stream_blob(blob, &chunks);
+                // Also when the stream never started (it set nothing).
+                me.streaming[blob as usize].store(STREAMED, Ordering::Relaxed);
+                tracing::debug!(blob, left = left.len(), "blob stream over");
+            });
+        if spawned.is_err() {
+            state.store(STREAMED, Ordering::Relaxed);
+        }
+        spawned.is_ok()
     }
 
     /// Streams blob `blob` whole from the bulk source and fills the chunks
@@ -127,6 +196,8 @@ impl Shared {
             }
         };
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let state = &self.streaming[blob as usize];
+        state.store(STREAMING, Ordering::Relaxed);
         let mut stream = InOrder {
             reader,
             start: 0,
@@ -134,6 +205,7 @@ impl Shared {
             read: 0,
         };
         let settled = self.fill_from_stream(blob, (&entries, &key), &order, &mut stream);
+        state.store(STREAMED, Ordering::Relaxed);
         self.stats.bytes.fetch_add(stream.read, Ordering::Relaxed);
         self.landed.notify_all();
         self.check_complete(blob);
@@ -201,8 +273,48 @@ impl Shared {
                 self.release(blob, &rest);
                 return Err(e);
             }
-            self.prefetch_done.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(bytes: &[u8]) -> InOrder {
+        InOrder {
+            reader: Box::new(io::Cursor::new(bytes.to_vec())),
+            start: 0,
+            buf: Vec::new(),
+            read: 0,
+        }
+    }
+
+    #[test]
+    fn chunks_in_blob_order_skip_gaps_and_share_bytes() {
+        let blob: Vec<u8> = (0..=255u8).collect();
+        let mut s = stream(&blob);
+        assert_eq!(s.bytes_at(10, 5).unwrap(), &blob[10..15]);
+        // Two entries sharing stored bytes, then one overlapping them.
+        assert_eq!(s.bytes_at(20, 8).unwrap(), &blob[20..28]);
+        assert_eq!(s.bytes_at(20, 8).unwrap(), &blob[20..28]);
+        assert_eq!(s.bytes_at(24, 10).unwrap(), &blob[24..34]);
+        assert_eq!(s.bytes_at(250, 6).unwrap(), &blob[250..256]);
+        assert_eq!(s.read, 256, "every byte read once");
+    }
+
+    #[test]
+    fn a_chunk_behind_the_stream_or_past_its_end_is_an_error() {
+        let blob = vec![7u8; 100];
+        let mut s = stream(&blob);
+        s.bytes_at(50, 10).unwrap();
+        assert!(s.bytes_at(40, 5).is_err(), "behind the stream");
+        let mut s = stream(&blob);
+        let short = s.bytes_at(90, 20).unwrap_err();
+        assert_eq!(short.kind(), io::ErrorKind::UnexpectedEof);
+        let mut s = stream(&blob);
+        let gap = s.bytes_at(200, 1).unwrap_err();
+        assert_eq!(gap.kind(), io::ErrorKind::UnexpectedEof);
     }
 }
