@@ -195,11 +195,10 @@ impl Shared {
             at = end;
         }
 
-        // Through a P2P daemon the whole image goes at once, blob by blob
-        // (`stream_blobs`): it is not on the misses' path, and each blob's
-        // first request on the fleet decides what the seed peer fetches.
-        let streamed = self.streams_whole_blobs();
-        if boot_chunks_later && !streamed {
+        // Through a P2P daemon the whole image goes blob by blob
+        // (`stream_blobs`), after the start too: its seed peer takes the
+        // registry's link for as long as the image takes.
+        if boot_chunks_later || self.streams_whole_blobs() {
             self.wait_quiet(Duration::from_millis(500));
         }
         self.prefetch_rest(&rest);

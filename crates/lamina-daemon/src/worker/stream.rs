@@ -174,11 +174,15 @@ impl Shared {
             .copied()
             .filter(|&i| i < entries.len())
             .collect();
-        // Chunks this node holds already are copied, not streamed.
+        // Chunks this node holds already are copied, not streamed; a blob
+        // a reader's stream filled is not asked for again.
         let mut order = match self.copy_located(blob, (&entries, &key), &order, None) {
             Ok(rest) => rest,
             Err(_) => order,
         };
+        if let Ok(store) = self.lock_store(blob) {
+            order.retain(|&i| !store.is_filled(i));
+        }
         if order.is_empty() {
             return order;
         }
