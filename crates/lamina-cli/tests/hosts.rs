@@ -454,20 +454,7 @@ fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
         &t.join("cache"),
         &args,
     );
-    let started = Instant::now();
-    let complete = |s: &Value| {
-        s["status"]["blobs"]
-            .as_array()
-            .is_some_and(|b| !b.is_empty() && b.iter().all(|b| b["complete"] == true))
-    };
-    while !m.status().is_some_and(|s| complete(&s)) {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the prefetch did not complete: {:?}",
-            m.status()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    m.wait_complete(Duration::from_secs(120));
     let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
     treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
     m.unmount();

@@ -33,10 +33,12 @@ pub trait RangeSource: Send + Sync + std::fmt::Debug {
         self.read_range_again(digest, offset, len)
     }
 
-    /// Blob `digest` whole, as one stream to read in order: one request
-    /// for all of it, where a P2P daemon schedules its task once (it moves
-    /// 4 MiB pieces per range asked). `None`: this source reads ranges
-    /// only. The caller verifies what it reads, chunk by chunk.
+    /// Blob `digest` whole, as one stream to read in order, from a P2P
+    /// daemon (a host marked `bulk_only`): one request for all of it, whose
+    /// task the daemon's seed fetches whole (it moves 4 MiB pieces per
+    /// range asked). `None`: this source reads ranges only; an error: no
+    /// such host answered. The caller verifies what it reads, chunk by
+    /// chunk.
     fn stream_blob(&self, digest: &Digest) -> io::Result<Option<Box<dyn io::Read + Send>>> {
         let _ = digest;
         Ok(None)
@@ -72,8 +74,11 @@ impl RangeSource for RegistrySource {
     }
 
     fn stream_blob(&self, digest: &Digest) -> io::Result<Option<Box<dyn io::Read + Send>>> {
+        // Through the P2P hosts only: through the registry, a whole blob
+        // per node is more than a lazy mount fetches in ranges.
         let body = self
             .client
+            .for_whole_blobs()
             .get_blob(&self.repository, digest)
             .map_err(|e| e.into_io())?;
         Ok(Some(Box::new(body)))

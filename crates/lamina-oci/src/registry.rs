@@ -78,8 +78,29 @@ pub struct RegistryClient {
     endpoints: Arc<[Endpoint]>,
     /// Recent range answers and who sent them (only with several hosts).
     served: Arc<Mutex<VecDeque<Served>>>,
-    /// Leave out hosts marked `bulk_only` ([`for_misses`](Self::for_misses)).
-    misses_only: bool,
+    /// Which of the configured hosts this client asks.
+    hosts: HostSet,
+}
+
+/// The hosts a client asks, by their `bulk_only` mark in hosts.toml.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostSet {
+    /// All of them.
+    All,
+    /// All but those marked `bulk_only` ([`RegistryClient::for_misses`]).
+    NotBulkOnly,
+    /// Only those ([`RegistryClient::for_whole_blobs`]).
+    BulkOnly,
+}
+
+impl HostSet {
+    fn asks(self, e: &Endpoint) -> bool {
+        match self {
+            HostSet::All => true,
+            HostSet::NotBulkOnly => !e.bulk_only,
+            HostSet::BulkOnly => e.bulk_only,
+        }
+    }
 }
 
 /// A range answer: which endpoint sent bytes `start..end` of `digest`.
@@ -193,7 +214,7 @@ impl RegistryClient {
             timeout,
             endpoints: endpoints.into(),
             served: Arc::new(Mutex::new(VecDeque::new())),
-            misses_only: false,
+            hosts: HostSet::All,
         })
     }
 
@@ -202,7 +223,19 @@ impl RegistryClient {
     /// connection pools, tokens and host health.
     pub fn for_misses(&self) -> RegistryClient {
         RegistryClient {
-            misses_only: true,
+            hosts: HostSet::NotBulkOnly,
+            ..self.clone()
+        }
+    }
+
+    /// This client for whole blobs worth fetching only through a P2P
+    /// daemon (a lazy mount's streamed blobs): only the hosts marked
+    /// `bulk_only`; without them, or when they fail, the caller fetches
+    /// ranges instead (through the registry, a whole blob per node would be
+    /// more than a lazy mount fetches). Shares pools, tokens and health.
+    pub fn for_whole_blobs(&self) -> RegistryClient {
+        RegistryClient {
+            hosts: HostSet::BulkOnly,
             ..self.clone()
         }
     }
@@ -224,7 +257,7 @@ impl RegistryClient {
         let allowed = || {
             (0..self.endpoints.len()).filter(|&i| {
                 let e = &self.endpoints[i];
-                op.allowed(&e.caps) && !(self.misses_only && e.bulk_only)
+                op.allowed(&e.caps) && self.hosts.asks(e)
             })
         };
         let (mut order, sick): (Vec<usize>, Vec<usize>) =
@@ -444,7 +477,7 @@ impl RegistryClient {
         // Only a host this client asks can have sent the answer it retries:
         // a miss retried never blames the bulk_only host (a P2P daemon)
         // that sent bulk reads of the same bytes.
-        let usable = |i: usize| !(self.misses_only && self.endpoints[i].bulk_only);
+        let usable = |i: usize| self.hosts.asks(&self.endpoints[i]);
         let found = served.iter().rposition(|s| {
             s.digest == *digest && s.start < end && offset < s.end && usable(s.endpoint)
         });
@@ -910,6 +943,14 @@ mod tests {
         let misses = c.for_misses();
         let pull = misses.candidates(Op::Pull).expect("misses");
         assert_eq!(hosts_of(&misses, &pull), ["127.0.0.1:5000"]);
+        // Streamed whole blobs: the mirror only, even when it failed lately.
+        let whole = c.for_whole_blobs();
+        c.endpoints[0].mark_unhealthy();
+        let pull = whole.candidates(Op::Pull).expect("whole blobs");
+        assert_eq!(hosts_of(&whole, &pull), ["127.0.0.1:4001"]);
+        let (_dir, plain) = client_with("127.0.0.1:5000", MIRRORS);
+        let none = plain.for_whole_blobs().candidates(Op::Pull);
+        assert!(none.is_err(), "no bulk_only host, yet {none:?}");
         let (_dir, plain) = client_with("127.0.0.1:5000", MIRRORS);
         assert!(!plain.has_bulk_only_hosts());
     }

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use super::{command, lamina, lamina_cmd, run, tool, try_run, SHORT, TIMEOUT};
 use serde_json::Value;
@@ -276,6 +277,27 @@ impl Mount {
             .iter()
             .find(|m| m["mountpoint"].as_str().map(Path::new) == Some(me.as_path()))
             .cloned()
+    }
+
+    /// Waits until every blob of this (lazy) mount is complete, as `lamina
+    /// status` says; panics after `limit` with the last status.
+    #[track_caller]
+    pub fn wait_complete(&self, limit: Duration) {
+        let started = Instant::now();
+        let complete = |s: &Value| {
+            s["status"]["blobs"]
+                .as_array()
+                .is_some_and(|b| !b.is_empty() && b.iter().all(|b| b["complete"] == true))
+        };
+        while !self.status().is_some_and(|s| complete(&s)) {
+            assert!(
+                started.elapsed() < limit,
+                "{} is not complete after {limit:?}: {:?}",
+                self.path.display(),
+                self.status()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// `lamina umount --json MNT --cache-dir CACHE`, asserting success and

@@ -1,9 +1,12 @@
-//! Prefetching a whole blob in one request, through a bulk_only host (a P2P
-//! daemon): its bytes are read in order and each chunk still wanted when
-//! the stream reaches it is verified and filled. dfdaemon schedules a task
-//! per request, and a range's task often went back to the registry (its
-//! seed had not registered yet); one request per blob and node is
-//! scheduled once, the way dfdaemon is built to be used.
+//! A whole blob in one request, through a bulk_only host (a P2P daemon),
+//! for `--prefetch all` or a reader reading the blob in order: its bytes
+//! are read in order and each chunk still wanted when the stream reaches
+//! it is verified and filled. A Dragonfly task's seed fetches what the task
+//! was first asked for, and every range is a download of its own that goes
+//! to the registry from each node when the seed lacks its pieces; a blob
+//! asked for whole is fetched by the seed once for the fleet
+//! (docs/dragonfly.md). Without a P2P host that answers, nothing is
+//! streamed: the chunks go in ranges, as a lazy mount fetches them.
 
 use std::collections::VecDeque;
 use std::io::Read;
