@@ -259,6 +259,7 @@ pub fn mount_lazy_from(
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     let src = source.as_ref();
+    let early_boot = boot_frame_at_mount(lazy, &opts.cache_dir.join("blobs"));
     let (index_bytes, metadata, lookup_path) = std::thread::scope(|scope| {
         let index = scope.spawn(|| {
             let bytes = cached_layer(
@@ -268,7 +269,9 @@ pub fn mount_lazy_from(
                 &index_path,
                 Record::Later,
             )?;
-            first_boot_frames(src, &layers, &bytes, &meta_dir);
+            if early_boot {
+                first_boot_frames(src, &layers, &bytes, &meta_dir);
+            }
             Ok(bytes)
         });
         // Only the FUSE daemon reads the lookup table, and only once its
@@ -358,6 +361,17 @@ pub fn mount_lazy_from(
         lookup_later: lookup_later.map(|(_, later)| later),
     };
     start_serving(&opts.cache_dir, &config, &run, mode, fuse)
+}
+
+/// Whether the mount fetches the first boot-pages frame: only when the
+/// worker will load boot pages (not `--prefetch none`, not while recording
+/// a trace) and the node holds no chunk yet (one that does may hold the
+/// boot set, and then the worker fetches no boot pages at all).
+fn boot_frame_at_mount(lazy: &LazyOptions, blob_dir: &Path) -> bool {
+    if lazy.prefetch == Prefetch::None || lazy.record_trace.is_some() {
+        return false;
+    }
+    lamina_fetch::locator::ChunkLocator::open(blob_dir).is_ok_and(|l| !l.may_hold_any())
 }
 
 /// Fetches the first frame of each boot-pages layer into the file the
