@@ -42,12 +42,13 @@ impl Shared {
         };
         let entries = &store.blob.chunks;
         let size = |i: usize| u64::from(entries[i].size.get());
-        let booting = chunks
-            .clone()
-            .all(|i| self.boot_chunks.contains(&(blob, i as u32)));
+        let read = chunks.clone();
         if let Some(window) = stream.observe(chunks, entries.len(), self.config.fill_ahead, size) {
             // Not for the recorded start's own reads: a whole blob on the
             // wire would slow the start down.
+            let booting = read
+                .into_iter()
+                .all(|i| self.boot_chunks.contains(&(blob, i as u32)));
             if !booting && self.stream_for_reader(blob) {
                 return;
             }
