@@ -479,3 +479,58 @@ fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
         "the cut stream is not in the worker's log:\n{worker}"
     );
 }
+
+/// A reader reading the Debian image's largest blob in order through a
+/// bulk_only mirror (a P2P daemon) gets that blob streamed whole. The
+/// mirror holds the stream's answer back 3 s, as a Dragonfly task waits for
+/// its seed when a fleet starts at once: the reader's misses on that blob
+/// wait for the stream instead of fetching its chunks in ranges from the
+/// registry meanwhile (on a fleet, every node would). The registry, behind
+/// a plain proxy of its own, counts the blob's range reads; every file
+/// equals umoci's unpack. Fails if misses go around an opening stream.
+#[test]
+fn misses_wait_for_a_blob_stream_that_is_opening() {
+    if !require(&["docker-registry", "python3", "zstd", "umoci", "debootstrap"]) {
+        return;
+    }
+    let layout = debian_source();
+    let reg = Registry::start();
+    let t = TestDir::new("hosts-stream-open");
+    let (src, image) = (oci_ref(&layout, "bookworm"), reg.reference("lam:deb"));
+    lamina_timeout(["convert", &src, &image], Duration::from_secs(1200)).ok();
+    let inspect = lamina(["inspect", "--json", &image]).ok().json();
+    let largest = inspect["blobs"]
+        .as_array()
+        .and_then(|b| b.iter().max_by_key(|b| b["compressed_bytes"].as_u64()))
+        .and_then(|b| b["digest"].as_str())
+        .unwrap_or_else(|| panic!("inspect lists no blobs: {inspect}"))
+        .to_string();
+    let only = ["--blob", largest.as_str()];
+    let direct = FaultProxy::start(t.path(), "direct", 0, reg.port, "none", &only);
+    let held = [&only[..], &["--whole", "--stall", "3"]].concat();
+    let p2p = FaultProxy::start(t.path(), "p2p", 0, reg.port, "stall", &held);
+    let toml = mirror_first(direct.port, p2p.port, true);
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    let rootfs = umoci_unpack(&format!("{}:bookworm", layout.display()), &t.join("bundle"));
+    let m = Mount::with_args(
+        &image,
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--hosts-dir", dir.to_str().expect("utf-8 path")],
+    );
+    let n = treecmp(&[], &rootfs, &m.path);
+    assert!(n > 5000, "compared only {n} entries");
+    m.unmount();
+    let whole = p2p.stats()["faults"]["stall"].as_u64().unwrap_or(0);
+    let ranges = direct.stats()["eligible"].as_u64().unwrap_or(0);
+    eprintln!("{largest}: streamed {whole} time(s), {ranges} range reads from the registry");
+    assert_eq!(whole, 1, "the largest blob was not streamed once");
+    assert!(
+        ranges <= RANGES_BEFORE_A_STREAM,
+        "{ranges} range reads of the streamed blob went to the registry"
+    );
+}
+
+/// Range reads of a blob a reader may send before its stream is decided
+/// (the reads that show it reads in order, and their predictions).
+const RANGES_BEFORE_A_STREAM: u64 = 12;

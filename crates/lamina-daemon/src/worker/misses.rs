@@ -87,6 +87,7 @@ impl Shared {
             self.predict_from(blob, offset, &needed);
             if self.is_streaming(blob) {
                 // The rest of the window comes with the blob's stream.
+                self.wait_stream_open(blob)?;
                 (needed.clone(), needed)
             } else {
                 let store = self.lock_store(blob)?;

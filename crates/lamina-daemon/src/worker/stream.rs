@@ -26,10 +26,20 @@ const CLAIM_AHEAD: u64 = 8 << 20;
 /// registry takes to send 4 MiB at 100 Mbit/s; their ranges go straight.
 const STREAM_AT_LEAST: u64 = 4 << 20;
 
-/// `Shared::streaming` states: never streamed, a stream running, streamed.
+/// How long a miss on a blob whose stream is opening waits for it before
+/// fetching its chunks in ranges. Eight nodes asking one fleet's dfdaemons
+/// for the same blobs at once waited about 2 s for the answer on the test
+/// machine, while each node's misses sent about 1 MB per blob straight to
+/// the registry (docs/dragonfly.md); a lone node waits about a third of a
+/// second.
+const STREAM_OPEN_WAIT: Duration = Duration::from_secs(5);
+
+/// `Shared::streaming` states: never streamed, a stream asked for and not
+/// yet answered, a stream running, streamed.
 const NOT_STREAMED: u8 = 0;
-const STREAMING: u8 = 1;
-const STREAMED: u8 = 2;
+const OPENING: u8 = 1;
+const STREAMING: u8 = 2;
+const STREAMED: u8 = 3;
 
 /// A blob's bytes read in order, with the span of the last chunk asked for
 /// kept (entries may share stored bytes).
@@ -111,7 +121,31 @@ impl Shared {
     pub(super) fn is_streaming(&self, blob: u32) -> bool {
         self.streaming
             .get(blob as usize)
-            .is_some_and(|s| s.load(Ordering::Relaxed) == STREAMING)
+            .is_some_and(|s| matches!(s.load(Ordering::Relaxed), OPENING | STREAMING))
+    }
+
+    /// Waits while blob `blob`'s stream is asked for and not yet answered
+    /// (at most [`STREAM_OPEN_WAIT`]): once it runs, the chunks it has
+    /// claimed come with it, and a miss fetching them in ranges meanwhile
+    /// would send the same bytes to the registry from every node.
+    pub(super) fn wait_stream_open(&self, blob: u32) -> io::Result<()> {
+        let Some(state) = self.streaming.get(blob as usize) else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + STREAM_OPEN_WAIT;
+        while state.load(Ordering::Relaxed) == OPENING {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::info!(
+                    blob,
+                    "the blob's stream did not answer in {STREAM_OPEN_WAIT:?}; the miss goes in ranges"
+                );
+                break;
+            }
+            // A state change notifies `landed`; the tick bounds a missed one.
+            self.wait_landed(left.min(Duration::from_millis(50)))?;
+        }
+        Ok(())
     }
 
     /// A reader is reading blob `blob` in order, through a node whose
@@ -128,12 +162,7 @@ impl Shared {
         // failed and the reader's misses fetch what it reads.
         let state = &self.streaming[blob as usize];
         if state
-            .compare_exchange(
-                NOT_STREAMED,
-                STREAMING,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
+            .compare_exchange(NOT_STREAMED, OPENING, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
             return true;
@@ -153,6 +182,7 @@ impl Shared {
                 let left = me.stream_blob(blob, &chunks);
                 // Also when the stream never started (it set nothing).
                 me.streaming[blob as usize].store(STREAMED, Ordering::Relaxed);
+                me.landed.notify_all();
                 tracing::debug!(blob, left = left.len(), "blob stream over");
             });
         if spawned.is_err() {
@@ -191,20 +221,26 @@ impl Shared {
         }
         order.sort_by_key(|&i| (entries[i].compressed_offset.get(), i));
         let digest = &self.digests[blob as usize];
-        let reader = match self.source.stream_blob(digest) {
+        let state = &self.streaming[blob as usize];
+        state.store(OPENING, Ordering::Relaxed);
+        let opened = self.source.stream_blob(digest);
+        let reader = match opened {
             Ok(Some(reader)) => reader,
-            Ok(None) => return order,
-            Err(e) => {
-                tracing::warn!(
-                    blob,
-                    "prefetch of the whole blob: {e}; fetching it in ranges"
-                );
+            Ok(None) | Err(_) => {
+                state.store(STREAMED, Ordering::Relaxed);
+                self.landed.notify_all();
+                if let Err(e) = opened {
+                    tracing::warn!(
+                        blob,
+                        "prefetch of the whole blob: {e}; fetching it in ranges"
+                    );
+                }
                 return order;
             }
         };
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let state = &self.streaming[blob as usize];
         state.store(STREAMING, Ordering::Relaxed);
+        self.landed.notify_all();
         let mut stream = InOrder {
             reader,
             start: 0,
