@@ -168,6 +168,7 @@ impl Shared {
             return true;
         }
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            state.store(NOT_STREAMED, Ordering::Relaxed);
             return false;
         };
         let spawned = std::thread::Builder::new()
@@ -227,7 +228,8 @@ impl Shared {
         let reader = match opened {
             Ok(Some(reader)) => reader,
             Ok(None) | Err(_) => {
-                state.store(STREAMED, Ordering::Relaxed);
+                // Not streamed: a reader's in-order reads may ask again.
+                state.store(NOT_STREAMED, Ordering::Relaxed);
                 self.landed.notify_all();
                 if let Err(e) = opened {
                     tracing::warn!(
