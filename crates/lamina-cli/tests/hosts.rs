@@ -480,22 +480,12 @@ fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
     );
 }
 
-/// A reader reading the Debian image's largest blob in order through a
-/// bulk_only mirror (a P2P daemon) gets that blob streamed whole. The
-/// mirror holds the stream's answer back 3 s, as a Dragonfly task waits for
-/// its seed when a fleet starts at once: the reader's misses on that blob
-/// wait for the stream instead of fetching its chunks in ranges from the
-/// registry meanwhile (on a fleet, every node would). The registry, behind
-/// a plain proxy of its own, counts the blob's range reads; every file
-/// equals umoci's unpack. Fails if misses go around an opening stream.
-#[test]
-fn misses_wait_for_a_blob_stream_that_is_opening() {
-    if !require(&["docker-registry", "python3", "zstd", "umoci", "debootstrap"]) {
-        return;
-    }
+/// The Debian image in a registry, its largest data blob, the test's
+/// directory, and umoci's unpack of the source.
+fn registry_with_debian(label: &str) -> (Registry, String, TestDir, PathBuf) {
     let layout = debian_source();
     let reg = Registry::start();
-    let t = TestDir::new("hosts-stream-open");
+    let t = TestDir::new(label);
     let (src, image) = (oci_ref(&layout, "bookworm"), reg.reference("lam:deb"));
     lamina_timeout(["convert", &src, &image], Duration::from_secs(1200)).ok();
     let inspect = lamina(["inspect", "--json", &image]).ok().json();
@@ -505,29 +495,108 @@ fn misses_wait_for_a_blob_stream_that_is_opening() {
         .and_then(|b| b["digest"].as_str())
         .unwrap_or_else(|| panic!("inspect lists no blobs: {inspect}"))
         .to_string();
-    let only = ["--blob", largest.as_str()];
+    let rootfs = umoci_unpack(&format!("{}:bookworm", layout.display()), &t.join("bundle"));
+    (reg, largest, t, rootfs)
+}
+
+/// Mounts `lam:deb` lazily through a bulk_only mirror that holds back its
+/// answers to whole-blob GETs of `blob` for `stall` seconds, the registry
+/// behind a plain proxy of its own; compares every file with `rootfs`.
+/// Returns how many times `blob` was streamed, and how many range reads of
+/// it the registry got and their bytes (of the first 1,000 requests).
+fn read_all_with_stream_held(
+    (reg, blob, t, rootfs): &(Registry, String, TestDir, PathBuf),
+    stall: &str,
+) -> (u64, u64, u64) {
+    let only = ["--blob", blob.as_str()];
     let direct = FaultProxy::start(t.path(), "direct", 0, reg.port, "none", &only);
-    let held = [&only[..], &["--whole", "--stall", "3"]].concat();
+    let held = [&only[..], &["--whole", "--stall", stall]].concat();
     let p2p = FaultProxy::start(t.path(), "p2p", 0, reg.port, "stall", &held);
     let toml = mirror_first(direct.port, p2p.port, true);
-    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
-    let rootfs = umoci_unpack(&format!("{}:bookworm", layout.display()), &t.join("bundle"));
+    let dir = hosts_dir(t, &ns_dir(reg.port), &toml);
     let m = Mount::with_args(
-        &image,
+        &reg.reference("lam:deb"),
         &t.join("mnt"),
         &t.join("cache"),
         &["--hosts-dir", dir.to_str().expect("utf-8 path")],
     );
-    let n = treecmp(&[], &rootfs, &m.path);
+    let n = treecmp(&[], rootfs, &m.path);
     assert!(n > 5000, "compared only {n} entries");
     m.unmount();
-    let whole = p2p.stats()["faults"]["stall"].as_u64().unwrap_or(0);
-    let ranges = direct.stats()["eligible"].as_u64().unwrap_or(0);
-    eprintln!("{largest}: streamed {whole} time(s), {ranges} range reads from the registry");
-    assert_eq!(whole, 1, "the largest blob was not streamed once");
+    let streamed = p2p.stats()["faults"]["stall"].as_u64().unwrap_or(0);
+    let stats = direct.stats();
+    let ranges = stats["eligible"].as_u64().unwrap_or(0);
+    let bytes: u64 = stats["log"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|l| l.contains(blob.as_str()))
+        .filter_map(|l| l.rsplit_once(" bytes=")?.1.split_once('-'))
+        .filter_map(|(a, b)| Some(b.parse::<u64>().ok()? + 1 - a.parse::<u64>().ok()?))
+        .sum();
+    eprintln!(
+        "{blob}: streamed {streamed} time(s); {ranges} range reads, {bytes} bytes, from the registry"
+    );
+    (streamed, ranges, bytes)
+}
+
+/// A reader reading the Debian image's largest blob in order through a
+/// bulk_only mirror (a P2P daemon) gets that blob streamed whole. The
+/// mirror holds the stream's answer back 3 s, as a Dragonfly task waits for
+/// its seed when a fleet starts at once: the reader's misses on that blob
+/// wait for the stream instead of fetching its chunks in ranges from the
+/// registry meanwhile (on a fleet, every node would). Every file equals
+/// umoci's unpack. Fails if misses go around an opening stream.
+#[test]
+fn misses_wait_for_a_blob_stream_that_is_opening() {
+    if !require(&["docker-registry", "python3", "zstd", "umoci", "debootstrap"]) {
+        return;
+    }
+    let fixture = registry_with_debian("hosts-stream-open");
+    let (streamed, ranges, _) = read_all_with_stream_held(&fixture, "3");
+    assert_eq!(streamed, 1, "the largest blob was not streamed once");
     assert!(
         ranges <= RANGES_BEFORE_A_STREAM,
         "{ranges} range reads of the streamed blob went to the registry"
+    );
+}
+
+/// The same with the stream's answer held 40 s, past the 10 s a request
+/// may wait for its answer (each try of the stream gives up; the last
+/// after about 40 s): the blob's misses wait for the stream at most 5 s
+/// after it was asked for, then the blob is read as without a stream, in
+/// ranges with windows ahead of the reader. Every file is equal; the
+/// registry sends most of the blob in ranges, in a few dozen reads. Fails
+/// if the reader goes on chunk by chunk (a read per chunk: about a
+/// thousand for this blob) once its stream is given up.
+#[test]
+fn a_stream_that_does_not_answer_leaves_its_blob_to_windows_in_ranges() {
+    if !require(&["docker-registry", "python3", "zstd", "umoci", "debootstrap"]) {
+        return;
+    }
+    let fixture = registry_with_debian("hosts-stream-hung");
+    let inspect = lamina(["inspect", "--json", &fixture.0.reference("lam:deb")])
+        .ok()
+        .json();
+    let blob = inspect["blobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|b| b["digest"].as_str() == Some(fixture.1.as_str()))
+        .unwrap_or_else(|| panic!("{} is not in {inspect}", fixture.1));
+    let (size, chunks) = (blob["compressed_bytes"].as_u64(), blob["chunks"].as_u64());
+    let (Some(size), Some(chunks)) = (size, chunks) else {
+        panic!("no size or chunk count in {blob}");
+    };
+    let (_, ranges, bytes) = read_all_with_stream_held(&fixture, "40");
+    assert!(
+        bytes > size / 2,
+        "{bytes} bytes of the {size}-byte blob came in ranges"
+    );
+    assert!(
+        ranges < chunks / 4,
+        "{ranges} range reads for a blob of {chunks} chunks: no windows ahead of the reader"
     );
 }
 

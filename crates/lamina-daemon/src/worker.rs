@@ -119,6 +119,9 @@ struct Shared {
     complete_sent: Vec<AtomicBool>,
     /// Per blob: whether it is or was streamed whole (`stream.rs`).
     streaming: Vec<AtomicU8>,
+    /// When each blob's stream was last asked for, in milliseconds since
+    /// `started`: misses wait for an opening stream until a bound past it.
+    stream_asked_ms: Vec<AtomicU64>,
     boot_set: Vec<(u32, u32)>,
     /// The boot set, to look up: a miss on one of these chunks waits for
     /// the boot pages still on their way instead of fetching it.
@@ -324,6 +327,7 @@ fn build_shared(
         prefetch_total: AtomicU64::new(0),
         complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
         streaming: (0..n).map(|_| AtomicU8::new(0)).collect(),
+        stream_asked_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
         boot_chunks: boot_set.iter().copied().collect(),
         boot_set,
         boot_frames: AtomicUsize::new(0),

@@ -121,31 +121,51 @@ impl Shared {
     pub(super) fn is_streaming(&self, blob: u32) -> bool {
         self.streaming
             .get(blob as usize)
-            .is_some_and(|s| matches!(s.load(Ordering::Relaxed), OPENING | STREAMING))
+            .is_some_and(|s| s.load(Ordering::Relaxed) == STREAMING)
+            || self.stream_opening_until(blob).is_some()
+    }
+
+    /// While blob `blob`'s stream is asked for and not yet answered, and for
+    /// at most [`STREAM_OPEN_WAIT`] after it was asked for: until when. A
+    /// P2P daemon that hangs costs the blob's readers that once, not each
+    /// miss; past it the blob is read as if no stream were coming.
+    fn stream_opening_until(&self, blob: u32) -> Option<Instant> {
+        let state = self.streaming.get(blob as usize)?;
+        let asked = self.stream_asked_ms.get(blob as usize)?;
+        if state.load(Ordering::Relaxed) != OPENING {
+            return None;
+        }
+        let asked = Duration::from_millis(asked.load(Ordering::Relaxed));
+        let until = self.started + asked + STREAM_OPEN_WAIT;
+        (Instant::now() < until).then_some(until)
     }
 
     /// Waits while blob `blob`'s stream is asked for and not yet answered
-    /// (at most [`STREAM_OPEN_WAIT`]): once it runs, the chunks it has
-    /// claimed come with it, and a miss fetching them in ranges meanwhile
-    /// would send the same bytes to the registry from every node.
+    /// ([`stream_opening_until`](Self::stream_opening_until)): once it runs,
+    /// the chunks it has claimed come with it, and a miss fetching them in
+    /// ranges meanwhile would send the same bytes to the registry from every
+    /// node.
     pub(super) fn wait_stream_open(&self, blob: u32) -> io::Result<()> {
-        let Some(state) = self.streaming.get(blob as usize) else {
-            return Ok(());
-        };
-        let deadline = Instant::now() + STREAM_OPEN_WAIT;
-        while state.load(Ordering::Relaxed) == OPENING {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                tracing::info!(
-                    blob,
-                    "the blob's stream did not answer in {STREAM_OPEN_WAIT:?}; the miss goes in ranges"
-                );
-                break;
-            }
+        let mut waited = false;
+        while let Some(until) = self.stream_opening_until(blob) {
+            waited = true;
+            let left = until.saturating_duration_since(Instant::now());
             // A state change notifies `landed`; the tick bounds a missed one.
             self.wait_landed(left.min(Duration::from_millis(50)))?;
         }
+        if waited && self.streaming[blob as usize].load(Ordering::Relaxed) == OPENING {
+            tracing::info!(
+                blob,
+                "the blob's stream did not answer in {STREAM_OPEN_WAIT:?}; its misses go in ranges"
+            );
+        }
         Ok(())
+    }
+
+    /// Notes that blob `blob`'s stream is being asked for now.
+    fn note_stream_asked(&self, blob: u32) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.stream_asked_ms[blob as usize].store(now, Ordering::Relaxed);
     }
 
     /// A reader is reading blob `blob` in order, through a node whose
@@ -159,14 +179,16 @@ impl Shared {
             return false;
         }
         // Once per blob: after its stream the blob is whole, or the stream
-        // failed and the reader's misses fetch what it reads.
+        // failed (or did not answer in time) and windows go ahead of the
+        // reader in ranges.
         let state = &self.streaming[blob as usize];
         if state
             .compare_exchange(NOT_STREAMED, OPENING, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
-            return true;
+            return self.is_streaming(blob);
         }
+        self.note_stream_asked(blob);
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
             state.store(NOT_STREAMED, Ordering::Relaxed);
             return false;
@@ -223,6 +245,7 @@ impl Shared {
         order.sort_by_key(|&i| (entries[i].compressed_offset.get(), i));
         let digest = &self.digests[blob as usize];
         let state = &self.streaming[blob as usize];
+        self.note_stream_asked(blob);
         state.store(OPENING, Ordering::Relaxed);
         let opened = self.source.stream_blob(digest);
         let reader = match opened {
