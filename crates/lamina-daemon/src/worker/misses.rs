@@ -85,9 +85,11 @@ impl Shared {
                 return Ok(());
             }
             self.predict_from(blob, offset, &needed);
+            // A stream not answered yet may still bring these chunks; one
+            // that did not answer in time leaves the blob to windows.
+            self.wait_stream_open(blob)?;
             if self.is_streaming(blob) {
                 // The rest of the window comes with the blob's stream.
-                self.wait_stream_open(blob)?;
                 (needed.clone(), needed)
             } else {
                 let store = self.lock_store(blob)?;
