@@ -480,65 +480,84 @@ fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
     );
 }
 
-/// The Debian image in a registry, its largest data blob, the test's
-/// directory, and umoci's unpack of the source.
-fn registry_with_debian(label: &str) -> (Registry, String, TestDir, PathBuf) {
-    let layout = debian_source();
-    let reg = Registry::start();
-    let t = TestDir::new(label);
-    let (src, image) = (oci_ref(&layout, "bookworm"), reg.reference("lam:deb"));
-    lamina_timeout(["convert", &src, &image], Duration::from_secs(1200)).ok();
-    let inspect = lamina(["inspect", "--json", &image]).ok().json();
-    let largest = inspect["blobs"]
-        .as_array()
-        .and_then(|b| b.iter().max_by_key(|b| b["compressed_bytes"].as_u64()))
-        .and_then(|b| b["digest"].as_str())
-        .unwrap_or_else(|| panic!("inspect lists no blobs: {inspect}"))
-        .to_string();
-    let rootfs = umoci_unpack(&format!("{}:bookworm", layout.display()), &t.join("bundle"));
-    (reg, largest, t, rootfs)
+/// The Debian image in a registry, with what a test of one of its blobs
+/// streamed through a P2P mirror needs.
+struct DebianFixture {
+    reg: Registry,
+    /// The largest data blob, as `lamina inspect --json` lists it.
+    blob: Value,
+    t: TestDir,
+    /// umoci's unpack of the source.
+    rootfs: PathBuf,
 }
 
-/// Mounts `lam:deb` lazily through a bulk_only mirror that holds back its
-/// answers to whole-blob GETs of `blob` for `stall` seconds, the registry
-/// behind a plain proxy of its own; compares every file with `rootfs`.
-/// Returns how many times `blob` was streamed, and how many range reads of
-/// it the registry got and their bytes (of the first 1,000 requests).
-fn read_all_with_stream_held(
-    (reg, blob, t, rootfs): &(Registry, String, TestDir, PathBuf),
-    stall: &str,
-) -> (u64, u64, u64) {
-    let only = ["--blob", blob.as_str()];
-    let direct = FaultProxy::start(t.path(), "direct", 0, reg.port, "none", &only);
-    let held = [&only[..], &["--whole", "--stall", stall]].concat();
-    let p2p = FaultProxy::start(t.path(), "p2p", 0, reg.port, "stall", &held);
-    let toml = mirror_first(direct.port, p2p.port, true);
-    let dir = hosts_dir(t, &ns_dir(reg.port), &toml);
-    let m = Mount::with_args(
-        &reg.reference("lam:deb"),
-        &t.join("mnt"),
-        &t.join("cache"),
-        &["--hosts-dir", dir.to_str().expect("utf-8 path")],
-    );
-    let n = treecmp(&[], rootfs, &m.path);
-    assert!(n > 5000, "compared only {n} entries");
-    m.unmount();
-    let streamed = p2p.stats()["faults"]["stall"].as_u64().unwrap_or(0);
-    let stats = direct.stats();
-    let ranges = stats["eligible"].as_u64().unwrap_or(0);
-    let bytes: u64 = stats["log"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .filter(|l| l.contains(blob.as_str()))
-        .filter_map(|l| l.rsplit_once(" bytes=")?.1.split_once('-'))
-        .filter_map(|(a, b)| Some(b.parse::<u64>().ok()? + 1 - a.parse::<u64>().ok()?))
-        .sum();
-    eprintln!(
-        "{blob}: streamed {streamed} time(s); {ranges} range reads, {bytes} bytes, from the registry"
-    );
-    (streamed, ranges, bytes)
+impl DebianFixture {
+    fn new(label: &str) -> DebianFixture {
+        let layout = debian_source();
+        let reg = Registry::start();
+        let t = TestDir::new(label);
+        let (src, image) = (oci_ref(&layout, "bookworm"), reg.reference("lam:deb"));
+        lamina_timeout(["convert", &src, &image], Duration::from_secs(1200)).ok();
+        let inspect = lamina(["inspect", "--json", &image]).ok().json();
+        let blob = inspect["blobs"]
+            .as_array()
+            .and_then(|b| b.iter().max_by_key(|b| b["compressed_bytes"].as_u64()))
+            .filter(|b| b["digest"].is_string())
+            .unwrap_or_else(|| panic!("inspect lists no blobs: {inspect}"))
+            .clone();
+        let rootfs = umoci_unpack(&format!("{}:bookworm", layout.display()), &t.join("bundle"));
+        DebianFixture {
+            reg,
+            blob,
+            t,
+            rootfs,
+        }
+    }
+
+    fn digest(&self) -> &str {
+        self.blob["digest"].as_str().unwrap_or_default()
+    }
+
+    /// Mounts `lam:deb` lazily through a bulk_only mirror that holds back
+    /// its answers to whole-blob GETs of the blob for `stall` seconds, the
+    /// registry behind a plain proxy of its own; compares every file with
+    /// the unpack. Returns how many times the blob was streamed, and how
+    /// many range reads of it the registry got and their bytes (of the
+    /// first 1,000 requests).
+    fn read_all_with_stream_held(&self, stall: &str) -> (u64, u64, u64) {
+        let (reg, t, blob) = (&self.reg, &self.t, self.digest());
+        let only = ["--blob", blob];
+        let direct = FaultProxy::start(t.path(), "direct", 0, reg.port, "none", &only);
+        let held = [&only[..], &["--whole", "--stall", stall]].concat();
+        let p2p = FaultProxy::start(t.path(), "p2p", 0, reg.port, "stall", &held);
+        let toml = mirror_first(direct.port, p2p.port, true);
+        let dir = hosts_dir(t, &ns_dir(reg.port), &toml);
+        let m = Mount::with_args(
+            &reg.reference("lam:deb"),
+            &t.join("mnt"),
+            &t.join("cache"),
+            &["--hosts-dir", dir.to_str().expect("utf-8 path")],
+        );
+        let n = treecmp(&[], &self.rootfs, &m.path);
+        assert!(n > 5000, "compared only {n} entries");
+        m.unmount();
+        let streamed = p2p.stats()["faults"]["stall"].as_u64().unwrap_or(0);
+        let stats = direct.stats();
+        let ranges = stats["eligible"].as_u64().unwrap_or(0);
+        let bytes: u64 = stats["log"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter(|l| l.contains(blob))
+            .filter_map(|l| l.rsplit_once(" bytes=")?.1.split_once('-'))
+            .filter_map(|(a, b)| Some(b.parse::<u64>().ok()? + 1 - a.parse::<u64>().ok()?))
+            .sum();
+        eprintln!(
+            "{blob}: streamed {streamed} time(s); {ranges} range reads, {bytes} bytes, from the registry"
+        );
+        (streamed, ranges, bytes)
+    }
 }
 
 /// A reader reading the Debian image's largest blob in order through a
@@ -553,8 +572,8 @@ fn misses_wait_for_a_blob_stream_that_is_opening() {
     if !require(&["docker-registry", "python3", "zstd", "umoci", "debootstrap"]) {
         return;
     }
-    let fixture = registry_with_debian("hosts-stream-open");
-    let (streamed, ranges, _) = read_all_with_stream_held(&fixture, "3");
+    let fixture = DebianFixture::new("hosts-stream-open");
+    let (streamed, ranges, _) = fixture.read_all_with_stream_held("3");
     assert_eq!(streamed, 1, "the largest blob was not streamed once");
     assert!(
         ranges <= RANGES_BEFORE_A_STREAM,
@@ -575,21 +594,13 @@ fn a_stream_that_does_not_answer_leaves_its_blob_to_windows_in_ranges() {
     if !require(&["docker-registry", "python3", "zstd", "umoci", "debootstrap"]) {
         return;
     }
-    let fixture = registry_with_debian("hosts-stream-hung");
-    let inspect = lamina(["inspect", "--json", &fixture.0.reference("lam:deb")])
-        .ok()
-        .json();
-    let blob = inspect["blobs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|b| b["digest"].as_str() == Some(fixture.1.as_str()))
-        .unwrap_or_else(|| panic!("{} is not in {inspect}", fixture.1));
+    let fixture = DebianFixture::new("hosts-stream-hung");
+    let blob = &fixture.blob;
     let (size, chunks) = (blob["compressed_bytes"].as_u64(), blob["chunks"].as_u64());
     let (Some(size), Some(chunks)) = (size, chunks) else {
         panic!("no size or chunk count in {blob}");
     };
-    let (_, ranges, bytes) = read_all_with_stream_held(&fixture, "40");
+    let (_, ranges, bytes) = fixture.read_all_with_stream_held("40");
     assert!(
         bytes > size / 2,
         "{bytes} bytes of the {size}-byte blob came in ranges"
