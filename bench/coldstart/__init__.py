@@ -288,7 +288,7 @@ def start(b, v, w, local):
     if v == "docker-index":
         return docker_run(b, w)
     if v == "index-boot":
-        return lamina_run(b, v, w, ref=b.ref("bookworm"), mount_args=["--index", b.ref(f"index-boot-{w}")])
+        return lamina_run(b, v, w, ref=b.ref("bookworm"), mount_args=["--index", b.boot_indexes[w]])
     return lamina_run(b, tag, w)
 
 

@@ -37,6 +37,8 @@ class Fixture:
         self.id = id_prefix
         self.keep = keep_logs
         self.mount_args = list(mount_args)
+        # Per workload: the tar index with its boot pages, by digest.
+        self.boot_indexes = {}
         self.convert_args = list(convert_args)
         self.seq = 0
         self.max_seconds = max_seconds
@@ -93,6 +95,11 @@ class Fixture:
 
     def ref(self, tag, repo="debian"):
         return f"docker://{self.reg}/{repo}:{tag}"
+
+    def pinned(self, digest, repo="debian"):
+        """A reference by digest: how a tar index kept under a tag of its
+        own is named with --index (a tag is not trusted to name one)."""
+        return f"docker://{self.reg}/{repo}@{digest}"
 
     @staticmethod
     def tags(workload):

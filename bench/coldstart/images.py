@@ -101,6 +101,7 @@ def boot_set(b, doc, w, owners, through_index):
             lamina_run(b, "index", w, record_trace=itrace, second=False, ref=orig)
         report = b.lamina_json("index", "--prefetch", itrace, orig, b.ref(f"index-boot-{w}"))
         setup.setdefault("index_boot", {})[w] = report[0]
+        b.boot_indexes[w] = b.pinned(report[0]["manifest_digest"])
 
 
 def chunk_owners(image, chunk_size):

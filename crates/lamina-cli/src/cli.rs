@@ -66,6 +66,16 @@ pub struct Args {
         default_value = lamina_oci::hosts::DEFAULT_HOSTS_DIR
     )]
     pub(crate) hosts_dir: PathBuf,
+    /// What a mount does with an unmodified image's tar index that nothing
+    /// this node trusts vouches for (not bound to the image, not named or
+    /// pinned by digest): `enforce` refuses it (the snapshotter then gives
+    /// the image overlayfs), `audit` uses it and logs a warning.
+    #[arg(long, global = true, value_name = "MODE", default_value = "enforce", value_parser = ["enforce", "audit"])]
+    pub(crate) index_policy: String,
+    /// A tar index manifest (sha256:...) this node vouches for: mounts use
+    /// it when it is listed as a referrer of the image. Repeatable.
+    #[arg(long = "trust-index", global = true, value_name = "DIGEST")]
+    pub(crate) trusted_indexes: Vec<String>,
 }
 
 // One value per process, never moved in a loop: variant sizes do not matter.
@@ -108,10 +118,11 @@ pub(crate) enum Command {
     /// Index an unmodified image for lazy mounts: no conversion, no second
     /// copy. Reads each layer once and stores a small artifact (EROFS
     /// metadata pointing into the layers' tars, random-access points into
-    /// their compressed streams) as an OCI referrer of the image, in its
-    /// own repository, or at DST.
+    /// their compressed streams) as an OCI referrer of the image in its own
+    /// repository, bound to the image by an image index under its tag (the
+    /// image's manifests are untouched); or at DST.
     Index {
-        /// The image to index (it stays as it is).
+        /// The image to index (its manifests stay as they are).
         src: String,
         /// Where the index goes instead: oci:DIR[:TAG] or docker://HOST/REPO[:TAG]
         /// (then name it with --index when mounting).
@@ -126,6 +137,14 @@ pub(crate) enum Command {
         /// the pages it read boot pages in the index.
         #[arg(long, value_name = "TRACE")]
         prefetch: Option<PathBuf>,
+        /// Leave the image's tag as it is: the index is only a referrer,
+        /// which a mount uses only where the node's policy pins it
+        /// (`--index REPO@DIGEST`, `[index] pinned`) or is in audit mode.
+        /// By default the index is bound to the image: an image index that
+        /// lists the image's manifests and the index replaces the tag, so
+        /// the tag's digest covers the index (docs/index.md).
+        #[arg(long)]
+        no_bind: bool,
     },
     /// Mount a lamina image read-only with the kernel (file-backed EROFS),
     /// or through FUSE.
@@ -421,6 +440,22 @@ pub(crate) struct ServeArgs {
     pub(crate) index: Option<String>,
 }
 
+/// The node's policy for tar indexes, from `--index-policy` and
+/// `--trust-index` (or the config's `[index]`).
+fn index_trust(args: &Args) -> Result<lamina_mount::IndexTrust> {
+    let pinned = args
+        .trusted_indexes
+        .iter()
+        .map(|d| {
+            lamina_oci::Digest::parse(d).with_context(|| format!("--trust-index {d}: not a digest"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(lamina_mount::IndexTrust {
+        audit: args.index_policy == "audit",
+        pinned,
+    })
+}
+
 /// What `--mode` takes.
 pub(crate) const MODES: [&str; 3] = ["auto", "kernel", "fuse"];
 
@@ -491,11 +526,12 @@ pub fn run(args: Args) -> Result<u8> {
         ..SourceOptions::default()
     };
     let json = args.json;
+    let trust = index_trust(&args)?;
     match args.command {
         c @ Command::Convert { .. } => commands::convert_image(c, source, json)?,
         c @ Command::Index { .. } => commands::index_image(c, source, json)?,
-        c @ Command::Mount { .. } => commands::mount_image(c, source, json)?,
-        c @ Command::Run { .. } => return commands::run_container(c, source, json),
+        c @ Command::Mount { .. } => commands::mount_image(c, (source, trust), json)?,
+        c @ Command::Run { .. } => return commands::run_container(c, (source, trust), json),
         c @ Command::Rm { .. } => commands::remove_containers(c, json)?,
         c @ Command::Umount { .. } => commands::unmount(c, json)?,
         Command::Status {
@@ -504,7 +540,7 @@ pub fn run(args: Args) -> Result<u8> {
         } => std::io::stdout().write_all(mount_metrics(&absolute(&cache_dir)?).as_bytes())?,
         Command::Status { cache_dir, .. } => status(&absolute(&cache_dir)?, args.json)?,
         c @ Command::Gc { .. } => commands::collect_garbage(c, json)?,
-        c @ Command::Snapshotter { .. } => commands::serve_snapshotter(c, source)?,
+        c @ Command::Snapshotter { .. } => commands::serve_snapshotter(c, (source, trust))?,
         Command::InternalFuse { config } => {
             lamina_fuse::serve(&lamina_fuse::load_config(&config)?)?
         }

@@ -181,6 +181,28 @@ pub struct ConfigFile {
     pub(crate) convert: ConvertSection,
     #[serde(default)]
     pub(crate) gc: GcSection,
+    #[serde(default)]
+    pub(crate) index: IndexSection,
+}
+
+/// `[index]`: which tar indexes mounts and the snapshotter use.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct IndexSection {
+    /// `enforce` (the default) or `audit`.
+    pub(crate) policy: Option<IndexPolicy>,
+    /// Tar index manifests the node vouches for, by digest.
+    pub(crate) pinned: Option<Vec<String>>,
+}
+
+/// `[index] policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum IndexPolicy {
+    /// Refuse an index nothing vouches for.
+    Enforce,
+    /// Use it, with a warning.
+    Audit,
 }
 
 /// `[mount]`.

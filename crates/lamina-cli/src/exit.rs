@@ -135,8 +135,10 @@ fn classify(cause: &(dyn Error + 'static)) -> Option<u8> {
     if let Some(CacheError::BadChunk { .. }) = cause.downcast_ref::<CacheError>() {
         return Some(3);
     }
-    if let Some(MountError::Syscall { .. }) = cause.downcast_ref::<MountError>() {
-        return Some(6);
+    match cause.downcast_ref::<MountError>() {
+        Some(MountError::Syscall { .. }) => return Some(6),
+        Some(MountError::UntrustedIndex(_)) => return Some(3),
+        _ => {}
     }
     None
 }

@@ -39,8 +39,10 @@ fn tags(reg: &Registry, repo: &str) -> Vec<String> {
     serde_json::from_value(list["tags"].clone()).unwrap()
 }
 
-/// Indexes `reference`; checks the artifact is a referrer of the untouched
-/// image under the fallback tag and small; returns `lamina index`'s report.
+/// Indexes `reference`; checks the artifact is a referrer of the image's
+/// manifest (under the fallback tag), and that the tag now names an image
+/// index that lists that manifest, unchanged, and binds the artifact to it;
+/// returns `lamina index`'s report.
 fn index_and_check(reg: &Registry, repo: &str, tag: &str) -> Value {
     let before = sha256_hex(&get(reg, &format!("{repo}/manifests/{tag}")));
     let reports = lamina(["index", "--json", &reg.reference(&format!("{repo}:{tag}"))])
@@ -48,8 +50,6 @@ fn index_and_check(reg: &Registry, repo: &str, tag: &str) -> Value {
         .json();
     assert_eq!(reports.as_array().map(Vec::len), Some(1), "{reports}");
     let report = reports[0].clone();
-    let after = sha256_hex(&get(reg, &format!("{repo}/manifests/{tag}")));
-    assert_eq!(before, after, "indexing changed the image's manifest");
     assert_eq!(report["subject"], format!("sha256:{before}"), "{report}");
     let fallback = format!("sha256-{before}");
     assert!(
@@ -79,7 +79,39 @@ fn index_and_check(reg: &Registry, repo: &str, tag: &str) -> Value {
     ))
     .unwrap();
     assert_eq!(artifact["subject"]["digest"], format!("sha256:{before}"));
+    check_bound(reg, repo, tag, &report);
     report
+}
+
+/// The tag names an image index that lists the indexed manifest (with its
+/// platform) and binds the artifact of `report` to it, as `bound_in` says.
+fn check_bound(reg: &Registry, repo: &str, tag: &str, report: &Value) {
+    let top = get(reg, &format!("{repo}/manifests/{tag}"));
+    let bound_in = report["bound_in"].as_str().unwrap_or_default();
+    assert!(
+        bound_in.ends_with(&format!("@sha256:{}", sha256_hex(&top))),
+        "{tag} is not the image index the report names: {report}"
+    );
+    let top: Value = serde_json::from_slice(&top).unwrap();
+    let entries = top["manifests"].as_array().unwrap();
+    let image = entries.iter().find(|e| e["digest"] == report["subject"]);
+    assert!(
+        image.is_some_and(|e| e["platform"]["os"] == "linux"),
+        "{top}"
+    );
+    let bound = entries
+        .iter()
+        .find(|e| e["digest"] == report["manifest_digest"])
+        .unwrap_or_else(|| panic!("the index is not in {top}"));
+    assert_eq!(bound["platform"]["os"], "unknown", "{bound}");
+    assert_eq!(
+        bound["annotations"]["vnd.docker.reference.digest"],
+        report["subject"]
+    );
+    assert_eq!(
+        bound["annotations"]["vnd.docker.reference.type"],
+        "dev.lamina.tar-index"
+    );
 }
 
 /// The Debian image through its index, kernel and FUSE, equals umoci's
@@ -176,7 +208,21 @@ fn plain_images_need_their_own_index() {
     let a_digest = a["subject"].as_str().unwrap().trim_start_matches("sha256:");
     let list = get(&reg, &format!("x/manifests/sha256-{a_digest}"));
     put_index(&reg, &format!("x/manifests/sha256-{b}"), &list);
+    // Nothing vouches for a referrer: refused before it is opened.
     let out = mount("b").failed();
+    assert!(out.stderr.contains("vouches"), "{}", out.describe());
+    // Pinned by the operator, it is opened, and its subject is not b's.
+    let pinned = a["manifest_digest"].as_str().unwrap();
+    let out = lamina([
+        "mount".as_ref(),
+        reg.reference("x:b").as_ref(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        "--trust-index".as_ref(),
+        pinned.as_ref(),
+    ])
+    .failed();
     assert!(out.stderr.contains("subject"), "{}", out.describe());
     assert!(!is_mountpoint(&mnt));
 }
@@ -447,7 +493,8 @@ fn flipped_bytes_under_an_index_mount_cost_refetches_or_eio() {
 /// recorded through the index's mount, indexed again with the trace (into
 /// another tag of the image's repository, named with --index), then a fresh
 /// mount starts python3 from the boot pages alone: no miss fetches a span,
-/// and the boot set's spans follow once the start is over.
+/// and the boot set's spans follow once the start is over. (`--index` of a
+/// registry names the index by digest: a tag is refused.)
 #[test]
 fn boot_pages_from_a_trace_serve_the_start() {
     if !require(&["umoci", "skopeo", "docker-registry", "curl", "chroot"]) {
@@ -467,17 +514,20 @@ fn boot_pages_from_a_trace_serve_the_start() {
     );
     python3_prints_ok(&m.path, START);
     m.unmount();
-    let boot_index = reg.reference("deb:orig-boot");
     let report = lamina([
         "index",
         "--json",
         "--prefetch",
         trace.to_str().unwrap(),
         &image,
-        &boot_index,
+        &reg.reference("deb:orig-boot"),
     ])
     .ok()
     .json();
+    let boot_index = reg.reference(&format!(
+        "deb@{}",
+        report[0]["manifest_digest"].as_str().unwrap()
+    ));
     assert!(
         report[0]["boot_pages"]["bytes"].as_u64().unwrap() > 0
             && report[0]["boot_set"].as_u64().unwrap() > 0,
@@ -489,6 +539,18 @@ fn boot_pages_from_a_trace_serve_the_start() {
         &t.join("cache"),
         &["--mode", "kernel", "--index", &boot_index],
     );
+    // A tag anyone who may push can move names no index.
+    let out = lamina([
+        "mount".as_ref(),
+        image.as_ref(),
+        t.mkdir("by-tag").as_os_str(),
+        "--cache-dir".as_ref(),
+        t.join("cache").as_os_str(),
+        "--index".as_ref(),
+        reg.reference("deb:orig-boot").as_ref(),
+    ])
+    .failed();
+    assert!(out.stderr.contains("by digest"), "{}", out.describe());
     python3_prints_ok(&m.path, START);
     let s = settled_status(&m);
     assert!(s["boot_page_bytes"].as_u64().unwrap() > 0, "{s}");
@@ -518,4 +580,183 @@ fn lamina_run_starts_the_original_tag() {
     assert_eq!(o.stdout, "ok from the index\n", "{}", o.describe());
     let mounts = mounts_under(t.path());
     assert!(mounts.is_empty(), "still mounted: {mounts:?}");
+}
+
+/// The file the hostile indexes below make setuid root.
+const PYTHON: &str = "usr/bin/python3.11";
+
+/// The attack of issue 42: the image's true index with one inode changed
+/// (`path` made setuid), pushed as a referrer of the image's manifest
+/// `manifest` in `repo`, as anyone who may push there can. Returns its
+/// digest.
+fn push_setuid_index(reg: &Registry, repo: &str, manifest: &str, path: &str) -> String {
+    use lamina_oci::{open_source, Descriptor, ImageRef, SourceOptions};
+    let image: ImageRef = reg
+        .reference(&format!("{repo}@{manifest}"))
+        .parse()
+        .unwrap();
+    let opts = SourceOptions::default();
+    let source = open_source(&image, &opts).unwrap();
+    let span = 64 << 10;
+    let mut built = lamina_image::tar_index::build(source.as_ref(), span, &|_| {}).unwrap();
+    make_setuid(&mut built.metadata, path);
+    let img = source.image();
+    let subject = Descriptor::new(
+        img.manifest_media_type(),
+        img.manifest_digest.clone(),
+        img.manifest_bytes.len() as u64,
+    );
+    let (layers, bytes) = lamina_image::index::artifact(&built, None, subject, span).unwrap();
+    let ImageRef::Registry(at) = &image else {
+        unreachable!("a registry reference")
+    };
+    let (digest, _) = lamina_image::index::push_referrer(at, &opts, &layers, &bytes).unwrap();
+    digest.to_string()
+}
+
+/// Sets the setuid bit of `path`'s inode in EROFS `metadata`, in place.
+fn make_setuid(metadata: &mut [u8], path: &str) {
+    use lamina_format::erofs::{format::InodeCompact, Image};
+    use zerocopy::FromBytes;
+    let (at, mode) = {
+        let image = Image::new(metadata).unwrap();
+        let mut inode = image.inode(image.root_nid()).unwrap();
+        for name in path.split('/') {
+            let entry = image.lookup(&inode, name.as_bytes()).unwrap();
+            let entry = entry.unwrap_or_else(|| panic!("no {path} in the image"));
+            inode = image.inode(entry.nid).unwrap();
+        }
+        (image.inode_offset(inode.nid).unwrap(), inode.mode)
+    };
+    // i_mode sits at the same place in compact and extended inodes.
+    let (head, _) = InodeCompact::mut_from_prefix(&mut metadata[at as usize..]).unwrap();
+    head.i_mode.set(u16::try_from(mode | 0o4000).unwrap());
+}
+
+/// The permission bits of `path` (setuid included).
+fn mode_bits(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// `lamina mount IMAGE MNT --cache-dir CACHE EXTRA...`, its output.
+fn try_mount(
+    image: &str,
+    mnt: &std::path::Path,
+    cache: &std::path::Path,
+    extra: &[&str],
+) -> Output {
+    let mut c = lamina_cmd(["mount", image]);
+    c.arg(mnt).arg("--cache-dir").arg(cache).args(extra);
+    run(&mut c, TIMEOUT)
+}
+
+/// Issue 42, point 1: a referrer pushed by anyone who may push to the
+/// repository chooses the whole tree (audit mode shows the forged one
+/// would be served: python3.11 setuid). Nothing vouches for it, so
+/// `lamina mount` (kernel and FUSE) and `lamina run` refuse it. Once the
+/// publisher binds the true index into the tag's image index, the tag
+/// mounts the true tree whatever the referrers list; the manifest's own
+/// digest, which the binding does not cover, is refused unless the
+/// operator pins an index.
+#[test]
+fn a_referrer_nothing_vouches_for_is_refused_and_a_bound_index_serves() {
+    if !require(&["umoci", "skopeo", "docker-registry", "curl", "runc"]) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-hostile");
+    reg.push(&debian_source(), "bookworm", "deb:orig");
+    let manifest = format!("sha256:{}", sha256_hex(&get(&reg, "deb/manifests/orig")));
+    push_setuid_index(&reg, "deb", &manifest, PYTHON);
+    let image = reg.reference("deb:orig");
+    let (mnt, cache) = (t.mkdir("mnt"), t.join("cache"));
+    for mode in ["kernel", "fuse"] {
+        let out = try_mount(&image, &mnt, &cache, &["--mode", mode]).code_is(3);
+        assert!(out.stderr.contains("vouches"), "{}", out.describe());
+        assert!(!is_mountpoint(&mnt), "{mode}: mounted");
+    }
+    let mut c = lamina_cmd(["run", "--rm", "--cache-dir"]);
+    c.arg(&cache)
+        .arg("--state-dir")
+        .arg(t.join("state"))
+        .arg(&image)
+        .args(["--", "python3", "-c", "print('hostile')"]);
+    let out = run(&mut c, TIMEOUT).code_is(125);
+    assert!(out.stderr.contains("vouches"), "{}", out.describe());
+    assert!(!out.stdout.contains("hostile"), "{}", out.describe());
+
+    let audit = Mount::with_args(
+        &image,
+        &t.join("audit"),
+        &t.join("cache-audit"),
+        &["--index-policy", "audit"],
+    );
+    assert_eq!(
+        mode_bits(&audit.path.join(PYTHON)),
+        0o4755,
+        "the forgery is not served"
+    );
+    audit.unmount();
+
+    let report = index_and_check(&reg, "deb", "orig");
+    for mode in ["kernel", "fuse"] {
+        let m = Mount::with_args(&image, &t.join(mode), &cache, &["--mode", mode]);
+        assert_eq!(mode_bits(&m.path.join(PYTHON)), 0o755, "{mode}");
+        m.unmount();
+    }
+    let by_manifest = reg.reference(&format!("deb@{manifest}"));
+    let out = try_mount(&by_manifest, &mnt, &cache, &[]).code_is(3);
+    assert!(out.stderr.contains("vouches"), "{}", out.describe());
+    let pinned = report["manifest_digest"].as_str().unwrap();
+    let m = Mount::with_args(
+        &by_manifest,
+        &t.join("pinned"),
+        &cache,
+        &["--trust-index", pinned],
+    );
+    assert_eq!(mode_bits(&m.path.join(PYTHON)), 0o755);
+    m.unmount();
+}
+
+/// Issue 42, point 1 (d): a mirror may carry referrers but decides no
+/// trust. A hosts.toml mirror that may resolve answers the referrers
+/// call with a forged index: a mount of the image's manifest digest
+/// refuses it; a mount of the bound image index's digest (what a user
+/// pins) serves the true tree, the mirror's referrers notwithstanding.
+#[test]
+fn a_mirror_answering_the_referrers_call_decides_nothing() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, mirror) = (Registry::start(), Registry::start());
+    let t = TestDir::new("index-mirror");
+    reg.push(&debian_source(), "bookworm", "deb:orig");
+    mirror.push(&debian_source(), "bookworm", "deb:orig");
+    let manifest = format!("sha256:{}", sha256_hex(&get(&reg, "deb/manifests/orig")));
+    let report = index_and_check(&reg, "deb", "orig");
+    push_setuid_index(&mirror, "deb", &manifest, PYTHON);
+    let hosts = t.join("certs.d");
+    let ns = hosts.join(format!("127.0.0.1_{}_", reg.port));
+    std::fs::create_dir_all(&ns).unwrap();
+    let toml = format!(
+        "server = \"http://127.0.0.1:{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  \
+         capabilities = [\"pull\", \"resolve\"]\n",
+        reg.port, mirror.port
+    );
+    std::fs::write(ns.join("hosts.toml"), toml).unwrap();
+    let hosts_arg = ["--hosts-dir", hosts.to_str().unwrap()];
+    let (mnt, cache) = (t.mkdir("mnt"), t.join("cache"));
+    let by_manifest = reg.reference(&format!("deb@{manifest}"));
+    let out = try_mount(&by_manifest, &mnt, &cache, &hosts_arg).code_is(3);
+    assert!(out.stderr.contains("vouches"), "{}", out.describe());
+    let bound_in = report["bound_in"].as_str().unwrap();
+    let pinned = reg.reference(&format!("deb@{}", bound_in.rsplit_once('@').unwrap().1));
+    let m = Mount::with_args(&pinned, &t.join("bound"), &cache, &hosts_arg);
+    assert_eq!(mode_bits(&m.path.join(PYTHON)), 0o755);
+    m.unmount();
 }

@@ -9,11 +9,16 @@ use std::collections::BTreeMap;
 use lamina_format::zstd_bound;
 use lamina_oci::{Descriptor, Digest, Manifest};
 
+mod binding;
 mod boot;
 mod frames;
 mod layer;
 mod tables;
 
+pub use binding::{
+    bind, bound_entry, bound_index, ANNOTATION_REFERENCE_DIGEST, ANNOTATION_REFERENCE_TYPE,
+    REFERENCE_TYPE_TAR_INDEX,
+};
 pub use boot::{boot_frames_annotation, boot_layer, boot_layers, BootFrame, BootLayer};
 pub use frames::{
     copy_compressed_layer_in_parallel, read_frames_or_copy, FramesOrCopy, LayerFrame, LayerFrames,
@@ -343,6 +348,8 @@ mod tests {
                     config_bytes: b"{}".to_vec(),
                     config: serde_json::Value::Null,
                     layers: Vec::new(),
+                    index_entries: Vec::new(),
+                    index_digest: None,
                 },
                 blob,
                 opened: AtomicBool::new(false),

@@ -40,6 +40,12 @@ pub struct IndexOptions {
     /// mount --record-trace`): its spans become the boot set and the pages
     /// it read the boot pages.
     pub prefetch_trace: Option<std::path::PathBuf>,
+    /// Without a destination: also bind the index to the image, in an
+    /// image index pushed under the source's tag (see [`crate::artifact::bind`]),
+    /// so that the image's digest covers it. Off (`--no-bind`), the index
+    /// is a referrer only, and a mount uses it only when the node's policy
+    /// pins or trusts it otherwise.
+    pub bind: bool,
 }
 
 /// What `lamina index` made.
@@ -54,6 +60,10 @@ pub struct IndexReport {
     pub subject: String,
     /// Where it went, and how a mount finds it.
     pub stored: String,
+    /// The image index that binds it to the image: `REF@DIGEST`, what to
+    /// pin or sign (absent with `--no-bind` or a destination).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound_in: Option<String>,
     /// Compressed size of the image's layers.
     pub image_layer_bytes: u64,
     /// Size of the artifact's layers (what a mount fetches first).
@@ -112,24 +122,73 @@ pub fn index(
     progress: &dyn Fn(usize),
 ) -> Result<Vec<IndexReport>, IndexError> {
     let platforms = lamina_oci::platforms(src, &opts.source)?;
+    let mut made = Vec::with_capacity(platforms.len().max(1));
     if platforms.len() <= 1 {
-        return Ok(vec![index_one(src, dst, opts, progress, None)?]);
-    }
-    if dst.is_some() {
+        made.push(index_one(src, dst, opts, progress, None)?);
+    } else if dst.is_some() {
         return Err(IndexError::Destination(format!(
             "{src} is a multi-platform image ({} platforms): its indexes go beside it, one \
              referrer per platform manifest; leave DST out",
             platforms.len()
         )));
+    } else {
+        for platform in platforms {
+            let mut one = opts.clone();
+            let name = format!("{}/{}", platform.0, platform.1);
+            one.source.platform = platform;
+            made.push(index_one(src, None, &one, progress, Some(name))?);
+        }
     }
-    let mut reports = Vec::with_capacity(platforms.len());
-    for platform in platforms {
-        let mut one = opts.clone();
-        let name = format!("{}/{}", platform.0, platform.1);
-        one.source.platform = platform;
-        reports.push(index_one(src, None, &one, progress, Some(name))?);
+    if opts.bind && dst.is_none() {
+        let bound_in = bind_to_image(src, opts, &made)?;
+        for m in &mut made {
+            m.report.bound_in = Some(bound_in.clone());
+        }
     }
-    Ok(reports)
+    Ok(made.into_iter().map(|m| m.report).collect())
+}
+
+/// One platform's index, and what binding it needs.
+struct Made {
+    report: IndexReport,
+    /// The artifact manifest's descriptor.
+    artifact: Descriptor,
+    /// The platform manifest it indexes.
+    subject: Digest,
+    /// The image index's entries the platform manifest was chosen from, or
+    /// (a tag that names a manifest) that manifest alone, with its platform.
+    entries: Vec<Descriptor>,
+}
+
+/// Pushes the image index that binds every index in `made` to its platform
+/// manifest under `src`'s tag (by digest when `src` names a digest); returns
+/// `REF@DIGEST` of that image index.
+fn bind_to_image(src: &ImageRef, opts: &IndexOptions, made: &[Made]) -> Result<String, IndexError> {
+    let ImageRef::Registry(reg) = src else {
+        return Err(IndexError::Destination(format!(
+            "{src} is not in a registry: name where the index goes (oci:DIR[:TAG] or docker://…)"
+        )));
+    };
+    let Some(first) = made.first() else {
+        return Err(IndexError::Destination(format!("{src}: nothing indexed")));
+    };
+    let bound: Vec<_> = made
+        .iter()
+        .map(|m| (m.artifact.clone(), m.subject.clone()))
+        .collect();
+    let index = bind(&first.entries, &bound);
+    let bytes = serde_json::to_vec(&index)
+        .map_err(|e| IndexError::Destination(format!("image index: {e}")))?;
+    let client = RegistryClient::new(&reg.host, &opts.source)?;
+    let reference = match &reg.reference {
+        lamina_oci::RegistryReference::Tag(_) => reg.reference.clone(),
+        lamina_oci::RegistryReference::Digest(_) => {
+            lamina_oci::RegistryReference::Digest(Digest::of_bytes(&bytes))
+        }
+    };
+    let digest =
+        client.put_manifest(&reg.repository, &reference, &bytes, media_types::OCI_INDEX)?;
+    Ok(format!("{}/{}@{digest}", reg.host, reg.repository))
 }
 
 /// Indexes the one manifest of `src` that `opts` selects.
@@ -139,7 +198,7 @@ fn index_one(
     opts: &IndexOptions,
     progress: &dyn Fn(usize),
     platform: Option<String>,
-) -> Result<IndexReport, IndexError> {
+) -> Result<Made, IndexError> {
     let started = Instant::now();
     let source = open_source(src, &opts.source)?;
     let image = source.image();
@@ -159,14 +218,17 @@ fn index_one(
         image.manifest_digest.clone(),
         image.manifest_bytes.len() as u64,
     );
-    let mut layers = artifact_layers(&built)?;
-    if let Some(boot) = &boot {
-        layers.push((boot.descriptor.clone(), boot.compressed.clone()));
-    }
-    let manifest = artifact_manifest(&layers, subject, opts.span_size);
-    let manifest_bytes = serde_json::to_vec(&manifest)
-        .map_err(|e| IndexError::Destination(format!("artifact manifest: {e}")))?;
+    let (layers, manifest_bytes) = artifact(&built, boot.as_ref(), subject, opts.span_size)?;
     let (digest, stored) = store(src, dst, opts, &layers, &manifest_bytes)?;
+    let artifact = Descriptor::new(
+        media_types::OCI_MANIFEST,
+        digest.clone(),
+        manifest_bytes.len() as u64,
+    );
+    let entries = match image.index_entries.is_empty() {
+        true => vec![manifest_entry(image, &opts.source.platform)],
+        false => image.index_entries.clone(),
+    };
     let windows = built
         .index
         .layers
@@ -174,11 +236,12 @@ fn index_one(
         .flat_map(|l| &l.windows)
         .flatten()
         .count();
-    Ok(IndexReport {
+    let report = IndexReport {
         platform,
         manifest_digest: digest.to_string(),
         subject: image.manifest_digest.to_string(),
         stored,
+        bound_in: None,
         image_layer_bytes: image.layers.iter().map(|l| l.descriptor.size).sum(),
         artifact_bytes: layers.iter().map(|(d, _)| d.size).sum(),
         spans: built
@@ -194,7 +257,54 @@ fn index_one(
         inodes: built.files,
         tar_bytes: built.tar_bytes,
         seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok(Made {
+        report,
+        artifact,
+        subject: image.manifest_digest.clone(),
+        entries,
     })
+}
+
+/// An image index entry for `image`'s manifest, with the platform its
+/// config gives (`selected`, the one it was opened for, where it is silent).
+fn manifest_entry(image: &lamina_oci::SourceImage, selected: &(String, String)) -> Descriptor {
+    let field = |key: &str| image.config.get(key).and_then(|v| v.as_str());
+    let mut entry = Descriptor::new(
+        image.manifest_media_type(),
+        image.manifest_digest.clone(),
+        image.manifest_bytes.len() as u64,
+    );
+    entry.platform = Some(lamina_oci::Platform {
+        architecture: field("architecture").unwrap_or(&selected.1).to_string(),
+        os: field("os").unwrap_or(&selected.0).to_string(),
+        os_version: field("os.version").map(str::to_string),
+        os_features: Vec::new(),
+        variant: field("variant").map(str::to_string),
+    });
+    entry
+}
+
+/// An artifact's layers, compressed, each with its descriptor.
+pub type ArtifactLayers = Vec<(Descriptor, Vec<u8>)>;
+
+/// The artifact of `built` (with `boot` pages) for the image manifest
+/// `subject`: its layers, compressed, with their descriptors, and its
+/// manifest's bytes.
+pub fn artifact(
+    built: &BuiltTarIndex,
+    boot: Option<&crate::convert::BootPagesLayer>,
+    subject: Descriptor,
+    span_size: u64,
+) -> Result<(ArtifactLayers, Vec<u8>), IndexError> {
+    let mut layers = artifact_layers(built)?;
+    if let Some(boot) = boot {
+        layers.push((boot.descriptor.clone(), boot.compressed.clone()));
+    }
+    let manifest = artifact_manifest(&layers, subject, span_size);
+    let manifest_bytes = serde_json::to_vec(&manifest)
+        .map_err(|e| IndexError::Destination(format!("artifact manifest: {e}")))?;
+    Ok((layers, manifest_bytes))
 }
 
 /// The artifact's layers, compressed, with their descriptors.
@@ -279,17 +389,7 @@ fn store(
             "{src} is not in a registry: name where the index goes (oci:DIR[:TAG] or docker://…)"
         )));
     };
-    let client = RegistryClient::new(&reg.host, &opts.source)?;
-    let repo = &reg.repository;
-    client.put_blob(
-        repo,
-        &config,
-        lamina_oci::registry::BlobBody::Bytes(EMPTY_CONFIG),
-    )?;
-    for (desc, bytes) in layers {
-        client.put_blob(repo, desc, lamina_oci::registry::BlobBody::Bytes(bytes))?;
-    }
-    let (digest, listed) = client.push_referrer(repo, manifest)?;
+    let (digest, listed) = push_referrer(reg, &opts.source, layers, manifest)?;
     let how = match listed {
         Listed::ByApi => "listed by the registry's referrers API".to_string(),
         Listed::ByTag => {
@@ -299,5 +399,30 @@ fn store(
             format!("listed under the referrers tag {}", tag.unwrap_or_default())
         }
     };
-    Ok((digest, format!("docker://{}/{repo} ({how})", reg.host)))
+    Ok((
+        digest,
+        format!("docker://{}/{} ({how})", reg.host, reg.repository),
+    ))
+}
+
+/// Pushes an artifact (its `layers` and `manifest`, which names its
+/// subject) into `reg`'s repository as a referrer of that subject.
+pub fn push_referrer(
+    reg: &lamina_oci::RegistryRef,
+    source: &SourceOptions,
+    layers: &[(Descriptor, Vec<u8>)],
+    manifest: &[u8],
+) -> Result<(Digest, Listed), IndexError> {
+    let config = Descriptor::of_bytes(media_types::OCI_EMPTY, EMPTY_CONFIG);
+    let client = RegistryClient::new(&reg.host, source)?;
+    let repo = &reg.repository;
+    client.put_blob(
+        repo,
+        &config,
+        lamina_oci::registry::BlobBody::Bytes(EMPTY_CONFIG),
+    )?;
+    for (desc, bytes) in layers {
+        client.put_blob(repo, desc, lamina_oci::registry::BlobBody::Bytes(bytes))?;
+    }
+    Ok(client.push_referrer(repo, manifest)?)
 }

@@ -27,6 +27,8 @@ pub struct MountOptions {
     /// An unmodified image's tar index, named (`--index`): else one is
     /// looked for among the image's referrers.
     pub index: Option<ImageRef>,
+    /// Which tar indexes may be used (bound, named, pinned; audit mode).
+    pub index_trust: crate::tar_index::IndexTrust,
 }
 
 /// Why a mount failed.
@@ -62,6 +64,9 @@ pub enum MountError {
     /// Local I/O.
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
+    /// A tar index nothing the node trusts vouches for.
+    #[error("tar index refused: {0}")]
+    UntrustedIndex(String),
     /// A mount daemon (holder or FUSE daemon) could not start or mount.
     #[error("mount daemon: {0}")]
     Daemon(String),

@@ -228,6 +228,8 @@ mod tests {
                 config_bytes: b"{}".to_vec(),
                 config: serde_json::Value::Null,
                 layers: Vec::new(),
+                index_entries: Vec::new(),
+                index_digest: None,
             };
             let source = OneLayer {
                 image,

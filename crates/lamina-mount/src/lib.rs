@@ -57,4 +57,4 @@ pub use lazy::{
     Unmounted,
 };
 pub use mode::{choose as choose_mode, host_facts, HostFacts, Mode};
-pub use tar_index::{find as find_tar_index, FoundIndex};
+pub use tar_index::{find as find_tar_index, FoundIndex, IndexTrust, Vouch};

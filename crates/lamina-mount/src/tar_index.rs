@@ -13,12 +13,12 @@ use std::path::Path;
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_format::tar_index::TarIndex;
 use lamina_image::artifact::{
-    check_lookup_for, ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE,
+    bound_index, check_lookup_for, ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE,
     MEDIA_TYPE_LOOKUP, MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX,
 };
 use lamina_oci::{
-    open_source, Descriptor, ImageRef, ImageSource, RegistryClient, RegistryRef, RegistryReference,
-    SourceImage,
+    open_source, Descriptor, Digest, ImageRef, ImageSource, RegistryClient, RegistryRef,
+    RegistryReference, SourceImage,
 };
 
 use crate::cache::materialize_tar;
@@ -29,24 +29,84 @@ use lamina_fetch::store::{BlobStore, EntryKey};
 /// A tar index artifact, where it is and opened.
 pub type FoundIndex = (ImageRef, Box<dyn ImageSource>);
 
+/// Which tar indexes this node mounts images through (docs/index.md, *Who
+/// is trusted with what*). An index says which tar bytes are which file,
+/// with which mode and owner, so it is used only when someone the node
+/// trusts vouches for it: the image's publisher, by binding it into the
+/// image index the user named (its digest covers the index), or the
+/// node's operator, by naming it (`--index`, by digest in a registry) or
+/// pinning its digest here. A referrer nothing vouches for is refused.
+#[derive(Debug, Clone, Default)]
+pub struct IndexTrust {
+    /// Use a referrer nothing vouches for, with a warning in the log,
+    /// instead of refusing it: for finding out what enforcing would refuse.
+    pub audit: bool,
+    /// Tar index manifests the operator vouches for, by digest.
+    pub pinned: Vec<Digest>,
+}
+
+/// Why an index is used: who vouched for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vouch {
+    /// Bound into the image index the image was named by.
+    Bound,
+    /// Named by the operator (`--index`).
+    Named,
+    /// Its digest is in the node's pinned list.
+    Pinned,
+    /// Nothing: used because the policy is in audit mode.
+    Audit,
+}
+
 /// The tar index of `img` (opened from `image`), and where it is: the one
-/// `opts` names, else one found as a referrer of its manifest in its own
-/// repository (then pinned by digest); `None` when there is none or the
-/// image is not in a registry.
+/// `opts` names; else the one bound to its manifest in the image index it
+/// was named by; else a referrer of its manifest that the node pins (or
+/// any, in audit mode). `None` when there is none; an error when there are
+/// referrers but nothing vouches for them.
 pub fn find(
     image: &ImageRef,
     img: &SourceImage,
     opts: &MountOptions,
 ) -> Result<Option<FoundIndex>, MountError> {
+    let Some((at, vouch)) = locate(image, img, opts)? else {
+        return Ok(None);
+    };
+    let artifact = open_source(&at, &opts.source)?;
+    check_subject(artifact.image(), img)?;
+    tracing::info!(index = %at, vouched = ?vouch, "mounting {} through its tar index", img.manifest_digest);
+    Ok(Some((at, artifact)))
+}
+
+/// Where the index to use is, and who vouches for it.
+fn locate(
+    image: &ImageRef,
+    img: &SourceImage,
+    opts: &MountOptions,
+) -> Result<Option<(ImageRef, Vouch)>, MountError> {
+    let trust = &opts.index_trust;
     if let Some(named) = &opts.index {
-        let artifact = open_source(named, &opts.source)?;
-        check_subject(artifact.image(), img)?;
-        tracing::info!(index = %named, "mounting {} through the index named", img.manifest_digest);
-        return Ok(Some((named.clone(), artifact)));
+        let by_tag = matches!(named, ImageRef::Registry(r) if matches!(r.reference, RegistryReference::Tag(_)));
+        if by_tag && !trust.audit {
+            return Err(MountError::UntrustedIndex(format!(
+                "--index {named} names a tag, which whoever can push to it may move: name the \
+                 index by digest (REPO@sha256:...)"
+            )));
+        }
+        return Ok(Some((named.clone(), Vouch::Named)));
     }
     let ImageRef::Registry(reg) = image else {
         return Ok(None);
     };
+    let at = |digest: &Digest| {
+        ImageRef::Registry(RegistryRef {
+            host: reg.host.clone(),
+            repository: reg.repository.clone(),
+            reference: RegistryReference::Digest(digest.clone()),
+        })
+    };
+    if let Some(bound) = bound_index(&img.index_entries, &img.manifest_digest) {
+        return Ok(Some((at(&bound.digest), Vouch::Bound)));
+    }
     let client = RegistryClient::new(&reg.host, &opts.source)?;
     let (found, how) = client.find_referrers(
         &reg.repository,
@@ -54,22 +114,38 @@ pub fn find(
         ARTIFACT_TYPE_TAR_INDEX,
     )?;
     // The last one listed: the fallback tag's list grows at its end.
-    let Some(desc) = found.last() else {
+    if let Some(pinned) = found
+        .iter()
+        .rev()
+        .find(|d| trust.pinned.contains(&d.digest))
+    {
+        return Ok(Some((at(&pinned.digest), Vouch::Pinned)));
+    }
+    let Some(last) = found.last() else {
         return Ok(None);
     };
-    tracing::info!(
-        index = %desc.digest,
-        listed = ?how,
-        "{} has a tar index", img.manifest_digest
-    );
-    let at = ImageRef::Registry(RegistryRef {
-        host: reg.host.clone(),
-        repository: reg.repository.clone(),
-        reference: RegistryReference::Digest(desc.digest.clone()),
-    });
-    let artifact = open_source(&at, &opts.source)?;
-    check_subject(artifact.image(), img)?;
-    Ok(Some((at, artifact)))
+    if trust.audit {
+        tracing::warn!(
+            index = %last.digest,
+            listed = ?how,
+            "audit: {} has a tar index that nothing vouches for (not bound to the image, \
+             not pinned); enforcing would refuse it",
+            img.manifest_digest
+        );
+        return Ok(Some((at(&last.digest), Vouch::Audit)));
+    }
+    Err(MountError::UntrustedIndex(format!(
+        "{image} ({}) has {} tar index(es) listed as referrers ({how:?}), and nothing this node \
+         trusts vouches for any: whoever can push a referrer chooses what such an index shows. \
+         Bind the index to the image (`lamina index {image}` pushes an image index listing both \
+         under the tag; mount that tag or its digest), or pin one by digest (--index \
+         {}/{}@{}, or `pinned` in the config's [index] section)",
+        img.manifest_digest,
+        found.len(),
+        reg.host,
+        reg.repository,
+        last.digest,
+    )))
 }
 
 /// An index must say it is one and name the image's manifest as its

@@ -167,21 +167,25 @@ impl OciLayoutSource {
         opts: &SourceOptions,
     ) -> Result<OciLayoutSource, OciError> {
         let mut desc = top_descriptor(dir, tag)?;
+        let mut chosen_from = (Vec::new(), None);
         for _ in 0..MAX_INDEX_DEPTH {
             let bytes = read_blob_to_vec(dir, &desc, MAX_MANIFEST_SIZE, "manifest")?;
             match parse_document(&bytes, Some(&desc.media_type), &desc.digest)? {
                 Document::Index(idx) => {
+                    let index_digest = desc.digest.clone();
                     desc = select_platform(&idx, &desc.digest, &opts.platform)?;
+                    chosen_from = (idx.manifests, Some(index_digest));
                 }
                 Document::Manifest(manifest) => {
                     let config_bytes =
                         read_blob_to_vec(dir, &manifest.config, MAX_CONFIG_SIZE, "config")?;
-                    let image = SourceImage::from_parts(
+                    let mut image = SourceImage::from_parts(
                         *manifest,
                         bytes,
                         desc.digest.clone(),
                         config_bytes,
                     )?;
+                    (image.index_entries, image.index_digest) = chosen_from;
                     return Ok(OciLayoutSource {
                         dir: dir.to_path_buf(),
                         image,

@@ -44,6 +44,14 @@ pub struct SourceImage {
     pub config: serde_json::Value,
     /// Layers, base first.
     pub layers: Vec<SourceLayer>,
+    /// The entries of the image index this manifest was chosen from (its
+    /// own entry among them), when the reference named an index: what the
+    /// index's digest covers beside the manifest, such as a tar index bound
+    /// to it (`lamina index`). Empty when the reference named the manifest.
+    pub index_entries: Vec<Descriptor>,
+    /// The digest of that image index: a reference by it resolves to this
+    /// manifest again, with the same entries.
+    pub index_digest: Option<Digest>,
 }
 
 impl SourceImage {
@@ -103,6 +111,8 @@ impl SourceImage {
             config_bytes,
             config,
             layers,
+            index_entries: Vec::new(),
+            index_digest: None,
         })
     }
 

@@ -18,8 +18,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use lamina_image::artifact::LaminaLayers;
-use lamina_mount::{LazyOptions, Mode, MountOptions, Privileges};
+use lamina_image::artifact::{bound_index, LaminaLayers};
+use lamina_mount::{LazyOptions, Mode, MountError, MountOptions, Privileges};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef, SourceImage, SourceOptions};
 
 pub use snapshots::{Images, LayerRole, Snapshotter};
@@ -43,6 +43,9 @@ pub struct Options {
     /// The shared cache's size limit in bytes: collected in the background
     /// (`None`: never collected).
     pub cache_max_size: Option<u64>,
+    /// Which tar indexes plain images may be served through; an image
+    /// whose index is refused goes to overlayfs (said in the log, counted).
+    pub index_trust: lamina_mount::IndexTrust,
 }
 
 /// The real lamina side: manifests from registries, lazy mounts (kernel or
@@ -63,6 +66,8 @@ pub struct RegistryImages {
     resolved: Option<(String, Box<dyn ImageSource>)>,
     /// Images resolved, by kind (metrics).
     kinds: metrics::ImageKinds,
+    /// Which tar indexes may be used.
+    index_trust: lamina_mount::IndexTrust,
 }
 
 impl RegistryImages {
@@ -83,7 +88,14 @@ impl RegistryImages {
             pending: HashMap::new(),
             resolved: None,
             kinds,
+            index_trust: lamina_mount::IndexTrust::default(),
         }
+    }
+
+    /// The node's policy for tar indexes (default: only bound or pinned).
+    pub fn with_index_trust(mut self, trust: lamina_mount::IndexTrust) -> Self {
+        self.index_trust = trust;
+        self
     }
 
     /// How `img` (named `reference`) is served: `None` for a plain image,
@@ -109,6 +121,13 @@ impl RegistryImages {
                     "{reference}: {why}, and it has no tar index: containerd pulls it into \
                      overlayfs snapshots"
                 );
+                None
+            }
+            Err(e @ MountError::UntrustedIndex(_)) => {
+                tracing::warn!(
+                    "{reference}: {why}; {e}: containerd pulls it into overlayfs snapshots"
+                );
+                self.kinds.count("index_refused");
                 None
             }
             Err(e) => {
@@ -137,7 +156,16 @@ impl RegistryImages {
             .iter()
             .map(|l| l.digest.to_string())
             .collect();
-        let digest = img.manifest_digest.to_string();
+        // An index bound into the image index is found again (without the
+        // node's trust in a tag) by mounting that image index's digest.
+        let digest = match (kind, &img.index_digest) {
+            (Some("tar_index"), Some(index))
+                if bound_index(&img.index_entries, &img.manifest_digest).is_some() =>
+            {
+                index.to_string()
+            }
+            _ => img.manifest_digest.to_string(),
+        };
         self.resolved = Some((digest.clone(), source));
         Ok(Some((digest, layers)))
     }
@@ -166,6 +194,7 @@ impl RegistryImages {
                 dev: true,
             },
             index: None,
+            index_trust: self.index_trust.clone(),
         }
     }
 }
@@ -338,7 +367,8 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
         cache.clone(),
         how,
         metrics.image_kinds(),
-    );
+    )
+    .with_index_trust(opts.index_trust.clone());
     let sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
     metrics.set_snapshots(sn.census());
     let inner = Arc::new(Mutex::new(sn));

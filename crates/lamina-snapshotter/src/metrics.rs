@@ -82,12 +82,14 @@ pub struct Metrics {
 /// Images the snapshotter was asked about, by how they are served: `lamina`
 /// (a lamina image, lazily), `tar_index` (an unmodified image through its
 /// tar index, lazily) or `plain` (neither: containerd pulls and unpacks it
-/// into overlayfs snapshots). Counted once per reference resolved.
+/// into overlayfs snapshots). Counted once per reference resolved; a plain
+/// image whose tar index the node's policy refused is also counted as
+/// `index_refused`.
 #[derive(Debug, Clone, Default)]
 pub struct ImageKinds(Family<[(&'static str, &'static str); 1], Counter>);
 
 /// The kinds [`ImageKinds`] counts.
-pub const IMAGE_KINDS: [&str; 3] = ["lamina", "tar_index", "plain"];
+pub const IMAGE_KINDS: [&str; 4] = ["lamina", "tar_index", "plain", "index_refused"];
 
 impl ImageKinds {
     /// Counts an image of `kind` (one of [`IMAGE_KINDS`]).

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 
-use crate::config::{ConfigFile, NetMode, ServeSection};
+use crate::config::{ConfigFile, IndexPolicy, NetMode, ServeSection};
 
 use super::{Args, Command, ServeArgs};
 
@@ -45,6 +45,16 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
     m.fill(&mut args.tls, "tls", file.tls_registries.clone());
     m.fill(&mut args.ca_file, "ca_file", file.ca_file.clone().map(Some));
     m.fill(&mut args.hosts_dir, "hosts_dir", file.hosts_dir.clone());
+    let policy = file.index.policy.map(|p| match p {
+        IndexPolicy::Enforce => "enforce".to_string(),
+        IndexPolicy::Audit => "audit".to_string(),
+    });
+    m.fill(&mut args.index_policy, "index_policy", policy);
+    m.fill(
+        &mut args.trusted_indexes,
+        "trusted_indexes",
+        file.index.pinned.clone(),
+    );
     m.fill(&mut args.log_format, "log_format", file.log_format);
     let cache_dir = || file.cache_dir.clone();
     let state_dir = || file.state_dir.clone();

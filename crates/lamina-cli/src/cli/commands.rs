@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lamina_image::build::BuildOptions;
 use lamina_image::convert::{convert, ConvertOptions, Progress};
 use lamina_image::index::{index, IndexOptions};
-use lamina_mount::{Mode, MountOptions, Privileges};
+use lamina_mount::{IndexTrust, Mode, MountOptions, Privileges};
 
 use crate::config::ConfigError;
 
@@ -94,6 +94,7 @@ pub(super) fn index_image(command: Command, source: SourceOptions, json: bool) -
         dst,
         span_size,
         prefetch,
+        no_bind,
     } = command
     else {
         unreachable!("run hands index_image only Command::Index");
@@ -104,6 +105,7 @@ pub(super) fn index_image(command: Command, source: SourceOptions, json: bool) -
         source,
         span_size,
         prefetch_trace: prefetch,
+        bind: !no_bind,
     };
     let bar = progress_bar(json);
     let report = index(&src, dst.as_ref(), &opts, &|layer| {
@@ -126,6 +128,9 @@ pub(super) fn index_image(command: Command, source: SourceOptions, json: bool) -
             "  index        {} -> {}",
             report.manifest_digest, report.stored
         );
+        if let Some(bound_in) = &report.bound_in {
+            println!("  bound in     {bound_in} (pin or sign this digest)");
+        }
         println!(
             "  size         {} bytes for {} bytes of layers ({} bytes of tar, {} inodes)",
             report.artifact_bytes, report.image_layer_bytes, report.tar_bytes, report.inodes
@@ -139,7 +144,11 @@ pub(super) fn index_image(command: Command, source: SourceOptions, json: bool) -
 }
 
 /// `lamina mount`.
-pub(super) fn mount_image(command: Command, source: SourceOptions, json: bool) -> Result<()> {
+pub(super) fn mount_image(
+    command: Command,
+    (source, index_trust): (SourceOptions, IndexTrust),
+    json: bool,
+) -> Result<()> {
     let Command::Mount {
         image,
         mountpoint,
@@ -157,6 +166,7 @@ pub(super) fn mount_image(command: Command, source: SourceOptions, json: bool) -
         source,
         privileges: Privileges { suid, dev },
         index: serve.index.as_deref().map(parse_ref).transpose()?,
+        index_trust,
     };
     let lazy = serve.lazy_options(&image, record_trace);
     let (mode, why) = mount_mode(&serve.mode, &opts.cache_dir, lazy.is_some())?;
@@ -180,7 +190,11 @@ pub(super) fn mount_image(command: Command, source: SourceOptions, json: bool) -
 }
 
 /// `lamina run`: the container's exit code.
-pub(super) fn run_container(command: Command, source: SourceOptions, json: bool) -> Result<u8> {
+pub(super) fn run_container(
+    command: Command,
+    (source, index_trust): (SourceOptions, IndexTrust),
+    json: bool,
+) -> Result<u8> {
     let Command::Run {
         image,
         args: cmd,
@@ -228,6 +242,7 @@ pub(super) fn run_container(command: Command, source: SourceOptions, json: bool)
                 dev: true,
             },
             index: serve.index.as_deref().map(parse_ref).transpose()?,
+            index_trust,
         },
         state_dir: absolute(&state_dir)?,
         runc: lamina_run::container::find_runtime(&runtime)?,
@@ -348,7 +363,10 @@ pub(super) fn collect_garbage(command: Command, json: bool) -> Result<()> {
 }
 
 /// `lamina snapshotter`: serves containerd until stopped.
-pub(super) fn serve_snapshotter(command: Command, source: SourceOptions) -> Result<()> {
+pub(super) fn serve_snapshotter(
+    command: Command,
+    (source, index_trust): (SourceOptions, IndexTrust),
+) -> Result<()> {
     let Command::Snapshotter {
         root,
         address,
@@ -381,6 +399,7 @@ pub(super) fn serve_snapshotter(command: Command, source: SourceOptions) -> Resu
         },
         metrics_address,
         cache_max_size,
+        index_trust,
     })?;
     Ok(())
 }

@@ -274,6 +274,13 @@ impl<'a> Image<'a> {
         Ok(bytes)
     }
 
+    /// Where the on-disk record of inode `nid` starts in the image (for
+    /// tools and tests that check or rewrite one inode in place).
+    pub fn inode_offset(&self, nid: u64) -> Option<u64> {
+        nid.checked_mul(INODE_SLOT_SIZE as u64)?
+            .checked_add(self.meta_start)
+    }
+
     /// The inode `nid`.
     pub fn inode(&self, nid: u64) -> Result<Inode<'a>, ReadError> {
         let at = nid

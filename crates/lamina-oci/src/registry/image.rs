@@ -33,6 +33,7 @@ impl RegistrySource {
         let repository = effective_repository(&r.host, &r.repository);
         let repo = repository.as_str();
         let mut reference = r.reference.clone();
+        let mut chosen_from = (Vec::new(), None);
         for _ in 0..MAX_INDEX_DEPTH {
             let fetched = client.get_manifest(repo, &reference)?;
             match parse_document(
@@ -42,7 +43,9 @@ impl RegistrySource {
             )? {
                 Document::Index(idx) => {
                     let desc = select_platform(&idx, &fetched.digest, &opts.platform)?;
+                    let index_digest = fetched.digest.clone();
                     reference = RegistryReference::Digest(desc.digest);
+                    chosen_from = (idx.manifests, Some(index_digest));
                 }
                 Document::Manifest(manifest) => {
                     let config_desc = manifest.config.clone();
@@ -55,12 +58,13 @@ impl RegistrySource {
                         MAX_CONFIG_SIZE,
                         &format!("config {}", config_desc.digest),
                     )?;
-                    let image = SourceImage::from_parts(
+                    let mut image = SourceImage::from_parts(
                         *manifest,
                         fetched.bytes,
                         fetched.digest,
                         config_bytes,
                     )?;
+                    (image.index_entries, image.index_digest) = chosen_from;
                     return Ok(RegistrySource {
                         client,
                         repository: repo.to_string(),
