@@ -50,4 +50,10 @@ bash scripts/snapshotter-suite.sh
 step "scripts/fuzz.sh 20 (every fuzz target for 20 s; nightly, cargo-fuzz)"
 bash scripts/fuzz.sh 20
 
+# Last, so that dfdaemon's first build (setup.sh starts it in the
+# background) has had the whole run: the test waits for it, and fails if it
+# failed. The workspace run above lists it as ignored, never as passed.
+step "cargo test --test fleet -- --ignored (P2P through Dragonfly)"
+cargo test -p lamina-cli --test fleet -- --ignored --test-threads=1
+
 printf '\n=== all checks passed in %ss\n' "$(($(date +%s) - start))"
