@@ -35,10 +35,13 @@
 #      cache in nobody's home) and `podman run --rootfs MNT:O` runs the hello command
 #      from it without root (skipped, and said so, when podman is not installed)
 #  13. the unmodified image: `lamina index docker://127.0.0.1:PORT/debian:bookworm` stores
-#      a small index beside it (an OCI referrer; docker-registry 2.8 has no referrers
-#      API, so under the fallback tag sha256-<hex>), `lamina mount` of the image's own
-#      tag finds it and mounts the image lazily: the hello container runs on it while
-#      only the spans of the tars it reads are fetched from the original gzip layers
+#      a small index beside it and binds it to the image (the tag becomes an image index
+#      listing the unchanged manifest and the index, so the tag's digest covers it);
+#      `lamina mount` of the image's own tag finds it and mounts the image lazily: the
+#      hello container runs on it while only the spans of the tars it reads are fetched
+#      from the original gzip layers. A mount of the manifest's own digest, which the
+#      binding does not cover, finds the index only as a referrer, which anyone who may
+#      push can list: nothing vouches for it, and it is refused (issue 42)
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -449,7 +452,7 @@ fi
 # ---- 13. the unmodified image, through a tar index ---------------------------------------------
 teardown
 CACHE="$TMP/cache-index"
-log "lamina index docker://$R/debian:bookworm (no conversion: an index beside the image)"
+log "lamina index docker://$R/debian:bookworm (no conversion: an index bound to the image under its tag)"
 t=$(now)
 "$LAMINA" index --json "docker://$R/debian:bookworm" >"$TMP/index.json"
 step "lamina index" "$t" "$(now)"
@@ -463,6 +466,12 @@ settled_status >"$TMP/status-index.json"
 jq -r '"  fetched \(.fetched_bytes) bytes (spans and their windows) in \(.requests) range requests of the original layers, \(.cached_bytes) of \(.total_bytes) tar bytes cached"' \
     "$TMP/status-index.json" >&2
 teardown
+SUBJECT=$(jq -r '.[0].subject' "$TMP/index.json")
+log "lamina mount docker://$R/debian@$SUBJECT (the manifest's digest: its index is only a referrer there)"
+if "$LAMINA" mount "docker://$R/debian@$SUBJECT" "$MNT" --cache-dir "$CACHE" 2>"$TMP/refused.err"; then
+    die "a referrer nothing vouches for was mounted"
+fi
+sed 's/^/  /' "$TMP/refused.err" | cut -c1-200 >&2
 
 # ---- summary ----------------------------------------------------------------------------------
 echo

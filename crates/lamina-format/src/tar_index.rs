@@ -31,8 +31,12 @@
 //! window's entry says where: `compressed_offset` and `compressed_size` in
 //! the windows blob, `size` (at most 32 KiB), `flags` [`crate::index::CHUNK_ZSTD`],
 //! `digest` the sha256 of the window, `cache_offset` and `reserved` 0. A
-//! wrong window could only make its span fail its digest; it is checked on
-//! its own anyway, so that a bad windows blob is told from a bad layer.
+//! window is checked on its own, so that a windows blob damaged on the way
+//! is told from a bad layer. A window and its span's digest come from the
+//! same index: one forged with both can put bytes that are in no layer into
+//! a span that passes its digest. So an index is trusted only as its
+//! publisher or the node's operator vouches for it (docs/index.md, *Who is
+//! trusted with what*), never because its digests agree.
 
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
