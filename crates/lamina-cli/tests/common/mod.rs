@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 mod commands;
+mod forge;
 mod images;
 mod mounts;
 mod registry;
@@ -20,6 +21,8 @@ mod trees;
 // Each test target uses some of the helpers, none uses all of them.
 #[allow(unused_imports)]
 pub use commands::*;
+#[allow(unused_imports)]
+pub use forge::*;
 #[allow(unused_imports)]
 pub use images::*;
 #[allow(unused_imports)]

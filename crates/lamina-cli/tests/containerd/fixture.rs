@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::common::*;
-use crate::{LAMINA_IMAGE, ORIG_IMAGE, PAUSE_IMAGE, PLAIN_IMAGE, SRC_TAG};
+use crate::{HOSTILE_IMAGE, LAMINA_IMAGE, ORIG_IMAGE, PAUSE_IMAGE, PLAIN_IMAGE, SRC_TAG};
 use serde_json::Value;
 
 /// The Debian image as a lamina image and as a plain one, in a registry's
@@ -99,6 +99,8 @@ fn build_images() -> Images {
         .as_u64()
         .unwrap_or_else(|| panic!("no image_layer_bytes in {index}"));
     let orig_layers = source_layer_digests(&source);
+    reg.push(&source, SRC_TAG, HOSTILE_IMAGE);
+    push_setuid_index(&reg, HOSTILE_IMAGE, PYTHON);
     let inspect = lamina(["inspect", "--json", &reg.reference(LAMINA_IMAGE)])
         .ok()
         .json();

@@ -23,6 +23,9 @@ const PLAIN_IMAGE: &str = "deb:plain";
 /// it (`lamina index`), in a repository of its own.
 const ORIG_IMAGE: &str = "orig:bookworm";
 const SRC_TAG: &str = "bookworm";
+/// The source image as it is, in a repository of its own, with a forged tar
+/// index (python3.11 setuid) listed as a referrer and nothing bound.
+const HOSTILE_IMAGE: &str = "hostile:bookworm";
 /// A plain image whose command sleeps: the pod sandbox ("pause") image.
 const PAUSE_IMAGE: &str = "pause:1";
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use crate::fixture::images;
 use crate::node::{free_port, Node};
-use crate::{Version, LAMINA_IMAGE, ORIG_IMAGE, PLAIN_IMAGE, SRC_TAG};
+use crate::{Version, HOSTILE_IMAGE, LAMINA_IMAGE, ORIG_IMAGE, PLAIN_IMAGE, SRC_TAG};
 
 /// Pull, run, writes, content store, bytes moved, a plain image: the checks
 /// both containerd versions share.
@@ -334,4 +334,63 @@ fn containerd_16_runs_the_original_tag_through_its_index() {
 #[test]
 fn containerd_2_runs_the_original_tag_through_its_index() {
     original_tag_runs_through_its_index(Version::V2);
+}
+
+/// Issue 42, point 1, through the snapshotter: an image whose only tar
+/// index is a forged referrer (python3.11 setuid) gets overlayfs: containerd
+/// pulls its layers, the container sees the true mode, and the snapshotter
+/// says why in its log and counts it as `index_refused`.
+fn a_referrer_nothing_vouches_for_gets_overlayfs(version: Version) {
+    let Some(node) = Node::start(version) else {
+        return;
+    };
+    let imgs = images();
+    let mut f = Failures::default();
+    let pulled = node.pull(HOSTILE_IMAGE);
+    f.check(pulled.status.success(), || {
+        format!("pulling {HOSTILE_IMAGE} failed:\n{}", pulled.describe())
+    });
+    let content = node.content();
+    let missing: Vec<_> = imgs
+        .orig_layers
+        .iter()
+        .filter(|d| !content.contains(d))
+        .collect();
+    f.check(missing.is_empty(), || {
+        format!("containerd did not pull the layers {missing:?}: not overlayfs")
+    });
+    let out = node.run_rm(
+        HOSTILE_IMAGE,
+        "stat",
+        &["stat", "-c", "%a", &format!("/{PYTHON}")],
+    );
+    f.check(out.status.success() && out.stdout.trim() == "755", || {
+        format!(
+            "the mode of /{PYTHON} in the container:\n{}",
+            out.describe()
+        )
+    });
+    let text = scrape(&node.metrics);
+    let series = r#"lamina_snapshotter_images_total{kind="index_refused"}"#;
+    f.check(sample(&text, series).is_some_and(|n| n >= 1.0), || {
+        format!("{series} is not counted:\n{text}")
+    });
+    let log = node.logs();
+    f.check(log.contains("tar index refused"), || {
+        "the snapshotter's log does not say it refused the tar index".into()
+    });
+    if !f.0.is_empty() {
+        f.0.push(log);
+    }
+    f.finish(&format!("containerd {version:?}"));
+}
+
+#[test]
+fn containerd_16_gives_an_image_with_an_unvouched_index_overlayfs() {
+    a_referrer_nothing_vouches_for_gets_overlayfs(Version::V16);
+}
+
+#[test]
+fn containerd_2_gives_an_image_with_an_unvouched_index_overlayfs() {
+    a_referrer_nothing_vouches_for_gets_overlayfs(Version::V2);
 }
