@@ -66,6 +66,12 @@ pub struct Args {
         default_value = lamina_oci::hosts::DEFAULT_HOSTS_DIR
     )]
     pub(crate) hosts_dir: PathBuf,
+    /// Floor rate of a registry answer (bytes per second; K, M suffixes):
+    /// each answer may take the request timeout plus its size at this rate,
+    /// then it is ended, so a registry that drips bytes cannot hold a
+    /// request (and what waits on it) for ever.
+    #[arg(long, global = true, value_name = "RATE", default_value = "64K", value_parser = parse_size)]
+    pub(crate) registry_min_rate: u64,
     /// What a mount does with an unmodified image's tar index that nothing
     /// this node trusts vouches for (not bound to the image, not named or
     /// pinned by digest): `enforce` refuses it (the snapshotter then gives
@@ -523,6 +529,7 @@ pub fn run(args: Args) -> Result<u8> {
         tls_hosts: args.tls.clone(),
         ca_file,
         hosts: HostsConfig::new(hosts_dir),
+        min_rate: args.registry_min_rate,
         ..SourceOptions::default()
     };
     let json = args.json;

@@ -166,6 +166,7 @@ pub struct ConfigFile {
     pub(crate) tls_registries: Option<Vec<String>>,
     pub(crate) ca_file: Option<PathBuf>,
     pub(crate) hosts_dir: Option<PathBuf>,
+    pub(crate) registry_min_rate: Option<Size>,
     pub(crate) cache_dir: Option<PathBuf>,
     pub(crate) state_dir: Option<PathBuf>,
     /// `LAMINA_LOG`'s default.

@@ -2,12 +2,15 @@
 //! API, with token/basic auth, and the registry source and sink.
 
 pub(crate) mod auth;
+mod budget;
 mod creds;
 mod endpoint;
 mod helper;
 mod image;
 mod referrers;
 mod transport;
+
+pub use budget::{Deadlined, DEFAULT_MIN_RATE};
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -341,7 +344,7 @@ impl RegistryClient {
             .map(|(m, _)| m)
     }
 
-    fn blob_response(&self, repo: &str, digest: &Digest) -> Result<Response, OciError> {
+    fn blob_response(&self, repo: &str, digest: &Digest) -> Result<Deadlined<Response>, OciError> {
         let repo = effective_repository(&self.host, repo);
         let (resp, _) = self.on_hosts(Op::Pull, |ep, retries| {
             let url = ep.url(&format!("{repo}/blobs/{digest}"))?;
@@ -356,7 +359,9 @@ impl RegistryClient {
             if resp.status() == StatusCode::NOT_FOUND {
                 return Err(blob_not_found(ep, &repo, digest));
             }
-            expect_status(resp, "GET", &url, &[StatusCode::OK])
+            let resp = expect_status(resp, "GET", &url, &[StatusCode::OK])?;
+            let size = resp.content_length().unwrap_or(u64::MAX);
+            Ok(ep.budget.reader(resp, size))
         })?;
         Ok(resp)
     }
@@ -367,7 +372,7 @@ impl RegistryClient {
         &self,
         repo: &str,
         digest: &Digest,
-    ) -> Result<VerifyingReader<Response>, OciError> {
+    ) -> Result<VerifyingReader<Deadlined<Response>>, OciError> {
         let resp = self.blob_response(repo, digest)?;
         Ok(VerifyingReader::new(resp, digest.clone(), None))
     }
@@ -670,7 +675,7 @@ fn manifest_on(
         .get("docker-content-digest")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<Digest>().ok());
-    let bytes = read_limited(resp, MAX_MANIFEST_SIZE, &url)?;
+    let bytes = read_limited(resp, MAX_MANIFEST_SIZE, &url, ep.budget)?;
     let digest = Digest::of_bytes(&bytes);
     if let RegistryReference::Digest(expected) = reference {
         if *expected != digest {
@@ -755,8 +760,12 @@ impl RangeRequest<'_> {
             &[StatusCode::PARTIAL_CONTENT, StatusCode::OK],
         )?;
         let partial = resp.status() == StatusCode::PARTIAL_CONTENT;
+        // A 200 answer (range ignored) sends the blob up to the range's end.
+        let sent = if partial { len } else { last.saturating_add(1) };
+        let resp = ep.budget.reader(resp, sent);
         let mut body: Box<dyn Read> = if partial {
             let content_range = resp
+                .get_ref()
                 .headers()
                 .get(CONTENT_RANGE)
                 .and_then(|v| v.to_str().ok())
@@ -834,9 +843,17 @@ fn expect_status(
     })
 }
 
-fn read_limited(resp: Response, limit: u64, url: &Url) -> Result<Vec<u8>, OciError> {
+fn read_limited(
+    resp: Response,
+    limit: u64,
+    url: &Url,
+    budget: budget::Budget,
+) -> Result<Vec<u8>, OciError> {
     let mut buf = Vec::new();
-    resp.take(limit + 1)
+    let size = resp.content_length().unwrap_or(limit).min(limit);
+    budget
+        .reader(resp, size)
+        .take(limit + 1)
         .read_to_end(&mut buf)
         .map_err(|e| OciError::io("read", url.as_str(), e))?;
     if buf.len() as u64 > limit {

@@ -201,6 +201,10 @@ pub struct SourceOptions {
     pub tmp_dir: Option<PathBuf>,
     /// `(os, architecture)` picked from image indexes, OCI names.
     pub platform: (String, String),
+    /// The floor rate of a registry answer, bytes per second: each may take
+    /// the request timeout plus its size at this rate, and is ended then
+    /// (`--registry-min-rate`).
+    pub min_rate: u64,
 }
 
 impl Default for SourceOptions {
@@ -216,6 +220,7 @@ impl Default for SourceOptions {
                 "linux".to_string(),
                 oci_arch(std::env::consts::ARCH).to_string(),
             ),
+            min_rate: crate::registry::DEFAULT_MIN_RATE,
         }
     }
 }

@@ -14,7 +14,6 @@ pub mod state;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -52,22 +51,67 @@ pub struct Options {
 /// FUSE) sharing one cache.
 #[derive(Debug)]
 pub struct RegistryImages {
-    source: SourceOptions,
-    cache_dir: PathBuf,
     lazy: LazyOptions,
     mode: Mode,
-    /// Per image reference: the manifest's digest and layer digests, or
-    /// `None` for an image that is not a lamina image.
-    known: HashMap<String, Option<(String, Vec<String>)>>,
+    /// Image references resolved, shared with the service, which asks
+    /// registries through it without the snapshotter's lock.
+    resolver: Arc<Resolver>,
     /// Mounts being made in the background, by mount point.
-    pending: HashMap<PathBuf, JoinHandle<Result<(), String>>>,
-    /// The lamina image resolved last, by manifest digest: its top layer's
-    /// mount comes a few calls later and needs no second manifest fetch.
-    resolved: Option<(String, Box<dyn ImageSource>)>,
+    pending: HashMap<PathBuf, Arc<Pending>>,
+}
+
+/// What the snapshotter knows of image references: resolved from their
+/// registries, never under the snapshotter's lock (`service.rs` resolves a
+/// Prepare's image through it before taking the lock).
+#[derive(Debug)]
+pub struct Resolver {
+    source: SourceOptions,
+    cache_dir: PathBuf,
+    index_trust: lamina_mount::IndexTrust,
     /// Images resolved, by kind (metrics).
     kinds: metrics::ImageKinds,
-    /// Which tar indexes may be used.
-    index_trust: lamina_mount::IndexTrust,
+    /// Per image reference: the digest to mount and the layer digests, or
+    /// `None` for an image served by overlayfs.
+    known: Mutex<HashMap<String, Known>>,
+    /// One resolution per reference at a time: the layers of one pull all
+    /// wait for the first one's answer instead of asking again.
+    inflight: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// The lamina image resolved last, by the digest it is mounted by: its
+    /// top layer's mount comes a few calls later and needs no second
+    /// manifest fetch.
+    resolved: Mutex<Option<(String, Box<dyn ImageSource>)>>,
+}
+
+/// A reference's digest to mount and its layers, `None` for overlayfs.
+type Known = Option<(String, Vec<String>)>;
+
+/// A background mount's outcome, once it is there.
+#[derive(Debug, Default)]
+pub struct Pending {
+    done: Mutex<Option<Result<(), String>>>,
+    cond: std::sync::Condvar,
+}
+
+impl Pending {
+    fn finish(&self, outcome: Result<(), String>) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        self.cond.notify_all();
+    }
+
+    /// Waits for the outcome (leaves it for [`take`](Self::take)).
+    fn wait(&self) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while done.is_none() {
+            done = self.cond.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Waits for the outcome and takes it.
+    fn take(&self) -> Result<(), String> {
+        self.wait();
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        done.take().unwrap_or(Ok(()))
+    }
 }
 
 impl RegistryImages {
@@ -79,25 +123,37 @@ impl RegistryImages {
         (lazy, mode): (LazyOptions, Mode),
         kinds: metrics::ImageKinds,
     ) -> Self {
-        RegistryImages {
+        let resolver = Resolver {
             source,
             cache_dir,
+            index_trust: lamina_mount::IndexTrust::default(),
+            kinds,
+            known: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
+            resolved: Mutex::new(None),
+        };
+        RegistryImages {
             lazy,
             mode,
-            known: HashMap::new(),
+            resolver: Arc::new(resolver),
             pending: HashMap::new(),
-            resolved: None,
-            kinds,
-            index_trust: lamina_mount::IndexTrust::default(),
         }
     }
 
     /// The node's policy for tar indexes (default: only bound or pinned).
     pub fn with_index_trust(mut self, trust: lamina_mount::IndexTrust) -> Self {
-        self.index_trust = trust;
+        if let Some(resolver) = Arc::get_mut(&mut self.resolver) {
+            resolver.index_trust = trust;
+        }
         self
     }
+}
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Resolver {
     /// How `img` (named `reference`) is served: `None` for a plain image,
     /// which containerd pulls into overlayfs snapshots (said in the log and
     /// counted, never silently).
@@ -140,7 +196,7 @@ impl RegistryImages {
         }
     }
 
-    fn resolve(&mut self, reference: &str) -> Result<Option<(String, Vec<String>)>, String> {
+    fn resolve(&self, reference: &str) -> Result<Known, String> {
         let rr = RegistryRef::parse(reference).map_err(|e| e.to_string())?;
         let image = ImageRef::Registry(rr);
         let source = open_source(&image, &self.source).map_err(|e| e.to_string())?;
@@ -166,18 +222,19 @@ impl RegistryImages {
             }
             _ => img.manifest_digest.to_string(),
         };
-        self.resolved = Some((digest.clone(), source));
+        *lock(&self.resolved) = Some((digest.clone(), source));
         Ok(Some((digest, layers)))
     }
 
     /// The opened source of `image` (`HOST/REPO@DIGEST`) if it was the
     /// image resolved last.
-    fn take_resolved(&mut self, image: &str) -> Option<Box<dyn ImageSource>> {
+    fn take_resolved(&self, image: &str) -> Option<Box<dyn ImageSource>> {
         let digest = image.rsplit_once('@')?.1;
-        match self.resolved.take() {
+        let mut resolved = lock(&self.resolved);
+        match resolved.take() {
             Some((d, source)) if d == digest => Some(source),
             other => {
-                self.resolved = other;
+                *resolved = other;
                 None
             }
         }
@@ -196,6 +253,58 @@ impl RegistryImages {
             index: None,
             index_trust: self.index_trust.clone(),
         }
+    }
+
+    /// `layer`'s role in what `reference` was last resolved to, if it is
+    /// one of its layers.
+    fn known_role(&self, reference: &str, layer: &str) -> Option<Option<LayerRole>> {
+        let known = lock(&self.known);
+        let entry = known.get(reference)?;
+        match entry {
+            None => Some(None),
+            Some(_) => role_in(reference, entry, layer).map(Some),
+        }
+    }
+}
+
+/// `layer`'s role in the image `known` describes, named `reference`.
+fn role_in(reference: &str, known: &Known, layer: &str) -> Option<LayerRole> {
+    let (digest, layers) = known.as_ref()?;
+    let pos = layers.iter().position(|l| l == layer)?;
+    Some(if pos + 1 == layers.len() {
+        let name = reference.split_once('@').map_or(reference, |(n, _)| n);
+        // HOST/REPO without the tag, pinned to the manifest.
+        let repo = match name.rsplit_once(':') {
+            Some((repo, tag)) if !tag.contains('/') => repo,
+            _ => name,
+        };
+        LayerRole::Top {
+            image: format!("{repo}@{digest}"),
+        }
+    } else {
+        LayerRole::Lower
+    })
+}
+
+impl snapshots::Resolve for Resolver {
+    fn lookup(&self, reference: &str, layer: &str) -> Result<Option<LayerRole>, String> {
+        if let Some(role) = self.known_role(reference, layer) {
+            return Ok(role);
+        }
+        // One resolution per reference: the others wait for its answer.
+        let gate = lock(&self.inflight)
+            .entry(reference.to_string())
+            .or_default()
+            .clone();
+        let _one = lock(&gate);
+        if let Some(role) = self.known_role(reference, layer) {
+            return Ok(role);
+        }
+        // Not seen, or the tag may have moved: ask the registry.
+        let known = self.resolve(reference)?;
+        let role = role_in(reference, &known, layer);
+        lock(&self.known).insert(reference.to_string(), known);
+        Ok(role)
     }
 }
 
@@ -223,51 +332,34 @@ fn mount_image(
 
 impl Images for RegistryImages {
     fn lookup(&mut self, reference: &str, layer: &str) -> Result<Option<LayerRole>, String> {
-        let role = |known: &Option<(String, Vec<String>)>| {
-            let (digest, layers) = known.as_ref()?;
-            let pos = layers.iter().position(|l| l == layer)?;
-            Some(if pos + 1 == layers.len() {
-                let name = reference.split_once('@').map_or(reference, |(n, _)| n);
-                // HOST/REPO without the tag, pinned to the manifest.
-                let repo = match name.rsplit_once(':') {
-                    Some((repo, tag)) if !tag.contains('/') => repo,
-                    _ => name,
-                };
-                LayerRole::Top {
-                    image: format!("{repo}@{digest}"),
-                }
-            } else {
-                LayerRole::Lower
-            })
-        };
-        if let Some(known) = self.known.get(reference) {
-            if let Some(r) = role(known) {
-                return Ok(Some(r));
-            }
-        }
-        // Not seen, or the tag may have moved: ask the registry.
-        let known = self.resolve(reference)?;
-        let r = role(&known);
-        self.known.insert(reference.to_string(), known);
-        Ok(r)
+        snapshots::Resolve::lookup(self.resolver.as_ref(), reference, layer)
     }
 
     fn mount(&mut self, image: &str, mountpoint: &Path) -> Result<(), String> {
-        let source = self.take_resolved(image);
+        let source = self.resolver.take_resolved(image);
         let how = (&self.lazy, self.mode);
-        mount_image(&self.mount_options(), how, image, source, mountpoint)
+        mount_image(
+            &self.resolver.mount_options(),
+            how,
+            image,
+            source,
+            mountpoint,
+        )
     }
 
     fn start_mount(&mut self, image: &str, mountpoint: &Path) {
-        let (opts, lazy, mode) = (self.mount_options(), self.lazy.clone(), self.mode);
-        let source = self.take_resolved(image);
+        let opts = self.resolver.mount_options();
+        let (lazy, mode) = (self.lazy.clone(), self.mode);
+        let source = self.resolver.take_resolved(image);
         let (image, mnt) = (image.to_string(), mountpoint.to_path_buf());
+        let pending = Arc::new(Pending::default());
+        let done = pending.clone();
         let started = std::thread::Builder::new()
             .name("lazy-mount".into())
-            .spawn(move || mount_image(&opts, (&lazy, mode), &image, source, &mnt));
+            .spawn(move || done.finish(mount_image(&opts, (&lazy, mode), &image, source, &mnt)));
         match started {
-            Ok(handle) => {
-                self.pending.insert(mountpoint.to_path_buf(), handle);
+            Ok(_) => {
+                self.pending.insert(mountpoint.to_path_buf(), pending);
             }
             // Nothing pending: the first use mounts it (`ensure_mounted`).
             Err(e) => tracing::warn!("no thread for a background mount: {e}"),
@@ -275,22 +367,26 @@ impl Images for RegistryImages {
     }
 
     fn wait_mount(&mut self, mountpoint: &Path) -> Option<Result<(), String>> {
-        let handle = self.pending.remove(mountpoint)?;
-        Some(
-            handle
-                .join()
-                .unwrap_or_else(|_| Err("the mounting thread panicked".into())),
-        )
+        Some(self.pending.remove(mountpoint)?.take())
+    }
+
+    fn resolver(&self) -> Option<Arc<dyn snapshots::Resolve>> {
+        Some(self.resolver.clone())
+    }
+
+    fn pending_wait(&self, mountpoint: &Path) -> Option<snapshots::MountWait> {
+        let pending = self.pending.get(mountpoint)?.clone();
+        Some(Box::new(move || pending.wait()))
     }
 
     fn unmount(&mut self, mountpoint: &Path) -> Result<(), String> {
         lamina_mount::unmount(mountpoint).map_err(|e| e.to_string())?;
-        lamina_mount::finish_unmount(&self.cache_dir, mountpoint);
+        lamina_mount::finish_unmount(&self.resolver.cache_dir, mountpoint);
         Ok(())
     }
 
     fn is_mounted(&self, mountpoint: &Path) -> bool {
-        is_mountpoint(mountpoint) && lamina_mount::is_served(&self.cache_dir, mountpoint)
+        is_mountpoint(mountpoint) && lamina_mount::is_served(&self.resolver.cache_dir, mountpoint)
     }
 
     fn is_pending(&self, mountpoint: &Path) -> bool {
@@ -298,7 +394,9 @@ impl Images for RegistryImages {
     }
 
     fn detach_dead(&mut self, mountpoint: &Path) -> bool {
-        if !is_mountpoint(mountpoint) || lamina_mount::is_served(&self.cache_dir, mountpoint) {
+        if !is_mountpoint(mountpoint)
+            || lamina_mount::is_served(&self.resolver.cache_dir, mountpoint)
+        {
             return false;
         }
         let detach = rustix::mount::UnmountFlags::DETACH;
@@ -306,7 +404,7 @@ impl Images for RegistryImages {
             tracing::warn!("detaching the dead mount {}: {e}", mountpoint.display());
             return false;
         }
-        lamina_mount::finish_unmount(&self.cache_dir, mountpoint);
+        lamina_mount::finish_unmount(&self.resolver.cache_dir, mountpoint);
         true
     }
 }

@@ -1,7 +1,10 @@
 //! The gRPC face of the snapshotter: containerd's snapshots service over a
-//! unix socket. Each call runs on the blocking pool, one at a time (the
-//! snapshotter is behind one mutex; a call that needs a lamina image still
-//! being mounted in the background holds it while it waits).
+//! unix socket. Each call runs on the blocking pool. The snapshotter is
+//! behind one mutex, held only for its state and local work: a Prepare's
+//! image is resolved from its registry before the lock is taken, and a call
+//! that needs a lamina image still being mounted in the background waits
+//! for that mount without it. So a slow registry holds up only the calls
+//! that need its images (issue 42).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -12,22 +15,30 @@ use tonic::{Request, Response, Status};
 
 use crate::metrics::Metrics;
 use crate::proto::{self, snapshots_server::Snapshots};
-use crate::snapshots::{Error, Images, Info, Snapshotter};
+use crate::snapshots::{remote_layer, Error, Images, Info, LayerRole, Resolve, Snapshotter};
 use crate::state::Kind;
 
 /// The service, sharing one snapshotter.
-#[derive(Debug)]
 pub struct Service<I> {
     inner: Arc<Mutex<Snapshotter<I>>>,
     metrics: Arc<Metrics>,
+    /// Resolves images without the snapshotter's lock.
+    resolver: Option<Arc<dyn Resolve>>,
+}
+
+impl<I: Images> Service<I> {
+    /// Serves `snapshotter`, counting calls in `metrics`.
+    pub fn new(inner: Arc<Mutex<Snapshotter<I>>>, metrics: Arc<Metrics>) -> Self {
+        let resolver = inner.lock().unwrap_or_else(|p| p.into_inner()).resolver();
+        Service {
+            inner,
+            metrics,
+            resolver,
+        }
+    }
 }
 
 impl<I> Service<I> {
-    /// Serves `snapshotter`, counting calls in `metrics`.
-    pub fn new(inner: Arc<Mutex<Snapshotter<I>>>, metrics: Arc<Metrics>) -> Self {
-        Service { inner, metrics }
-    }
-
     /// Counts a call refused before it reached the snapshotter.
     fn refuse(&self, op: &'static str, status: Status) -> Status {
         self.metrics.record_call(op, Some(status.code()));
@@ -76,7 +87,39 @@ fn to_proto(i: Info) -> proto::Info {
     }
 }
 
+type Resolved = Option<Result<Option<LayerRole>, String>>;
+
 impl<I: Images + 'static> Service<I> {
+    /// The role of the layer a Prepare's `labels` name for a remote
+    /// snapshot, resolved from its registry without the lock (`None`: no
+    /// such labels, or no resolver: the snapshotter asks under its lock).
+    async fn resolve(&self, labels: &BTreeMap<String, String>) -> Resolved {
+        let ((image, layer), resolver) = (remote_layer(labels)?, self.resolver.clone()?);
+        let lookup = tokio::task::spawn_blocking(move || resolver.lookup(&image, &layer));
+        Some(
+            lookup
+                .await
+                .unwrap_or_else(|e| Err(format!("resolving: {e}"))),
+        )
+    }
+
+    /// Waits, without the lock, for the background mount of the lamina
+    /// image that a call on `key` (or a new snapshot on `parent`) needs.
+    async fn settle(&self, key: &str, parent: &str) {
+        let inner = self.inner.clone();
+        let (key, parent) = (key.to_string(), parent.to_string());
+        let _ = tokio::task::spawn_blocking(move || {
+            let wait = inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .mount_wait(&key, &parent);
+            if let Some(wait) = wait {
+                wait();
+            }
+        })
+        .await;
+    }
+
     /// Runs `f` on the snapshotter, off the async threads, and counts it.
     async fn with<T, F>(&self, op: &'static str, f: F) -> Result<T, Status>
     where
@@ -116,9 +159,12 @@ impl<I: Images + 'static> Snapshots for Service<I> {
         req: Request<proto::PrepareSnapshotRequest>,
     ) -> Result<Response<proto::PrepareSnapshotResponse>, Status> {
         let r = req.into_inner();
+        let labels = labels(r.labels);
+        let role = self.resolve(&labels).await;
+        self.settle(&r.key, &r.parent).await;
         let mounts = self
             .with("prepare", move |s| {
-                s.prepare(&r.key, &r.parent, labels(r.labels))
+                s.prepare_resolved(&r.key, &r.parent, labels, role)
             })
             .await?;
         Ok(Response::new(proto::PrepareSnapshotResponse { mounts }))
@@ -129,6 +175,7 @@ impl<I: Images + 'static> Snapshots for Service<I> {
         req: Request<proto::ViewSnapshotRequest>,
     ) -> Result<Response<proto::ViewSnapshotResponse>, Status> {
         let r = req.into_inner();
+        self.settle(&r.key, &r.parent).await;
         let mounts = self
             .with("view", move |s| s.view(&r.key, &r.parent, labels(r.labels)))
             .await?;
@@ -140,6 +187,7 @@ impl<I: Images + 'static> Snapshots for Service<I> {
         req: Request<proto::MountsRequest>,
     ) -> Result<Response<proto::MountsResponse>, Status> {
         let r = req.into_inner();
+        self.settle(&r.key, "").await;
         let mounts = self.with("mounts", move |s| s.mounts(&r.key)).await?;
         Ok(Response::new(proto::MountsResponse { mounts }))
     }

@@ -14,9 +14,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::filter::{matches_any, Fields, Filter};
+
 use crate::proto::Mount;
 use crate::state::{snapshot_dir, Backing, Kind, Snapshot, State};
 
@@ -98,6 +100,44 @@ pub trait Images: Send {
     /// containers that use it keep it, new ones get a new mount. Returns
     /// whether there was one.
     fn detach_dead(&mut self, mountpoint: &Path) -> bool;
+    /// What answers `lookup` without the snapshotter's lock: the service
+    /// resolves a Prepare's image through it first, so that a slow registry
+    /// holds up only the calls that need that image (`None`: `lookup` is
+    /// asked under the lock, as fakes are).
+    fn resolver(&self) -> Option<Arc<dyn Resolve>> {
+        None
+    }
+    /// A wait for the mount `start_mount` began at `mountpoint`, to be
+    /// waited for without the snapshotter's lock (`None`: none pending).
+    fn pending_wait(&self, _mountpoint: &Path) -> Option<MountWait> {
+        None
+    }
+}
+
+/// Resolving image references, shared with the service outside the lock.
+pub trait Resolve: Send + Sync {
+    /// As [`Images::lookup`]; network I/O happens here.
+    fn lookup(
+        &self,
+        reference: &str,
+        layer: &str,
+    ) -> std::result::Result<Option<LayerRole>, String>;
+}
+
+/// Blocks until a background mount is done.
+pub type MountWait = Box<dyn FnOnce() + Send>;
+
+/// The image and layer a Prepare's labels name for a remote snapshot, if
+/// they name one (a target, an image and a layer).
+pub fn remote_layer(labels: &BTreeMap<String, String>) -> Option<(String, String)> {
+    labels.get(LABEL_TARGET)?;
+    let image = labels
+        .get(LABEL_CRI_IMAGE)
+        .or(labels.get(LABEL_STARGZ_IMAGE))?;
+    let layer = labels
+        .get(LABEL_CRI_LAYER)
+        .or(labels.get(LABEL_STARGZ_LAYER))?;
+    Some((image.clone(), layer.clone()))
 }
 
 /// A snapshot as callers see it.
@@ -194,10 +234,39 @@ impl<I: Images> Snapshotter<I> {
         parent: &str,
         labels: BTreeMap<String, String>,
     ) -> Result<Vec<Mount>> {
-        if let Some(err) = self.try_lamina(parent, &labels)? {
+        self.prepare_resolved(key, parent, labels, None)
+    }
+
+    /// [`prepare`](Self::prepare) with the labels' image already resolved
+    /// (by [`Images::resolver`], outside the lock): `role` is its answer.
+    pub fn prepare_resolved(
+        &mut self,
+        key: &str,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+        role: Option<std::result::Result<Option<LayerRole>, String>>,
+    ) -> Result<Vec<Mount>> {
+        if let Some(err) = self.try_lamina(parent, &labels, role)? {
             return Err(err);
         }
         self.create(Kind::Active, key, parent, labels)
+    }
+
+    /// What resolves images without this snapshotter's lock, if any.
+    pub fn resolver(&self) -> Option<Arc<dyn Resolve>> {
+        self.images.resolver()
+    }
+
+    /// A wait for the background mount of the lamina image under `key`
+    /// (when `key` names a snapshot; else under `parent`), to be waited for
+    /// without the lock before the call that needs that mount.
+    pub fn mount_wait(&self, key: &str, parent: &str) -> Option<MountWait> {
+        let parent = match self.state.snapshots.get(key) {
+            Some(snap) => snap.parent.as_str(),
+            None => parent,
+        };
+        let (_, mnt) = self.image_under(parent).ok()??;
+        self.images.pending_wait(&mnt)
     }
 
     /// Creates a read-only view `key` of `parent`.
@@ -296,23 +365,18 @@ impl<I: Images> Snapshotter<I> {
         &mut self,
         parent: &str,
         labels: &BTreeMap<String, String>,
+        resolved: Option<std::result::Result<Option<LayerRole>, String>>,
     ) -> Result<Option<Error>> {
-        let Some(target) = labels.get(LABEL_TARGET) else {
+        let Some((image, layer)) = remote_layer(labels) else {
             return Ok(None);
         };
-        let image = labels
-            .get(LABEL_CRI_IMAGE)
-            .or(labels.get(LABEL_STARGZ_IMAGE));
-        let layer = labels
-            .get(LABEL_CRI_LAYER)
-            .or(labels.get(LABEL_STARGZ_LAYER));
-        let (Some(image), Some(layer)) = (image, layer) else {
-            return Ok(None);
-        };
+        let (image, layer) = (&image, &layer);
+        let target = &labels[LABEL_TARGET];
         if self.state.snapshots.contains_key(target) {
             return Ok(Some(Error::AlreadyExists(target.clone())));
         }
-        let role = match self.images.lookup(image, layer) {
+        let resolved = resolved.unwrap_or_else(|| self.images.lookup(image, layer));
+        let role = match resolved {
             Ok(Some(role)) => role,
             Ok(None) => return Ok(None),
             Err(e) => {

@@ -45,6 +45,8 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
     m.fill(&mut args.tls, "tls", file.tls_registries.clone());
     m.fill(&mut args.ca_file, "ca_file", file.ca_file.clone().map(Some));
     m.fill(&mut args.hosts_dir, "hosts_dir", file.hosts_dir.clone());
+    let min_rate = file.registry_min_rate.map(|r| r.0);
+    m.fill(&mut args.registry_min_rate, "registry_min_rate", min_rate);
     let policy = file.index.policy.map(|p| match p {
         IndexPolicy::Enforce => "enforce".to_string(),
         IndexPolicy::Audit => "audit".to_string(),

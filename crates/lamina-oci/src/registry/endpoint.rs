@@ -62,6 +62,8 @@ pub(crate) struct Endpoint {
     unhealthy_until: Mutex<Option<Instant>>,
     /// Host failures since its last answer that was used.
     failures_in_row: AtomicU32,
+    /// How long an answer may take in all.
+    pub(crate) budget: super::budget::Budget,
 }
 
 impl Endpoint {
@@ -120,6 +122,7 @@ impl Endpoint {
             auth: Mutex::new(AuthState::default()),
             unhealthy_until: Mutex::new(None),
             failures_in_row: AtomicU32::new(0),
+            budget: super::budget::Budget::new(timeout, opts.min_rate),
         })
     }
 
@@ -324,7 +327,7 @@ impl Endpoint {
             token: Option<String>,
             access_token: Option<String>,
         }
-        let body = read_limited(resp, 1 << 20, &url)?;
+        let body = read_limited(resp, 1 << 20, &url, self.budget)?;
         let parsed: TokenResponse = serde_json::from_slice(&body)
             .map_err(|e| OciError::json(format!("token response from {url}"), e))?;
         parsed

@@ -57,7 +57,7 @@ impl RegistryClient {
                 return Ok(None);
             }
             let resp = expect_status(resp, "GET", &url, &[StatusCode::OK])?;
-            let bytes = read_limited(resp, MAX_MANIFEST_SIZE, &url)?;
+            let bytes = read_limited(resp, MAX_MANIFEST_SIZE, &url, ep.budget)?;
             serde_json::from_slice(&bytes)
                 .map(Some)
                 .map_err(|e| OciError::json(format!("referrers list {url}"), e))
