@@ -30,6 +30,12 @@ MODE says what happens to an eligible request that is faulted:
     A,B,...   a schedule: the k-th faulted request gets entry k (cyclic);
               entries are the modes above (`ok` = none), e.g. flip,ok,reset
 
+--drip-referrers SECS answers the referrers call (/v2/<repo>/referrers/...)
+and the referrers fallback tag (/v2/<repo>/manifests/sha256-<hex>) itself,
+whatever the mode: 200, an empty OCI image index, headers at once and the
+body one byte every SECS (a registry front that stalls without ever timing
+out a read). Counted as `dripping` (answers under way) and `dripped`.
+
 --every N faults the N-th, 2N-th, ... eligible request (default 1: all of
 them). Counters (requests, eligible, faults per kind, upstream errors, bytes
 of answer bodies sent) are rewritten as JSON to --stats after every request.
@@ -57,6 +63,8 @@ import bounded_server
 FAULTS = ("flip", "flipall", "truncate", "reset", "500", "503", "stall")
 MIX = ("flip", "truncate", "reset", "500", "503", "stall")
 BLOB_PATH = re.compile(r"^/v2/.+/blobs/[a-z0-9]+:[0-9a-f]{32,}$")
+REFERRERS_PATH = re.compile(r"^/v2/.+/(referrers/[a-z0-9]+:[0-9a-f]{32,}|manifests/sha256-[0-9a-f]{64})$")
+EMPTY_INDEX = b'{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[]}'
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -94,6 +102,8 @@ class Plan:
             "faults": {k: 0 for k in FAULTS},
             "upstream_errors": 0,
             "body_bytes": 0,
+            "dripping": 0,
+            "dripped": 0,
             # The first 1,000 requests, in order: "METHOD PATH [RANGE]".
             "log": [],
         }
@@ -183,10 +193,35 @@ class Handler(BaseHTTPRequestHandler):
             self.server.plan.count("body_bytes", len(body))
         self.wfile.flush()
 
+    def drip(self, secs):
+        """An empty index, its body one byte every `secs` seconds."""
+        plan = self.server.plan
+        plan.count("dripping")
+        self.send_response_only(200)
+        self.send_header("Content-Type", "application/vnd.oci.image.index.v1+json")
+        self.send_header("Content-Length", str(len(EMPTY_INDEX)))
+        self.end_headers()
+        self.wfile.flush()
+        plan.write()
+        try:
+            for b in EMPTY_INDEX:
+                self.wfile.write(bytes([b]))
+                self.wfile.flush()
+                time.sleep(secs)
+        except OSError:
+            self.close_connection = True
+        plan.count("dripping", -1)
+        plan.count("dripped")
+        plan.write()
+
     def proxy(self):
         plan = self.server.plan
         cfg = self.server.cfg
         path = self.path.split("?", 1)[0]
+        if cfg.drip_referrers and self.command == "GET" and REFERRERS_PATH.match(path):
+            log(f"{self.command} {self.path}: dripping")
+            self.drip(cfg.drip_referrers)
+            return
         range_hdr = self.headers.get("Range")
         wanted = range_hdr is not None or cfg.whole
         eligible = self.command == "GET" and wanted and BLOB_PATH.match(path) is not None
@@ -261,6 +296,7 @@ def main():
     ap.add_argument("mode")
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("--stall", type=float, default=2.0)
+    ap.add_argument("--drip-referrers", type=float, default=0.0, metavar="SECS")
     ap.add_argument("--blob", default="", help="fault range reads of this blob (sha256:...) only")
     ap.add_argument("--whole", action="store_true", help="fault full-blob GETs too, not only range reads")
     ap.add_argument("--lifetime", type=float, default=600.0)

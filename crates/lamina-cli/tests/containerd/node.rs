@@ -129,8 +129,12 @@ impl Node {
     /// Pulls `repo_tag` for the lamina snapshotter the way each version
     /// passes remote-snapshot labels.
     pub(crate) fn pull(&self, repo_tag: &str) -> Output {
-        let image = self.image(repo_tag);
-        let mut c = match self.version {
+        run(&mut self.pull_command(&self.image(repo_tag)), TIMEOUT)
+    }
+
+    /// The command [`pull`](Self::pull) runs, for `image` (`HOST/REPO:TAG`).
+    pub(crate) fn pull_command(&self, image: &str) -> Command {
+        match self.version {
             Version::V16 => {
                 let mut c = command(tool("ctr-remote"), ["-a".as_ref(), self.sock().as_os_str()]);
                 c.env("CONTAINERD_NAMESPACE", self.namespace());
@@ -140,7 +144,7 @@ impl Node {
                     "--plain-http",
                     "--snapshotter",
                     "lamina",
-                    &image,
+                    image,
                 ]);
                 c
             }
@@ -150,10 +154,9 @@ impl Node {
                 "--plain-http",
                 "--snapshotter",
                 "lamina",
-                &image,
+                image,
             ]),
-        };
-        run(&mut c, TIMEOUT)
+        }
     }
 
     /// `ctr run --rm` of `repo_tag` with `cmd`.
