@@ -232,6 +232,15 @@ pub(crate) enum Command {
         /// profile (docker's rules).
         #[arg(long = "security-opt", value_name = "OPT")]
         security_opt: Vec<String>,
+        /// Most processes in the container (podman's default, 2048); 0 or
+        /// -1: no limit (docker's default).
+        #[arg(
+            long,
+            value_name = "N",
+            default_value = "2048",
+            allow_hyphen_values = true
+        )]
+        pids_limit: i64,
         /// User (uid, uid:gid, name or name:group), replacing the image's.
         #[arg(short = 'u', long)]
         user: Option<String>,

@@ -402,6 +402,40 @@ fn containers_are_confined_unless_asked() {
         "{}",
         o.describe()
     );
+    // docker 29's defaults (issue 42, point 8): /proc without setuid,
+    // devices or exec; /proc/interrupts masked; io_uring refused; and
+    // podman's pids limit, which --pids-limit -1 lifts.
+    let pids = "cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max";
+    let look = format!("grep ' /proc ' /proc/mounts; wc -c < /proc/interrupts; {pids}");
+    let o = e.run(&["--rm"], &["sh", "-c", &look]).ok();
+    let got = lines(&o);
+    let proc_options: Vec<&str> = got[0]
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .split(',')
+        .collect();
+    for option in ["nosuid", "nodev", "noexec"] {
+        assert!(
+            proc_options.contains(&option),
+            "/proc without {option}: {}",
+            o.describe()
+        );
+    }
+    assert_eq!(got[1..], ["0", "2048"], "{}", o.describe());
+    let io_uring = "import ctypes, os; l = ctypes.CDLL(None, use_errno=True); \
+                    r = l.syscall(425, 1, 0); print(r, os.strerror(ctypes.get_errno()))";
+    let o = e.run(&["--rm"], &["python3", "-c", io_uring]).ok();
+    assert_eq!(
+        o.stdout.trim(),
+        "-1 Operation not permitted",
+        "{}",
+        o.describe()
+    );
+    let o = e
+        .run(&["--rm", "--pids-limit", "-1"], &["sh", "-c", pids])
+        .ok();
+    assert_eq!(o.stdout.trim(), "max", "{}", o.describe());
     let asked = [
         "--rm",
         "--cap-add",

@@ -11,7 +11,9 @@
 //! back to `clone`, whose flags a filter can see. So a container's root
 //! cannot reach the kernel keyring (`keyctl`, `add_key`, `request_key`),
 //! make a user namespace (`unshare`, `clone(CLONE_NEWUSER)`), load modules,
-//! or mount anything.
+//! or mount anything. `io_uring_*` are refused too, as moby's profile has
+//! since Docker 25 and containerd's since 2.0: io_uring's operations bypass
+//! the filter, and it has been a steady source of kernel exploits.
 
 use serde_json::{json, Value};
 
@@ -166,9 +168,6 @@ const ALLOWED: &[&str] = &[
     "io_pgetevents_time64",
     "io_setup",
     "io_submit",
-    "io_uring_enter",
-    "io_uring_register",
-    "io_uring_setup",
     "ioctl",
     "poll",
     "ppoll",
@@ -555,6 +554,9 @@ mod tests {
         assert_eq!(p["defaultErrnoRet"], EPERM);
         let names = allowed(&p);
         for refused in [
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
             "keyctl",
             "add_key",
             "request_key",

@@ -1,10 +1,12 @@
 //! The OCI runtime spec (`config.json` of the bundle) runc runs. Pure.
 //!
-//! Defaults follow `runc spec` (mounts, masked and read-only paths, device
-//! rules) and docker (capability set, effective capabilities only for uid
-//! 0, its default seccomp profile's rules: [`crate::seccomp`]), made safe
-//! for untrusted images: no `CAP_NET_RAW` and `noNewPrivileges` unless
-//! asked ([`Security`]). No cgroup limits.
+//! Defaults follow docker 29 (moby's `oci.DefaultLinuxSpec`: mounts,
+//! `/proc` without setuid, devices or exec, masked and read-only paths;
+//! capability set, effective capabilities only for uid 0, its default
+//! seccomp profile's rules: [`crate::seccomp`]), made safe for untrusted
+//! images: no `CAP_NET_RAW` and `noNewPrivileges` unless asked, and
+//! podman's pids limit (2048) ([`Security`]). docs/run.md lists every
+//! difference from docker's defaults.
 
 use std::path::{Path, PathBuf};
 
@@ -33,9 +35,11 @@ pub const DEFAULT_CAPS: &[&str] = &[
     "CAP_AUDIT_WRITE",
 ];
 
+/// moby's masked paths (docker 29).
 const MASKED: &[&str] = &[
     "/proc/acpi",
     "/proc/asound",
+    "/proc/interrupts",
     "/proc/kcore",
     "/proc/keys",
     "/proc/latency_stats",
@@ -44,6 +48,7 @@ const MASKED: &[&str] = &[
     "/proc/sched_debug",
     "/proc/scsi",
     "/sys/firmware",
+    "/sys/devices/virtual/powercap",
 ];
 
 const READONLY: &[&str] = &[
@@ -64,7 +69,14 @@ pub struct Security {
     pub no_new_privileges: bool,
     /// The default seccomp profile ([`crate::seccomp`]). On unless asked.
     pub seccomp: bool,
+    /// Most processes (tasks) in the container, `None` for no limit:
+    /// [`DEFAULT_PIDS_LIMIT`] unless asked (`--pids-limit`).
+    pub pids_limit: Option<u64>,
 }
+
+/// podman's default pids limit (docker sets none): a fork bomb in one
+/// container cannot take the node's pids.
+pub const DEFAULT_PIDS_LIMIT: u64 = 2048;
 
 impl Default for Security {
     fn default() -> Self {
@@ -72,6 +84,7 @@ impl Default for Security {
             cap_add: Vec::new(),
             no_new_privileges: true,
             seccomp: true,
+            pids_limit: Some(DEFAULT_PIDS_LIMIT),
         }
     }
 }
@@ -165,12 +178,15 @@ pub fn runtime_spec(input: &SpecInput) -> Value {
     if input.security.seccomp {
         spec["linux"]["seccomp"] = crate::seccomp::default_profile(&caps);
     }
+    if let Some(limit) = input.security.pids_limit {
+        spec["linux"]["resources"]["pids"] = json!({ "limit": limit });
+    }
     spec
 }
 
 fn mounts(input: &SpecInput) -> Vec<Value> {
     let mut m = vec![
-        mount("/proc", "proc", "proc", &[]),
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
         mount(
             "/dev",
             "tmpfs",
@@ -321,10 +337,24 @@ mod tests {
         assert!(!bounding.iter().any(|c| c == "CAP_NET_RAW"));
         assert_eq!(p["noNewPrivileges"], true);
         assert_eq!(s["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(s["linux"]["resources"]["pids"]["limit"], DEFAULT_PIDS_LIMIT);
+        assert_eq!(
+            s["mounts"][0]["options"],
+            json!(["nosuid", "noexec", "nodev"])
+        );
+        let masked = s["linux"]["maskedPaths"].as_array().unwrap();
+        for path in [
+            "/proc/interrupts",
+            "/sys/devices/virtual/powercap",
+            "/proc/kcore",
+        ] {
+            assert!(masked.iter().any(|m| m == path), "{path} not masked");
+        }
         let asked = Security {
             cap_add: vec!["CAP_NET_RAW".into()],
             no_new_privileges: false,
             seccomp: false,
+            pids_limit: None,
         };
         let caps = asked.capabilities();
         assert!(caps.iter().any(|c| c == "CAP_NET_RAW"));

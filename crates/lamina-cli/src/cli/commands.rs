@@ -206,6 +206,7 @@ pub(super) fn run_container(
         net,
         cap_add,
         security_opt,
+        pids_limit,
         user,
         workdir,
         entrypoint,
@@ -251,7 +252,7 @@ pub(super) fn run_container(
         env,
         volumes,
         network: net.parse()?,
-        security: security(&cap_add, &security_opt)?,
+        security: security(&cap_add, &security_opt, pids_limit)?,
         user,
         workdir,
         entrypoint,
@@ -456,8 +457,19 @@ fn report_progress(bar: &ProgressBar, p: Progress) {
 }
 
 /// `lamina run`'s `--cap-add` and `--security-opt` over the safe defaults.
-fn security(cap_add: &[String], opts: &[String]) -> anyhow::Result<lamina_run::Security> {
-    let mut security = lamina_run::Security::default();
+fn security(
+    cap_add: &[String],
+    opts: &[String],
+    pids_limit: i64,
+) -> anyhow::Result<lamina_run::Security> {
+    if pids_limit < -1 {
+        anyhow::bail!("--pids-limit {pids_limit}: a count, or 0 or -1 for no limit");
+    }
+    let mut security = lamina_run::Security {
+        // As docker and podman: 0 and -1 mean no limit.
+        pids_limit: u64::try_from(pids_limit).ok().filter(|n| *n > 0),
+        ..lamina_run::Security::default()
+    };
     for cap in cap_add {
         security
             .cap_add
