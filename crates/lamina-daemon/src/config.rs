@@ -58,8 +58,8 @@ pub struct BlobSpec {
     pub complete: bool,
     /// The cache file the mount made or found there: the holder, the
     /// worker and the FUSE daemon serve from this inode and no other
-    /// (`None`: the filesystem keeps no birth time, and no record is
-    /// trusted either).
+    /// (`None`: none was recorded; nothing is served from it. Mounts refuse
+    /// a cache dir whose filesystem keeps no birth time).
     #[serde(default)]
     pub file: Option<CacheFileId>,
 }
@@ -91,8 +91,14 @@ impl BlobSpec {
     /// file put in its place since (deleted and recreated, renamed over)
     /// is never served from nor recorded for.
     pub fn check_file(&self, file: &std::fs::File) -> std::io::Result<()> {
+        // Without the identity the mount was made with, no file can be
+        // told from one put in its place: fail closed.
         let Some(want) = self.file else {
-            return Ok(());
+            return Err(std::io::Error::other(format!(
+                "cache file {}: the mount recorded no identity (birth time) for it: not serving \
+                 from it",
+                self.cache_path.display()
+            )));
         };
         let got = lamina_fetch::store::identity(file)?.map(CacheFileId::from);
         match got == Some(want) {
@@ -383,9 +389,8 @@ mod tests {
         let path = dir.path().join("b.cache");
         std::fs::write(&path, b"x").unwrap();
         let file = lamina_fetch::private::open_existing(&path).unwrap();
-        let Some(id) = lamina_fetch::store::identity(&file).unwrap() else {
-            return; // no birth times here: nothing can be bound
-        };
+        let id = lamina_fetch::store::identity(&file).unwrap();
+        let id = id.expect("the test's temp dir keeps birth times");
         let spec = BlobSpec {
             digest: "sha256:00".into(),
             cache_path: path.clone(),
@@ -399,6 +404,24 @@ mod tests {
         let err = spec.open_checked().unwrap_err();
         assert!(err.to_string().contains("replaced since"), "{err}");
         spec.check_file(&file).unwrap();
+    }
+
+    /// Issue 42, point 5: a spec without the file's identity serves from
+    /// no file (it was the way around the check where birth times are
+    /// missing).
+    #[test]
+    fn a_cache_file_without_a_recorded_identity_is_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.cache");
+        std::fs::write(&path, b"x").unwrap();
+        let spec = BlobSpec {
+            digest: "sha256:00".into(),
+            cache_path: path,
+            complete: false,
+            file: None,
+        };
+        let err = spec.open_checked().unwrap_err();
+        assert!(err.to_string().contains("no identity"), "{err}");
     }
 
     /// A config written before boot segments (`boot_pages`: one object or

@@ -223,3 +223,83 @@ fn holder_killed_reads_fail_closed_not_zeros() {
     );
     f.finish("holder kill");
 }
+
+/// Issue 42, point 4: a worker that took a killed holder's place answers
+/// EIO for a read it cannot tie to one of its cache files as the mount made
+/// them. Here every cache file but one was replaced at its path (renamed
+/// over) before the holder died: reads of those blobs' files, through the
+/// kernel's own open files of the originals, get EIO, never their unfilled
+/// ranges as zeros; the blob left alone is still served.
+#[test]
+fn a_takeover_fails_the_reads_it_cannot_attribute() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_takeover_fails_the_reads_it_cannot_attribute",
+        "lazy-takeover-eio",
+    ) else {
+        return;
+    };
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--prefetch", "none", "--timeout", "20"],
+    );
+    let rd = run_dir(&m);
+    let blobs = m.blob_paths();
+    assert!(
+        blobs.len() > 1,
+        "the test needs a blob left alone: {blobs:?}"
+    );
+    for (i, path) in blobs.iter().enumerate().skip(1) {
+        let junk = t.join(&format!("junk-{i}"));
+        fs::write(&junk, b"not the cache file").unwrap();
+        fs::rename(&junk, path).unwrap();
+    }
+    let holder = holder_pid(&m);
+    kill9(holder);
+    assert!(
+        process_exits(holder, Duration::from_secs(10)),
+        "holder survived kill -9"
+    );
+    let started = std::time::Instant::now();
+    let serving = loop {
+        let log = fs::read_to_string(rd.join("worker.log")).unwrap_or_default();
+        if log.contains("left unanswered failed; serving") || started.elapsed().as_secs() > 30 {
+            break log.contains("serving");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut f = Failures::default();
+    f.check(serving, || {
+        "the worker never took the holder's place".into()
+    });
+    // Files from all over the tree, so from every blob.
+    let step = (deb.hashes.len() / 400).max(1);
+    let files: Vec<String> = deb.hashes.keys().step_by(step).cloned().collect();
+    let got = hash_files(
+        &m.path,
+        &files,
+        t.path(),
+        "takeover",
+        Duration::from_secs(300),
+    );
+    let got = got.unwrap_or_else(|e| panic!("{e}"));
+    let (mut eio, mut right, mut wrong) = (0, 0, Vec::new());
+    for p in &files {
+        match (&got[p].sha256, got[p].errno) {
+            (Some(h), _) if *h == deb.hashes[p] => right += 1,
+            (None, Some(5)) => eio += 1,
+            (h, errno) => wrong.push(format!("{p}: {h:?} errno {errno:?}")),
+        }
+    }
+    f.check(wrong.is_empty(), || {
+        format!("reads neither right nor EIO: {wrong:?}")
+    });
+    f.check(eio > 0, || {
+        format!("no read failed ({right} right): the test saw nothing")
+    });
+    eprintln!("figures: after the takeover, {right} files read right, {eio} got EIO");
+    run(Command::new("umount").arg(&m.path), TIMEOUT).ok();
+    std::mem::forget(m);
+    f.finish("takeover");
+}

@@ -87,7 +87,8 @@ impl Shared {
 
     /// One event read in the holder's place: a read of a watched cache file
     /// becomes a miss served by the miss threads (answered by this
-    /// process's fd number); anything else is let through.
+    /// process's fd number); this worker's own reads and writes go through;
+    /// anything else fails with EIO.
     pub(super) fn take_event(
         &self,
         group: &FanotifyGroup,
@@ -109,12 +110,15 @@ impl Shared {
             .as_ref()
             .ok()
             .and_then(|st| watched.get(&(st.st_dev, st.st_ino)).copied());
+        // The group marks this mount's cache files only: an event this
+        // worker cannot tie to one of them (a cache file it could not open
+        // as the mount made it) is a read of unverified bytes. Fail it.
         let (Ok(stat), Some(blob)) = (stat, blob) else {
-            let answer = match watched.is_empty() {
-                true => Response::DenyErrno(libc::EIO),
-                false => Response::Allow,
-            };
-            let _ = group.respond(ev.response_fd, answer);
+            tracing::warn!(
+                "a read of a marked file that is none of this mount's cache files as it made \
+                 them: EIO"
+            );
+            let _ = group.respond(ev.response_fd, Response::DenyErrno(libc::EIO));
             return;
         };
         let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
