@@ -39,8 +39,25 @@ const GC_LOCK: &str = "gc.lock";
 /// the lock exclusively while it looks and evicts, so it waits for mounts
 /// that are starting, and they for it. Released when dropped.
 pub(crate) fn starting_mount(cache_dir: &Path) -> Result<fs::File, crate::MountError> {
-    lock(cache_dir, rustix::fs::FlockOperation::LockShared)
-        .map_err(|e| crate::MountError::Io(cache_dir.join(GC_LOCK), e))
+    let path = cache_dir.join(GC_LOCK);
+    let file = lock(cache_dir, rustix::fs::FlockOperation::LockShared)
+        .map_err(|e| crate::MountError::Io(path.clone(), e))?;
+    // Fill records are bound to their cache file by inode and birth time
+    // (what tells a file put in its place apart): a filesystem that keeps
+    // no birth time could not tell, so it is refused, not trusted.
+    match lamina_fetch::store::identity(&file) {
+        Ok(Some(_)) => Ok(file),
+        Ok(None) => Err(crate::MountError::Io(
+            cache_dir.to_path_buf(),
+            std::io::Error::other(
+                "the cache dir's filesystem keeps no birth time (ext4 with 128-byte inodes, \
+                 say), so a cache file replaced under a mount could not be told from the one \
+                 that was verified: choose a cache dir on ext4 with 256-byte inodes, xfs, \
+                 btrfs or tmpfs",
+            ),
+        )),
+        Err(e) => Err(crate::MountError::Io(path, e)),
+    }
 }
 
 fn lock(cache_dir: &Path, how: rustix::fs::FlockOperation) -> std::io::Result<fs::File> {

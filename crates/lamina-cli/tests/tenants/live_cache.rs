@@ -16,6 +16,57 @@ use serde_json::Value;
 // ---------------------------------------------------------------------------
 // point 2
 
+/// An ext4 filesystem with 128-byte inodes (no birth times) loop-mounted at
+/// `dir`; unmounted on drop.
+struct NoBirthTimes(std::path::PathBuf);
+
+impl NoBirthTimes {
+    fn mount(t: &TestDir) -> NoBirthTimes {
+        let image = t.join("ext4-128.img");
+        let dir = t.mkdir("ext4-128");
+        fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+        let mkfs = ["-q", "-F", "-I", "128", image.to_str().unwrap()];
+        run(&mut command("mkfs.ext4", mkfs), SHORT).ok();
+        let dir_arg = dir.to_str().unwrap();
+        run(
+            &mut command("mount", ["-o", "loop", image.to_str().unwrap(), dir_arg]),
+            SHORT,
+        )
+        .ok();
+        NoBirthTimes(dir)
+    }
+}
+
+impl Drop for NoBirthTimes {
+    fn drop(&mut self) {
+        let _ = run(&mut command("umount", [self.0.as_os_str()]), SHORT);
+    }
+}
+
+/// Issue 42, point 5: fill records are bound to their file by inode and
+/// birth time, so a cache dir whose filesystem keeps no birth time (ext4
+/// with 128-byte inodes) is refused with a message that says so, instead
+/// of mounting with that check off.
+#[test]
+fn a_cache_dir_without_birth_times_is_refused() {
+    if !require(&["mkfs.ext4", "mount", "umount"]) {
+        return;
+    }
+    let t = TestDir::new("no-btime");
+    let fs128 = NoBirthTimes::mount(&t);
+    let mnt = t.mkdir("mnt");
+    let cache = fs128.0.join("cache");
+    let image = converted_without_xattrs(&t);
+    let mut c = lamina_cmd(["mount", &image]);
+    c.arg(&mnt).arg("--cache-dir").arg(&cache);
+    let out = run(&mut c, TIMEOUT).failed();
+    assert!(out.stderr.contains("birth time"), "{}", out.describe());
+    assert!(!is_mountpoint(&mnt));
+    // The same image mounts with its cache on the test's own filesystem.
+    let m = Mount::new(&image, &t.join("mnt-ok"), &t.join("cache"));
+    m.unmount();
+}
+
 /// The pid of the lazy mount's live worker, from its `status.json`.
 #[track_caller]
 fn worker_pid(rd: &Path, timeout: Duration) -> u32 {
