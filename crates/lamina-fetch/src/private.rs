@@ -47,6 +47,7 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
             ),
         ));
     }
+    check_ancestors(dir, me)?;
     let mode = meta.mode() & 0o7777;
     if mode & 0o022 != 0 {
         return Err(refuse(
@@ -58,6 +59,56 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))?;
     }
     Ok(())
+}
+
+/// Every directory above `dir` (its real path) must be owned by root or
+/// this user, and writable by nobody else unless sticky: whoever may write
+/// to a parent can move `dir` aside and put one of their own in its place,
+/// and then no check of `dir` itself means anything.
+fn check_ancestors(dir: &Path, me: u32) -> io::Result<()> {
+    let real = std::fs::canonicalize(dir)?;
+    // In a user namespace (`podman unshare`), directories of ids it does not
+    // map (the host's root among them) show as the overflow uid: only the
+    // host can change those.
+    let unmapped = unmapped_uid();
+    for parent in real.ancestors().skip(1) {
+        let meta = std::fs::metadata(parent)?;
+        let mode = meta.mode() & 0o7777;
+        if meta.uid() != 0 && meta.uid() != me && Some(meta.uid()) != unmapped {
+            return Err(refuse(
+                dir,
+                format!(
+                    "its parent {} is owned by uid {}, neither root nor this user (uid {me}); \
+                     choose a directory whose parents only root or you control",
+                    parent.display(),
+                    meta.uid()
+                ),
+            ));
+        }
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(refuse(
+                dir,
+                format!(
+                    "its parent {} (mode {mode:o}) may be written by others and is not sticky: \
+                     they could swap the directory for their own",
+                    parent.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The uid unmapped owners show as, when this process is in a user
+/// namespace other than the initial one; `None` in the initial one.
+fn unmapped_uid() -> Option<u32> {
+    let map = std::fs::read_to_string("/proc/self/uid_map").ok()?;
+    let initial = map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"];
+    if initial {
+        return None;
+    }
+    let overflow = std::fs::read_to_string("/proc/sys/kernel/overflowuid").ok();
+    overflow.and_then(|s| s.trim().parse().ok()).or(Some(65534))
 }
 
 /// Creates `path` exclusively (`O_EXCL`, `O_NOFOLLOW`), mode 0600.
@@ -186,6 +237,20 @@ mod tests {
         let link = t.path().join("link");
         std::os::unix::fs::symlink(t.path().join("a"), &link).unwrap();
         assert!(private_dir(&link).is_err());
+    }
+
+    /// Issue 42, point 12: a parent others may write to (and not sticky)
+    /// lets them swap the directory; a sticky one (as /tmp) does not.
+    #[test]
+    fn a_parent_others_may_write_to_is_refused_unless_sticky() {
+        let t = tempfile::tempdir().unwrap();
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(&open.join("cache")).unwrap_err();
+        assert!(e.to_string().contains("not sticky"), "{e}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        private_dir(&open.join("cache")).unwrap();
     }
 
     #[test]

@@ -353,8 +353,10 @@ pub(crate) fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// Reads a daemon config written by the mounting command.
+/// Reads a daemon config written by the mounting command: only a private
+/// file of this user is trusted (the daemon does what it says, as root when
+/// mounted by root), as the holder's is (`DaemonConfig::load`).
 pub fn load_config(path: &Path) -> std::io::Result<ServeConfig> {
-    let bytes = std::fs::read(path)?;
+    let bytes = lamina_fetch::private::read_trusted(path)?;
     serde_json::from_slice(&bytes).map_err(std::io::Error::other)
 }

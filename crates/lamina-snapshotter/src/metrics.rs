@@ -281,13 +281,30 @@ pub async fn bind(address: &MetricsAddress) -> anyhow::Result<(Listener, String)
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("creating {}", dir.display()))?;
             }
-            let _ = std::fs::remove_file(path); // a stale socket
-            let listener = tokio::net::UnixListener::bind(path)
+            let listener = bind_private(path)
                 .with_context(|| format!("metrics: listening on {}", path.display()))?;
-            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
             Ok((Listener::Unix(listener), address.to_string()))
         }
     }
+}
+
+/// A unix socket at `path` that nobody else can ever connect to: bound in
+/// a fresh 0700 directory beside it, made 0600, then renamed into place (a
+/// socket chmodded after `bind` is open to everyone in between). A stale
+/// socket at `path` is replaced.
+fn bind_private(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = path.with_extension(format!("bind-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    let staged = dir.join("sock");
+    let bound = tokio::net::UnixListener::bind(&staged).and_then(|listener| {
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&staged, path)?;
+        Ok(listener)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    bound
 }
 
 /// Serves scrapes on `listener` until the runtime stops.
@@ -418,6 +435,13 @@ mod tests {
         let addr = MetricsAddress::Unix(sock.clone());
         let (listener, shown) = rt.block_on(bind(&addr)).unwrap();
         assert_eq!(shown, format!("unix:{}", sock.display()));
+        // Private from the start: bound elsewhere, renamed into place.
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&sock).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(leftovers, 1, "the socket alone, no staging dir");
         let client_sock = sock.clone();
         let get = move |path: &str| {
             let mut s = std::os::unix::net::UnixStream::connect(&client_sock).unwrap();
