@@ -74,7 +74,32 @@ fn lock(cache_dir: &Path, how: rustix::fs::FlockOperation) -> std::io::Result<fs
     Ok(file)
 }
 
-/// Files used by live mounts (lazy: holder alive; eager: still mounted).
+/// Whether a daemon of the lazy mount whose run dir is `run` still serves
+/// it: its holder or FUSE daemon (`ready`), or its worker (`status.json`),
+/// which serves in the holder's place once the holder died.
+fn served(run: &Path) -> bool {
+    let ready: Option<lamina_daemon::holder::Ready> = fs::read(run.join("ready"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let worker = fs::read(run.join("status.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|s| s["pid"].as_u64())
+        .and_then(|pid| u32::try_from(pid).ok());
+    [ready.map(|r| r.pid), worker]
+        .into_iter()
+        .flatten()
+        .any(is_lamina_daemon)
+}
+
+/// Whether `pid` is a lamina daemon (not whatever took its number since).
+fn is_lamina_daemon(pid: u32) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a.starts_with(b"internal-")))
+}
+
+/// Files used by live mounts (lazy: a daemon of it alive; eager: still
+/// mounted).
 fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
     let mut used = HashSet::new();
     let Ok(dir) = fs::read_dir(cache_dir.join("mounts")) else {
@@ -90,11 +115,7 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
             }
             continue;
         }
-        let ready: Option<lamina_daemon::holder::Ready> = fs::read(run.join("ready"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
-        let alive = ready.is_some_and(|r| Path::new(&format!("/proc/{}", r.pid)).exists());
-        if !alive {
+        if !served(&run) {
             continue;
         }
         // A lazy FUSE mount's daemon reads the lookup table too.
@@ -292,6 +313,29 @@ mod tests {
         drop(starting);
         let report = gc_thread.join().unwrap().unwrap();
         assert!(report.evicted.contains(&file), "{report:?}");
+    }
+
+    /// Issue 42, point 4: a mount whose holder died but whose worker
+    /// serves in its place counts as served (its files are kept); once no
+    /// daemon of it is left, it does not.
+    #[test]
+    fn a_mount_served_by_its_worker_alone_counts_as_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("mounts/m");
+        fs::create_dir_all(&run).unwrap();
+        // A dead holder; a live daemon (named as the worker is) in status.json.
+        fs::write(run.join("ready"), br#"{"pid": 4194304, "error": null}"#).unwrap();
+        assert!(!served(&run));
+        let mut worker = std::process::Command::new("sh")
+            .args(["-c", "sleep 30", "internal-worker"])
+            .spawn()
+            .unwrap();
+        let status = format!(r#"{{"pid": {}}}"#, worker.id());
+        fs::write(run.join("status.json"), status).unwrap();
+        assert!(served(&run), "a mount its worker serves counts as dead");
+        worker.kill().unwrap();
+        worker.wait().unwrap();
+        assert!(!served(&run));
     }
 
     #[test]
