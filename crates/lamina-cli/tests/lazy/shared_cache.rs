@@ -169,6 +169,17 @@ fn a_dead_holder_fails_no_reads_of_another_mount() {
     f.finish("a dead holder");
 }
 
+/// A lazy mount whose holder a test kills: nothing fetched ahead, and
+/// reads that give up within 20 s.
+fn mount_to_kill(reg: &Registry, t: &TestDir) -> Mount {
+    Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--prefetch", "none", "--timeout", "20"],
+    )
+}
+
 #[test]
 fn holder_killed_reads_fail_closed_not_zeros() {
     let Some(Lazy { _time, deb, reg, t }) = start(
@@ -177,12 +188,7 @@ fn holder_killed_reads_fail_closed_not_zeros() {
     ) else {
         return;
     };
-    let m = Mount::with_args(
-        &reg.reference(IMAGE),
-        &t.join("mnt"),
-        &t.join("cache"),
-        &["--prefetch", "none", "--timeout", "20"],
-    );
+    let m = mount_to_kill(&reg, &t);
     let rd = run_dir(&m);
     let holder = holder_pid(&m);
     let worker = worker_pid(&m);
@@ -238,12 +244,7 @@ fn a_takeover_fails_the_reads_it_cannot_attribute() {
     ) else {
         return;
     };
-    let m = Mount::with_args(
-        &reg.reference(IMAGE),
-        &t.join("mnt"),
-        &t.join("cache"),
-        &["--prefetch", "none", "--timeout", "20"],
-    );
+    let m = mount_to_kill(&reg, &t);
     let rd = run_dir(&m);
     let blobs = m.blob_paths();
     assert!(
