@@ -470,7 +470,14 @@ fn start_background(
     }
     if shared.config.prefetch || shared.config.prefetch_all {
         let shared = shared.clone();
-        std::thread::spawn(move || shared.prefetch());
+        std::thread::spawn(move || {
+            // Fetched ahead of need: its disk writes must not slow a
+            // reader's (issue 42, point 10).
+            if let Err(e) = lamina_sys::do_io_when_idle() {
+                tracing::warn!("prefetch at idle I/O priority: {e}");
+            }
+            shared.prefetch()
+        });
     }
     // Two threads each: the next window is requested while one is in flight.
     serve_ahead(shared, ahead_rx, 2, |s| (&s.ahead_fetch, &s.ahead_stats));

@@ -102,9 +102,7 @@ fn check_ancestors(dir: &Path, me: u32) -> io::Result<()> {
 /// The uid unmapped owners show as, when this process is in a user
 /// namespace other than the initial one; `None` in the initial one.
 fn unmapped_uid() -> Option<u32> {
-    let map = std::fs::read_to_string("/proc/self/uid_map").ok()?;
-    let initial = map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"];
-    if initial {
+    if lamina_sys::in_initial_user_namespace() {
         return None;
     }
     let overflow = std::fs::read_to_string("/proc/sys/kernel/overflowuid").ok();

@@ -463,6 +463,40 @@ pub fn run_this_thread_when_idle() -> io::Result<()> {
     Ok(())
 }
 
+/// Gives the calling thread's I/O the idle class (`ioprio_set`,
+/// `IOPRIO_CLASS_IDLE`): its reads and writes go to the disk only when no
+/// other I/O waits. For prefetching, which must not slow the workload.
+pub fn do_io_when_idle() -> io::Result<()> {
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    const IOPRIO_CLASS_SHIFT: u32 = 13;
+    // SAFETY: ioprio_set takes three integers; who = 0 is the calling
+    // thread. No memory is passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's I/O priority class (`ioprio_get`): 0 none (the
+/// default, from its CPU niceness), 1 realtime, 2 best effort, 3 idle.
+pub fn io_class() -> io::Result<u32> {
+    // SAFETY: as in `do_io_when_idle`: integers only.
+    let rc = unsafe { libc::syscall(libc::SYS_ioprio_get, 1 as libc::c_long, 0 as libc::c_long) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u32::try_from(rc >> 13).unwrap_or(0))
+}
+
 /// This process's resident pages that are mapped from files (its binary,
 /// libraries and [`map_file_forever`]'s mappings), in bytes: the
 /// `shared` field of `/proc/self/statm`.
@@ -552,6 +586,19 @@ const _: () = assert!(size_of::<FsSysfsPath>() == 129);
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_thread_can_do_its_io_when_idle() {
+        let class = std::thread::spawn(|| {
+            do_io_when_idle().unwrap();
+            io_class().unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(class, 3);
+        // Per thread: this one keeps its own.
+        assert_ne!(io_class().unwrap(), 3);
+    }
+
     #[test]
     fn only_the_identity_map_is_the_initial_namespace() {
         assert!(is_identity_uid_map("         0          0 4294967295\n"));
