@@ -255,15 +255,12 @@ impl Resolver {
         }
     }
 
-    /// `layer`'s role in what `reference` was last resolved to, if it is
-    /// one of its layers.
-    fn known_role(&self, reference: &str, layer: &str) -> Option<Option<LayerRole>> {
-        let known = lock(&self.known);
-        let entry = known.get(reference)?;
-        match entry {
-            None => Some(None),
-            Some(_) => role_in(reference, entry, layer).map(Some),
-        }
+    /// `layer`'s role in the lamina image (or image with a tar index)
+    /// `reference` was last resolved to, if it is one of its layers. A
+    /// plain image is asked about again: its tag may have moved to an
+    /// image with an index since.
+    fn known_role(&self, reference: &str, layer: &str) -> Option<LayerRole> {
+        role_in(reference, lock(&self.known).get(reference)?, layer)
     }
 }
 
@@ -289,7 +286,7 @@ fn role_in(reference: &str, known: &Known, layer: &str) -> Option<LayerRole> {
 impl snapshots::Resolve for Resolver {
     fn lookup(&self, reference: &str, layer: &str) -> Result<Option<LayerRole>, String> {
         if let Some(role) = self.known_role(reference, layer) {
-            return Ok(role);
+            return Ok(Some(role));
         }
         // One resolution per reference: the others wait for its answer.
         let gate = lock(&self.inflight)
@@ -298,7 +295,7 @@ impl snapshots::Resolve for Resolver {
             .clone();
         let _one = lock(&gate);
         if let Some(role) = self.known_role(reference, layer) {
-            return Ok(role);
+            return Ok(Some(role));
         }
         // Not seen, or the tag may have moved: ask the registry.
         let known = self.resolve(reference)?;
