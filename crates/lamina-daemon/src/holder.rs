@@ -327,6 +327,11 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
             rustix::mount::UnmountFlags::DETACH,
         );
     })?;
+    // The worker gets the group before the mount is reported ready, not
+    // only when it says hello: a holder killed in between would leave
+    // nobody to answer the group, and reads would see the cache files'
+    // holes as zeros. It gets them again at hello (that copy is dropped).
+    hand_over(worker.sock(), &group, &superblock);
     Ok((group, worker, watched, superblock, files))
 }
 

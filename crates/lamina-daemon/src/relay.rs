@@ -38,6 +38,12 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
+    /// The socket to this worker, for messages sent before it said hello
+    /// (they wait in the socket until it reads them).
+    pub(crate) fn sock(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
     /// Starts this binary's `internal-worker CONFIG FD` (through
     /// [`lamina_sys::OWN_BINARY`]) with its output in `log`.
     pub(crate) fn spawn(config_path: &Path, log: &Path) -> io::Result<Worker> {

@@ -246,6 +246,12 @@ fn a_takeover_fails_the_reads_it_cannot_attribute() {
     };
     let m = mount_to_kill(&reg, &t);
     let rd = run_dir(&m);
+    // One read served first: the worker has said hello and holds the group
+    // (a holder killed before that leaves no one to guard it; see the note
+    // of this stop).
+    let first = largest_file(deb);
+    let read = fs::read(m.path.join(first)).map(|b| sha256_hex(&b));
+    assert_eq!(read.ok().as_ref(), Some(&deb.hashes[first]), "{first}");
     let blobs = m.blob_paths();
     assert!(
         blobs.len() > 1,
