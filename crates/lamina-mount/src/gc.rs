@@ -332,6 +332,11 @@ mod tests {
             .unwrap();
         let status = format!(r#"{{"pid": {}}}"#, worker.id());
         fs::write(run.join("status.json"), status).unwrap();
+        // Until the child has exec'd, its cmdline is this test's.
+        let started = std::time::Instant::now();
+        while !is_lamina_daemon(worker.id()) && started.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert!(served(&run), "a mount its worker serves counts as dead");
         worker.kill().unwrap();
         worker.wait().unwrap();
