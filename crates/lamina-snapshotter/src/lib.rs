@@ -94,13 +94,13 @@ pub struct Pending {
 
 impl Pending {
     fn finish(&self, outcome: Result<(), String>) {
-        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        *lock(&self.done) = Some(outcome);
         self.cond.notify_all();
     }
 
     /// Waits for the outcome (leaves it for [`take`](Self::take)).
     fn wait(&self) {
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = lock(&self.done);
         while done.is_none() {
             done = self.cond.wait(done).unwrap_or_else(|p| p.into_inner());
         }
@@ -109,16 +109,16 @@ impl Pending {
     /// Waits for the outcome and takes it.
     fn take(&self) -> Result<(), String> {
         self.wait();
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        done.take().unwrap_or(Ok(()))
+        lock(&self.done).take().unwrap_or(Ok(()))
     }
 }
 
 impl RegistryImages {
-    /// Lamina images mounted in `mode` with `cache_dir` as their cache;
-    /// each image resolved is counted in `kinds`.
+    /// Lamina images mounted in `mode` with `cache_dir` as their cache,
+    /// plain images through the tar indexes `index_trust` accepts; each
+    /// image resolved is counted in `kinds`.
     pub fn new(
-        source: SourceOptions,
+        (source, index_trust): (SourceOptions, lamina_mount::IndexTrust),
         cache_dir: PathBuf,
         (lazy, mode): (LazyOptions, Mode),
         kinds: metrics::ImageKinds,
@@ -126,7 +126,7 @@ impl RegistryImages {
         let resolver = Resolver {
             source,
             cache_dir,
-            index_trust: lamina_mount::IndexTrust::default(),
+            index_trust,
             kinds,
             known: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
@@ -138,14 +138,6 @@ impl RegistryImages {
             resolver: Arc::new(resolver),
             pending: HashMap::new(),
         }
-    }
-
-    /// The node's policy for tar indexes (default: only bound or pinned).
-    pub fn with_index_trust(mut self, trust: lamina_mount::IndexTrust) -> Self {
-        if let Some(resolver) = Arc::get_mut(&mut self.resolver) {
-            resolver.index_trust = trust;
-        }
-        self
     }
 }
 
@@ -353,7 +345,13 @@ impl Images for RegistryImages {
         let done = pending.clone();
         let started = std::thread::Builder::new()
             .name("lazy-mount".into())
-            .spawn(move || done.finish(mount_image(&opts, (&lazy, mode), &image, source, &mnt)));
+            .spawn(move || {
+                // A panic still finishes the wait: callers would block for ever.
+                let mounted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    mount_image(&opts, (&lazy, mode), &image, source, &mnt)
+                }));
+                done.finish(mounted.unwrap_or_else(|_| Err("the mounting thread panicked".into())));
+            });
         match started {
             Ok(_) => {
                 self.pending.insert(mountpoint.to_path_buf(), pending);
@@ -458,12 +456,11 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new(opts.root.join("cache")));
     let how = (opts.lazy.clone(), mode);
     let images = RegistryImages::new(
-        opts.source.clone(),
+        (opts.source.clone(), opts.index_trust.clone()),
         cache.clone(),
         how,
         metrics.image_kinds(),
-    )
-    .with_index_trust(opts.index_trust.clone());
+    );
     let sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
     metrics.set_snapshots(sn.census());
     let inner = Arc::new(Mutex::new(sn));

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::metrics::Metrics;
 use crate::proto::{self, snapshots_server::Snapshots};
-use crate::snapshots::{remote_layer, Error, Images, Info, LayerRole, Resolve, Snapshotter};
+use crate::snapshots::{remote_layer, Error, Images, Info, Resolve, Resolved, Snapshotter};
 use crate::state::Kind;
 
 /// The service, sharing one snapshotter.
@@ -86,8 +86,6 @@ fn to_proto(i: Info) -> proto::Info {
         labels: i.labels.into_iter().collect(),
     }
 }
-
-type Resolved = Option<Result<Option<LayerRole>, String>>;
 
 impl<I: Images + 'static> Service<I> {
     /// The role of the layer a Prepare's `labels` name for a remote

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::filter::{matches_any, Fields, Filter};
-
 use crate::proto::Mount;
 use crate::state::{snapshot_dir, Backing, Kind, Snapshot, State};
 
@@ -126,6 +125,10 @@ pub trait Resolve: Send + Sync {
 
 /// Blocks until a background mount is done.
 pub type MountWait = Box<dyn FnOnce() + Send>;
+
+/// A layer's role as [`Resolve::lookup`] answered it outside the lock, or
+/// `None` when it was not asked (the snapshotter asks under the lock).
+pub type Resolved = Option<std::result::Result<Option<LayerRole>, String>>;
 
 /// The image and layer a Prepare's labels name for a remote snapshot, if
 /// they name one (a target, an image and a layer).
@@ -244,7 +247,7 @@ impl<I: Images> Snapshotter<I> {
         key: &str,
         parent: &str,
         labels: BTreeMap<String, String>,
-        role: Option<std::result::Result<Option<LayerRole>, String>>,
+        role: Resolved,
     ) -> Result<Vec<Mount>> {
         if let Some(err) = self.try_lamina(parent, &labels, role)? {
             return Err(err);
@@ -365,7 +368,7 @@ impl<I: Images> Snapshotter<I> {
         &mut self,
         parent: &str,
         labels: &BTreeMap<String, String>,
-        resolved: Option<std::result::Result<Option<LayerRole>, String>>,
+        resolved: Resolved,
     ) -> Result<Option<Error>> {
         let Some((image, layer)) = remote_layer(labels) else {
             return Ok(None);
