@@ -96,3 +96,10 @@ fn wait_ready(
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// Whether `pid` is a lamina daemon (`internal-holder`, `-worker`,
+/// `-fuse`), not whatever process took its number since.
+pub(crate) fn is_lamina_daemon(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a.starts_with(b"internal-")))
+}

@@ -89,13 +89,7 @@ fn served(run: &Path) -> bool {
     [ready.map(|r| r.pid), worker]
         .into_iter()
         .flatten()
-        .any(is_lamina_daemon)
-}
-
-/// Whether `pid` is a lamina daemon (not whatever took its number since).
-fn is_lamina_daemon(pid: u32) -> bool {
-    fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a.starts_with(b"internal-")))
+        .any(crate::daemons::is_lamina_daemon)
 }
 
 /// Files used by live mounts (lazy: a daemon of it alive; eager: still
@@ -334,7 +328,7 @@ mod tests {
         fs::write(run.join("status.json"), status).unwrap();
         // Until the child has exec'd, its cmdline is this test's.
         let started = std::time::Instant::now();
-        while !is_lamina_daemon(worker.id()) && started.elapsed().as_secs() < 10 {
+        while !crate::daemons::is_lamina_daemon(worker.id()) && started.elapsed().as_secs() < 10 {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         assert!(served(&run), "a mount its worker serves counts as dead");

@@ -100,9 +100,7 @@ pub fn is_served(cache_dir: &Path, mountpoint: &Path) -> bool {
     let Some(ready) = ready.filter(|r| r.error.is_none()) else {
         return false;
     };
-    // The pid of a lamina daemon, not of whatever took it over since.
-    fs::read(format!("/proc/{}/cmdline", ready.pid))
-        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a.starts_with(b"internal-")))
+    crate::daemons::is_lamina_daemon(ready.pid)
 }
 
 /// Opens `image` and mounts it lazily in `mode`; a bad mount point fails
