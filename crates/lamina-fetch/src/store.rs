@@ -153,15 +153,46 @@ impl PendingSave {
 /// so no chunk write lands between the check and the page.
 const WRITE_LOCKS: u64 = 1 << 62;
 
-/// Writes `data` at `offset` of the cache file `fd` under the write lock
-/// of that range: what every writer of verified chunks does (a worker's
-/// fills, an eager mount's install into a live file).
-pub fn write_locked(fd: &File, data: &[u8], offset: u64) -> io::Result<()> {
-    let len = data.len() as u64;
+/// Writes verified chunk `i` of `blob` (its bytes `data`) into the cache
+/// file `fd`, and zeros over the gap after it ([`tail_gap`]), under the
+/// write lock of that range: what every writer of verified chunks does (a
+/// worker's fills, an eager mount's install into a live file).
+pub fn write_chunk(fd: &File, blob: &IndexBlob, i: usize, data: &[u8]) -> io::Result<()> {
+    let offset = blob.chunks[i].cache_offset.get();
+    let gap = tail_gap(blob, i);
+    let len = gap.end - offset;
     lamina_sys::lock_range(fd, WRITE_LOCKS + offset, len)?;
-    let written = fd.write_all_at(data, offset);
+    let written = fd
+        .write_all_at(data, offset)
+        .and_then(|()| write_zeros(fd, gap));
     lamina_sys::unlock_range(fd, WRITE_LOCKS + offset, len)?;
     written
+}
+
+/// The bytes after chunk `i` up to its page's end that no chunk holds.
+/// They are zeros in every cache file: the kernel reads a file's last
+/// block whole, so an mmap of its last page shows them past the file's
+/// end, and a boot page of another image may have put its bytes there
+/// (boot pages are whole pages). Empty where the next chunk starts in
+/// the same page (tar spans, which follow one another).
+pub fn tail_gap(blob: &IndexBlob, i: usize) -> std::ops::Range<u64> {
+    let chunk = &blob.chunks[i];
+    let end = chunk.cache_offset.get() + u64::from(chunk.size.get());
+    let next = blob
+        .chunks
+        .get(i + 1)
+        .map_or(blob.cache_size, |c| c.cache_offset.get());
+    end..end.max(next.min(end.next_multiple_of(PAGE)).min(blob.cache_size))
+}
+
+fn write_zeros(fd: &File, range: std::ops::Range<u64>) -> io::Result<()> {
+    if range.is_empty() {
+        return Ok(());
+    }
+    fd.write_all_at(
+        &[0; PAGE as usize][..(range.end - range.start) as usize],
+        range.start,
+    )
 }
 
 /// Paths of an entry's cache file and fill record under `dir`.
@@ -604,7 +635,7 @@ impl BlobStore {
         if data.len() != chunk.size.get() as usize {
             return Err(io::Error::other("chunk size does not match the index"));
         }
-        write_locked(self.io_fd(via), data, chunk.cache_offset.get())?;
+        write_chunk(self.io_fd(via), &self.blob, i, data)?;
         self.mark_filled(i);
         self.unsaved += 1;
         if self.is_complete() {
@@ -639,9 +670,26 @@ impl BlobStore {
         if sha256(&buf) != chunk.digest {
             return Ok(false);
         }
+        self.zero_tail_gap(i, via)?;
         self.mark_filled(i);
         self.unsaved += 1;
         Ok(true)
+    }
+
+    /// Makes the gap after chunk `i` zeros where it holds other bytes (a
+    /// boot page of another image, placed while the chunk was a hole).
+    fn zero_tail_gap(&self, i: usize, via: &File) -> io::Result<()> {
+        let gap = tail_gap(&self.blob, i);
+        let mut there = vec![0u8; (gap.end - gap.start) as usize];
+        via.read_exact_at(&mut there, gap.start)?;
+        if there.iter().all(|&b| b == 0) {
+            return Ok(());
+        }
+        let len = gap.end - gap.start;
+        lamina_sys::lock_range(via, WRITE_LOCKS + gap.start, len)?;
+        let written = write_zeros(via, gap.clone());
+        lamina_sys::unlock_range(via, WRITE_LOCKS + gap.start, len)?;
+        written
     }
 
     /// Counts chunk `i` (verified, its bytes in the cache file) as filled.
@@ -676,7 +724,8 @@ impl BlobStore {
             if self.page_ready(at / PAGE) {
                 continue;
             }
-            let placed = match self.place_page(at, page)? {
+            let page = self.chunk_bytes_only(at, page);
+            let placed = match self.place_page(at, &page)? {
                 PagePlaced::Written => {
                     written += PAGE;
                     true
@@ -691,6 +740,41 @@ impl BlobStore {
             }
         }
         Ok(written)
+    }
+
+    /// `page` (at `at`) with every byte that lies in no chunk made zero:
+    /// a boot page carries chunk bytes only, as honest fills leave the
+    /// gaps ([`tail_gap`]).
+    fn chunk_bytes_only<'p>(&self, at: u64, page: &'p [u8]) -> std::borrow::Cow<'p, [u8]> {
+        let mut gaps = Vec::new();
+        let mut covered = at;
+        for i in self.chunks_covering(at, PAGE) {
+            let chunk = &self.blob.chunks[i];
+            let start = chunk.cache_offset.get();
+            if start > covered {
+                gaps.push(covered..start);
+            }
+            covered = covered.max(start + u64::from(chunk.size.get()));
+        }
+        if covered < at + PAGE {
+            gaps.push(covered..at + PAGE);
+        }
+        let gaps: Vec<_> = gaps
+            .into_iter()
+            .filter(|g| {
+                page[(g.start - at) as usize..(g.end - at) as usize]
+                    .iter()
+                    .any(|&b| b != 0)
+            })
+            .collect();
+        if gaps.is_empty() {
+            return std::borrow::Cow::Borrowed(page);
+        }
+        let mut clean = page.to_vec();
+        for g in gaps {
+            clean[(g.start - at) as usize..(g.end - at) as usize].fill(0);
+        }
+        std::borrow::Cow::Owned(clean)
     }
 
     /// Puts one boot page at `at` if that page of the file is a hole, or
@@ -1049,5 +1133,53 @@ mod tests {
         assert_eq!(other.fill_pages(5 * 4096, &[1u8; 4096]).unwrap(), 0);
         assert!(!other.range_ready(5 * 4096, 1));
         lamina_sys::unlock_range(writing, at, 4096).unwrap();
+    }
+
+    /// Issue 42 point 6: the kernel reads a file's last block whole, so the
+    /// bytes after a chunk up to its page's end show past the file's end
+    /// in an mmap. They are zeros whatever another image's boot pages
+    /// put there: a boot page carries chunk bytes only, and a fill (or
+    /// the adoption of bytes already there) zeros the gap after its chunk.
+    #[test]
+    fn bytes_after_a_chunk_in_its_page_are_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: [&[u8]; 3] = [b"first", b"second", b"third"];
+        let page_of = |chunk: &[u8]| {
+            let mut page = chunk.to_vec();
+            page.resize(4096, 0xee);
+            page
+        };
+        let read_page = |store: &BlobStore, at: u64| {
+            let mut back = vec![0u8; 4096];
+            File::open(&store.cache_path)
+                .unwrap()
+                .read_exact_at(&mut back, at)
+                .unwrap();
+            back
+        };
+        let zeros_after = |page: &[u8], len: usize| page[len..].iter().all(|&b| b == 0);
+        // Boot pages whose gap holds other bytes.
+        let mut theirs = open(dir.path(), &data);
+        assert_eq!(theirs.fill_pages(0, &page_of(data[0])).unwrap(), 4096);
+        assert!(zeros_after(&read_page(&theirs, 0), 5), "boot page's gap");
+        // A page put there by another writer, then filled, or adopted.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&theirs.cache_path)
+            .unwrap();
+        file.write_all_at(&page_of(data[1]), 4096).unwrap();
+        file.write_all_at(&page_of(data[2]), 2 * 4096).unwrap();
+        let mut ours = open(dir.path(), &data);
+        ours.fill(1, data[1], None).unwrap();
+        assert!(
+            zeros_after(&read_page(&ours, 4096), 6),
+            "filled chunk's gap"
+        );
+        assert!(ours.adopt(2, None).unwrap());
+        assert!(
+            zeros_after(&read_page(&ours, 2 * 4096), 5),
+            "adopted chunk's gap"
+        );
+        assert_eq!(&read_page(&ours, 2 * 4096)[..5], b"third");
     }
 }

@@ -60,6 +60,18 @@ pub enum TarIndexError {
         /// Of the tar read.
         got: String,
     },
+    /// A file's last tar block holds other bytes than zeros after its end.
+    #[error(
+        "layer {layer}: the tar holds non-zero bytes after the end of a file, at offset {offset}; \
+         a kernel mount reads a file's last block whole, so an mmap would show them past the \
+         file's end: convert the image (`lamina convert`) instead of indexing it"
+    )]
+    Padding {
+        /// 0-based.
+        layer: usize,
+        /// In the uncompressed tar.
+        offset: u64,
+    },
     /// Writing the EROFS metadata.
     #[error(transparent)]
     Format(#[from] erofs::FormatError),
@@ -274,9 +286,15 @@ fn index_layer(
     let mut tar = DigestReader::new(indexer);
     let device =
         u16::try_from(i + 1).map_err(|_| TarIndexError::Limit("more than 65534 layers".into()))?;
-    apply_layer(tree, i as u32, &mut tar, |_, _, size, offset| {
+    let tails = ZeroTails::default();
+    let mut checked = tails.reader(&mut tar);
+    apply_layer(tree, i as u32, &mut checked, |_, _, size, offset| {
+        tails.expect(offset + size);
         Ok(file_chunks(device, size, offset))
     })?;
+    if let Some(offset) = checked.non_zero() {
+        return Err(TarIndexError::Padding { layer: i, offset });
+    }
     // apply_layer read the tar to its end; the trailer may follow.
     io::copy(&mut tar, &mut io::sink())?;
     let (indexer, got, _) = tar.finish();
@@ -288,6 +306,80 @@ fn index_layer(
         });
     }
     indexer.finish().map_err(zran_err)
+}
+
+/// The ends of the files' last tar blocks, which must be zeros: a tar
+/// index points a file at its bytes in the tar, and the kernel reads its
+/// last 512-byte block whole (`lamina_format::erofs::TAR_BLOCK_BITS`).
+#[derive(Default)]
+struct ZeroTails(std::rc::Rc<std::cell::RefCell<std::collections::VecDeque<std::ops::Range<u64>>>>);
+
+impl ZeroTails {
+    /// A file ends at `end`: the rest of its block must be zeros.
+    fn expect(&self, end: u64) {
+        let block_end = end.next_multiple_of(1 << TAR_BLOCK_BITS);
+        if block_end > end {
+            self.0.borrow_mut().push_back(end..block_end);
+        }
+    }
+
+    /// `tar` read through, its bytes checked where [`Self::expect`] said
+    /// as they pass (the tar reader learns of a file before its bytes).
+    fn reader<R: Read>(&self, tar: R) -> TailChecker<R> {
+        TailChecker {
+            tar,
+            at: 0,
+            tails: self.0.clone(),
+            non_zero: None,
+        }
+    }
+}
+
+struct TailChecker<R> {
+    tar: R,
+    at: u64,
+    tails: std::rc::Rc<std::cell::RefCell<std::collections::VecDeque<std::ops::Range<u64>>>>,
+    non_zero: Option<u64>,
+}
+
+impl<R> TailChecker<R> {
+    /// The first offset in a file's tail that held a non-zero byte, or
+    /// that was read before it was known to be a tail (never seen: the
+    /// check fails closed).
+    fn non_zero(&self) -> Option<u64> {
+        self.non_zero
+    }
+}
+
+impl<R: Read> Read for TailChecker<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.tar.read(buf)?;
+        let (start, end) = (self.at, self.at + n as u64);
+        let mut tails = self.tails.borrow_mut();
+        while let Some(tail) = tails.front() {
+            if tail.start >= end {
+                break;
+            }
+            let from = tail.start.max(start);
+            let to = tail.end.min(end);
+            let first_non_zero = match tail.start >= start {
+                true => buf[(from - start) as usize..(to - start) as usize]
+                    .iter()
+                    .position(|&b| b != 0)
+                    .map(|k| from + k as u64),
+                false => Some(tail.start),
+            };
+            self.non_zero = self.non_zero.or(first_non_zero);
+            if tail.end > end {
+                // The rest of this tail comes with the next read.
+                tails[0] = end..tail.end;
+                break;
+            }
+            tails.pop_front();
+        }
+        self.at = end;
+        Ok(n)
+    }
 }
 
 /// A file of `size` bytes at tar offset `offset` (512-aligned) of device
@@ -545,5 +637,33 @@ mod tests {
         src.image.layers[0].diff_id = Digest::of_bytes(b"another tar");
         let err = build(&src, 64 << 10, &|_| {}).unwrap_err();
         assert!(matches!(err, TarIndexError::DiffId { .. }), "{err}");
+    }
+
+    /// Issue 42 point 6: the bytes after a file's end in its last tar
+    /// block would show past its end in an mmap of a kernel mount; a tar
+    /// with other bytes than zeros there is refused, naming the offset.
+    #[test]
+    fn a_tar_with_bytes_after_a_files_end_is_refused() {
+        let clean = layer(&[("a", b"x".to_vec()), ("b", b"yz".to_vec())]);
+        let at = clean.windows(2).position(|w| w == b"yz").unwrap() + 2;
+        for (dirty_at, refused) in [(None, false), (Some(513), true), (Some(at + 100), true)] {
+            let mut tar = clean.clone();
+            if let Some(k) = dirty_at {
+                tar[k] = b'!';
+            }
+            let src = image(vec![(
+                tar.clone(),
+                gzip(&tar),
+                lamina_oci::media_types::OCI_LAYER_GZIP,
+            )]);
+            match build(&src, 64 << 10, &|_| {}) {
+                Ok(_) => assert!(!refused, "byte at {dirty_at:?} not seen"),
+                Err(TarIndexError::Padding { layer, offset }) => {
+                    assert!(refused, "{offset}");
+                    assert_eq!((layer, Some(offset as usize)), (0, dirty_at));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 }

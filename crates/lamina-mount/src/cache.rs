@@ -181,12 +181,11 @@ fn install(tmp: &Path, file: &File, path: &Path, blob: &IndexBlob) -> Result<Fil
         Err(_) => there.try_clone().map_err(io_err(path))?,
     };
     let mut buf = Vec::new();
-    for chunk in &blob.chunks {
+    for (i, chunk) in blob.chunks.iter().enumerate() {
         buf.resize(chunk.size.get() as usize, 0);
         file.read_exact_at(&mut buf, chunk.cache_offset.get())
             .map_err(io_err(tmp))?;
-        lamina_fetch::store::write_locked(&quiet, &buf, chunk.cache_offset.get())
-            .map_err(io_err(path))?;
+        lamina_fetch::store::write_chunk(&quiet, blob, i, &buf).map_err(io_err(path))?;
     }
     quiet.sync_data().map_err(io_err(path))?;
     Ok(there)
