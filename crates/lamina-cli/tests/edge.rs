@@ -272,10 +272,9 @@ fn paged_and_unpaged_indexes_mount_every_way() {
             treecmp(&[], &reference, &m.path);
             m.unmount();
             // A paged image's tables are kept beside the blobs read.
-            let tables = std::fs::read_dir(cache.join("blobs"))
-                .unwrap()
-                .flatten()
-                .filter(|e| e.path().extension().is_some_and(|x| x == "table"))
+            let tables = cache_files_in(&cache, "blobs")
+                .into_iter()
+                .filter(|p| p.extension().is_some_and(|x| x == "table"))
                 .count();
             assert_eq!(
                 tables > 0,

@@ -380,11 +380,9 @@ fn corrupt_data_blob_is_refused_at_mount() {
             cache.to_str().unwrap(),
         ]);
         let mounted = is_mountpoint(&mnt);
-        let cached: Vec<String> = fs::read_dir(cache.join("blobs"))
+        let cached: Vec<String> = cache_files_in(&cache, "blobs")
             .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
             .filter(|n| n.contains(&hex) || n.contains(".partial"))
             .collect();
         f.check(!o.status.success() && !mounted, || {

@@ -4,12 +4,16 @@
 //! Mounts of one cache entry share its cache file's inode, and the kernel
 //! asks every mount's holder about every read of it, one after another: a
 //! read through mount A is failed by mount B's worker if B cannot fill it,
-//! and A's worker is not even asked before B answers. So B's worker, when
-//! its own registry is dead, stalled or refuses it, fetches from the
-//! registries of the other mounts of that entry (their configs, in the
-//! cache's `mounts/` dir). The bytes are checked against the entry's chunk
-//! table as always: another mount's registry can make a fetch fail, never
-//! make it wrong.
+//! and A's worker is not even asked before B answers. Cache files are
+//! shared only within a trust domain (`blobs/<domain>/`: one registry host
+//! with one configuration and one set of credentials; see lamina-mount's
+//! `common::domain_id`), so the mounts of an entry differ at most in their
+//! repository, and each may fetch what the others may. B's worker, when
+//! its own repository's answers fail or stall, fetches from the other
+//! mounts' repositories (their configs, in the cache's `mounts/` dir) with
+//! the same host, configuration and credentials as its own. The bytes are
+//! checked against the entry's chunk table as always: another mount's
+//! repository can make a fetch fail, never make it wrong.
 
 use std::io;
 use std::path::Path;

@@ -98,3 +98,48 @@ pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
     let digest = lamina_oci::sha256(canonical.as_os_str().as_encoded_bytes());
     cache_dir.join("mounts").join(hex::encode(&digest[..8]))
 }
+
+/// The dir of the cache files of `image`'s blobs: `blobs/<domain>` in
+/// the cache dir, one per trust domain ([`domain_id`]).
+pub(crate) fn blob_dir(opts: &MountOptions, image: &ImageRef) -> PathBuf {
+    opts.cache_dir.join("blobs").join(domain_id(opts, image))
+}
+
+/// The dir of `image`'s metadata, chunk or span index, lookup table and
+/// boot pages: `meta/<domain>` (file names and modes are an image's
+/// bytes too).
+pub(crate) fn meta_dir(opts: &MountOptions, image: &ImageRef) -> PathBuf {
+    opts.cache_dir.join("meta").join(domain_id(opts, image))
+}
+
+/// The trust domain `image` is read in: what a registry tells one client
+/// from another by. That is the host with its settings (plain HTTP or TLS,
+/// CAs, the hosts.toml dir, which names mirrors, client certificates and
+/// headers) and the credentials this process presents
+/// ([`lamina_oci::credentials_identity`]); a local layout or archive is
+/// a domain of its own. Mounts share cache files (so each other's fetches,
+/// and the listeners the kernel asks about every read of a shared file)
+/// only within a domain, where each may fetch whatever the others may: an
+/// image that names another tenant's layers gets cache files of its own
+/// and only what its own registry serves it.
+pub(crate) fn domain_id(opts: &MountOptions, image: &ImageRef) -> String {
+    let domain = match image {
+        ImageRef::Registry(r) => serde_json::json!({
+            "registry": r.host,
+            "insecure": opts.source.insecure_hosts.contains(&r.host),
+            "tls": opts.source.tls_hosts.contains(&r.host),
+            "ca_file": opts.source.ca_file,
+            "hosts_dir": opts.source.hosts.dir(),
+            "credentials": lamina_oci::credentials_identity(&opts.source),
+        }),
+        ImageRef::Oci { dir, .. } => serde_json::json!({ "layout": absolute(dir) }),
+        ImageRef::DockerArchive { path, .. } => serde_json::json!({ "archive": absolute(path) }),
+    };
+    let id = hex::encode(&lamina_oci::sha256(domain.to_string().as_bytes())[..8]);
+    tracing::debug!(%domain, "trust domain {id}");
+    id
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}

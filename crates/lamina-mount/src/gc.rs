@@ -134,6 +134,28 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
     used
 }
 
+/// The files of `blobs/` and `meta/`, in their trust domains' dirs
+/// (`common::domain_id`) or, from before those, right there.
+fn cache_files(cache_dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
+    let mut files = Vec::new();
+    let entries = |dir: &Path| {
+        fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| Some((e.path(), fs::symlink_metadata(e.path()).ok()?)))
+    };
+    for sub in ["blobs", "meta"] {
+        for (path, meta) in entries(&cache_dir.join(sub)) {
+            match meta.is_dir() {
+                true => files.extend(entries(&path).filter(|(_, m)| m.is_file())),
+                false => files.push((path, meta)),
+            }
+        }
+    }
+    files
+}
+
 /// The objects dirs (`objects/<layer-hex>.<entries>`): path, mtime and allocated
 /// bytes of each, its files included.
 fn object_dirs(cache_dir: &Path) -> Vec<(PathBuf, i64, u64)> {
@@ -158,13 +180,17 @@ fn object_dirs(cache_dir: &Path) -> Vec<(PathBuf, i64, u64)> {
     dirs
 }
 
-/// The metadata file whose objects `objects/<layer-hex>.<entries>` holds: the dir is
-/// in use exactly while `meta/<layer-hex>.erofs` is.
-fn metadata_of(cache_dir: &Path, objects: &Path) -> PathBuf {
+/// Whether the objects of `objects/<layer-hex>.<entries>` are in use:
+/// exactly while a `<layer-hex>.erofs` of `meta/` (in any trust domain's
+/// dir) is.
+fn objects_in_use(cache_dir: &Path, objects: &Path, used: &HashSet<PathBuf>) -> bool {
     // `objects/<layer-hex>.<entries>` (see `fuse::objects_dir`).
     let name = objects.file_name().unwrap_or_default().to_string_lossy();
     let layer = name.split('.').next().unwrap_or_default();
-    cache_dir.join("meta").join(format!("{layer}.erofs"))
+    let metadata = format!("{layer}.erofs");
+    let meta = cache_dir.join("meta");
+    used.iter()
+        .any(|p| p.starts_with(&meta) && p.file_name().is_some_and(|n| *n == *metadata))
 }
 
 /// Removes unused cache files (and objects dirs), oldest first, until the cache's allocated
@@ -176,13 +202,8 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
     // (mtime, allocated bytes, paths removed together)
     let mut candidates: Vec<(i64, u64, Vec<PathBuf>)> = Vec::new();
     let mut total = 0u64;
-    for sub in ["blobs", "meta"] {
-        let Ok(dir) = fs::read_dir(cache_dir.join(sub)) else {
-            continue;
-        };
-        for entry in dir.flatten() {
-            let path = entry.path();
-            let Ok(meta) = entry.metadata() else { continue };
+    {
+        for (path, meta) in cache_files(cache_dir) {
             let size = meta.blocks() * 512;
             total += size;
             if path.ends_with(lamina_fetch::locator::LOCATOR_FILE) {
@@ -223,7 +244,7 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
     }
     for (dir, mtime, bytes) in object_dirs(cache_dir) {
         total += bytes;
-        if used.contains(&metadata_of(cache_dir, &dir)) {
+        if objects_in_use(cache_dir, &dir, &used) {
             report.in_use += 1;
         } else {
             candidates.push((mtime, bytes, vec![dir]));
@@ -335,6 +356,30 @@ mod tests {
         worker.kill().unwrap();
         worker.wait().unwrap();
         assert!(!served(&run));
+    }
+
+    /// Cache files live in their trust domain's dir (`blobs/<domain>`,
+    /// `meta/<domain>`): gc finds and evicts them there, records with them.
+    #[test]
+    fn files_in_trust_domain_dirs_are_evicted() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = dir.path().join("blobs").join("0123456789abcdef");
+        let meta = dir.path().join("meta").join("0123456789abcdef");
+        fs::create_dir_all(&blobs).unwrap();
+        fs::create_dir_all(&meta).unwrap();
+        let (cache, fill, erofs) = (
+            blobs.join("a.cache"),
+            blobs.join("a.fill"),
+            meta.join("m.erofs"),
+        );
+        for p in [&cache, &fill, &erofs] {
+            fs::write(p, vec![1u8; 8192]).unwrap();
+        }
+        let report = gc(dir.path(), 0).unwrap();
+        for p in [&cache, &fill, &erofs] {
+            assert!(report.evicted.contains(p), "{p:?} in {report:?}");
+        }
+        assert_eq!(report.kept_bytes, 0);
     }
 
     #[test]

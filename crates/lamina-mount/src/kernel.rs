@@ -88,6 +88,7 @@ pub(crate) fn fill_cache(
                 Some((_, index)) => crate::tar_index::fill_cache(
                     source.as_ref(),
                     index.as_ref(),
+                    image,
                     mountpoint,
                     opts,
                     lookup,
@@ -97,7 +98,7 @@ pub(crate) fn fill_cache(
         }
         Err(e) => return Err(e.into()),
     };
-    let meta_dir = opts.cache_dir.join("meta");
+    let meta_dir = crate::common::meta_dir(opts, image);
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     cache_layer_file(
         source.as_ref(),
@@ -133,7 +134,7 @@ pub(crate) fn fill_cache(
 
     // Complete only if a fill record bound to the cache file says so: a
     // lazy mount's sparse file has the full length too.
-    let blob_dir = opts.cache_dir.join("blobs");
+    let blob_dir = crate::common::blob_dir(opts, image);
     let keys = entry_keys(&table, &index_path, &layers)?;
     let mut missing = Vec::new();
     let mut blob_paths = Vec::new();

@@ -253,11 +253,12 @@ pub fn mount_lazy_from(
     // says where it is. The other frames are left to the worker, which
     // fetches them while the mount and the container runtime start (misses
     // wait for them).
-    let meta_dir = opts.cache_dir.join("meta");
+    let meta_dir = crate::common::meta_dir(opts, image);
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     let src = source.as_ref();
-    let early_boot = boot_frame_at_mount(lazy, &opts.cache_dir.join("blobs"));
+    let blob_dir = crate::common::blob_dir(opts, image);
+    let early_boot = boot_frame_at_mount(lazy, &blob_dir);
     let (index_bytes, metadata, lookup_path) = std::thread::scope(|scope| {
         let index = scope.spawn(|| {
             let bytes = cached_layer(
@@ -304,7 +305,6 @@ pub fn mount_lazy_from(
     let (lookup_path, lookup_later) = lookup_path?;
     let boot_pages = boot_specs(&layers.boot, &index.blobs, &meta_dir)?;
 
-    let blob_dir = opts.cache_dir.join("blobs");
     let mut blobs = Vec::new();
     for (i, desc) in layers.blobs.iter().enumerate() {
         // A paged index's chunk tables come with the first read of their
@@ -510,7 +510,7 @@ pub(crate) fn daemon_config(
         index_path: plan.index_path,
         tar_index: plan.tar_index,
         tar_windows: None,
-        blob_dir: opts.cache_dir.join("blobs"),
+        blob_dir: crate::common::blob_dir(opts, plan.image),
         blobs: plan.blobs,
         run_dir: run.clone(),
         timeout_secs: lazy.timeout.as_secs().max(1),

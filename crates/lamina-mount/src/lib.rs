@@ -6,21 +6,24 @@
 //!
 //! Cache layout under the cache dir (default `/var/lib/lamina`):
 //! ```text
-//! meta/<layer-hex>.{erofs,index,lookup}  metadata, chunk index, lookup table (uncompressed;
-//!                                      FUSE mounts only fetch the lookup table)
-//! meta/<layer-hex>.<ext>.fill          its fill record: verified whole, bound to the file
+//! meta/<domain>/<layer-hex>.{erofs,index,lookup}
+//!                                      metadata, chunk index, lookup table (uncompressed;
+//!                                      FUSE mounts only fetch the lookup table); <domain>: 16 hex
+//!                                      digits naming the trust domain (`common::domain_id`)
+//! meta/<domain>/<layer-hex>.<ext>.fill its fill record: verified whole, bound to the file
 //!                                      (without one, a copy is hashed before use)
-//! meta/<layer-hex>.boot                boot pages (checked by the worker)
-//! meta/<layer-hex>.tarindex            a tar index's span table (`lamina index`)
-//! blobs/<blob-hex>.<entry>.cache       one uncompressed, block-addressed file per cache entry:
+//! meta/<domain>/<layer-hex>.boot       boot pages (checked by the worker)
+//! meta/<domain>/<layer-hex>.tarindex   a tar index's span table (`lamina index`)
+//! blobs/<domain>/<blob-hex>.<entry>.cache
+//!                                      one uncompressed, block-addressed file per cache entry:
 //!                                      a blob as one chunk table describes it (through a tar
 //!                                      index: the layer's tar); <entry> is 32 hex digits of
 //!                                      its id (`lamina_fetch::store::EntryKey::stem`)
-//! blobs/<blob-hex>.<entry>.fill        its fill record (`lamina_format::fill`)
-//! blobs/<blob-hex>.<entry>.table       a paged blob's chunk table
-//! blobs/chunks.locate                  the chunk locator (`lamina_format::locate`)
+//! blobs/<domain>/<blob-hex>.<entry>.fill   its fill record (`lamina_format::fill`)
+//! blobs/<domain>/<blob-hex>.<entry>.table  a paged blob's chunk table
+//! blobs/<domain>/chunks.locate         the domain's chunk locator (`lamina_format::locate`)
 //! objects/<layer-hex>/<nid>            a FUSE-passthrough file's own copy (root only), made
-//!                                      from complete blobs; in use while meta/<layer-hex>.erofs is
+//!                                      from complete blobs; in use while a meta/*/<layer-hex>.erofs is
 //! objects/<layer-hex>/<nid>.record     its record (`lamina_format::object`): identity, size,
 //!                                      content sha256; checked once per daemon before use
 //! mounts/<id>/                         each live mount's config, status and logs

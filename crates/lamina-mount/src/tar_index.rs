@@ -195,11 +195,10 @@ pub(crate) struct IndexFiles {
 pub(crate) fn cache_index_files(
     img: &SourceImage,
     artifact: &dyn ImageSource,
-    opts: &MountOptions,
+    meta_dir: &Path,
     lookup: bool,
 ) -> Result<IndexFiles, MountError> {
     let art = artifact.image();
-    let meta_dir = opts.cache_dir.join("meta");
     let cached = |media_type: &str, suffix: &str, what: &'static str, read: bool| {
         let desc = layer(art, media_type)?;
         let path = meta_dir.join(format!("{}.{suffix}", desc.digest.hex()));
@@ -236,24 +235,26 @@ pub(crate) fn cache_index_files(
 pub(crate) fn fill_cache(
     source: &dyn ImageSource,
     artifact: &dyn ImageSource,
+    image: &ImageRef,
     mountpoint: &Path,
     opts: &MountOptions,
     lookup: bool,
 ) -> Result<MountInfo, MountError> {
     let img = source.image();
-    let files = cache_index_files(img, artifact, opts, lookup)?;
-    let blob_dir = opts.cache_dir.join("blobs");
+    let meta_dir = crate::common::meta_dir(opts, image);
+    let files = cache_index_files(img, artifact, &meta_dir, lookup)?;
+    let blob_dir = &crate::common::blob_dir(opts, image);
     let mut blob_paths = Vec::new();
     let mut fetched = 0;
     for (i, layer) in files.index.layers.iter().enumerate() {
         let key = EntryKey::of(&layer.blob);
-        let (path, _) = lamina_fetch::store::store_paths(&blob_dir, &key);
-        if !BlobStore::recorded_complete(&blob_dir, &key, &layer.blob.summary())
+        let (path, _) = lamina_fetch::store::store_paths(blob_dir, &key);
+        if !BlobStore::recorded_complete(blob_dir, &key, &layer.blob.summary())
             .map_err(io_err(&path))?
         {
             let tar = source.open_layer(i)?;
             let file = materialize_tar(&path, &layer.blob, tar)?;
-            BlobStore::record_complete(&blob_dir, &layer.blob, &file).map_err(io_err(&path))?;
+            BlobStore::record_complete(blob_dir, &layer.blob, &file).map_err(io_err(&path))?;
             fetched += img.layers[i].descriptor.size;
         }
         blob_paths.push(path);

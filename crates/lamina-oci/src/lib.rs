@@ -28,7 +28,9 @@ pub use digest::{sha256, Digest, DigestReader, DigestWriter, Sha256, VerifyingRe
 pub use error::OciError;
 pub use hosts::{HostsConfig, HostsError};
 pub use reference::{ImageRef, RegistryRef, RegistryReference};
-pub use registry::{fallback_tag, load_trust_store, FetchedManifest, Listed, RegistryClient};
+pub use registry::{
+    credentials_identity, fallback_tag, load_trust_store, FetchedManifest, Listed, RegistryClient,
+};
 pub use sink::{open_sink, ImageSink};
 pub use source::{open_source, platforms, ImageSource, SourceImage, SourceLayer, SourceOptions};
 pub use types::{media_types, Descriptor, ImageIndex, Manifest, Platform};

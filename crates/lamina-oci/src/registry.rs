@@ -30,7 +30,7 @@ use crate::reference::RegistryReference;
 use crate::source::{SourceOptions, MAX_MANIFEST_SIZE};
 use crate::types::Descriptor;
 
-pub use creds::AUTH_ENV;
+pub use creds::{credentials_identity, AUTH_ENV};
 use endpoint::{host_failure, Endpoint};
 pub use image::{RegistrySink, RegistrySource};
 pub use referrers::{fallback_tag, Listed};

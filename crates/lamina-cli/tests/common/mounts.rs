@@ -443,3 +443,22 @@ impl Drop for Overlay {
         }
     }
 }
+
+/// The files of a cache dir's `sub` (`blobs` or `meta`): in the dirs of
+/// its trust domains (`blobs/<domain>/`), and any right there.
+pub fn cache_files_in(cache: &Path, sub: &str) -> Vec<PathBuf> {
+    let entries = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let mut files = Vec::new();
+    for path in entries(&cache.join(sub)) {
+        match path.is_dir() {
+            true => files.extend(entries(&path).into_iter().filter(|p| p.is_file())),
+            false => files.push(path),
+        }
+    }
+    files.sort();
+    files
+}

@@ -268,13 +268,17 @@ fn boot_frames_do_not_hold_other_reads(
 /// `reference`. Returns the number of such pages.
 fn boot_pages_match_reference(cache: &Path, reference: &Path, f: &mut Failures) -> u64 {
     let mut pages = 0;
-    for entry in fs::read_dir(reference.join("blobs")).unwrap().flatten() {
-        let path = entry.path();
+    let lazy_files = cache_files_in(cache, "blobs");
+    for path in cache_files_in(reference, "blobs") {
         if path.extension().is_none_or(|e| e != "cache") {
             continue;
         }
         let want = fs::read(&path).unwrap();
-        let lazy = cache.join("blobs").join(path.file_name().unwrap());
+        let lazy = lazy_files
+            .iter()
+            .find(|p| p.file_name() == path.file_name())
+            .cloned()
+            .unwrap_or_else(|| cache.join("blobs").join(path.file_name().unwrap()));
         let got = fs::read(&lazy).unwrap_or_else(|e| panic!("{}: {e}", lazy.display()));
         f.check(got.len() == want.len(), || {
             format!(

@@ -20,9 +20,7 @@ use serde_json::Value;
 fn cache_files(cache: &Path) -> BTreeSet<PathBuf> {
     let mut out = BTreeSet::new();
     for sub in ["blobs", "meta"] {
-        if let Ok(d) = fs::read_dir(cache.join(sub)) {
-            out.extend(d.flatten().map(|e| e.path()));
-        }
+        out.extend(cache_files_in(cache, sub));
     }
     out
 }
@@ -233,11 +231,10 @@ fn gc_evicts_only_the_unused_image() {
     // verified chunks within a second), and gc rightly keeps it. The chunk
     // locator stays too: bounded, and shared by every entry.
     let mut live = live_files(&rd);
-    live.insert(
-        cache
-            .join("blobs")
-            .join(lamina_fetch::locator::LOCATOR_FILE),
-    );
+    let config: Value = serde_json::from_slice(&fs::read(rd.join("config.json")).unwrap()).unwrap();
+    let blob_dir = PathBuf::from(config["blob_dir"].as_str().unwrap());
+    assert!(blob_dir.starts_with(cache.join("blobs")), "{blob_dir:?}");
+    live.insert(blob_dir.join(lamina_fetch::locator::LOCATOR_FILE));
     f.check(after == live, || {
         format!("after gc the cache holds {after:?}, expected exactly the live mount's files and the chunk locator {live:?}")
     });

@@ -178,12 +178,9 @@ fn fuse_lookup_table_waits_for_the_start() {
     assert_eq!(sha256_file(&m.path.join(file)), deb.hashes[file]);
     let deadline = Instant::now() + Duration::from_secs(60);
     let stored = loop {
-        let stored = fs::read_dir(cache.join("meta"))
-            .map(|d| {
-                d.flatten()
-                    .any(|e| e.path().extension().is_some_and(|x| x == "lookup"))
-            })
-            .unwrap_or(false);
+        let stored = cache_files_in(&cache, "meta")
+            .iter()
+            .any(|p| p.extension().is_some_and(|x| x == "lookup"));
         if stored || Instant::now() > deadline {
             break stored;
         }

@@ -26,6 +26,7 @@ mod common;
 mod images;
 mod reading;
 
+mod domains;
 mod hostile_blob;
 mod live_cache;
 mod updates;

@@ -137,15 +137,12 @@ pub(crate) fn drop_caches() {
 /// Cache entries (file-name stems) of blob `digest` holding a cache file.
 pub(crate) fn cache_entries(cache: &Path, digest: &str) -> BTreeSet<String> {
     let prefix = format!("{}.", digest.strip_prefix("sha256:").unwrap_or(digest));
-    fs::read_dir(cache.join("blobs"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str().map(str::to_string))
-                .filter(|n| n.starts_with(&prefix))
-                .filter_map(|n| n.strip_suffix(".cache").map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+    cache_files_in(cache, "blobs")
+        .into_iter()
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_string))
+        .filter(|n| n.starts_with(&prefix))
+        .filter_map(|n| n.strip_suffix(".cache").map(str::to_string))
+        .collect()
 }
 
 /// The file names of a mount's cache files (`blob_paths` of its report).

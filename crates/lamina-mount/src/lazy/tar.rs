@@ -23,8 +23,9 @@ pub(crate) fn mount_lazy(
     lazy: &LazyOptions,
     mode: Mode,
 ) -> Result<MountInfo, MountError> {
-    let files = cache_index_files(img, artifact, opts, mode == Mode::Fuse)?;
-    let blob_dir = opts.cache_dir.join("blobs");
+    let meta_dir = crate::common::meta_dir(opts, image);
+    let files = cache_index_files(img, artifact, &meta_dir, mode == Mode::Fuse)?;
+    let blob_dir = crate::common::blob_dir(opts, image);
     let mut blobs = Vec::new();
     for (layer, src) in files.index.layers.iter().zip(&img.layers) {
         note_single_frame(layer, &src.descriptor);
@@ -72,7 +73,7 @@ pub(crate) fn mount_lazy(
         .collect();
     // The worker fetches boot pages from the image's repository.
     if same_repository(image, index_ref) {
-        config.boot_pages = boot_specs(&boot, &summaries, &opts.cache_dir.join("meta"))?;
+        config.boot_pages = boot_specs(&boot, &summaries, &meta_dir)?;
     } else if !boot.is_empty() {
         tracing::warn!(
             "{index_ref} has boot pages, but is not in {image}'s repository: the mount goes \

@@ -58,6 +58,29 @@ pub(crate) struct CredEnv {
     pub(crate) helper_timeout: Duration,
 }
 
+/// What tells this process's registry credentials from another's, with
+/// no secret in it: the docker config file it reads (credential helpers
+/// are named there), a digest of `LAMINA_REGISTRY_AUTH`, and the
+/// effective uid. Two mounts with the same identity present the same
+/// credentials to every registry, so the registry grants both the same.
+pub fn credentials_identity(opts: &SourceOptions) -> String {
+    identity_of(&CredEnv::from_process(opts))
+}
+
+fn identity_of(env: &CredEnv) -> String {
+    let auth = env.auth.as_ref().map(|a| {
+        let digest = crate::sha256(a.as_encoded_bytes());
+        format!("sha256:{}", hex::encode(digest))
+    });
+    let config = env.config.as_ref().map(|(p, _)| p.display().to_string());
+    format!(
+        "uid={} config={} {AUTH_ENV}={}",
+        rustix::process::geteuid().as_raw(),
+        config.as_deref().unwrap_or("-"),
+        auth.as_deref().unwrap_or("-")
+    )
+}
+
 impl CredEnv {
     pub(crate) fn from_process(opts: &SourceOptions) -> CredEnv {
         let config = match &opts.docker_config {

@@ -224,3 +224,23 @@ fn credential_helpers() {
     assert!(msg.contains("credsStore"), "{msg}");
     assert_eq!(load("reg.example.com", &env), basic("alice", "pw"));
 }
+
+/// Issue 42 point 3: mounts with other credentials are other trust
+/// domains; the identity names no secret.
+#[test]
+fn credentials_identity_tells_credentials_apart_and_names_no_secret() {
+    let env = |auth: Option<&str>, config: &str| env_with(auth, Some(Path::new(config)), None);
+    let a = identity_of(&env(Some("h:5000=alice:secret-a"), "/a/config.json"));
+    let b = identity_of(&env(Some("h:5000=bob:secret-b"), "/a/config.json"));
+    let c = identity_of(&env(Some("h:5000=alice:secret-a"), "/c/config.json"));
+    let none = identity_of(&env(None, "/a/config.json"));
+    let all = [&a, &b, &c, &none];
+    for (i, x) in all.iter().enumerate() {
+        assert!(!x.contains("secret") && !x.contains("alice"), "{x}");
+        for y in &all[i + 1..] {
+            assert_ne!(x, y);
+        }
+    }
+    let again = identity_of(&env(Some("h:5000=alice:secret-a"), "/a/config.json"));
+    assert_eq!(a, again);
+}
