@@ -15,10 +15,11 @@
 //! checked against the entry's chunk table as always: another mount's
 //! repository can make a fetch fail, never make it wrong.
 
+use std::collections::HashMap;
 use std::io;
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use lamina_fetch::fetch::{attempt_timeout, LayoutSource, RangeSource, RegistrySource};
 use lamina_oci::{HostsConfig, RegistryClient, SourceOptions};
@@ -94,38 +95,86 @@ pub(crate) fn bulk_and_miss_sources(
 }
 
 /// The sources of the other mounts (in the cache's `mounts/` dir, beside
-/// `config`'s run dir) whose blob lies in the same cache file as `config`'s
-/// blob `blob`: the same entry, so the same chunk table. Mounts with the
-/// same source as ours are left out (no help).
-pub(crate) fn of_other_mounts(config: &DaemonConfig, blob: usize) -> Vec<Arc<dyn RangeSource>> {
-    let Some(ours) = config.blobs.get(blob) else {
-        return Vec::new();
-    };
-    let Some(mounts) = config.run_dir.parent() else {
-        return Vec::new();
-    };
-    let Ok(dir) = std::fs::read_dir(mounts) else {
-        return Vec::new();
-    };
-    let mut found = Vec::new();
-    for entry in dir.flatten() {
-        let run = entry.path();
-        if run == config.run_dir {
-            continue;
-        }
-        let Some(other) = other_config(&run) else {
-            continue;
+/// a config's run dir), each built once per version of that mount's
+/// config: a miss that waits looks them up again, and a look-up is then a
+/// directory listing and a `stat` per mount, not a config parse and a new
+/// client (which may run a credential helper) each.
+#[derive(Default)]
+pub(crate) struct OtherMounts(Mutex<HashMap<PathBuf, Known>>);
+
+/// One other mount as last seen.
+struct Known {
+    /// Its config.json's modification time and size when read.
+    stamp: (SystemTime, u64),
+    /// Its cache files.
+    cache_paths: Vec<PathBuf>,
+    /// Its source, when that is not ours (and could be built).
+    source: Option<Arc<dyn RangeSource>>,
+}
+
+impl OtherMounts {
+    /// The sources of the other mounts whose blob lies in the same cache
+    /// file as `config`'s blob `blob`: the same entry, so the same chunk
+    /// table, and the same trust domain (cache files are shared within one
+    /// only), so the same host, configuration and credentials. Mounts with
+    /// the same source as ours are left out (no help).
+    pub(crate) fn sources(&self, config: &DaemonConfig, blob: usize) -> Vec<Arc<dyn RangeSource>> {
+        let Some(ours) = config.blobs.get(blob) else {
+            return Vec::new();
         };
-        let same_entry = other.blobs.iter().any(|b| b.cache_path == ours.cache_path);
-        if !same_entry || same_source(&other.source, &config.source) {
-            continue;
+        let Some(mounts) = config.run_dir.parent() else {
+            return Vec::new();
+        };
+        let Ok(dir) = std::fs::read_dir(mounts) else {
+            return Vec::new();
+        };
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = Vec::new();
+        let mut found = Vec::new();
+        for entry in dir.flatten() {
+            let run = entry.path();
+            if run == config.run_dir {
+                continue;
+            }
+            let Some(stamp) = config_stamp(&run) else {
+                continue;
+            };
+            live.push(run.clone());
+            if known.get(&run).is_none_or(|k| k.stamp != stamp) {
+                let Some(seen) = read_other(&run, stamp, config) else {
+                    continue;
+                };
+                known.insert(run.clone(), seen);
+            }
+            let k = &known[&run];
+            if let (true, Some(source)) = (k.cache_paths.contains(&ours.cache_path), &k.source) {
+                found.push(source.clone());
+            }
         }
-        match range_source(&other.source, config.timeout_secs) {
-            Ok(source) => found.push(source),
-            Err(e) => tracing::warn!("the source of the mount in {}: {e}", run.display()),
-        }
+        known.retain(|run, _| live.contains(run));
+        found
     }
-    found
+}
+
+fn config_stamp(run: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(run.join("config.json")).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// What another mount's config says, its source built unless it is ours.
+fn read_other(run: &Path, stamp: (SystemTime, u64), config: &DaemonConfig) -> Option<Known> {
+    let other = other_config(run)?;
+    let source = match same_source(&other.source, &config.source) {
+        true => None,
+        false => range_source(&other.source, config.timeout_secs)
+            .inspect_err(|e| tracing::warn!("the source of the mount in {}: {e}", run.display()))
+            .ok(),
+    };
+    Some(Known {
+        stamp,
+        cache_paths: other.blobs.into_iter().map(|b| b.cache_path).collect(),
+        source,
+    })
 }
 
 /// Another mount's config, if its run dir has one this process may trust.
@@ -149,5 +198,66 @@ fn same_source(a: &SourceSpec, b: &SourceSpec) -> bool {
         ) => ha == hb && ra == rb,
         (SourceSpec::Layout { dir: a }, SourceSpec::Layout { dir: b }) => a == b,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(run: &Path, repository: &str, cache: &Path) -> DaemonConfig {
+        serde_json::from_value(serde_json::json!({
+            "image": "x", "manifest_digest": "sha256:00", "mountpoint": "/m",
+            "metadata_path": "/m", "index_path": "/i", "blob_dir": "/b",
+            "blobs": [{ "digest": "sha256:00", "cache_path": cache, "complete": false }],
+            "source": {
+                "kind": "registry", "host": "127.0.0.1:9", "repository": repository,
+                "insecure_hosts": [], "tls_hosts": []
+            },
+            "run_dir": run, "timeout_secs": 1, "fill_window": 0, "workers": 1,
+            "prefetch": false, "prefetch_all": false, "record_trace": null
+        }))
+        .unwrap()
+    }
+
+    /// Issue 42 point 12: a miss that waits asks for the other mounts'
+    /// sources again and again; each is built once per version of that
+    /// mount's config (a new client may run a credential helper), and only
+    /// mounts of the same cache file with another source count.
+    #[test]
+    fn other_mounts_sources_are_built_once_per_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let mounts = dir.path().join("mounts");
+        let cache = dir.path().join("x.cache");
+        let (ours, theirs, same) = (mounts.join("a"), mounts.join("b"), mounts.join("c"));
+        for run in [&ours, &theirs, &same] {
+            lamina_fetch::private::private_dir(run).unwrap();
+        }
+        let me = config(&ours, "mine", &cache);
+        config(&theirs, "theirs", &cache)
+            .save(&theirs.join("config.json"))
+            .unwrap();
+        config(&same, "mine", &cache)
+            .save(&same.join("config.json"))
+            .unwrap();
+        let others = OtherMounts::default();
+        let first = others.sources(&me, 0);
+        assert_eq!(first.len(), 1, "only the mount with another source");
+        let again = others.sources(&me, 0);
+        assert!(Arc::ptr_eq(&first[0], &again[0]), "built again");
+        std::thread::sleep(Duration::from_millis(20));
+        config(&theirs, "theirs-now", &cache)
+            .save(&theirs.join("config.json"))
+            .unwrap();
+        let changed = others.sources(&me, 0);
+        assert!(
+            !Arc::ptr_eq(&first[0], &changed[0]),
+            "a new config, same source"
+        );
+        std::fs::remove_dir_all(&theirs).unwrap();
+        assert!(others.sources(&me, 0).is_empty());
+        assert!(others
+            .sources(&config(&ours, "mine", &dir.path().join("y")), 0)
+            .is_empty());
     }
 }

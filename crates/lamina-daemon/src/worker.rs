@@ -64,6 +64,8 @@ struct Shared {
     source: Arc<dyn RangeSource>,
     /// Where misses go: `source` unless hosts.toml marks a host bulk_only.
     miss_source: Arc<dyn RangeSource>,
+    /// The other mounts of this mount's cache entries, for when ours fail.
+    other_mounts: crate::sources::OtherMounts,
     /// Hedging of miss and boot requests (not of fill-ahead).
     hedging: Arc<Hedging>,
     fetch: FetchOptions,
@@ -289,6 +291,7 @@ fn build_shared(
     let locator = open_locator(&config.blob_dir);
     let [fetch, boot_fetch, ahead_fetch, predict_fetch] = fetch_options(&config, &hedging);
     let shared = Arc::new(Shared {
+        other_mounts: Default::default(),
         file_map: OnceLock::new(),
         predicted: Mutex::new(HashSet::new()),
         miss_rate: RateMeter::default(),

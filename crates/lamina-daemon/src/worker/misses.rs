@@ -158,7 +158,7 @@ impl Shared {
         needed: std::ops::Range<usize>,
         via: Option<&File>,
     ) -> io::Result<Option<mpsc::Receiver<io::Result<()>>>> {
-        let sources = crate::sources::of_other_mounts(&self.config, blob as usize);
+        let sources = self.other_mounts.sources(&self.config, blob as usize);
         if sources.is_empty() {
             return Ok(None);
         }

@@ -166,7 +166,7 @@ impl Shared {
                 std::thread::Builder::new()
                     .name("table-borrow".into())
                     .spawn(move || {
-                        let sources = crate::sources::of_other_mounts(&me.config, blob as usize);
+                        let sources = me.other_mounts.sources(&me.config, blob as usize);
                         for source in &sources {
                             match me.fetch_table_from(blob, source.as_ref()) {
                                 Ok(_) => break,
