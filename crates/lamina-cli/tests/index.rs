@@ -699,3 +699,47 @@ fn a_mirror_answering_the_referrers_call_decides_nothing() {
     assert_eq!(mode_bits(&m.path.join(PYTHON)), 0o755);
     m.unmount();
 }
+
+/// Issue 42, point 9: a kernel mount hands the metadata to the kernel's
+/// EROFS parser, as root, only after lamina's bounded reader (the one FUSE
+/// mounts serve through) has read every directory and inode of it. An
+/// index vouched for (pinned by digest) whose `/usr/bin` is the root again
+/// (a directory loop) is refused, by name, exit 3, and nothing is
+/// mounted; before, it mounted and `usr/bin/usr/bin/usr` was there. The
+/// true index, pinned the same way, mounts.
+#[test]
+fn metadata_the_reader_refuses_never_reaches_the_kernel() {
+    if !require(&["umoci", "skopeo", "docker-registry", "curl"]) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-kernel-parser");
+    reg.push(&debian_source(), "bookworm", "deb:orig");
+    let manifest = format!("sha256:{}", sha256_hex(&get(&reg, "deb/manifests/orig")));
+    let subject = format!("deb@{manifest}");
+    let forged = push_forged_index(&reg, &subject, &|m| loop_to_root(m, "usr/bin"));
+    let image = reg.reference(&subject);
+    let (mnt, cache) = (t.mkdir("mnt"), t.join("cache"));
+    for lazy in [&["--lazy"][..], &["--eager"][..]] {
+        let mut args = vec!["--mode", "kernel", "--trust-index", &forged];
+        args.extend_from_slice(lazy);
+        let out = try_mount(&image, &mnt, &cache, &args).code_is(3);
+        assert!(
+            out.stderr.contains("refused before the kernel mount")
+                && out.stderr.contains("reached twice"),
+            "{lazy:?}: {}",
+            out.describe()
+        );
+        assert!(!is_mountpoint(&mnt), "{lazy:?}: mounted");
+    }
+    let truth = push_forged_index(&reg, &subject, &|_| {});
+    let m = Mount::with_args(
+        &image,
+        &t.join("true"),
+        &cache,
+        &["--mode", "kernel", "--trust-index", &truth],
+    );
+    assert_eq!(mode_bits(&m.path.join(PYTHON)), 0o755);
+    assert!(!m.path.join("usr/bin/usr").exists());
+    m.unmount();
+}

@@ -25,6 +25,7 @@ pub fn mount_image(
     opts: &MountOptions,
 ) -> Result<MountInfo, MountError> {
     let info = fill_cache(image, mountpoint, opts, false)?;
+    crate::layers::check_metadata(&info.metadata_path)?;
     lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
         .map_err(MountError::BadCachePath)?;
     let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();

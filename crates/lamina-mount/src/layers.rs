@@ -182,6 +182,31 @@ pub(crate) fn content_digest(
     Ok(bytes)
 }
 
+/// Reads every directory and inode of the metadata at `path` with
+/// lamina's bounded reader ([`lamina_format::erofs::Image::check_tree`],
+/// the reader FUSE mounts serve through) before a kernel mount hands it to
+/// the kernel's EROFS parser, which runs as root: what the reader refuses
+/// is refused here, by name, and never reaches the kernel.
+pub(crate) fn check_metadata(path: &Path) -> Result<(), MountError> {
+    let started = std::time::Instant::now();
+    let file = fs::File::open(path).map_err(io_err(path))?;
+    let map = lamina_sys::MappedFile::map(&file).map_err(io_err(path))?;
+    let counts = lamina_format::erofs::Image::new(map.bytes())
+        .and_then(|image| image.check_tree())
+        .map_err(|e| ArtifactError::Corrupt {
+            what: "metadata",
+            reason: format!("{}: refused before the kernel mount: {e}", path.display()),
+        })?;
+    tracing::debug!(
+        "metadata checked before the kernel mount: {} directories, {} other inodes, {} entries in {:.1} ms",
+        counts.dirs,
+        counts.others,
+        counts.entries,
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -608,12 +608,15 @@ pub(crate) fn start_serving(
     config.save(&config_path).map_err(io_err(&config_path))?;
     let blobs: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
     match mode {
-        Mode::Kernel => start_daemon(
-            "internal-holder",
-            &config_path,
-            &run.join("holder.log"),
-            "holder",
-        )?,
+        Mode::Kernel => {
+            crate::layers::check_metadata(&config.metadata_path)?;
+            start_daemon(
+                "internal-holder",
+                &config_path,
+                &run.join("holder.log"),
+                "holder",
+            )?
+        }
         Mode::Fuse => {
             let image = crate::fuse::FuseImage {
                 metadata: &config.metadata_path,

@@ -348,6 +348,55 @@ pub fn map_file_forever(file: &std::fs::File) -> io::Result<&'static [u8]> {
     Ok(unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) })
 }
 
+/// A file mapped read-only for as long as the value lives: for bytes read
+/// once (a check before a mount) by a process that lives on (the
+/// snapshotter), where [`map_file_forever`] would keep every mapping.
+#[derive(Debug)]
+pub struct MappedFile {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl MappedFile {
+    /// Maps all of `file`, which must not change while mapped (a verified
+    /// cache file, renamed into place once and private to its owner).
+    pub fn map(file: &std::fs::File) -> io::Result<MappedFile> {
+        let len = usize::try_from(file.metadata()?.len()).map_err(io::Error::other)?;
+        let addr = match len {
+            0 => std::ptr::null_mut(),
+            _ => map_read_only(file, len)?,
+        };
+        Ok(MappedFile { addr, len })
+    }
+
+    /// The file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `addr` is a private read-only mapping of `len` bytes,
+        // unmapped only when `self` is dropped, which the borrow outlives
+        // not; the file does not change while mapped (see `map`).
+        unsafe { std::slice::from_raw_parts(self.addr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmaps exactly the mapping `map` made, which no
+            // slice outlives (they borrow `self`).
+            unsafe { libc::munmap(self.addr, self.len) };
+        }
+    }
+}
+
+// SAFETY: the mapping is read-only and owned by the value; sharing or
+// moving it between threads shares or moves only reads of it.
+unsafe impl Send for MappedFile {}
+// SAFETY: as above: `&MappedFile` gives only reads.
+unsafe impl Sync for MappedFile {}
+
 /// A fresh private read-only mapping of the first `len` bytes of `file`.
 fn map_read_only(file: &std::fs::File, len: usize) -> io::Result<*mut libc::c_void> {
     // SAFETY: maps `len` bytes of an open file at an address the kernel

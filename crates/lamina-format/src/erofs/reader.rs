@@ -2,8 +2,10 @@
 //! entries, symlink targets, xattrs and chunk addresses out, borrowed from
 //! those bytes (a mapped file serves them without copying).
 //!
-//! The FUSE path serves images through it; the kernel path never needs it.
-//! It reads what the writer writes (uncompressed, 4 KiB blocks, flat and
+//! The FUSE path serves images through it; before a kernel mount,
+//! [`Image::check_tree`] reads every directory and inode with it, so the
+//! kernel's parser is handed only metadata it accepted. It reads what the
+//! writer writes (uncompressed, 4 KiB blocks, flat and
 //! chunk-based layouts, inline xattrs) and refuses anything else by name.
 //! Every offset and length read from the image is checked before use: a
 //! corrupt image gives [`ReadError`], never a panic or a read out of bounds.
@@ -619,6 +621,120 @@ impl Entry<'_> {
     }
 }
 
+/// What [`Image::check_tree`] walked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TreeCounts {
+    /// Directories.
+    pub dirs: u64,
+    /// Inodes of every other kind (a hard link's once).
+    pub others: u64,
+    /// Directory entries, `.` and `..` left out.
+    pub entries: u64,
+}
+
+impl Image<'_> {
+    /// Reads every directory and inode reachable from the root with this
+    /// bounded reader, before a kernel mount hands the image to the
+    /// kernel's parser: every entry's inode, its file type, xattrs, symlink
+    /// target and chunk table must read, names must be sorted and unique
+    /// (the kernel's lookups binary-search them), `.` and `..` must be
+    /// there naming the directory and its parent, a chunk must name a
+    /// device of the table,
+    /// and no directory may be reached twice (a loop, or a directory with
+    /// two names). Only images with every byte present (no gate).
+    pub fn check_tree(&self) -> Result<TreeCounts, ReadError> {
+        let slots = (self.bytes.len() as u64).div_ceil(INODE_SLOT_SIZE as u64);
+        let mut seen = vec![0u64; slots.div_ceil(64) as usize];
+        let mut first_visit = |nid: u64| -> Result<bool, ReadError> {
+            let word = seen
+                .get_mut((nid / 64) as usize)
+                .ok_or_else(|| ReadError::Corrupt(format!("nid {nid} beyond the image")))?;
+            let bit = 1 << (nid % 64);
+            let first = *word & bit == 0;
+            *word |= bit;
+            Ok(first)
+        };
+        let mut counts = TreeCounts::default();
+        let root = self.inode(self.root_nid)?;
+        self.check_dir(&root)?;
+        first_visit(root.nid)?;
+        let mut dirs = vec![(root, self.root_nid)];
+        while let Some((dir, parent)) = dirs.pop() {
+            counts.dirs += 1;
+            self.check_other(&dir)?;
+            let entries = self.entries(&dir)?;
+            self.check_dot_entries(&dir, parent, &entries)?;
+            for e in entries.iter().filter(|e| e.name != b"." && e.name != b"..") {
+                counts.entries += 1;
+                let inode = self.inode(e.nid)?;
+                if e.kind() != inode.kind() {
+                    return corrupt(format!(
+                        "nid {}: entry {:?} says file type {}, its inode mode {:#o}",
+                        dir.nid,
+                        String::from_utf8_lossy(e.name),
+                        e.file_type,
+                        inode.mode
+                    ));
+                }
+                if !first_visit(e.nid)? {
+                    if inode.kind() == Some(Kind::Directory) {
+                        return corrupt(format!("nid {}: a directory reached twice", e.nid));
+                    }
+                    continue; // a hard link, checked at its first name
+                }
+                match inode.kind() {
+                    Some(Kind::Directory) => dirs.push((inode, dir.nid)),
+                    _ => {
+                        counts.others += 1;
+                        self.check_other(&inode)?;
+                    }
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Names sorted and unique, `.` and `..` among them (sorted with the
+    /// rest: `-x` comes before `.`) naming `dir` and `parent`.
+    fn check_dot_entries(
+        &self,
+        dir: &Inode<'_>,
+        parent: u64,
+        entries: &[Entry<'_>],
+    ) -> Result<(), ReadError> {
+        if let Some(w) = entries.windows(2).find(|w| w[0].name >= w[1].name) {
+            return corrupt(format!(
+                "nid {}: names out of order at {:?}",
+                dir.nid,
+                String::from_utf8_lossy(w[1].name)
+            ));
+        }
+        let nid_of = |name: &[u8]| entries.iter().find(|e| e.name == name).map(|e| e.nid);
+        if (nid_of(b"."), nid_of(b"..")) != (Some(dir.nid), Some(parent)) {
+            return corrupt(format!(
+                "nid {}: `.` and `..` are not the directory and its parent",
+                dir.nid
+            ));
+        }
+        Ok(())
+    }
+
+    /// An inode's xattrs, and its symlink target or chunk table.
+    fn check_other(&self, inode: &Inode<'_>) -> Result<(), ReadError> {
+        self.xattrs(inode)?;
+        match inode.kind() {
+            Some(Kind::Symlink) => {
+                self.symlink_target(inode)?;
+            }
+            Some(Kind::Regular) => {
+                self.chunks(inode)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
 fn data_layout(i_format: u16, nid: u64) -> Result<DataLayout, ReadError> {
     match (i_format >> 1) & 0x7 {
         0 => Ok(DataLayout::FlatPlain),
@@ -1201,6 +1317,7 @@ mod tests {
 
     fn walk_all(bytes: &[u8]) {
         let Ok(img) = Image::new(bytes) else { return };
+        let _ = img.check_tree();
         let mut stack = vec![img.root_nid()];
         let mut visited = std::collections::HashSet::new();
         while let Some(nid) = stack.pop() {
@@ -1229,5 +1346,72 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Offset in the image of the directory entry `name` of `dir`.
+    fn dirent_offset(img: &Image<'_>, bytes: &[u8], dir: &[u8], name: &[u8]) -> usize {
+        let dir = resolve(img, dir);
+        for b in 0..dir.size.div_ceil(img.block_size()) {
+            let block = img.flat_block(&dir, b).unwrap();
+            let count = dirent_count(block, dir.nid).unwrap();
+            for i in 0..count {
+                if dirent(block, i, count, dir.nid).unwrap().name == name {
+                    return block.as_ptr() as usize - bytes.as_ptr() as usize + 12 * i;
+                }
+            }
+        }
+        panic!("no entry {name:?}")
+    }
+
+    /// Issue 42 point 9: the walk a kernel mount waits for reads every
+    /// inode of what the writer writes once, and refuses what the kernel's
+    /// parser should never be handed.
+    #[test]
+    fn check_tree_passes_written_images_and_refuses_bad_trees() {
+        let (tree, devices) = sample();
+        let (bytes, _) = write_image(&tree, &devices).unwrap();
+        let img = Image::new(&bytes).unwrap();
+        let counts = img.check_tree().unwrap();
+        let described = describe(&img).unwrap().len() as u64;
+        assert_eq!(counts.dirs + counts.others, described, "{counts:?}");
+        assert!(counts.entries >= described - 1, "{counts:?}");
+
+        let refused = |edit: &dyn Fn(&mut Vec<u8>), what: &str| {
+            let mut b = bytes.clone();
+            edit(&mut b);
+            let err = Image::new(&b).unwrap().check_tree().unwrap_err();
+            assert!(err.to_string().contains(what), "{what}: {err}");
+        };
+        let big = dirent_offset(&img, &bytes, b"/", b"big");
+        let root_nid = img.root_nid().to_le_bytes();
+        // The entry's file type says regular; its inode is a directory.
+        refused(&|b| b[big + 10] = FileType::Regular as u8, "file type");
+        // A file's entry names the root (as a directory): a loop.
+        let file = dirent_offset(&img, &bytes, b"/big", b"entry-0003-xxx");
+        refused(
+            &|b| {
+                b[file..file + 8].copy_from_slice(&root_nid);
+                b[file + 10] = FileType::Directory as u8;
+            },
+            "reached twice",
+        );
+        // `..` of big names big itself.
+        let dotdot = dirent_offset(&img, &bytes, b"/big", b"..");
+        let big_nid = resolve(&img, b"/big").nid.to_le_bytes();
+        refused(&|b| b[dotdot..dotdot + 8].copy_from_slice(&big_nid), "`..`");
+        // Names out of order: the kernel's binary search would miss some.
+        let e = dirent_offset(&img, &bytes, b"/big", b"entry-0005-xxxxx");
+        let name_at = |b: &[u8]| {
+            let block_start = e - (e % img.block_size() as usize);
+            let nameoff = u16::from_le_bytes([b[e + 8], b[e + 9]]) as usize;
+            block_start + nameoff
+        };
+        refused(
+            &|b| {
+                let at = name_at(b);
+                b[at] = b'z';
+            },
+            "out of order",
+        );
     }
 }
