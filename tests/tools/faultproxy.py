@@ -36,6 +36,9 @@ whatever the mode: 200, an empty OCI image index, headers at once and the
 body one byte every SECS (a registry front that stalls without ever timing
 out a read). Counted as `dripping` (answers under way) and `dripped`.
 
+--repo REPO makes only requests in that repository eligible (two tenants'
+repositories behind one host: one trust domain, one of them failing).
+
 --every N faults the N-th, 2N-th, ... eligible request (default 1: all of
 them). Counters (requests, eligible, faults per kind, upstream errors, bytes
 of answer bodies sent) are rewritten as JSON to --stats after every request.
@@ -227,6 +230,8 @@ class Handler(BaseHTTPRequestHandler):
         eligible = self.command == "GET" and wanted and BLOB_PATH.match(path) is not None
         if cfg.blob:
             eligible = eligible and path.endswith("/" + cfg.blob)
+        if cfg.repo:
+            eligible = eligible and path.startswith(f"/v2/{cfg.repo}/blobs/")
         fault = plan.next_fault(eligible, f"{self.command} {path} {range_hdr or ''}".strip())
         if fault:
             log(f"{self.command} {self.path} {range_hdr}: {fault}")
@@ -298,6 +303,7 @@ def main():
     ap.add_argument("--stall", type=float, default=2.0)
     ap.add_argument("--drip-referrers", type=float, default=0.0, metavar="SECS")
     ap.add_argument("--blob", default="", help="fault range reads of this blob (sha256:...) only")
+    ap.add_argument("--repo", default="", help="fault range reads in this repository only")
     ap.add_argument("--whole", action="store_true", help="fault full-blob GETs too, not only range reads")
     ap.add_argument("--lifetime", type=float, default=600.0)
     ap.add_argument("--port-file")

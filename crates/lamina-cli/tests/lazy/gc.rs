@@ -229,14 +229,24 @@ fn gc_evicts_only_the_unused_image() {
     });
     // Read again: the worker may have saved a fill record since (it saves
     // verified chunks within a second), and gc rightly keeps it. The chunk
-    // locator stays too: bounded, and shared by every entry.
+    // locators stay too: bounded, one per trust domain (the edge layout's
+    // and the registry's), shared by every entry of theirs.
     let mut live = live_files(&rd);
     let config: Value = serde_json::from_slice(&fs::read(rd.join("config.json")).unwrap()).unwrap();
     let blob_dir = PathBuf::from(config["blob_dir"].as_str().unwrap());
     assert!(blob_dir.starts_with(cache.join("blobs")), "{blob_dir:?}");
-    live.insert(blob_dir.join(lamina_fetch::locator::LOCATOR_FILE));
+    let locators: BTreeSet<PathBuf> = before
+        .iter()
+        .filter(|p| p.ends_with(lamina_fetch::locator::LOCATOR_FILE))
+        .cloned()
+        .collect();
+    f.check(
+        locators.contains(&blob_dir.join(lamina_fetch::locator::LOCATOR_FILE)),
+        || format!("no chunk locator in the live mount's domain: {locators:?}"),
+    );
+    live.extend(locators);
     f.check(after == live, || {
-        format!("after gc the cache holds {after:?}, expected exactly the live mount's files and the chunk locator {live:?}")
+        format!("after gc the cache holds {after:?}, expected exactly the live mount's files and the chunk locators {live:?}")
     });
     let got = hash_files(&m.path, &deb.files, t.path(), "after-gc", TIMEOUT);
     match got {

@@ -1,6 +1,7 @@
 //! Section 6, a faulty network, second part: stalled registries fail reads
 //! within the timeout, are hedged, and hold up no local read nor another mount.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -235,8 +236,17 @@ fn fuse_misses_never_hold_up_local_reads() {
     let sample = eio_sample(deb, 25);
     let (local, waiting) = sample.split_last().expect("a sample");
     assert!(waiting.len() > 16, "{} readers", waiting.len());
-    warm_until_recorded(&t, reg.port, &cache, local, &deb.hashes[local]);
-    let proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "stall", &["--stall", "300"]);
+    // One host throughout: cache files are shared within a trust domain.
+    let port = free_port();
+    warm_until_recorded(&t, (port, reg.port), &cache, local, &deb.hashes[local]);
+    let proxy = FaultProxy::start(
+        t.path(),
+        "proxy",
+        port,
+        reg.port,
+        "stall",
+        &["--stall", "300"],
+    );
     let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
     let args = ["--mode", "fuse", "--timeout", "60"];
     let m = Mount::with_args(&image, &t.join("mnt"), &cache, &args);
@@ -291,23 +301,31 @@ fn fuse_misses_never_hold_up_local_reads() {
     m.unmount();
 }
 
-/// Reads `file` through a FUSE mount via a proxy that is gone afterwards
-/// (a worker may fetch from the registries of other mounts of the same
-/// cache files, and the test's later mount must not use it), until a mount
-/// through a registry that answers every range request 503 reads it from
-/// the cache: the premise is checked, not assumed. A worker whose records
-/// were lost at unmount (seen once in CI, cause not found) costs a round.
-fn warm_until_recorded(t: &TestDir, upstream: u16, cache: &Path, file: &str, want: &str) {
+/// Reads `file` through a FUSE mount via a proxy on `port` that is gone
+/// afterwards (a worker may fetch from the registries of other mounts of
+/// the same cache files, and the test's later mount must not use it),
+/// until a mount through a registry on the same port (the same trust
+/// domain, so the same cache files) that answers every range request 503
+/// reads it from the cache: the premise is checked, not assumed. A worker
+/// whose records were lost at unmount (seen once in CI, cause not found)
+/// costs a round.
+fn warm_until_recorded(
+    t: &TestDir,
+    (port, upstream): (u16, u16),
+    cache: &Path,
+    file: &str,
+    want: &str,
+) {
     for round in 0..3 {
         let label = format!("warm-{round}");
-        let warm = FaultProxy::start(t.path(), &label, 0, upstream, "none", &[]);
+        let warm = FaultProxy::start(t.path(), &label, port, upstream, "none", &[]);
         let image = format!("docker://127.0.0.1:{}/{IMAGE}", warm.port);
         let m = Mount::with_args(&image, &t.join(&label), cache, &["--mode", "fuse"]);
         assert_eq!(sha256_file(&m.path.join(file)), want);
         m.unmount();
         drop(warm);
         let label = format!("check-{round}");
-        let dead = FaultProxy::start(t.path(), &label, 0, upstream, "503", &[]);
+        let dead = FaultProxy::start(t.path(), &label, port, upstream, "503", &[]);
         let image = format!("docker://127.0.0.1:{}/{IMAGE}", dead.port);
         let args = ["--mode", "fuse", "--timeout", "5"];
         let m = Mount::with_args(&image, &t.join(&label), cache, &args);
@@ -321,12 +339,15 @@ fn warm_until_recorded(t: &TestDir, upstream: u16, cache: &Path, file: &str, wan
     panic!("{file} never stayed in the cache after a warm mount's unmount");
 }
 
-/// Issue 28 point 5: two kernel mounts of one image share its cache files,
-/// and so their inodes: every read of either asks both workers. Mount B's
-/// registry is dead (every range answered 503) or stalled; reads through
-/// mount A, on its own healthy registry, all get the image's bytes. Before,
-/// B's worker failed its fetch and answered EIO (at once, or at its
-/// timeout), and the kernel failed A's read with it.
+/// Issue 28 point 5, within the trust domains of issue 42 point 3: two
+/// kernel mounts of one image, from two tenants' repositories behind one
+/// registry host (one domain: the same host, configuration and
+/// credentials), share its cache files, and so their inodes: every read of
+/// either asks both workers. Mount B's repository is dead (every range
+/// answered 503) or stalled; reads through mount A, on its own healthy
+/// repository, all get the image's bytes. Before issue 28, B's worker
+/// failed its fetch and answered EIO (at once, or at its timeout), and the
+/// kernel failed A's read with it.
 #[test]
 fn one_mounts_dead_registry_never_fails_anothers_reads() {
     let Some(Lazy { _time, deb, reg, t }) = start(
@@ -336,16 +357,41 @@ fn one_mounts_dead_registry_never_fails_anothers_reads() {
         return;
     };
     let sample = eio_sample(deb, 12);
+    let (repo, tag) = IMAGE.split_once(':').unwrap();
+    let repos = reg.dir().join("data/docker/registry/v2/repositories");
+    let b_repo = format!("{repo}-b");
+    run(
+        &mut command(
+            "cp",
+            [
+                OsStr::new("-a"),
+                repos.join(repo).as_os_str(),
+                repos.join(&b_repo).as_os_str(),
+            ],
+        ),
+        SHORT,
+    )
+    .ok();
     let mut f = Failures::default();
     for (fault, extra) in [("stall", &["--stall", "300"][..]), ("503", &[][..])] {
         let label = format!("b-{fault}");
-        let proxy = FaultProxy::start(t.path(), &label, 0, reg.port, fault, extra);
+        let mut extra = extra.to_vec();
+        extra.extend(["--repo", &b_repo]);
+        let proxy = FaultProxy::start(t.path(), &label, 0, reg.port, fault, &extra);
         let cache = t.join(&format!("cache-{fault}"));
-        let b_image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+        let b_image = format!("docker://127.0.0.1:{}/{b_repo}:{tag}", proxy.port);
         let args = ["--mode", "kernel", "--timeout", "30"];
         let b = Mount::with_args(&b_image, &t.join(&format!("b-{fault}")), &cache, &args);
         let a_mnt = t.join(&format!("a-{fault}"));
-        let a = Mount::with_args(&reg.reference(IMAGE), &a_mnt, &cache, &args);
+        let a_image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+        let a = Mount::with_args(&a_image, &a_mnt, &cache, &args);
+        f.check(a.blob_paths() == b.blob_paths(), || {
+            format!(
+                "A and B do not share cache files: {:?} {:?}",
+                a.blob_paths(),
+                b.blob_paths()
+            )
+        });
         let deadline = Duration::from_secs(600);
         match hash_files(&a.path, &sample, t.path(), &format!("a-{fault}"), deadline) {
             Ok(got) => {
