@@ -113,11 +113,22 @@ def manifest_layers(layout, tag="x"):
             for l in manifest["layers"]]
 
 
+def meta_paths(cache):
+    """{name: path} of the files in C/meta: in its trust domains' dirs (C/meta/<domain>/), or right there."""
+    d = os.path.join(cache, "meta")
+    found = {}
+    for n in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        p = os.path.join(d, n)
+        if os.path.isdir(p):
+            found.update((m, os.path.join(p, m)) for m in sorted(os.listdir(p)))
+        else:
+            found[n] = p
+    return found
+
+
 def meta_files(cache):
     """{name: bytes} of the layer files in C/meta (without their .fill sidecars)."""
-    d = os.path.join(cache, "meta")
-    return ({n: file_size(os.path.join(d, n)) for n in sorted(os.listdir(d)) if not n.endswith(".fill")}
-            if os.path.isdir(d) else {})
+    return {n: file_size(p) for n, p in meta_paths(cache).items() if not n.endswith(".fill")}
 
 
 def meta_check(files, layers):
@@ -137,9 +148,8 @@ def meta_check(files, layers):
 def wait_for_lookup(cache, limit=60.0):
     """Seconds until the lookup table's fill record is in C/meta (the worker stored it)."""
     t0 = time.perf_counter()
-    meta = os.path.join(cache, "meta")
     while time.perf_counter() - t0 < limit:
-        if any(n.endswith(".lookup.fill") for n in os.listdir(meta)):
+        if any(n.endswith(".lookup.fill") for n in meta_paths(cache)):
             return time.perf_counter() - t0
         time.sleep(0.05)
     ANOMALIES.append(f"{cache}: no lookup table {limit} s after the mount")

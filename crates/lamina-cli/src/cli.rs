@@ -347,6 +347,11 @@ pub(crate) enum Command {
         /// live or starting mount uses. Unset: never collected.
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         cache_max_size: Option<u64>,
+        /// Free space of the cache filesystem that fills no container
+        /// waits for leave to the reads containers wait on (as `lamina
+        /// mount --cache-reserve`; default: a tenth of it, at most 1G).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        cache_reserve: Option<u64>,
     },
     /// Internal: the FUSE daemon of one mount.
     #[command(hide = true)]
@@ -431,6 +436,12 @@ pub(crate) struct ServeArgs {
     /// index never predict (measured slower there: docs/index.md).
     #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
     pub(crate) predict_max: u64,
+    /// Free space of the cache filesystem that fills no reader waits for
+    /// (prefetches, reads ahead, predictions) leave to the reads readers
+    /// wait on, this mount's and every other's (default: a tenth of the
+    /// filesystem, at most 1G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(crate) cache_reserve: Option<u64>,
     /// Same as `--prefetch all`.
     #[arg(long)]
     pub(crate) prefetch_all: bool,
@@ -497,6 +508,7 @@ impl ServeArgs {
             readahead_kb: self.readahead,
             hedge: !self.no_hedge,
             predict_max: self.predict_max,
+            cache_reserve: self.cache_reserve,
             ..lamina_mount::LazyOptions::default()
         })
     }

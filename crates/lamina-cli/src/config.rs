@@ -23,6 +23,7 @@
 //! timeout = 60            # seconds
 //! fill_window = "1M"      # bytes, or with K, M, G
 //! hedge = true            # false: --no-hedge
+//! cache_reserve = "1G"    # free space prefetches leave to reads readers wait on
 //! fill_ahead = "8M"       # largest window fetched ahead of an in-order reader; 0: off
 //! predict_max = "8M"      # largest library fetched whole on a first miss; 0: no predictions
 //! prefetch = "boot"       # none | pages | boot | all
@@ -42,6 +43,7 @@
 //! predict_max = "8M"
 //! metrics_address = "127.0.0.1:9464"   # or "unix:/run/lamina/metrics.sock"
 //! cache_max_size = "50G"  # the shared cache, collected in the background
+//! cache_reserve = "1G"
 //!
 //! [convert]
 //! chunk_size = "256K"
@@ -218,6 +220,7 @@ pub(crate) struct ServeSection {
     pub(crate) prefetch: Option<PrefetchMode>,
     pub(crate) readahead: Option<u32>,
     pub(crate) hedge: Option<bool>,
+    pub(crate) cache_reserve: Option<Size>,
 }
 
 /// `[run]`: `[mount]`'s keys and run's own (serde cannot flatten a
@@ -233,6 +236,7 @@ pub(crate) struct RunSection {
     pub(crate) prefetch: Option<PrefetchMode>,
     pub(crate) readahead: Option<u32>,
     pub(crate) hedge: Option<bool>,
+    pub(crate) cache_reserve: Option<Size>,
     pub(crate) runtime: Option<PathBuf>,
     pub(crate) stop_timeout: Option<u64>,
     pub(crate) net: Option<NetMode>,
@@ -249,6 +253,7 @@ impl RunSection {
             prefetch: self.prefetch,
             readahead: self.readahead,
             hedge: self.hedge,
+            cache_reserve: self.cache_reserve,
         }
     }
 }
@@ -267,6 +272,7 @@ pub(crate) struct SnapshotterSection {
     #[serde(default, deserialize_with = "parsed")]
     pub(crate) metrics_address: Option<MetricsAddress>,
     pub(crate) cache_max_size: Option<Size>,
+    pub(crate) cache_reserve: Option<Size>,
 }
 
 /// `[convert]`.

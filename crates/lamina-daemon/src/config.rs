@@ -209,7 +209,16 @@ pub struct DaemonConfig {
     /// manifest says no inode has any): mounted `noacl`.
     #[serde(default = "yes")]
     pub xattrs: bool,
+    /// Bytes of the cache filesystem that fills no reader waits for
+    /// (prefetches, reads ahead, predictions) leave free, for the reads
+    /// readers wait on, this mount's and every other's (`None`: a tenth of
+    /// the filesystem, at most [`DEFAULT_CACHE_RESERVE_MAX`]).
+    #[serde(default)]
+    pub cache_reserve: Option<u64>,
 }
+
+/// The most the cache reserve takes when not told (`cache_reserve`).
+pub const DEFAULT_CACHE_RESERVE_MAX: u64 = 1 << 30;
 
 /// How `metadata_path` is filled.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -227,6 +227,8 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
         tracing::warn!("oom_score_adj: {e}");
     }
     let config = DaemonConfig::load(config_path)?;
+    // Before the worker starts: it is born in the same cgroup.
+    crate::bounds::enter_mount_cgroup(&config.run_dir);
     match setup(&config, config_path) {
         Ok((group, worker, watched, superblock, files)) => {
             let readahead = if watched.is_empty() {

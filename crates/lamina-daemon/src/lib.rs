@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod bdi;
+pub mod bounds;
 pub mod config;
 pub mod filler;
 pub mod holder;

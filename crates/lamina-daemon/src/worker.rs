@@ -66,6 +66,8 @@ struct Shared {
     miss_source: Arc<dyn RangeSource>,
     /// The other mounts of this mount's cache entries, for when ours fail.
     other_mounts: crate::sources::OtherMounts,
+    /// Whether the cache filesystem was last seen at its reserve.
+    reserve_reached: AtomicBool,
     /// Hedging of miss and boot requests (not of fill-ahead).
     hedging: Arc<Hedging>,
     fetch: FetchOptions,
@@ -292,6 +294,7 @@ fn build_shared(
     let [fetch, boot_fetch, ahead_fetch, predict_fetch] = fetch_options(&config, &hedging);
     let shared = Arc::new(Shared {
         other_mounts: Default::default(),
+        reserve_reached: AtomicBool::new(false),
         file_map: OnceLock::new(),
         predicted: Mutex::new(HashSet::new()),
         miss_rate: RateMeter::default(),

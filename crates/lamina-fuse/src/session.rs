@@ -81,6 +81,11 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
     // As the holder: the mount dies with this process, so a stray SIGTERM
     // must not take it; it ends when the filesystem is unmounted.
     lamina_sys::ignore_termination_signals()?;
+    if is_root() {
+        if let Some(run_dir) = config.ready_path.parent() {
+            lamina_daemon::bounds::enter_mount_cgroup(run_dir);
+        }
+    }
     let report = |error: Option<String>| {
         let ready = Ready {
             pid: std::process::id(),

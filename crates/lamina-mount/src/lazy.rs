@@ -70,6 +70,10 @@ pub struct LazyOptions {
     /// Largest shared library or executable fetched whole on its first
     /// miss (`lamina_daemon::predict`; 0: never).
     pub predict_max: u64,
+    /// Free bytes of the cache filesystem that fills no reader waits for
+    /// leave to the reads readers wait on (`None`: a tenth of it, at most
+    /// 1 GiB; `lamina_daemon::config::DaemonConfig::cache_reserve`).
+    pub cache_reserve: Option<u64>,
 }
 
 impl Default for LazyOptions {
@@ -84,6 +88,7 @@ impl Default for LazyOptions {
             readahead_kb: None,
             hedge: true,
             predict_max: lamina_daemon::config::DEFAULT_PREDICT_MAX,
+            cache_reserve: None,
         }
     }
 }
@@ -531,6 +536,7 @@ pub(crate) fn daemon_config(
         adopt: Vec::new(),
         later_layers: Vec::new(),
         xattrs: true,
+        cache_reserve: lazy.cache_reserve,
     };
     Ok((config, run))
 }

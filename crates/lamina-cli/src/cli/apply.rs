@@ -119,8 +119,11 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             mode,
             metrics_address,
             cache_max_size,
+            cache_reserve,
         } => {
             let s = &file.snapshotter;
+            let reserve = s.cache_reserve.map(|v| Some(v.0));
+            m.fill(cache_reserve, "cache_reserve", reserve);
             let max = s.cache_max_size.map(|v| Some(v.0));
             m.fill(cache_max_size, "cache_max_size", max);
             m.fill(mode, "mode", s.mode.map(|v| v.as_str().into()));
@@ -160,6 +163,8 @@ fn fill_serve(m: &Sources, serve: &mut ServeArgs, cache_dir: Option<PathBuf>, s:
         s.predict_max.map(|w| w.0),
     );
     m.fill(&mut serve.readahead, "readahead", s.readahead.map(Some));
+    let reserve = s.cache_reserve.map(|v| Some(v.0));
+    m.fill(&mut serve.cache_reserve, "cache_reserve", reserve);
     m.fill(&mut serve.no_hedge, "no_hedge", s.hedge.map(|h| !h));
     // --prefetch-all on the line is a --prefetch given.
     if !m.given("prefetch_all") {

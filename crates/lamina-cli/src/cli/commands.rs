@@ -378,6 +378,7 @@ pub(super) fn serve_snapshotter(
         mode,
         metrics_address,
         cache_max_size,
+        cache_reserve,
     } = command
     else {
         unreachable!("run hands serve_snapshotter only Command::Snapshotter");
@@ -396,6 +397,7 @@ pub(super) fn serve_snapshotter(
             prefetch: parse_prefetch(&prefetch),
             fill_ahead,
             predict_max,
+            cache_reserve,
             ..lamina_mount::LazyOptions::default()
         },
         metrics_address,

@@ -462,3 +462,41 @@ pub fn cache_files_in(cache: &Path, sub: &str) -> Vec<PathBuf> {
     files.sort();
     files
 }
+
+/// An ext4 filesystem of `bytes` on a loop device, mounted at a dir of
+/// `t` (256-byte inodes: birth times kept); lazily unmounted on drop.
+pub struct LoopExt4(pub PathBuf);
+
+impl LoopExt4 {
+    #[track_caller]
+    pub fn mount(t: &TestDir, name: &str, bytes: u64) -> LoopExt4 {
+        let image = t.join(&format!("{name}.img"));
+        let dir = t.mkdir(name);
+        fs::File::create(&image).unwrap().set_len(bytes).unwrap();
+        run(
+            &mut command(
+                "mkfs.ext4",
+                ["-q", "-F", "-m", "0", image.to_str().unwrap()],
+            ),
+            SHORT,
+        )
+        .ok();
+        let opts = [
+            OsStr::new("-o"),
+            OsStr::new("loop"),
+            image.as_os_str(),
+            dir.as_os_str(),
+        ];
+        run(&mut command("mount", opts), SHORT).ok();
+        LoopExt4(dir)
+    }
+}
+
+impl Drop for LoopExt4 {
+    fn drop(&mut self) {
+        let _ = run(
+            &mut command("umount", [OsStr::new("-l"), self.0.as_os_str()]),
+            SHORT,
+        );
+    }
+}

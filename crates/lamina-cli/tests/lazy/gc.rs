@@ -337,3 +337,73 @@ fn gc_with_relative_cache_dir_keeps_live_mount_files() {
     finish_with_logs(f, &rd, String::new, "gc with a relative cache dir");
     m.unmount();
 }
+
+/// Issue 42, point 7: one image's fills no reader waits for never take the
+/// space another tenant's reads need. On a cache filesystem smaller than
+/// the Debian image, Debian is mounted with `--prefetch all` and a 64 MiB
+/// reserve; once its prefetch has ended, another tenant's image (edge, an
+/// OCI layout) is mounted lazily on the same cache dir and reads like
+/// `umoci unpack`, and python3 still starts on Debian (its misses may use
+/// the reserve). With no reserve (`--cache-reserve 0`, as before) the
+/// prefetch filled the filesystem and made no progress for the 10 minutes
+/// this test waits; with one smaller than the other image needs (24 MiB)
+/// that tenant's reads failed with EIO.
+#[test]
+fn a_prefetch_all_leaves_the_reserve_to_other_tenants() {
+    let Some(Lazy {
+        _time,
+        deb: _,
+        reg,
+        t,
+    }) = start(
+        "a_prefetch_all_leaves_the_reserve_to_other_tenants",
+        "lazy-reserve",
+    )
+    else {
+        return;
+    };
+    let inspect = lamina(["inspect", "--json", &reg.reference(IMAGE)])
+        .ok()
+        .json();
+    let image_bytes: u64 = inspect["blobs"]
+        .as_array()
+        .expect("blobs")
+        .iter()
+        .map(|b| b["cache_bytes"].as_u64().expect("cache_bytes"))
+        .sum();
+    // Below the image: its prefetch alone could fill the filesystem.
+    let fs_bytes = (image_bytes * 3 / 4).max(96 << 20);
+    let small = LoopExt4::mount(&t, "small", fs_bytes);
+    let cache = small.0.join("cache");
+    let args = ["--prefetch", "all", "--cache-reserve", "64M"];
+    let a = Mount::with_args(&reg.reference(IMAGE), &t.join("mnt-a"), &cache, &args);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        let s = settled_status(&a);
+        let (done, total) = (num(&s, "prefetch_done"), num(&s, "prefetch_total"));
+        if total > 0 && done >= total {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "prefetch never ended: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let free = rustix::fs::statvfs(&cache).map(|s| s.f_bavail * s.f_frsize);
+    eprintln!(
+        "figures: image {image_bytes} B, cache filesystem {fs_bytes} B, {} B fetched by the prefetch, {free:?} B free after it",
+        num(&status, "fetched_bytes")
+    );
+    let mut f = Failures::default();
+    let log = fs::read_to_string(run_dir(&a).join("worker.log")).unwrap_or_default();
+    f.check(log.contains("reserve"), || {
+        format!("the prefetch never met the reserve (the test tests nothing):\n{log}")
+    });
+    // The other tenant's mount writes its metadata and index, then its
+    // reads fill its own cache files.
+    let edge = edge_image(&t.join("edge"));
+    let b = Mount::with_args(&edge, &t.join("mnt-b"), &cache, &["--lazy"]);
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &b.path);
+    b.unmount();
+    chroot_python(&a.path);
+    a.unmount();
+    f.finish("the cache reserve");
+}

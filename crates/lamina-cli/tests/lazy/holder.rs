@@ -302,3 +302,67 @@ fn overlay_on_a_lazy_mount_keeps_it_served() {
     );
     f.finish("overlay");
 }
+
+/// Issue 42, point 10: each mount's daemons (holder and worker) live in a
+/// cgroup of their own, `lamina/mount-<run dir>` in every hierarchy with
+/// the memory and pids controllers, with the limits of
+/// `lamina_daemon::bounds::MOUNT_LIMITS`, so one tenant's storm of misses
+/// takes from its own share. Before, they shared the cgroup of whoever
+/// mounted (the snapshotter's, containerd's).
+#[test]
+fn each_mounts_daemons_have_a_cgroup_of_their_own() {
+    let Some(Lazy {
+        _time,
+        deb: _,
+        reg,
+        t,
+    }) = start(
+        "each_mounts_daemons_have_a_cgroup_of_their_own",
+        "lazy-cgroup",
+    )
+    else {
+        return;
+    };
+    let cache = t.join("cache");
+    let mounts: Vec<Mount> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            Mount::with_args(
+                &reg.reference(IMAGE),
+                &t.join(n),
+                &cache,
+                &["--mode", "kernel"],
+            )
+        })
+        .collect();
+    let mine = lamina_sys::cgroup::cgroups_of(std::process::id()).unwrap();
+    let mut seen = Vec::new();
+    for m in &mounts {
+        let run = run_dir(m);
+        let name = format!(
+            "lamina/mount-{}",
+            run.file_name().unwrap().to_string_lossy()
+        );
+        let (holder, worker) = (holder_pid(m), worker_pid(m));
+        let groups = lamina_sys::cgroup::cgroups_of(holder).unwrap();
+        assert_eq!(
+            groups,
+            lamina_sys::cgroup::cgroups_of(worker).unwrap(),
+            "holder and worker"
+        );
+        let own: Vec<&String> = groups.iter().filter(|g| g.ends_with(&name)).collect();
+        assert!(
+            !own.is_empty(),
+            "holder {holder} in {groups:?}, not in {name}; this test in {mine:?}"
+        );
+        let pids_max = ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
+            .iter()
+            .find_map(|root| fs::read_to_string(Path::new(root).join(&name).join("pids.max")).ok());
+        assert_eq!(pids_max.as_deref().map(str::trim), Some("1024"), "{name}");
+        seen.push(name);
+    }
+    assert_ne!(seen[0], seen[1], "two mounts, one cgroup");
+    for m in mounts {
+        m.unmount();
+    }
+}

@@ -190,6 +190,9 @@ impl Shared {
         opts: &FetchOptions,
         stats: &FetchStats,
     ) {
+        if !self.room_for_background() {
+            return; // the reader's own misses fetch what it reads
+        }
         let Ok(mine) = self.claim(blob, chunks, None, false) else {
             return;
         };

@@ -278,9 +278,48 @@ impl Shared {
         }
     }
 
+    /// Whether fills no reader waits for (prefetches, reads ahead,
+    /// predictions) may take more of the cache filesystem: they leave its
+    /// last `cache_reserve` bytes to the reads readers wait on, this
+    /// mount's and every other's (issue 42, point 7: one image under
+    /// `--prefetch all` filled the disk and other tenants' reads failed).
+    /// Says so in the log once each time the reserve is reached.
+    pub(super) fn room_for_background(&self) -> bool {
+        let room = match rustix::fs::statvfs(&self.config.blob_dir) {
+            Ok(fs) => {
+                let (free, total) = (fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize);
+                let reserve = self
+                    .config
+                    .cache_reserve
+                    .unwrap_or((total / 10).min(crate::config::DEFAULT_CACHE_RESERVE_MAX));
+                let room = free > reserve;
+                if !room && !self.reserve_reached.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        free,
+                        reserve,
+                        "fills no reader waits for stop: the cache filesystem is down to its \
+                         reserve (--cache-reserve), kept for reads readers wait on"
+                    );
+                }
+                room
+            }
+            Err(e) => {
+                tracing::warn!("statvfs {}: {e}", self.config.blob_dir.display());
+                true
+            }
+        };
+        if room {
+            self.reserve_reached.store(false, Ordering::Relaxed);
+        }
+        room
+    }
+
     pub(super) fn prefetch_chunks(&self, blob: u32, chunks: Vec<usize>, opts: &FetchOptions) {
         if self.is_streaming(blob) {
             return; // they come with the blob's stream
+        }
+        if !self.room_for_background() {
+            return;
         }
         if let Ok(mine) = self.claim(blob, chunks.into_iter(), None, false) {
             if let Err(e) = self.fetch_with(blob, &mine, None, opts, None) {

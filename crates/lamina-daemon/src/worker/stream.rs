@@ -101,7 +101,10 @@ impl Shared {
                     while let Some((blob, chunks)) =
                         by_blob.get(next.fetch_add(1, Ordering::Relaxed))
                     {
-                        let unsettled = self.stream_blob(*blob, chunks);
+                        let unsettled = match self.room_for_background() {
+                            true => self.stream_blob(*blob, chunks),
+                            false => chunks.clone(),
+                        };
                         let settled = chunks.len().saturating_sub(unsettled.len());
                         self.prefetch_done
                             .fetch_add(settled as u64, Ordering::Relaxed);
