@@ -19,6 +19,13 @@ use std::path::{Path, PathBuf};
 /// Where cgroup filesystems are mounted.
 const ROOT: &str = "/sys/fs/cgroup";
 
+/// The CPU weight of `lamina/`, all mounts' daemons together, against
+/// the cgroups beside it (containers, system services; 100 each by
+/// default): containers' reads wait on these daemons, so under contention
+/// they must not weigh as one container. Each mount's cgroup then shares
+/// it with the others by its own weight.
+pub const PARENT_CPU_WEIGHT: u64 = 1000;
+
 /// What a mount's daemons may use together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -48,6 +55,7 @@ pub fn enter_own_in(root: &Path, name: &str, limits: &Limits) -> io::Result<Vec<
     if root.join("cgroup.controllers").exists() {
         let parent = root.join("lamina");
         enable_controllers(root, &parent)?;
+        write(&parent, "cpu.weight", PARENT_CPU_WEIGHT)?;
         let dir = parent.join(name);
         make_fresh(&dir)?;
         write(&dir, "memory.max", limits.memory_max)?;
@@ -56,11 +64,11 @@ pub fn enter_own_in(root: &Path, name: &str, limits: &Limits) -> io::Result<Vec<
         write(&dir, "cgroup.procs", &pid)?;
         return Ok(vec![dir]);
     }
-    let shares = (limits.cpu_weight.clamp(1, 10_000) * 1024 / 100).max(2);
+    let shares = |weight: u64| (weight.clamp(1, 10_000) * 1024 / 100).max(2);
     let settings: [(&str, &str, u64); 3] = [
         ("memory", "memory.limit_in_bytes", limits.memory_max),
         ("pids", "pids.max", limits.pids_max),
-        ("cpu", "cpu.shares", shares),
+        ("cpu", "cpu.shares", shares(limits.cpu_weight)),
     ];
     let mut joined = Vec::new();
     for (controller, file, value) in settings {
@@ -70,6 +78,13 @@ pub fn enter_own_in(root: &Path, name: &str, limits: &Limits) -> io::Result<Vec<
         }
         let dir = hierarchy.join("lamina").join(name);
         make_fresh(&dir)?;
+        if controller == "cpu" {
+            write(
+                &hierarchy.join("lamina"),
+                "cpu.shares",
+                shares(PARENT_CPU_WEIGHT),
+            )?;
+        }
         write(&dir, file, value)?;
         write(&dir, "cgroup.procs", &pid)?;
         joined.push(dir);
@@ -161,6 +176,7 @@ mod tests {
         assert_eq!(read("memory/lamina/m1/memory.limit_in_bytes"), "268435456");
         assert_eq!(read("pids/lamina/m1/pids.max"), "512");
         assert_eq!(read("cpu/lamina/m1/cpu.shares"), "512");
+        assert_eq!(read("cpu/lamina/cpu.shares"), "10240");
         assert_eq!(
             read("cpu/lamina/m1/cgroup.procs"),
             std::process::id().to_string()
@@ -182,6 +198,7 @@ mod tests {
         assert_eq!(read("lamina/m2/memory.max"), "268435456");
         assert_eq!(read("lamina/m2/pids.max"), "512");
         assert_eq!(read("lamina/m2/cpu.weight"), "50");
+        assert_eq!(read("lamina/cpu.weight"), "1000");
         // Each +controller write replaces the fake file: the last one stays.
         assert_eq!(read("lamina/cgroup.subtree_control"), "+pids");
     }
