@@ -51,6 +51,18 @@ pub fn enter_own_in(root: &Path, name: &str, limits: &Limits) -> io::Result<Vec<
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
         return Err(io::Error::other(format!("cgroup name {name:?}")));
     }
+    // Another mount starting beside this one may remove the new cgroup as
+    // empty before this process is in it (`make_fresh`): made again.
+    let mut tries = 0;
+    loop {
+        match enter_once(root, name, limits) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => tries += 1,
+            result => return result,
+        }
+    }
+}
+
+fn enter_once(root: &Path, name: &str, limits: &Limits) -> io::Result<Vec<PathBuf>> {
     let pid = std::process::id().to_string();
     if root.join("cgroup.controllers").exists() {
         let parent = root.join("lamina");

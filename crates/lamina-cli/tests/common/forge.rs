@@ -49,17 +49,26 @@ pub fn make_setuid(metadata: &mut [u8], path: &str) {
     use zerocopy::FromBytes;
     let (at, mode) = {
         let image = Image::new(metadata).unwrap();
-        let mut inode = image.inode(image.root_nid()).unwrap();
-        for name in path.split('/') {
-            let entry = image.lookup(&inode, name.as_bytes()).unwrap();
-            let entry = entry.unwrap_or_else(|| panic!("no {path} in the image"));
-            inode = image.inode(entry.nid).unwrap();
-        }
+        let inode = inode_at(&image, path);
         (image.inode_offset(inode.nid).unwrap(), inode.mode)
     };
     // i_mode sits at the same place in compact and extended inodes.
     let (head, _) = InodeCompact::mut_from_prefix(&mut metadata[at as usize..]).unwrap();
     head.i_mode.set(u16::try_from(mode | 0o4000).unwrap());
+}
+
+/// The inode at `path` (relative to the root) of an EROFS image.
+fn inode_at<'a>(
+    image: &lamina_format::erofs::Image<'a>,
+    path: &str,
+) -> lamina_format::erofs::Inode<'a> {
+    let mut inode = image.inode(image.root_nid()).unwrap();
+    for name in path.split('/') {
+        let entry = image.lookup(&inode, name.as_bytes()).unwrap();
+        let entry = entry.unwrap_or_else(|| panic!("no {path} in the image"));
+        inode = image.inode(entry.nid).unwrap();
+    }
+    inode
 }
 
 /// The permission bits of `path` (setuid included).
@@ -80,12 +89,7 @@ pub fn loop_to_root(metadata: &mut [u8], path: &str) {
     use lamina_format::erofs::Image;
     let (nid, root) = {
         let image = Image::new(metadata).unwrap();
-        let mut inode = image.inode(image.root_nid()).unwrap();
-        for name in path.split('/') {
-            let entry = image.lookup(&inode, name.as_bytes()).unwrap();
-            inode = image.inode(entry.expect("path in the image").nid).unwrap();
-        }
-        (inode.nid, image.root_nid())
+        (inode_at(&image, path).nid, image.root_nid())
     };
     // A directory entry: nid (8 bytes, LE), name offset (2), file type (1:
     // 2 is a directory), reserved (1: zero).
