@@ -20,14 +20,22 @@ pub const MOUNT_LIMITS: Limits = Limits {
     cpu_weight: 100,
 };
 
-/// Moves this daemon (and the worker it starts after) into the cgroup of
-/// the mount whose run dir is `run_dir`; where that cannot be done
-/// (rootless, no controllers), says why in the log and goes on.
-pub fn enter_mount_cgroup(run_dir: &Path) {
+/// Moves this daemon, the processes `others` (its worker) and those it
+/// starts after into the cgroup of the mount whose run dir is `run_dir`;
+/// where that cannot be done (rootless, no controllers), says why in the
+/// log and goes on.
+pub fn enter_mount_cgroup(run_dir: &Path, others: &[u32]) {
     let Some(name) = run_dir.file_name().and_then(|n| n.to_str()) else {
         return;
     };
-    match lamina_sys::cgroup::enter_own(&format!("mount-{name}"), &MOUNT_LIMITS) {
+    let joined =
+        lamina_sys::cgroup::enter_own(&format!("mount-{name}"), &MOUNT_LIMITS).and_then(|dirs| {
+            for &pid in others {
+                lamina_sys::cgroup::join(&dirs, pid)?;
+            }
+            Ok(dirs)
+        });
+    match joined {
         Ok(dirs) => tracing::info!(?dirs, "the mount's daemons have a cgroup of their own"),
         Err(e) => tracing::warn!("the mount's daemons share their parent's cgroup: {e}"),
     }

@@ -44,6 +44,11 @@ impl Worker {
         self.sock.as_fd()
     }
 
+    /// Its pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts this binary's `internal-worker CONFIG FD` (through
     /// [`lamina_sys::OWN_BINARY`]) with its output in `log`.
     pub(crate) fn spawn(config_path: &Path, log: &Path) -> io::Result<Worker> {

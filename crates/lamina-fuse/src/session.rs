@@ -83,7 +83,7 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
     lamina_sys::ignore_termination_signals()?;
     if is_root() {
         if let Some(run_dir) = config.ready_path.parent() {
-            lamina_daemon::bounds::enter_mount_cgroup(run_dir);
+            lamina_daemon::bounds::enter_mount_cgroup(run_dir, &[]);
         }
     }
     let report = |error: Option<String>| {

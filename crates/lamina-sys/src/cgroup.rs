@@ -110,6 +110,13 @@ fn enter_once(root: &Path, name: &str, limits: &Limits) -> io::Result<Vec<PathBu
     }
 }
 
+/// Moves process `pid` into each cgroup of `dirs` (what [`enter_own`]
+/// returned).
+pub fn join(dirs: &[PathBuf], pid: u32) -> io::Result<()> {
+    dirs.iter()
+        .try_for_each(|dir| write(dir, "cgroup.procs", pid))
+}
+
 /// The cgroup of `pid` in each hierarchy, as `/proc/PID/cgroup` has it
 /// (`controllers:path`).
 pub fn cgroups_of(pid: u32) -> io::Result<Vec<String>> {

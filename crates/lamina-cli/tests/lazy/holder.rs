@@ -344,7 +344,19 @@ fn each_mounts_daemons_have_a_cgroup_of_their_own() {
             run.file_name().unwrap().to_string_lossy()
         );
         let (holder, worker) = (holder_pid(m), worker_pid(m));
-        let groups = lamina_sys::cgroup::cgroups_of(holder).unwrap();
+        // The holder moves them right after the mount is ready.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let groups = loop {
+            let groups = lamina_sys::cgroup::cgroups_of(holder).unwrap();
+            let moved = |pid| {
+                let g = lamina_sys::cgroup::cgroups_of(pid).unwrap();
+                g.iter().any(|g| g.ends_with(&name))
+            };
+            if (moved(holder) && moved(worker)) || Instant::now() > deadline {
+                break groups;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         assert_eq!(
             groups,
             lamina_sys::cgroup::cgroups_of(worker).unwrap(),
