@@ -128,31 +128,33 @@ impl OtherMounts {
         let Ok(dir) = std::fs::read_dir(mounts) else {
             return Vec::new();
         };
-        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let mut live = Vec::new();
-        let mut found = Vec::new();
-        for entry in dir.flatten() {
-            let run = entry.path();
-            if run == config.run_dir {
-                continue;
-            }
-            let Some(stamp) = config_stamp(&run) else {
-                continue;
-            };
-            live.push(run.clone());
-            if known.get(&run).is_none_or(|k| k.stamp != stamp) {
-                let Some(seen) = read_other(&run, stamp, config) else {
-                    continue;
-                };
-                known.insert(run.clone(), seen);
-            }
-            let k = &known[&run];
-            if let (true, Some(source)) = (k.cache_paths.contains(&ours.cache_path), &k.source) {
-                found.push(source.clone());
-            }
-        }
-        known.retain(|run, _| live.contains(run));
-        found
+        let runs: Vec<(PathBuf, (SystemTime, u64))> = dir
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|run| *run != config.run_dir)
+            .filter_map(|run| Some((run.clone(), config_stamp(&run)?)))
+            .collect();
+        let lock = || self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let stale: Vec<_> = {
+            let known = lock();
+            runs.iter()
+                .filter(|(run, stamp)| known.get(run).is_none_or(|k| k.stamp != *stamp))
+                .cloned()
+                .collect()
+        };
+        // Read and built without the lock: a client resolves its host.
+        let fresh: Vec<(PathBuf, Known)> = stale
+            .into_iter()
+            .filter_map(|(run, stamp)| Some((run.clone(), read_other(&run, stamp, config)?)))
+            .collect();
+        let mut known = lock();
+        known.extend(fresh);
+        known.retain(|run, _| runs.iter().any(|(live, _)| live == run));
+        runs.iter()
+            .filter_map(|(run, _)| known.get(run))
+            .filter(|k| k.cache_paths.contains(&ours.cache_path))
+            .filter_map(|k| k.source.clone())
+            .collect()
     }
 }
 
