@@ -99,17 +99,27 @@ pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
     cache_dir.join("mounts").join(hex::encode(&digest[..8]))
 }
 
-/// The dir of the cache files of `image`'s blobs: `blobs/<domain>` in
-/// the cache dir, one per trust domain ([`domain_id`]).
-pub(crate) fn blob_dir(opts: &MountOptions, image: &ImageRef) -> PathBuf {
-    opts.cache_dir.join("blobs").join(domain_id(opts, image))
+/// Where the cache keeps what a mount of an image reads, in the dirs of
+/// the image's trust domain ([`domain_id`]).
+#[derive(Debug, Clone)]
+pub(crate) struct DomainDirs {
+    /// `blobs/<domain>`: cache files of the image's blobs, their records
+    /// and chunk tables, the domain's chunk locator.
+    pub blobs: PathBuf,
+    /// `meta/<domain>`: metadata, chunk or span index, lookup table, boot
+    /// pages (file names and modes are an image's bytes too).
+    pub meta: PathBuf,
 }
 
-/// The dir of `image`'s metadata, chunk or span index, lookup table and
-/// boot pages: `meta/<domain>` (file names and modes are an image's
-/// bytes too).
-pub(crate) fn meta_dir(opts: &MountOptions, image: &ImageRef) -> PathBuf {
-    opts.cache_dir.join("meta").join(domain_id(opts, image))
+impl DomainDirs {
+    /// The dirs of `image`'s trust domain in `opts`' cache dir.
+    pub(crate) fn of(opts: &MountOptions, image: &ImageRef) -> DomainDirs {
+        let id = domain_id(opts, image);
+        DomainDirs {
+            blobs: opts.cache_dir.join("blobs").join(&id),
+            meta: opts.cache_dir.join("meta").join(id),
+        }
+    }
 }
 
 /// The trust domain `image` is read in: what a registry tells one client
@@ -122,7 +132,7 @@ pub(crate) fn meta_dir(opts: &MountOptions, image: &ImageRef) -> PathBuf {
 /// only within a domain, where each may fetch whatever the others may: an
 /// image that names another tenant's layers gets cache files of its own
 /// and only what its own registry serves it.
-pub(crate) fn domain_id(opts: &MountOptions, image: &ImageRef) -> String {
+fn domain_id(opts: &MountOptions, image: &ImageRef) -> String {
     let domain = match image {
         ImageRef::Registry(r) => serde_json::json!({
             "registry": r.host,

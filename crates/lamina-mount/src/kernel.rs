@@ -99,7 +99,8 @@ pub(crate) fn fill_cache(
         }
         Err(e) => return Err(e.into()),
     };
-    let meta_dir = crate::common::meta_dir(opts, image);
+    let dirs = crate::common::DomainDirs::of(opts, image);
+    let meta_dir = &dirs.meta;
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     cache_layer_file(
         source.as_ref(),
@@ -129,19 +130,19 @@ pub(crate) fn fill_cache(
         Record::Now,
     )?;
     let lookup_path = match lookup {
-        true => cached_lookup(source.as_ref(), &layers, &meta_dir, Record::Now)?,
+        true => cached_lookup(source.as_ref(), &layers, meta_dir, Record::Now)?,
         false => None,
     };
 
     // Complete only if a fill record bound to the cache file says so: a
     // lazy mount's sparse file has the full length too.
-    let blob_dir = crate::common::blob_dir(opts, image);
+    let blob_dir = &dirs.blobs;
     let keys = entry_keys(&table, &index_path, &layers)?;
     let mut missing = Vec::new();
     let mut blob_paths = Vec::new();
     for (i, (blob, key)) in table.iter().zip(&keys).enumerate() {
-        let (path, _) = lamina_fetch::store::store_paths(&blob_dir, key);
-        if !BlobStore::recorded_complete(&blob_dir, key, blob).map_err(io_err(&path))? {
+        let (path, _) = lamina_fetch::store::store_paths(blob_dir, key);
+        if !BlobStore::recorded_complete(blob_dir, key, blob).map_err(io_err(&path))? {
             missing.push(i);
         }
         blob_paths.push(path);
@@ -157,7 +158,7 @@ pub(crate) fn fill_cache(
                 Some(blob) => (materialize_blob(path, blob, reader)?, blob.clone()),
                 None => materialize_paged_blob(path, &index.blobs[i], index.chunk_bits, reader)?,
             };
-            BlobStore::record_complete(&blob_dir, &blob, &file).map_err(io_err(path))?;
+            BlobStore::record_complete(blob_dir, &blob, &file).map_err(io_err(path))?;
             fetched += desc.size;
         }
     }

@@ -258,12 +258,13 @@ pub fn mount_lazy_from(
     // says where it is. The other frames are left to the worker, which
     // fetches them while the mount and the container runtime start (misses
     // wait for them).
-    let meta_dir = crate::common::meta_dir(opts, image);
+    let dirs = crate::common::DomainDirs::of(opts, image);
+    let meta_dir = &dirs.meta;
     let meta_path = meta_dir.join(format!("{}.erofs", layers.metadata.digest.hex()));
     let index_path = meta_dir.join(format!("{}.index", layers.index.digest.hex()));
     let src = source.as_ref();
-    let blob_dir = crate::common::blob_dir(opts, image);
-    let early_boot = boot_frame_at_mount(lazy, &blob_dir);
+    let blob_dir = &dirs.blobs;
+    let early_boot = boot_frame_at_mount(lazy, blob_dir);
     let (index_bytes, metadata, lookup_path) = std::thread::scope(|scope| {
         let index = scope.spawn(|| {
             let bytes = cached_layer(
@@ -274,14 +275,14 @@ pub fn mount_lazy_from(
                 Record::Later,
             )?;
             if early_boot {
-                first_boot_frames(src, &layers, &bytes, &meta_dir);
+                first_boot_frames(src, &layers, &bytes, meta_dir);
             }
             Ok(bytes)
         });
         // Only the FUSE daemon reads the lookup table, and only once its
         // worker has fetched it, unless it is cached already.
         let lookup = scope.spawn(|| match mode {
-            Mode::Fuse => lookup_now_or_later(&layers, &meta_dir),
+            Mode::Fuse => lookup_now_or_later(&layers, meta_dir),
             Mode::Kernel => Ok((None, None)),
         });
         // Through FUSE, the metadata's frames are decompressed by the
@@ -308,21 +309,21 @@ pub fn mount_lazy_from(
     let index = artifact::parse_index(&index_bytes?, &layers)?;
     let metadata_frames = metadata?;
     let (lookup_path, lookup_later) = lookup_path?;
-    let boot_pages = boot_specs(&layers.boot, &index.blobs, &meta_dir)?;
+    let boot_pages = boot_specs(&layers.boot, &index.blobs, meta_dir)?;
 
     let mut blobs = Vec::new();
     for (i, desc) in layers.blobs.iter().enumerate() {
         // A paged index's chunk tables come with the first read of their
         // blob (the worker's); the cache file is made now, for the kernel.
         let prepared = match index.inline.get(i) {
-            Some(blob) => BlobStore::open(&blob_dir, blob.clone()).map(|s| Prepared {
+            Some(blob) => BlobStore::open(blob_dir, blob.clone()).map(|s| Prepared {
                 cache_path: s.cache_path.clone(),
                 complete: s.is_complete(),
                 identity: s.identity(),
             }),
-            None => BlobStore::prepare(&blob_dir, &index.blobs[i]),
+            None => BlobStore::prepare(blob_dir, &index.blobs[i]),
         }
-        .map_err(io_err(&blob_dir))?;
+        .map_err(io_err(blob_dir))?;
         blobs.push(blob_spec(&desc.digest, prepared));
     }
 
@@ -333,6 +334,7 @@ pub fn mount_lazy_from(
         metadata_path: meta_path,
         index_path,
         blobs,
+        blob_dir: dirs.blobs.clone(),
         tar_index: false,
     };
     let (mut config, run) = daemon_config(plan, opts, lazy)?;
@@ -491,6 +493,8 @@ pub(crate) struct LazyPlan<'a> {
     pub index_path: PathBuf,
     /// The cache files, in device order.
     pub blobs: Vec<BlobSpec>,
+    /// Their dir, their trust domain's (`common::DomainDirs`).
+    pub blob_dir: PathBuf,
     /// Whether `index_path` is a span table.
     pub tar_index: bool,
 }
@@ -515,7 +519,7 @@ pub(crate) fn daemon_config(
         index_path: plan.index_path,
         tar_index: plan.tar_index,
         tar_windows: None,
-        blob_dir: crate::common::blob_dir(opts, plan.image),
+        blob_dir: plan.blob_dir,
         blobs: plan.blobs,
         run_dir: run.clone(),
         timeout_secs: lazy.timeout.as_secs().max(1),

@@ -241,9 +241,9 @@ pub(crate) fn fill_cache(
     lookup: bool,
 ) -> Result<MountInfo, MountError> {
     let img = source.image();
-    let meta_dir = crate::common::meta_dir(opts, image);
-    let files = cache_index_files(img, artifact, &meta_dir, lookup)?;
-    let blob_dir = &crate::common::blob_dir(opts, image);
+    let dirs = crate::common::DomainDirs::of(opts, image);
+    let files = cache_index_files(img, artifact, &dirs.meta, lookup)?;
+    let blob_dir = &dirs.blobs;
     let mut blob_paths = Vec::new();
     let mut fetched = 0;
     for (i, layer) in files.index.layers.iter().enumerate() {

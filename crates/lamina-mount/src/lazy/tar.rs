@@ -23,13 +23,13 @@ pub(crate) fn mount_lazy(
     lazy: &LazyOptions,
     mode: Mode,
 ) -> Result<MountInfo, MountError> {
-    let meta_dir = crate::common::meta_dir(opts, image);
-    let files = cache_index_files(img, artifact, &meta_dir, mode == Mode::Fuse)?;
-    let blob_dir = crate::common::blob_dir(opts, image);
+    let dirs = crate::common::DomainDirs::of(opts, image);
+    let files = cache_index_files(img, artifact, &dirs.meta, mode == Mode::Fuse)?;
+    let blob_dir = &dirs.blobs;
     let mut blobs = Vec::new();
     for (layer, src) in files.index.layers.iter().zip(&img.layers) {
         note_single_frame(layer, &src.descriptor);
-        let store = BlobStore::open(&blob_dir, layer.blob.clone()).map_err(io_err(&blob_dir))?;
+        let store = BlobStore::open(blob_dir, layer.blob.clone()).map_err(io_err(blob_dir))?;
         let prepared = Prepared {
             cache_path: store.cache_path.clone(),
             complete: store.is_complete(),
@@ -54,6 +54,7 @@ pub(crate) fn mount_lazy(
         metadata_path: files.metadata_path,
         index_path: files.spans_path,
         blobs,
+        blob_dir: dirs.blobs.clone(),
         tar_index: true,
     };
     let (mut config, run) = daemon_config(plan, opts, lazy)?;
@@ -73,7 +74,7 @@ pub(crate) fn mount_lazy(
         .collect();
     // The worker fetches boot pages from the image's repository.
     if same_repository(image, index_ref) {
-        config.boot_pages = boot_specs(&boot, &summaries, &meta_dir)?;
+        config.boot_pages = boot_specs(&boot, &summaries, &dirs.meta)?;
     } else if !boot.is_empty() {
         tracing::warn!(
             "{index_ref} has boot pages, but is not in {image}'s repository: the mount goes \
