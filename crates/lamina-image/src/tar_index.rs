@@ -312,7 +312,11 @@ fn index_layer(
 /// index points a file at its bytes in the tar, and the kernel reads its
 /// last 512-byte block whole (`lamina_format::erofs::TAR_BLOCK_BITS`).
 #[derive(Default)]
-struct ZeroTails(std::rc::Rc<std::cell::RefCell<std::collections::VecDeque<std::ops::Range<u64>>>>);
+struct ZeroTails(Tails);
+
+/// The tails still to come, in tar order; shared by the tar reader's
+/// callback (which learns of them) and the reader that checks them.
+type Tails = std::rc::Rc<std::cell::RefCell<std::collections::VecDeque<std::ops::Range<u64>>>>;
 
 impl ZeroTails {
     /// A file ends at `end`: the rest of its block must be zeros.
@@ -338,7 +342,7 @@ impl ZeroTails {
 struct TailChecker<R> {
     tar: R,
     at: u64,
-    tails: std::rc::Rc<std::cell::RefCell<std::collections::VecDeque<std::ops::Range<u64>>>>,
+    tails: Tails,
     non_zero: Option<u64>,
 }
 
