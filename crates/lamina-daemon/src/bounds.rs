@@ -13,7 +13,8 @@ use lamina_sys::cgroup::Limits;
 /// and its worker): memory for their heaps and the page cache their fills
 /// dirty (reclaimed, not refused, at the limit), threads for the miss
 /// pools with room to spare, and the default CPU weight, so that every
-/// mount weighs as much as any other cgroup beside `lamina/`.
+/// mount weighs as much as any other within `lamina/`
+/// ([`lamina_sys::cgroup::PARENT_CPU_WEIGHT`]).
 pub const MOUNT_LIMITS: Limits = Limits {
     memory_max: 1 << 30,
     pids_max: 1024,

@@ -146,7 +146,8 @@ fn domain_id(opts: &MountOptions, image: &ImageRef) -> String {
         ImageRef::DockerArchive { path, .. } => serde_json::json!({ "archive": absolute(path) }),
     };
     let id = hex::encode(&lamina_oci::sha256(domain.to_string().as_bytes())[..8]);
-    tracing::debug!(%domain, "trust domain {id}");
+    // Not the description: it holds a digest of LAMINA_REGISTRY_AUTH.
+    tracing::debug!("{image}: trust domain {id}");
     id
 }
 
