@@ -1,6 +1,7 @@
-//! Generates the gRPC server (and a client) for containerd's snapshots service from a
-//! service description written here (tonic-build's manual mode): no .proto
-//! file and no protoc. The messages are in src/proto.rs.
+//! Generates the gRPC server (and a client) for containerd's snapshots service
+//! and the CRI image service from service descriptions written here
+//! (tonic-build's manual mode): no .proto file and no protoc. The messages are
+//! in src/proto.rs and src/cri.rs.
 
 use tonic_build::manual::{Builder, Method, Service};
 
@@ -48,6 +49,36 @@ const METHODS: &[(&str, &str, &str, &str, bool)] = &[
     ("cleanup", "Cleanup", "CleanupRequest", "Empty", false),
 ];
 
+/// The CRI image service (`runtime.v1.ImageService`), forwarded to
+/// containerd as raw bytes (src/cri.rs): (rust name, route, streaming).
+const CRI_IMAGE_METHODS: &[(&str, &str, bool)] = &[
+    ("list_images", "ListImages", false),
+    ("stream_images", "StreamImages", true),
+    ("image_status", "ImageStatus", false),
+    ("pull_image", "PullImage", false),
+    ("remove_image", "RemoveImage", false),
+    ("image_fs_info", "ImageFsInfo", false),
+];
+
+fn cri_image_service() -> Service {
+    let mut service = Service::builder()
+        .name("ImageService")
+        .package("runtime.v1");
+    for &(name, route, streaming) in CRI_IMAGE_METHODS {
+        let mut method = Method::builder()
+            .name(name)
+            .route_name(route)
+            .input_type("crate::cri::Raw")
+            .output_type("crate::cri::Raw")
+            .codec_path("crate::cri::RawCodec");
+        if streaming {
+            method = method.server_streaming();
+        }
+        service = service.method(method.build());
+    }
+    service.build()
+}
+
 fn main() {
     let mut service = Service::builder()
         .name("Snapshots")
@@ -68,5 +99,5 @@ fn main() {
     // The client is for tests that call a running snapshotter.
     Builder::new()
         .build_client(true)
-        .compile(&[service.build()]);
+        .compile(&[service.build(), cri_image_service()]);
 }

@@ -4,7 +4,13 @@
 // create and start the container, wait for it to exit, print its log and
 // exit code as JSON, then stop and remove the pod.
 //
-// Usage: cri-run -endpoint SOCK -sandbox-image REF -image REF [-timeout 300s] -- CMD...
+// Usage: cri-run -endpoint SOCK [-image-endpoint SOCK] [-creds USER:PASSWORD]
+//
+//	-sandbox-image REF -image REF [-timeout 300s] -- CMD...
+//
+// -image-endpoint is where images are pulled (the kubelet's
+// --image-service-endpoint; default: -endpoint), and -creds the pod's pull
+// secret, sent with both pulls.
 package main
 
 import (
@@ -14,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -31,6 +38,8 @@ type result struct {
 
 func main() {
 	endpoint := flag.String("endpoint", "", "containerd's socket")
+	imageEndpoint := flag.String("image-endpoint", "", "the image service's socket (default: -endpoint)")
+	creds := flag.String("creds", "", "USER:PASSWORD sent with the pulls")
 	sandboxImage := flag.String("sandbox-image", "", "pod sandbox (pause) image")
 	image := flag.String("image", "", "container image")
 	timeout := flag.Duration("timeout", 300*time.Second, "bound on the whole run")
@@ -42,7 +51,19 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	res, err := run(ctx, *endpoint, *sandboxImage, *image, *logDir, flag.Args())
+	if *imageEndpoint == "" {
+		*imageEndpoint = *endpoint
+	}
+	var auth *cri.AuthConfig
+	if *creds != "" {
+		user, pass, ok := strings.Cut(*creds, ":")
+		if !ok {
+			fmt.Fprintln(os.Stderr, "cri-run: -creds must be USER:PASSWORD")
+			os.Exit(2)
+		}
+		auth = &cri.AuthConfig{Username: user, Password: pass}
+	}
+	res, err := run(ctx, endpoints{*endpoint, *imageEndpoint}, *sandboxImage, *image, *logDir, auth, flag.Args())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cri-run:", err)
 		os.Exit(1)
@@ -50,13 +71,24 @@ func main() {
 	_ = json.NewEncoder(os.Stdout).Encode(res)
 }
 
-func run(ctx context.Context, endpoint, sandboxImage, image, logDir string, cmd []string) (*result, error) {
-	conn, err := grpc.NewClient("unix://"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+type endpoints struct{ runtime, image string }
+
+func dial(endpoint string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("unix://"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+func run(ctx context.Context, ep endpoints, sandboxImage, image, logDir string, auth *cri.AuthConfig, cmd []string) (*result, error) {
+	conn, err := dial(ep.runtime)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	rt, img := cri.NewRuntimeServiceClient(conn), cri.NewImageServiceClient(conn)
+	imageConn, err := dial(ep.image)
+	if err != nil {
+		return nil, err
+	}
+	defer imageConn.Close()
+	rt, img := cri.NewRuntimeServiceClient(conn), cri.NewImageServiceClient(imageConn)
 
 	podLogs, err := os.MkdirTemp(logDir, "pod-")
 	if err != nil {
@@ -71,7 +103,7 @@ func run(ctx context.Context, endpoint, sandboxImage, image, logDir string, cmd 
 		}},
 	}
 	for _, ref := range []string{sandboxImage, image} {
-		if _, err := img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}, SandboxConfig: sandbox}); err != nil {
+		if _, err := img.PullImage(ctx, &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}, Auth: auth, SandboxConfig: sandbox}); err != nil {
 			return nil, fmt.Errorf("pulling %s: %w", ref, err)
 		}
 	}

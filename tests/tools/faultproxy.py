@@ -39,6 +39,11 @@ out a read). Counted as `dripping` (answers under way) and `dripped`.
 --repo REPO makes only requests in that repository eligible (two tenants'
 repositories behind one host: one trust domain, one of them failing).
 
+--basic-auth USER:PASSWORD answers every request without those Basic
+credentials 401 with a Basic challenge (a registry only a tenant's pull
+secret opens), counted as `unauthorized`; the others as `authorized`, and
+their blob range reads as `authorized_ranges`.
+
 --every N faults the N-th, 2N-th, ... eligible request (default 1: all of
 them). Counters (requests, eligible, faults per kind, upstream errors, bytes
 of answer bodies sent) are rewritten as JSON to --stats after every request.
@@ -49,6 +54,7 @@ Standard library only.
 """
 
 import argparse
+import base64
 import http.client
 import itertools
 import json
@@ -107,6 +113,9 @@ class Plan:
             "body_bytes": 0,
             "dripping": 0,
             "dripped": 0,
+            "authorized": 0,
+            "unauthorized": 0,
+            "authorized_ranges": 0,
             # The first 1,000 requests, in order: "METHOD PATH [RANGE]".
             "log": [],
         }
@@ -226,6 +235,8 @@ class Handler(BaseHTTPRequestHandler):
             self.drip(cfg.drip_referrers)
             return
         range_hdr = self.headers.get("Range")
+        if cfg.basic_auth and not self.authorized(cfg, path, range_hdr):
+            return
         wanted = range_hdr is not None or cfg.whole
         eligible = self.command == "GET" and wanted and BLOB_PATH.match(path) is not None
         if cfg.blob:
@@ -239,6 +250,26 @@ class Handler(BaseHTTPRequestHandler):
             self.forward(fault, cfg)
         finally:
             plan.write()
+
+    def authorized(self, cfg, path, range_hdr):
+        """Whether the request carries the Basic credentials; if not, it
+        is answered 401 here."""
+        plan = self.server.plan
+        want = "Basic " + base64.b64encode(cfg.basic_auth.encode()).decode()
+        if self.headers.get("Authorization", "") == want:
+            plan.count("authorized")
+            if range_hdr and BLOB_PATH.match(path):
+                plan.count("authorized_ranges")
+            return True
+        plan.count("unauthorized")
+        length = self.headers.get("Content-Length")
+        if length:
+            self.rfile.read(int(length))
+        body = json.dumps({"errors": [{"code": "UNAUTHORIZED", "message": "authentication required"}]}).encode()
+        headers = [("Content-Type", "application/json"), ("WWW-Authenticate", 'Basic realm="faultproxy"')]
+        self.reply(401, headers, body, send_body=self.command != "HEAD")
+        plan.write()
+        return False
 
     def forward(self, fault, cfg):
         if self.headers.get("Transfer-Encoding"):
@@ -305,6 +336,7 @@ def main():
     ap.add_argument("--blob", default="", help="fault range reads of this blob (sha256:...) only")
     ap.add_argument("--repo", default="", help="fault range reads in this repository only")
     ap.add_argument("--whole", action="store_true", help="fault full-blob GETs too, not only range reads")
+    ap.add_argument("--basic-auth", default="", metavar="USER:PASSWORD")
     ap.add_argument("--lifetime", type=float, default=600.0)
     ap.add_argument("--port-file")
     ap.add_argument("--stats")

@@ -352,6 +352,13 @@ pub(crate) enum Command {
         /// mount --cache-reserve`; default: a tenth of it, at most 1G).
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         cache_reserve: Option<u64>,
+        /// Serve the CRI image service on the snapshotter's socket too,
+        /// forwarding every call to containerd's socket SOCKET: point the
+        /// kubelet's --image-service-endpoint here, and the lamina mounts
+        /// of a pod's images fetch with the pull secrets the pod brought
+        /// (stargz's CRI keychain). Unset: the node's credentials only.
+        #[arg(long, value_name = "SOCKET")]
+        cri_keychain: Option<PathBuf>,
     },
     /// Internal: the FUSE daemon of one mount.
     #[command(hide = true)]

@@ -44,6 +44,7 @@
 //! metrics_address = "127.0.0.1:9464"   # or "unix:/run/lamina/metrics.sock"
 //! cache_max_size = "50G"  # the shared cache, collected in the background
 //! cache_reserve = "1G"
+//! cri_keychain = "/run/containerd/containerd.sock"  # pods' pull secrets (docs/containerd.md)
 //!
 //! [convert]
 //! chunk_size = "256K"
@@ -273,6 +274,7 @@ pub(crate) struct SnapshotterSection {
     pub(crate) metrics_address: Option<MetricsAddress>,
     pub(crate) cache_max_size: Option<Size>,
     pub(crate) cache_reserve: Option<Size>,
+    pub(crate) cri_keychain: Option<PathBuf>,
 }
 
 /// `[convert]`.

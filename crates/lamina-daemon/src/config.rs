@@ -26,6 +26,11 @@ pub enum SourceSpec {
         /// containerd-style registry host configuration (`hosts.toml`s).
         #[serde(default)]
         hosts_dir: Option<PathBuf>,
+        /// The docker config holding the mount's only credentials (a
+        /// pod's pull secret, written by the snapshotter); `None`: the
+        /// process's own (`LAMINA_REGISTRY_AUTH`, `DOCKER_CONFIG`).
+        #[serde(default)]
+        docker_config: Option<PathBuf>,
     },
     /// A local OCI layout.
     Layout {

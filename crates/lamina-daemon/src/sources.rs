@@ -49,12 +49,14 @@ fn registry_client(spec: &SourceSpec, timeout_secs: u64) -> io::Result<RegistryC
         tls_hosts,
         ca_file,
         hosts_dir,
+        docker_config,
         ..
     } = spec
     else {
         return Err(io::Error::other("not a registry source"));
     };
     let opts = SourceOptions {
+        docker_config: docker_config.clone(),
         insecure_hosts: insecure_hosts.clone(),
         tls_hosts: tls_hosts.clone(),
         ca_file: ca_file.clone(),

@@ -580,6 +580,7 @@ pub(crate) fn source_spec(
             tls_hosts: opts.source.tls_hosts.clone(),
             ca_file: opts.source.ca_file.clone(),
             hosts_dir: opts.source.hosts.dir().map(Path::to_path_buf),
+            docker_config: opts.source.docker_config.clone(),
         },
         ImageRef::Oci { dir, .. } => SourceSpec::Layout {
             dir: fs::canonicalize(dir).map_err(io_err(dir))?,

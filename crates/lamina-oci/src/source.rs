@@ -182,8 +182,10 @@ fn parse_diff_ids(
 /// Options for opening sources and sinks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceOptions {
-    /// Docker `config.json` with registry credentials; `None` means
-    /// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
+    /// Docker `config.json` with registry credentials, and then the only
+    /// credentials (`LAMINA_REGISTRY_AUTH` is not read); `None` means
+    /// `LAMINA_REGISTRY_AUTH`, then `$DOCKER_CONFIG/config.json`, else
+    /// `~/.docker/config.json`.
     pub docker_config: Option<PathBuf>,
     /// Registry hosts (`host` or `host:port`) reached over plain HTTP.
     /// Loopback hosts (by resolved address) always are, unless listed in

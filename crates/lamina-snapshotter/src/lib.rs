@@ -4,9 +4,11 @@
 //! lazily, so containerd downloads none of their data. docs/containerd.md
 //! tells how to plug it in.
 
+pub mod cri;
 pub mod filter;
 pub mod metrics;
 pub mod proto;
+pub mod pull_secrets;
 mod service;
 pub mod snapshots;
 pub mod state;
@@ -45,6 +47,11 @@ pub struct Options {
     /// Which tar indexes plain images may be served through; an image
     /// whose index is refused goes to overlayfs (said in the log, counted).
     pub index_trust: lamina_mount::IndexTrust,
+    /// containerd's socket, when the snapshotter's own socket also serves
+    /// the CRI image service in front of it (the kubelet's
+    /// `--image-service-endpoint`), taking pods' pull secrets for their
+    /// images' mounts (`cri.rs`).
+    pub cri_keychain: Option<PathBuf>,
 }
 
 /// The real lamina side: manifests from registries, lazy mounts (kernel or
@@ -66,6 +73,8 @@ pub struct RegistryImages {
 #[derive(Debug)]
 pub struct Resolver {
     source: SourceOptions,
+    /// Pods' pull secrets, with the CRI keychain on.
+    secrets: Option<Arc<pull_secrets::PullSecrets>>,
     cache_dir: PathBuf,
     index_trust: lamina_mount::IndexTrust,
     /// Images resolved, by kind (metrics).
@@ -125,6 +134,7 @@ impl RegistryImages {
     ) -> Self {
         let resolver = Resolver {
             source,
+            secrets: None,
             cache_dir,
             index_trust,
             kinds,
@@ -137,6 +147,19 @@ impl RegistryImages {
             mode,
             resolver: Arc::new(resolver),
             pending: HashMap::new(),
+        }
+    }
+
+    /// Mounts of images a pod pulled with a secret fetch with that secret
+    /// alone.
+    pub fn with_secrets(self, secrets: Arc<pull_secrets::PullSecrets>) -> Self {
+        let resolver = Resolver {
+            secrets: Some(secrets),
+            ..Arc::into_inner(self.resolver).expect("not shared before serving")
+        };
+        RegistryImages {
+            resolver: Arc::new(resolver),
+            ..self
         }
     }
 }
@@ -159,7 +182,7 @@ impl Resolver {
             Ok(_) => return Some("lamina"),
             Err(e) => e.to_string(),
         };
-        match lamina_mount::find_tar_index(image, img, &self.mount_options()) {
+        match lamina_mount::find_tar_index(image, img, &self.mount_options(reference)) {
             Ok(Some((index, _))) => {
                 tracing::info!("{reference}: served lazily through its tar index {index}");
                 Some("tar_index")
@@ -191,7 +214,7 @@ impl Resolver {
     fn resolve(&self, reference: &str) -> Result<Known, String> {
         let rr = RegistryRef::parse(reference).map_err(|e| e.to_string())?;
         let image = ImageRef::Registry(rr);
-        let source = open_source(&image, &self.source).map_err(|e| e.to_string())?;
+        let source = open_source(&image, &self.source_for(reference)).map_err(|e| e.to_string())?;
         let img = source.image();
         let kind = self.kind_of(reference, &image, img);
         self.kinds.count(kind.unwrap_or("plain"));
@@ -214,6 +237,13 @@ impl Resolver {
             }
             _ => img.manifest_digest.to_string(),
         };
+        if let Some(secrets) = &self.secrets {
+            // The top layer is mounted by digest: it fetches as the pull did.
+            let pinned = pinned_name(reference, &digest);
+            secrets
+                .alias(reference, &pinned)
+                .map_err(|e| format!("{pinned}: keeping its pull secret: {e}"))?;
+        }
         *lock(&self.resolved) = Some((digest.clone(), source));
         Ok(Some((digest, layers)))
     }
@@ -232,10 +262,20 @@ impl Resolver {
         }
     }
 
-    fn mount_options(&self) -> MountOptions {
+    /// How `reference` is fetched: with the secret its pod brought, and
+    /// then that alone, or with the node's credentials.
+    fn source_for(&self, reference: &str) -> SourceOptions {
+        let secret = self.secrets.as_ref().and_then(|s| s.config_for(reference));
+        SourceOptions {
+            docker_config: secret.or_else(|| self.source.docker_config.clone()),
+            ..self.source.clone()
+        }
+    }
+
+    fn mount_options(&self, reference: &str) -> MountOptions {
         MountOptions {
             cache_dir: self.cache_dir.clone(),
-            source: self.source.clone(),
+            source: self.source_for(reference),
             // Snapshots are mounted in the snapshotter's private (0700)
             // root for runc, like containerd's overlayfs snapshots.
             privileges: Privileges {
@@ -261,18 +301,23 @@ fn role_in(reference: &str, known: &Known, layer: &str) -> Option<LayerRole> {
     let (digest, layers) = known.as_ref()?;
     let pos = layers.iter().position(|l| l == layer)?;
     Some(if pos + 1 == layers.len() {
-        let name = reference.split_once('@').map_or(reference, |(n, _)| n);
-        // HOST/REPO without the tag, pinned to the manifest.
-        let repo = match name.rsplit_once(':') {
-            Some((repo, tag)) if !tag.contains('/') => repo,
-            _ => name,
-        };
         LayerRole::Top {
-            image: format!("{repo}@{digest}"),
+            image: pinned_name(reference, digest),
         }
     } else {
         LayerRole::Lower
     })
+}
+
+/// `reference`'s HOST/REPO without the tag, pinned to `digest`: what its
+/// top layer is mounted by.
+fn pinned_name(reference: &str, digest: &str) -> String {
+    let name = reference.split_once('@').map_or(reference, |(n, _)| n);
+    let repo = match name.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => repo,
+        _ => name,
+    };
+    format!("{repo}@{digest}")
 }
 
 impl snapshots::Resolve for Resolver {
@@ -328,7 +373,7 @@ impl Images for RegistryImages {
         let source = self.resolver.take_resolved(image);
         let how = (&self.lazy, self.mode);
         mount_image(
-            &self.resolver.mount_options(),
+            &self.resolver.mount_options(image),
             how,
             image,
             source,
@@ -337,7 +382,7 @@ impl Images for RegistryImages {
     }
 
     fn start_mount(&mut self, image: &str, mountpoint: &Path) {
-        let opts = self.resolver.mount_options();
+        let opts = self.resolver.mount_options(image);
         let (lazy, mode) = (self.lazy.clone(), self.mode);
         let source = self.resolver.take_resolved(image);
         let (image, mnt) = (image.to_string(), mountpoint.to_path_buf());
@@ -455,12 +500,20 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
     tracing::info!("lamina images mount with the {mode} path: {why}");
     let metrics = Arc::new(metrics::Metrics::new(opts.root.join("cache")));
     let how = (opts.lazy.clone(), mode);
-    let images = RegistryImages::new(
+    let mut images = RegistryImages::new(
         (opts.source.clone(), opts.index_trust.clone()),
         cache.clone(),
         how,
         metrics.image_kinds(),
     );
+    let keychain = match &opts.cri_keychain {
+        Some(containerd) => {
+            let secrets = Arc::new(open_secrets(&opts.address)?);
+            images = images.with_secrets(secrets.clone());
+            Some((containerd.clone(), secrets))
+        }
+        None => None,
+    };
     let sn = Snapshotter::open(&opts.root, images).map_err(|e| anyhow::anyhow!("{e}"))?;
     metrics.set_snapshots(sn.census());
     let inner = Arc::new(Mutex::new(sn));
@@ -483,13 +536,36 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
             tracing::info!(address = %bound, "metrics serving at /metrics");
             tokio::spawn(metrics::serve(listener, metrics.clone()));
         }
-        listen(opts.address, service::Service::new(inner, metrics)).await
+        let cri = match keychain {
+            Some((containerd, secrets)) => {
+                tracing::info!(
+                    "serving the CRI image service in front of {}: pods' pull secrets reach \
+                     their images' mounts",
+                    containerd.display()
+                );
+                Some(cri::ImageProxy::new(&containerd, secrets)?)
+            }
+            None => None,
+        };
+        listen(opts.address, service::Service::new(inner, metrics), cri).await
     })
+}
+
+/// Pods' pull secrets live beside the socket (on /run by default: never
+/// past a reboot, which ends the mounts that use them).
+fn open_secrets(address: &Path) -> anyhow::Result<pull_secrets::PullSecrets> {
+    let dir = address
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("credentials");
+    pull_secrets::PullSecrets::open(&dir)
+        .with_context(|| format!("the pull secrets' dir {}", dir.display()))
 }
 
 async fn listen<I: Images + 'static>(
     address: PathBuf,
     svc: service::Service<I>,
+    cri: Option<cri::ImageProxy>,
 ) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     if std::os::unix::net::UnixStream::connect(&address).is_ok() {
@@ -511,6 +587,7 @@ async fn listen<I: Images + 'static>(
     };
     tonic::transport::Server::builder()
         .add_service(proto::snapshots_server::SnapshotsServer::new(svc))
+        .add_optional_service(cri.map(proto::image_service_server::ImageServiceServer::new))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::UnixListenerStream::new(listener),
             stop,

@@ -194,3 +194,4 @@ include!(concat!(
     env!("OUT_DIR"),
     "/containerd.services.snapshots.v1.Snapshots.rs"
 ));
+include!(concat!(env!("OUT_DIR"), "/runtime.v1.ImageService.rs"));

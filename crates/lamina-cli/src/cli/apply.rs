@@ -120,8 +120,11 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             metrics_address,
             cache_max_size,
             cache_reserve,
+            cri_keychain,
         } => {
             let s = &file.snapshotter;
+            let keychain = s.cri_keychain.clone().map(Some);
+            m.fill(cri_keychain, "cri_keychain", keychain);
             let reserve = s.cache_reserve.map(|v| Some(v.0));
             m.fill(cache_reserve, "cache_reserve", reserve);
             let max = s.cache_max_size.map(|v| Some(v.0));

@@ -379,6 +379,7 @@ pub(super) fn serve_snapshotter(
         metrics_address,
         cache_max_size,
         cache_reserve,
+        cri_keychain,
     } = command
     else {
         unreachable!("run hands serve_snapshotter only Command::Snapshotter");
@@ -403,6 +404,7 @@ pub(super) fn serve_snapshotter(
         metrics_address,
         cache_max_size,
         index_trust,
+        cri_keychain: cri_keychain.as_deref().map(absolute).transpose()?,
     })?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! storage driver, and a CRI client running a pod (Kubernetes' path).
 
 use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use crate::fixture::images;
-use crate::node::Node;
+use crate::node::{ask, Node};
 use crate::{Version, CONTAINERD2_DIR, DOCKER_DIR, LAMINA_IMAGE, ORIG_IMAGE, PAUSE_IMAGE};
 
 /// dockerd on `node`'s containerd with the containerd image store and lamina
@@ -164,26 +165,35 @@ fn cri_pod_runs_a_lamina_image(version: Version) {
     let Some(node) = Node::start_with(version, true, &[]) else {
         return;
     };
-    let imgs = images();
-    let mut c = command(
-        cri_run_bin(),
-        [
-            "-endpoint".to_string(),
-            node.sock().display().to_string(),
-            "-sandbox-image".into(),
-            node.image(PAUSE_IMAGE),
-            "-image".into(),
-            node.image(LAMINA_IMAGE),
-            "-log-dir".into(),
-            node.t.path().display().to_string(),
-            "--".into(),
-            "python3".into(),
-            "-c".into(),
-            "print('hello from a lamina pod')".into(),
-        ],
-    );
-    let out = run(&mut c, TIMEOUT);
     let mut f = Failures::default();
+    run_lamina_pod(&node, &[], &mut f);
+    if !f.0.is_empty() {
+        f.0.push(node.logs());
+    }
+    f.finish(&format!("CRI on containerd {version:?}"));
+}
+
+/// Runs a pod of the lamina image through cri-run (`cri_args` before the
+/// others) and checks it the way the kubelet would see it, and that the
+/// image was mounted lazily.
+fn run_lamina_pod(node: &Node, cri_args: &[String], f: &mut Failures) {
+    let imgs = images();
+    let mut c = command(cri_run_bin(), cri_args);
+    c.args([
+        "-endpoint".to_string(),
+        node.sock().display().to_string(),
+        "-sandbox-image".into(),
+        node.image(PAUSE_IMAGE),
+        "-image".into(),
+        node.image(LAMINA_IMAGE),
+        "-log-dir".into(),
+        node.t.path().display().to_string(),
+        "--".into(),
+        "python3".into(),
+        "-c".into(),
+        "print('hello from a lamina pod')".into(),
+    ]);
+    let out = run(&mut c, TIMEOUT);
     f.check(out.status.success(), || {
         format!("cri-run:\n{}", out.describe())
     });
@@ -219,10 +229,64 @@ fn cri_pod_runs_a_lamina_image(version: Version) {
             imgs.blob_bytes
         )
     });
+}
+
+/// Issue 42, point 11: a pod brings its own pull secret. The registry
+/// opens only to it (a front that asks for Basic credentials), and the
+/// snapshotter has none of its own but serves CRI's image service in front
+/// of containerd (`--cri-keychain`), as the kubelet's
+/// `--image-service-endpoint`. The pod runs from the lamina image mounted
+/// lazily, and the mount's range reads carried the pod's secret. Before,
+/// the snapshotter's socket served no image service.
+fn cri_pod_brings_its_pull_secret(version: Version) {
+    let creds = "tenant-a:s3cret-a";
+    let Some(node) = Node::start_keychain(version, creds) else {
+        return;
+    };
+    let front = node.front.as_ref().expect("a keychain node has a front");
+    let mut f = Failures::default();
+    // The front really shuts out a request without the secret.
+    let anonymous = ask(front.port, b"GET /v2/ HTTP/1.1\r\nHost: x\r\n\r\n");
+    f.check(
+        anonymous
+            .as_deref()
+            .is_some_and(|a| a.starts_with(b"HTTP/1.1 401")),
+        || format!("the front answered {anonymous:?} without credentials"),
+    );
+    let snapshotter_sock = node.t.join("snapshotter.sock");
+    let args = [
+        "-image-endpoint".to_string(),
+        snapshotter_sock.display().to_string(),
+        "-creds".into(),
+        creds.into(),
+    ];
+    run_lamina_pod(&node, &args, &mut f);
+    let stats = front.stats();
+    f.check(stats["authorized_ranges"].as_u64() > Some(0), || {
+        format!("no range read came with the pod's secret: {stats}")
+    });
+    // Kept for the mounts alone: private, and named by its digest.
+    let kept: Vec<_> = std::fs::read_dir(node.t.join("credentials"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let secrets: Vec<_> = kept
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    f.check(secrets.len() == 1, || {
+        format!("the snapshotter keeps {kept:?} for one pull secret")
+    });
+    for secret in secrets {
+        let mode = std::fs::metadata(secret).map(|m| m.mode() & 0o777);
+        f.check(matches!(mode, Ok(0o600)), || {
+            format!("{} has mode {mode:?}", secret.display())
+        });
+    }
     if !f.0.is_empty() {
+        f.0.push(front.bg.describe());
         f.0.push(node.logs());
     }
-    f.finish(&format!("CRI on containerd {version:?}"));
+    f.finish(&format!("a pod's pull secret on containerd {version:?}"));
 }
 
 #[test]
@@ -233,4 +297,14 @@ fn cri_on_containerd_16_runs_a_lamina_pod() {
 #[test]
 fn cri_on_containerd_2_runs_a_lamina_pod() {
     cri_pod_runs_a_lamina_image(Version::V2);
+}
+
+#[test]
+fn cri_on_containerd_16_takes_a_pods_pull_secret() {
+    cri_pod_brings_its_pull_secret(Version::V16);
+}
+
+#[test]
+fn cri_on_containerd_2_takes_a_pods_pull_secret() {
+    cri_pod_brings_its_pull_secret(Version::V2);
 }

@@ -21,6 +21,10 @@ pub(crate) struct Node {
     /// Where the snapshotter serves its Prometheus metrics.
     pub(crate) metrics: String,
     pub(crate) containerd: Background,
+    /// A front that asks for Basic credentials, where the registry has one
+    /// ([`start_keychain`](Self::start_keychain)): images are named by its
+    /// host.
+    pub(crate) front: Option<FaultProxy>,
 }
 
 impl Node {
@@ -35,6 +39,23 @@ impl Node {
         version: Version,
         cri: bool,
         snapshotter_args: &[&str],
+    ) -> Option<Node> {
+        Node::start_inner(version, cri, snapshotter_args, None)
+    }
+
+    /// A CRI node whose registry answers only requests that carry Basic
+    /// `credentials` (`USER:PASSWORD`, checked by a front), and whose
+    /// snapshotter has no credentials of its own but serves CRI's image
+    /// service in front of containerd (`--cri-keychain`): pods bring them.
+    pub(crate) fn start_keychain(version: Version, credentials: &str) -> Option<Node> {
+        Node::start_inner(version, true, &[], Some(credentials))
+    }
+
+    fn start_inner(
+        version: Version,
+        cri: bool,
+        snapshotter_args: &[&str],
+        basic_auth: Option<&str>,
     ) -> Option<Node> {
         let mut tools = vec!["runc", "skopeo", "docker-registry", "umoci"];
         if version == Version::V16 {
@@ -57,8 +78,20 @@ impl Node {
         let metrics = format!("127.0.0.1:{}", free_port());
         let mut args = vec![OsStr::new("--metrics-address"), OsStr::new(&metrics)];
         args.extend(snapshotter_args.iter().map(OsStr::new));
+        let front = basic_auth.map(|creds| {
+            let extra = ["--basic-auth", creds];
+            FaultProxy::start(t.path(), "front", 0, reg.port, "none", &extra)
+        });
+        let containerd_sock = t.join("containerd.sock");
+        if front.is_some() {
+            args.extend([OsStr::new("--cri-keychain"), containerd_sock.as_os_str()]);
+        }
         let snapshotter = start_snapshotter_with(&t, &args);
-        let registry = cri.then(|| reg.host());
+        let host = match &front {
+            Some(f) => format!("127.0.0.1:{}", f.port),
+            None => reg.host(),
+        };
+        let registry = cri.then_some(host);
         let containerd = start_containerd(version, &t, registry.as_deref());
         let node = Node {
             version,
@@ -67,6 +100,7 @@ impl Node {
             snapshotter,
             metrics,
             containerd,
+            front,
         };
         node.wait_containerd();
         Some(node)
@@ -122,8 +156,12 @@ impl Node {
         }
     }
 
+    /// `repo_tag` in the node's registry, through its front if it has one.
     pub(crate) fn image(&self, repo_tag: &str) -> String {
-        format!("{}/{repo_tag}", self.reg.host())
+        match &self.front {
+            Some(f) => format!("127.0.0.1:{}/{repo_tag}", f.port),
+            None => format!("{}/{repo_tag}", self.reg.host()),
+        }
     }
 
     /// Pulls `repo_tag` for the lamina snapshotter the way each version
@@ -422,7 +460,7 @@ pub(crate) fn free_port() -> u16 {
 }
 
 /// Sends `request` to 127.0.0.1:`port`; the first bytes of the answer.
-fn ask(port: u16, request: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn ask(port: u16, request: &[u8]) -> Option<Vec<u8>> {
     use std::io::{Read, Write};
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;

@@ -94,11 +94,22 @@ impl CredEnv {
                 .map(|p| (p, false)),
         };
         CredEnv {
-            auth: std::env::var_os(AUTH_ENV).filter(|v| !v.is_empty()),
+            auth: env_auth(opts, std::env::var_os(AUTH_ENV)),
             config,
             path: std::env::var_os("PATH"),
             helper_timeout: HELPER_TIMEOUT,
         }
+    }
+}
+
+/// `LAMINA_REGISTRY_AUTH`'s value, unless a config file is named for
+/// this source: then that file holds its only credentials (skopeo's
+/// `--authfile`), and a pod's pull secret, say, is never overridden by
+/// the node's variable.
+fn env_auth(opts: &SourceOptions, value: Option<OsString>) -> Option<OsString> {
+    match opts.docker_config {
+        Some(_) => None,
+        None => value.filter(|v| !v.is_empty()),
     }
 }
 

@@ -244,3 +244,16 @@ fn credentials_identity_tells_credentials_apart_and_names_no_secret() {
     let again = identity_of(&env(Some("h:5000=alice:secret-a"), "/a/config.json"));
     assert_eq!(a, again);
 }
+
+#[test]
+fn a_named_config_file_is_the_only_credentials() {
+    let value = || Some(OsString::from("h:5000=node:secret"));
+    let plain = SourceOptions::default();
+    assert_eq!(env_auth(&plain, value()), value());
+    assert_eq!(env_auth(&plain, Some(OsString::new())), None);
+    let named = SourceOptions {
+        docker_config: Some(PathBuf::from("/run/lamina/credentials/x.json")),
+        ..SourceOptions::default()
+    };
+    assert_eq!(env_auth(&named, value()), None);
+}
