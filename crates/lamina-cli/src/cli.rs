@@ -241,6 +241,13 @@ pub(crate) enum Command {
             allow_hyphen_values = true
         )]
         pids_limit: i64,
+        /// Run the container in a user namespace whose ids 0..SIZE are
+        /// host ids HOST..HOST+SIZE (SIZE: 65536 by default): its root is
+        /// no root on the host. The image is shown shifted through an
+        /// idmapped mount (kernel path, --net none). Give each tenant a
+        /// range of its own, as /etc/subuid does.
+        #[arg(long, value_name = "HOST[:SIZE]", value_parser = parse_userns)]
+        userns: Option<lamina_run::spec::IdRange>,
         /// User (uid, uid:gid, name or name:group), replacing the image's.
         #[arg(short = 'u', long)]
         user: Option<String>,
@@ -395,6 +402,38 @@ pub(crate) enum Command {
 /// root; for anyone else (a rootless FUSE mount, root of a user namespace
 /// such as `podman unshare`'s) `$XDG_CACHE_HOME/lamina`, else
 /// `~/.cache/lamina`.
+/// `--userns HOST[:SIZE]`: SIZE ids from host id HOST (65536 by default).
+fn parse_userns(s: &str) -> std::result::Result<lamina_run::spec::IdRange, String> {
+    let (host, size) = s.split_once(':').unwrap_or((s, "65536"));
+    let number = |v: &str| {
+        v.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{v:?} is no id"))
+    };
+    let range = lamina_run::spec::IdRange {
+        host: number(host)?,
+        size: number(size)?,
+    };
+    if range.host == 0 || range.size == 0 || range.host.checked_add(range.size).is_none() {
+        return Err(format!(
+            "{s}: a range of host ids above root (e.g. 100000:65536)"
+        ));
+    }
+    Ok(range)
+}
+
+#[cfg(test)]
+#[test]
+fn userns_ranges_are_above_root_and_fit() {
+    let r = parse_userns("100000").unwrap();
+    assert_eq!((r.host, r.size), (100_000, 65_536));
+    let r = parse_userns("200000:1000").unwrap();
+    assert_eq!((r.host, r.size), (200_000, 1_000));
+    for bad in ["0:65536", "100000:0", "4294967295:2", "x", "1:y"] {
+        assert!(parse_userns(bad).is_err(), "{bad}");
+    }
+}
+
 fn default_cache_dir() -> PathBuf {
     if lamina_sys::is_host_root() {
         return PathBuf::from("/var/lib/lamina");

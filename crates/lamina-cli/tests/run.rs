@@ -185,6 +185,7 @@ impl Env {
         assert!(mounts.is_empty(), "still mounted: {mounts:?}");
         for dir in [
             self.state().join("containers"),
+            self.state().join("userns"),
             self.state().join("runc"),
             self.cache().join("mounts"),
         ] {
@@ -451,6 +452,73 @@ fn containers_are_confined_unless_asked() {
     assert_eq!(cap_bnd(&o) & NET_RAW, NET_RAW, "{}", o.describe());
     e.run(&["--rm", "--cap-add", "NET_MAGIC"], &["true"])
         .code_is(125);
+    e.assert_clean();
+}
+
+/// Issue 42, `--userns`: the container's root is host uid 200000. Inside,
+/// root owns the image's files as it does without a user namespace (an
+/// idmapped mount of the image: no byte of it changes); on the host, what
+/// the container writes belongs to the range, and a host file only root may
+/// read stays shut to the container's root. Asked for the host's network, a
+/// FUSE mount or an empty range, it refuses before setting anything up.
+#[test]
+fn userns_root_is_no_root_on_the_host() {
+    if !require(TOOLS) {
+        return;
+    }
+    let e = Env::new("run-userns");
+    let secret = e.t.join("host-secret");
+    fs::write(&secret, "host only\n").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    let vol = format!("{}:/mnt/secret:ro", secret.display());
+    let script = "id -u; cat /proc/self/uid_map; stat -c '%u:%g %n' /etc/passwd /var/mail; \
+                  echo data > /root/written; cat /mnt/secret 2>/dev/null || echo denied";
+    let flags = [
+        "--name",
+        "ns",
+        "-u",
+        "0",
+        "--mode",
+        "kernel",
+        "--userns",
+        "200000:65536",
+        "-v",
+        &vol,
+    ];
+    let o = e.run(&flags, &["sh", "-c", script]).ok();
+    let out: Vec<String> = o.stdout.split_whitespace().map(String::from).collect();
+    let expected = [
+        "0",
+        "0",
+        "200000",
+        "65536",
+        "0:0",
+        "/etc/passwd",
+        "0:8",
+        "/var/mail",
+        "denied",
+    ];
+    assert_eq!(out, expected, "{}", o.describe());
+    let written = e.cache().join("containers/ns/upper/root/written");
+    let meta = fs::metadata(&written).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (200_000, 200_000),
+        "{}",
+        written.display()
+    );
+    for (bad, why) in [
+        (vec!["--userns", "200000", "--net", "host"], "own network"),
+        (
+            vec!["--userns", "200000", "--mode", "fuse"],
+            "--mode kernel",
+        ),
+        (vec!["--userns", "0:10"], "above root"),
+    ] {
+        let o = e.run(&bad, &["true"]).code_is(125);
+        assert!(o.stderr.contains(why), "{bad:?}: {}", o.describe());
+    }
     e.assert_clean();
 }
 

@@ -61,6 +61,36 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Like [`private_dir`], but others may pass through `dir` (0711): they can
+/// reach what is inside by name, never list it. A user namespace's root
+/// (`lamina run --userns`) must pass through the directories above its
+/// root filesystem, whose own dir is then private to that range.
+pub fn traversable_dir(dir: &Path) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o711).create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    let me = rustix::process::geteuid().as_raw();
+    if !meta.is_dir() || meta.uid() != me {
+        return private_dir(dir); // refuses it, saying why
+    }
+    check_ancestors(dir, me)?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(refuse(
+            dir,
+            format!("mode {mode:o} lets others write to it; make it 0711"),
+        ));
+    }
+    if mode != 0o711 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    }
+    Ok(())
+}
+
+/// Whether others may pass through `dir` (a [`traversable_dir`]).
+pub fn is_traversable(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.mode() & 0o7777 == 0o711)
+}
+
 /// Every directory above `dir` (its real path) must be owned by root or
 /// this user, and writable by nobody else unless sticky: whoever may write
 /// to a parent can move `dir` aside and put one of their own in its place,

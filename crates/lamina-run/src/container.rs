@@ -9,6 +9,13 @@
 //! STATE/runc/              runc's --root, shared by lamina's containers
 //! CACHE/containers/NAME/   upper/, work/ (kept without --rm)
 //! ```
+//!
+//! With `--userns HOST:SIZE` the container's root is host uid HOST, which
+//! must reach its root filesystem: STATE and STATE/userns/ are 0711 (passed
+//! through, never listed), and the container's rootfs/, hosts, hostname and
+//! resolv.conf are in `STATE/userns/NAME/`, 0700 and owned by HOST. The
+//! overlay's lower is then `STATE/containers/NAME/lower-ids/`, an idmapped
+//! mount of lower/ whose files show owned by HOST + their ids.
 
 use std::fs;
 use std::io::Read;
@@ -75,6 +82,9 @@ pub struct RunOptions {
     pub interactive: bool,
     /// After a stop signal, how long the container has before SIGKILL.
     pub stop_timeout: Duration,
+    /// `--userns`: the container's ids are this host range (its root is
+    /// no host root); `None`: the host's ids, as docker's default.
+    pub userns: Option<crate::spec::IdRange>,
 }
 
 /// Why `lamina run` failed (its exit code: [`RunError::exit_code`]).
@@ -123,6 +133,9 @@ pub enum RunError {
     /// A signal arrived before the container started.
     #[error("interrupted by signal {0} before the container started")]
     Interrupted(i32),
+    /// `--userns` with what it cannot work with.
+    #[error("--userns: {0}")]
+    Userns(String),
 }
 
 impl RunError {
@@ -185,6 +198,7 @@ pub fn run(opts: &RunOptions) -> Result<RunReport, RunError> {
             return Err(RunError::VolumeSource(v.source.clone()));
         }
     }
+    check_userns(opts)?;
     // Before any mount: a Ctrl-C from now on is ours to handle, so nothing
     // is left half set up.
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
@@ -196,6 +210,32 @@ pub fn run(opts: &RunOptions) -> Result<RunReport, RunError> {
     report.run_seconds = started.elapsed().as_secs_f64();
     report.cleanup_warnings = warnings;
     Ok(report)
+}
+
+/// What `--userns` cannot work with, refused before anything is set up.
+fn check_userns(opts: &RunOptions) -> Result<(), RunError> {
+    let Some(range) = opts.userns else {
+        return Ok(());
+    };
+    if range.host == 0 || range.size == 0 || range.host.checked_add(range.size).is_none() {
+        return Err(RunError::Userns(format!(
+            "{}:{} is no range of host ids above root",
+            range.host, range.size
+        )));
+    }
+    if opts.network == Network::Host {
+        // As docker: sysfs is mounted only by the owner of the network
+        // namespace, and the host's is not the container's.
+        return Err(RunError::Userns(
+            "a user namespace needs the container's own network (--net none)".into(),
+        ));
+    }
+    if opts.mode != lamina_mount::Mode::Kernel {
+        return Err(RunError::Userns(
+            "the image is shifted by an idmapped mount of its EROFS: run with --mode kernel".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn generated_name() -> String {
@@ -215,11 +255,17 @@ fn generated_name() -> String {
 struct Container {
     name: String,
     state: PathBuf,
+    /// Where runc finds the rootfs and the files bound into the container:
+    /// `state`, or with `--userns` a dir its root may reach.
+    exposed: PathBuf,
+    userns: Option<crate::spec::IdRange>,
     keep: PathBuf,
     runc: Runc,
     cache_dir: PathBuf,
     remove: bool,
     lower_mounted: bool,
+    /// The idmapped clone of the lower (`--userns`).
+    ids_mounted: bool,
     overlay_mounted: bool,
     runc_started: bool,
     torn_down: bool,
@@ -229,7 +275,18 @@ impl Container {
     fn claim(opts: &RunOptions, name: String) -> Result<Container, RunError> {
         let containers = opts.state_dir.join("containers");
         let keep_root = opts.mount.cache_dir.join("containers");
-        for dir in [&opts.state_dir, &containers, &keep_root] {
+        let userns_root = opts.state_dir.join("userns");
+        // Once traversable (another --userns container may be starting),
+        // the state dir stays so.
+        if opts.userns.is_some() || lamina_fetch::private::is_traversable(&opts.state_dir) {
+            for dir in [&opts.state_dir, &userns_root] {
+                lamina_fetch::private::traversable_dir(dir).map_err(io("creating", dir))?;
+            }
+        } else {
+            let dir = &opts.state_dir;
+            lamina_fetch::private::private_dir(dir).map_err(io("creating", dir))?;
+        }
+        for dir in [&containers, &keep_root] {
             lamina_fetch::private::private_dir(dir).map_err(io("creating", dir))?;
         }
         let runc_root = opts.state_dir.join("runc");
@@ -257,14 +314,21 @@ impl Container {
             }
             Err(e) => return Err(io("creating", &state)(e)),
         }
+        let exposed = match opts.userns {
+            Some(range) => expose_to(&userns_root.join(&name), range)?,
+            None => state.clone(),
+        };
         let c = Container {
             name,
             state,
+            exposed,
+            userns: opts.userns,
             keep,
             runc,
             cache_dir: opts.mount.cache_dir.clone(),
             remove: opts.remove,
             lower_mounted: false,
+            ids_mounted: false,
             overlay_mounted: false,
             runc_started: false,
             torn_down: false,
@@ -281,7 +345,36 @@ impl Container {
     }
 
     fn rootfs(&self) -> PathBuf {
-        self.state.join("rootfs")
+        self.exposed.join("rootfs")
+    }
+
+    /// The idmapped clone of [`lower`](Self::lower) (`--userns`).
+    fn lower_ids(&self) -> PathBuf {
+        self.state.join("lower-ids")
+    }
+
+    /// The overlay's lower: the image, shifted into the range with
+    /// `--userns`.
+    fn overlay_lower(&mut self) -> Result<PathBuf, RunError> {
+        let Some(range) = self.userns else {
+            return Ok(self.lower());
+        };
+        let (lower, ids) = (self.lower(), self.lower_ids());
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&ids)
+            .map_err(io("creating", &ids))?;
+        let userns = lamina_sys::idmap::user_namespace(range)
+            .map_err(|e| RunError::Userns(format!("a user namespace for the mount: {e}")))?;
+        lamina_sys::idmap::mount_idmapped(&lower, &ids, &userns).map_err(|e| {
+            RunError::Userns(format!(
+                "an idmapped mount of the image at {}: {e} (the kernel must allow idmapped \
+                 EROFS mounts: Linux 6.x)",
+                ids.display()
+            ))
+        })?;
+        self.ids_mounted = true;
+        Ok(ids)
     }
 
     fn start_and_wait(
@@ -314,7 +407,8 @@ impl Container {
         let env = config::environment(&image_config.env, &opts.env, &defaults, &user.home, |k| {
             std::env::var(k).ok()
         })?;
-        self.mount_overlay()?;
+        let lower = self.overlay_lower()?;
+        self.mount_overlay(&lower)?;
         let etc_files = self.write_etc_files(opts.network)?;
         let cwd = image_config.cwd(opts.workdir.as_deref());
         let rootfs = self.rootfs();
@@ -330,6 +424,7 @@ impl Container {
             volumes: &opts.volumes,
             etc_files: &etc_files,
             security: &opts.security,
+            userns: opts.userns,
         });
         let bundle_config = self.state.join("config.json");
         let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| RunError::Io {
@@ -372,9 +467,10 @@ impl Container {
         Ok(info)
     }
 
-    /// overlayfs: the lamina mount below, the container's upper dir above.
-    fn mount_overlay(&mut self) -> Result<(), RunError> {
-        let (lower, rootfs) = (self.lower(), self.rootfs());
+    /// overlayfs: the lamina mount (`lower`) below, the container's upper
+    /// dir above.
+    fn mount_overlay(&mut self, lower: &Path) -> Result<(), RunError> {
+        let rootfs = self.rootfs();
         let (upper, work) = (self.keep.join("upper"), self.keep.join("work"));
         for dir in [&upper, &work, &rootfs] {
             fs::DirBuilder::new()
@@ -385,22 +481,22 @@ impl Container {
         // The overlay's root takes the upper dir's mode and owner: give it
         // the image root's, or `/` would be 0700 in the container. Privacy
         // comes from the 0700 directory above it.
-        let root = fs::metadata(&lower).map_err(io("reading", &lower))?;
+        let root = fs::metadata(lower).map_err(io("reading", lower))?;
         std::os::unix::fs::chown(&upper, Some(root.uid()), Some(root.gid()))
             .map_err(io("chown", &upper))?;
         fs::set_permissions(&upper, fs::Permissions::from_mode(root.mode() & 0o7777))
             .map_err(io("chmod", &upper))?;
         let mut data = String::new();
         for (key, path) in [
-            ("lowerdir", &lower),
+            ("lowerdir", lower),
             ("upperdir", &upper),
             ("workdir", &work),
         ] {
             let s = path
                 .to_str()
-                .ok_or_else(|| RunError::BadPath(path.clone()))?;
+                .ok_or_else(|| RunError::BadPath(path.to_path_buf()))?;
             if s.contains([',', ':', '\\']) {
-                return Err(RunError::BadPath(path.clone()));
+                return Err(RunError::BadPath(path.to_path_buf()));
             }
             data.push_str(&format!(
                 "{}{key}={s}",
@@ -424,7 +520,7 @@ impl Container {
     /// `/etc/resolv.conf`, bound read-only over the image's.
     fn write_etc_files(&self, network: Network) -> Result<Vec<(PathBuf, &'static str)>, RunError> {
         let mut files = vec![(
-            self.state.join("hostname"),
+            self.exposed.join("hostname"),
             "/etc/hostname",
             format!("{}\n", self.name),
         )];
@@ -433,13 +529,13 @@ impl Container {
             Network::None => String::new(),
         };
         files.push((
-            self.state.join("hosts"),
+            self.exposed.join("hosts"),
             "/etc/hosts",
             format!("{hosts}127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n", self.name),
         ));
         if network == Network::Host {
             if let Ok(resolv) = fs::read_to_string("/etc/resolv.conf") {
-                files.push((self.state.join("resolv.conf"), "/etc/resolv.conf", resolv));
+                files.push((self.exposed.join("resolv.conf"), "/etc/resolv.conf", resolv));
             }
         }
         let mut out = Vec::new();
@@ -521,7 +617,13 @@ impl Container {
                 Err(e) => warnings.push(e),
             }
         }
-        if self.lower_mounted && !self.overlay_mounted {
+        if self.ids_mounted && !self.overlay_mounted {
+            match unmount(&self.lower_ids()) {
+                Ok(()) => self.ids_mounted = false,
+                Err(e) => warnings.push(e),
+            }
+        }
+        if self.lower_mounted && !self.overlay_mounted && !self.ids_mounted {
             let lower = self.lower();
             match lamina_mount::unmount(&lower) {
                 Ok(()) => {
@@ -536,7 +638,7 @@ impl Container {
                 Err(e) => warnings.push(e.to_string()),
             }
         }
-        if self.overlay_mounted || self.lower_mounted {
+        if self.overlay_mounted || self.ids_mounted || self.lower_mounted {
             warnings.push(format!(
                 "left {} in place: still mounted",
                 self.state.display()
@@ -552,8 +654,16 @@ impl Container {
             "resolv.conf",
         ] {
             let _ = fs::remove_file(self.state.join(f));
+            let _ = fs::remove_file(self.exposed.join(f));
         }
-        for d in [self.rootfs(), self.lower(), self.state.clone()] {
+        let dirs = [
+            self.rootfs(),
+            self.exposed.clone(),
+            self.lower_ids(),
+            self.lower(),
+            self.state.clone(),
+        ];
+        for d in dirs {
             if let Err(e) = fs::remove_dir(&d) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     warnings.push(format!("removing {}: {e}", d.display()));
@@ -576,6 +686,27 @@ impl Drop for Container {
             eprintln!("lamina: {w}");
         }
     }
+}
+
+/// `dir`, made 0700 and owned by the range's root: the container's root
+/// reaches what is inside, no other user does.
+fn expose_to(dir: &Path, range: crate::spec::IdRange) -> Result<PathBuf, RunError> {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        // A name is claimed under STATE/containers first: a dir left here
+        // by a crashed run of that name is taken over.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io("creating", dir)(e)),
+    }
+    let meta = fs::symlink_metadata(dir).map_err(io("reading", dir))?;
+    if !meta.is_dir() {
+        return Err(io("creating", dir)(
+            std::io::ErrorKind::AlreadyExists.into(),
+        ));
+    }
+    std::os::unix::fs::chown(dir, Some(range.host), Some(range.host)).map_err(io("chown", dir))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io("chmod", dir))?;
+    Ok(dir.to_path_buf())
 }
 
 /// Unmounts, and detaches when the mount is busy (a process that escaped

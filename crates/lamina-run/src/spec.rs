@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::config::{Network, User, Volume};
+pub use lamina_sys::idmap::IdRange;
 
 /// The OCI runtime spec version written (runc 1.1 reads 1.0.x).
 const OCI_VERSION: &str = "1.0.2";
@@ -128,6 +129,9 @@ pub struct SpecInput<'a> {
     pub etc_files: &'a [(PathBuf, &'static str)],
     /// Capabilities, `noNewPrivileges`, seccomp.
     pub security: &'a Security,
+    /// A user namespace mapping the container's ids to this host range
+    /// (`--userns`); `None`: the host's ids.
+    pub userns: Option<IdRange>,
 }
 
 /// The runtime spec as JSON.
@@ -145,6 +149,9 @@ pub fn runtime_spec(input: &SpecInput) -> Value {
     if input.network == Network::None {
         // A new namespace: runc brings up its loopback and nothing else.
         namespaces.push(json!({"type": "network"}));
+    }
+    if input.userns.is_some() {
+        namespaces.push(json!({"type": "user"}));
     }
     let mut spec = json!({
         "ociVersion": OCI_VERSION,
@@ -180,6 +187,11 @@ pub fn runtime_spec(input: &SpecInput) -> Value {
     }
     if let Some(limit) = input.security.pids_limit {
         spec["linux"]["resources"]["pids"] = json!({ "limit": limit });
+    }
+    if let Some(range) = input.userns {
+        let map = json!([{"containerID": 0, "hostID": range.host, "size": range.size}]);
+        spec["linux"]["uidMappings"] = map.clone();
+        spec["linux"]["gidMappings"] = map;
     }
     spec
 }
@@ -273,6 +285,7 @@ mod tests {
             volumes,
             etc_files: &etc,
             security: &Security::default(),
+            userns: None,
         })
     }
 
@@ -283,6 +296,37 @@ mod tests {
             additional_gids: vec![],
             home: "/root".into(),
         }
+    }
+
+    #[test]
+    fn userns_maps_the_containers_ids_to_the_range() {
+        let args = vec!["true".to_string()];
+        let user = root();
+        let input = SpecInput {
+            rootfs: Path::new("/run/x/userns/c1/rootfs"),
+            args: &args,
+            env: &[],
+            cwd: "/",
+            user: &user,
+            hostname: "c1",
+            terminal: false,
+            network: Network::None,
+            volumes: &[],
+            etc_files: &[],
+            security: &Security::default(),
+            userns: Some(IdRange {
+                host: 200_000,
+                size: 65_536,
+            }),
+        };
+        let s = runtime_spec(&input);
+        let namespaces = s["linux"]["namespaces"].as_array().unwrap();
+        assert!(namespaces.contains(&json!({"type": "user"})));
+        let map = json!([{"containerID": 0, "hostID": 200_000, "size": 65_536}]);
+        assert_eq!(s["linux"]["uidMappings"], map);
+        assert_eq!(s["linux"]["gidMappings"], map);
+        let plain = spec(root(), Network::None, &[]);
+        assert!(plain["linux"].get("uidMappings").is_none());
     }
 
     #[test]

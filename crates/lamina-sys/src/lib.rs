@@ -17,6 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 pub mod cgroup;
+pub mod idmap;
 mod quiet;
 /// The path of `file`'s own fd, `/proc/self/fd/N`: opening it, marking it
 /// or mounting it reaches that very inode, whatever its name now names.

@@ -207,6 +207,7 @@ pub(super) fn run_container(
         cap_add,
         security_opt,
         pids_limit,
+        userns,
         user,
         workdir,
         entrypoint,
@@ -260,6 +261,7 @@ pub(super) fn run_container(
         tty,
         interactive,
         stop_timeout: std::time::Duration::from_secs(stop_timeout),
+        userns,
     };
     let report = lamina_run::run(&opts)?;
     for w in &report.cleanup_warnings {
