@@ -111,6 +111,19 @@ if [ ! -x "$CONTAINERD2_DIR/containerd-shim-runc-v2" ]; then
 fi
 log "containerd 2.x: $("$CONTAINERD2_DIR/containerd" --version)"
 
+# --- cosign (Go module) -----------------------------------------------------------
+# sigstore's cosign signs tar indexes in the tests of signed indexes (lamina
+# verifies its signatures on its own, offline); built once per machine.
+COSIGN_VERSION=v2.6.5
+COSIGN_DIR=/var/cache/lamina-test/go/cosign-$COSIGN_VERSION
+if [ ! -x "$COSIGN_DIR/cosign" ]; then
+    log "building cosign $COSIGN_VERSION from its Go module into $COSIGN_DIR"
+    mkdir -p "$COSIGN_DIR"
+    run env GOBIN="$COSIGN_DIR" GOFLAGS=-mod=mod "$GO" install \
+        "github.com/sigstore/cosign/v2/cmd/cosign@$COSIGN_VERSION"
+fi
+log "cosign: $("$COSIGN_DIR/cosign" version 2>/dev/null | grep GitVersion)"
+
 # --- Docker Engine (Go modules) ------------------------------------------------------
 # dockerd and the docker client, for `docker pull` through lamina snapshotter
 # with the containerd image store (Debian's docker.io predates that store).

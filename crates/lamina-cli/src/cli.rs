@@ -82,6 +82,12 @@ pub struct Args {
     /// it when it is listed as a referrer of the image. Repeatable.
     #[arg(long = "trust-index", global = true, value_name = "DIGEST")]
     pub(crate) trusted_indexes: Vec<String>,
+    /// A cosign public key (ECDSA P-256 PEM, `cosign.pub`) whose
+    /// signatures vouch for tar indexes: a referrer index signed with it
+    /// (`cosign sign --key cosign.key REPO@INDEX_DIGEST`) is used. Checked
+    /// offline. Repeatable.
+    #[arg(long = "trust-index-key", global = true, value_name = "FILE")]
+    pub(crate) index_keys: Vec<PathBuf>,
 }
 
 // One value per process, never moved in a loop: variant sizes do not matter.
@@ -522,9 +528,20 @@ fn index_trust(args: &Args) -> Result<lamina_mount::IndexTrust> {
             lamina_oci::Digest::parse(d).with_context(|| format!("--trust-index {d}: not a digest"))
         })
         .collect::<Result<Vec<_>>>()?;
+    let keys = args
+        .index_keys
+        .iter()
+        .map(|path| {
+            let pem = std::fs::read_to_string(path)
+                .with_context(|| format!("--trust-index-key {}", path.display()))?;
+            lamina_oci::cosign::TrustedKey::from_pem(&path.display().to_string(), &pem)
+                .map_err(anyhow::Error::msg)
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(lamina_mount::IndexTrust {
         audit: args.index_policy == "audit",
         pinned,
+        keys,
     })
 }
 

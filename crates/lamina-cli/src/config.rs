@@ -197,6 +197,8 @@ pub(crate) struct IndexSection {
     pub(crate) policy: Option<IndexPolicy>,
     /// Tar index manifests the node vouches for, by digest.
     pub(crate) pinned: Option<Vec<String>>,
+    /// cosign public keys whose signatures vouch for tar indexes.
+    pub(crate) keys: Option<Vec<PathBuf>>,
 }
 
 /// `[index] policy`.

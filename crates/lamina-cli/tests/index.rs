@@ -24,12 +24,26 @@ fn get(reg: &Registry, path: &str) -> Vec<u8> {
 
 /// `PUT /v2/<path>` of an OCI image index.
 fn put_index(reg: &Registry, path: &str, body: &[u8]) {
+    put_as(reg, path, body, "application/vnd.oci.image.index.v1+json");
+}
+
+/// `PUT /v2/<path>` of a manifest or index of `media_type`.
+fn put_as(reg: &Registry, path: &str, body: &[u8], media_type: &str) {
     let url = format!("http://{}/v2/{path}", reg.host());
     let body = String::from_utf8(body.to_vec()).unwrap();
-    let kind = "Content-Type: application/vnd.oci.image.index.v1+json";
+    let kind = format!("Content-Type: {media_type}");
     let mut c = command(
         "curl",
-        ["-sf", "-X", "PUT", "-H", kind, "--data-binary", &body, &url],
+        [
+            "-sf",
+            "-X",
+            "PUT",
+            "-H",
+            &kind,
+            "--data-binary",
+            &body,
+            &url,
+        ],
     );
     run(&mut c, TIMEOUT).ok();
 }
@@ -660,6 +674,120 @@ fn a_referrer_nothing_vouches_for_is_refused_and_a_bound_index_serves() {
     );
     assert_eq!(mode_bits(&m.path.join(PYTHON)), 0o755);
     m.unmount();
+}
+
+/// cosign, built once per machine by `scripts/setup.sh`.
+const COSIGN: &str = "/var/cache/lamina-test/go/cosign-v2.6.5/cosign";
+
+/// `cosign ARGS` in `dir`, with an empty key password and no
+/// transparency log (the node checks signatures offline).
+fn cosign(dir: &std::path::Path, args: &[&str]) -> Output {
+    assert!(
+        std::path::Path::new(COSIGN).exists(),
+        "{COSIGN} is missing: scripts/setup.sh builds it"
+    );
+    let mut c = command(COSIGN, args);
+    c.current_dir(dir)
+        .env("COSIGN_PASSWORD", "")
+        .env("COSIGN_EXPERIMENTAL", "1");
+    run(&mut c, TIMEOUT).ok()
+}
+
+/// A cosign key pair in `dir` (`cosign.key`, `cosign.pub`); the public
+/// key's path.
+fn cosign_keys(dir: &std::path::Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    cosign(dir, &["generate-key-pair"]);
+    dir.join("cosign.pub").display().to_string()
+}
+
+/// Signs `image` (`HOST/REPO@DIGEST`) with `dir`'s key, as a publisher would:
+/// stored under cosign's `.sig` tag, or as an OCI 1.1 referrer.
+fn cosign_sign(dir: &std::path::Path, image: &str, as_referrer: bool) {
+    let mode = if as_referrer { "oci-1-1" } else { "legacy" };
+    cosign(
+        dir,
+        &[
+            "sign",
+            "--key",
+            "cosign.key",
+            "--tlog-upload=false",
+            "--yes",
+            "--allow-insecure-registry",
+            "--allow-http-registry",
+            &format!("--registry-referrers-mode={mode}"),
+            image,
+        ],
+    );
+}
+
+/// Issue 42, must work (b): an index signed with a key the node trusts is
+/// used, whatever else the referrers list holds. The publisher signs the
+/// true index with real cosign (by cosign's `.sig` tag with key A, as an
+/// OCI 1.1 referrer with key C); a forged index (python3.11 setuid) is
+/// pushed after it, so it is listed last, and gets a copy of the true
+/// index's signature manifest under its own `.sig` tag (a true signature,
+/// of another digest). A mount of the manifest's digest with key A or key
+/// C trusted serves the true tree (kernel and FUSE; the forged candidate,
+/// checked first, is refused); with key B, or none, it is refused; and in
+/// audit mode without keys the forged one would have been served.
+#[test]
+fn an_index_signed_with_a_trusted_key_serves_and_nothing_else_does() {
+    if !require(&["umoci", "skopeo", "docker-registry", "curl"]) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-signed");
+    reg.push(&debian_source(), "bookworm", "deb:orig");
+    let manifest = format!("sha256:{}", sha256_hex(&get(&reg, "deb/manifests/orig")));
+    let report = index_and_check(&reg, "deb", "orig");
+    let true_index = report["manifest_digest"].as_str().unwrap().to_string();
+    let (key_a, key_b, key_c) = (
+        cosign_keys(&t.join("a")),
+        cosign_keys(&t.join("b")),
+        cosign_keys(&t.join("c")),
+    );
+    let signed = format!("{}/deb@{true_index}", reg.host());
+    cosign_sign(&t.join("a"), &signed, false);
+    cosign_sign(&t.join("c"), &signed, true);
+    let forged = push_setuid_index(&reg, &format!("deb@{manifest}"), PYTHON);
+    let sig_tag = |d: &str| format!("deb/manifests/sha256-{}.sig", &d["sha256:".len()..]);
+    let true_sig = get(&reg, &sig_tag(&true_index));
+    assert!(!true_sig.is_empty(), "cosign stored no .sig tag");
+    put_as(
+        &reg,
+        &sig_tag(&forged),
+        &true_sig,
+        "application/vnd.oci.image.manifest.v1+json",
+    );
+
+    let by_manifest = reg.reference(&format!("deb@{manifest}"));
+    let (mnt, cache) = (t.mkdir("mnt"), t.join("cache"));
+    for (key, modes) in [(&key_a, &["kernel", "fuse"][..]), (&key_c, &["kernel"][..])] {
+        for mode in modes {
+            let args = ["--mode", mode, "--trust-index-key", key.as_str()];
+            let m = Mount::with_args(&by_manifest, &t.join(&format!("m-{mode}")), &cache, &args);
+            assert_eq!(mode_bits(&m.path.join(PYTHON)), 0o755, "{key} {mode}");
+            m.unmount();
+        }
+    }
+    for extra in [&["--trust-index-key", key_b.as_str()][..], &[][..]] {
+        let out = try_mount(&by_manifest, &mnt, &cache, extra).code_is(3);
+        assert!(out.stderr.contains("vouches"), "{}", out.describe());
+        assert!(!is_mountpoint(&mnt));
+    }
+    let audit = Mount::with_args(
+        &by_manifest,
+        &t.join("audit"),
+        &t.join("cache-audit"),
+        &["--index-policy", "audit"],
+    );
+    assert_eq!(
+        mode_bits(&audit.path.join(PYTHON)),
+        0o4755,
+        "the forgery is not what audit shows"
+    );
+    audit.unmount();
 }
 
 /// Issue 42, point 1 (d): a mirror may carry referrers but decides no

@@ -43,7 +43,14 @@ pub struct IndexTrust {
     pub audit: bool,
     /// Tar index manifests the operator vouches for, by digest.
     pub pinned: Vec<Digest>,
+    /// Keys whose cosign signature of a tar index manifest vouches for it
+    /// (its publisher's, or the operator's own).
+    pub keys: Vec<lamina_oci::cosign::TrustedKey>,
 }
+
+/// Most referrer indexes whose signatures are looked for: each costs
+/// requests, and anyone with push rights can list more.
+const MAX_SIGNED_CANDIDATES: usize = 8;
 
 /// Why an index is used: who vouched for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +61,8 @@ pub enum Vouch {
     Named,
     /// Its digest is in the node's pinned list.
     Pinned,
+    /// Signed with one of the node's keys.
+    Signed,
     /// Nothing: used because the policy is in audit mode.
     Audit,
 }
@@ -121,6 +130,14 @@ fn locate(
     {
         return Ok(Some((at(&pinned.digest), Vouch::Pinned)));
     }
+    // Newest first: a re-made index (boot pages recorded) signed again wins.
+    for candidate in found.iter().rev().take(MAX_SIGNED_CANDIDATES) {
+        let signer = client.cosign_signer(&reg.repository, &candidate.digest, &trust.keys)?;
+        if let Some(key) = signer {
+            tracing::info!(index = %candidate.digest, key = %key.name, "the tar index is signed by a trusted key");
+            return Ok(Some((at(&candidate.digest), Vouch::Signed)));
+        }
+    }
     let Some(last) = found.last() else {
         return Ok(None);
     };
@@ -138,8 +155,9 @@ fn locate(
         "{image} ({}) has {} tar index(es) listed as referrers ({how:?}), and nothing this node \
          trusts vouches for any: whoever can push a referrer chooses what such an index shows. \
          Bind the index to the image (`lamina index {image}` pushes an image index listing both \
-         under the tag; mount that tag or its digest), or pin one by digest (--index \
-         {}/{}@{}, or `pinned` in the config's [index] section)",
+         under the tag; mount that tag or its digest), pin one by digest (--index \
+         {}/{}@{}, or `pinned` in the config's [index] section), or sign it with cosign and \
+         trust the key (--trust-index-key cosign.pub, `keys` in [index])",
         img.manifest_digest,
         found.len(),
         reg.host,

@@ -13,6 +13,7 @@
 
 pub mod archive;
 pub mod compression;
+pub mod cosign;
 pub mod digest;
 pub mod error;
 pub mod hosts;

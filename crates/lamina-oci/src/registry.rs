@@ -8,6 +8,7 @@ mod endpoint;
 mod helper;
 mod image;
 mod referrers;
+mod signatures;
 mod transport;
 
 pub use budget::{Deadlined, DEFAULT_MIN_RATE};

@@ -57,6 +57,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
         "trusted_indexes",
         file.index.pinned.clone(),
     );
+    m.fill(&mut args.index_keys, "index_keys", file.index.keys.clone());
     m.fill(&mut args.log_format, "log_format", file.log_format);
     let cache_dir = || file.cache_dir.clone();
     let state_dir = || file.state_dir.clone();
