@@ -372,6 +372,12 @@ pub(crate) enum Command {
         /// (stargz's CRI keychain). Unset: the node's credentials only.
         #[arg(long, value_name = "SOCKET")]
         cri_keychain: Option<PathBuf>,
+        /// A tenant's cache dir: lamina mounts of images under PREFIX
+        /// (HOST or HOST/REPO-PREFIX) keep their cache there, not in the
+        /// shared cache; bound it with a filesystem or project quota of its
+        /// own. Repeatable; the longest matching prefix wins.
+        #[arg(long = "tenant-cache", value_name = "PREFIX=DIR")]
+        tenant_caches: Vec<lamina_snapshotter::tenants::TenantCache>,
     },
     /// Internal: the FUSE daemon of one mount.
     #[command(hide = true)]

@@ -45,6 +45,7 @@
 //! cache_max_size = "50G"  # the shared cache, collected in the background
 //! cache_reserve = "1G"
 //! cri_keychain = "/run/containerd/containerd.sock"  # pods' pull secrets (docs/containerd.md)
+//! tenant_caches = ["registry.example.com/team-a=/srv/lamina/team-a"]  # a tenant's own cache dir
 //!
 //! [convert]
 //! chunk_size = "256K"
@@ -277,6 +278,8 @@ pub(crate) struct SnapshotterSection {
     pub(crate) cache_max_size: Option<Size>,
     pub(crate) cache_reserve: Option<Size>,
     pub(crate) cri_keychain: Option<PathBuf>,
+    #[serde(default, deserialize_with = "parsed_list")]
+    pub(crate) tenant_caches: Option<Vec<lamina_snapshotter::tenants::TenantCache>>,
 }
 
 /// `[convert]`.
@@ -347,6 +350,19 @@ where
         .map_err(serde::de::Error::custom)
 }
 
+/// A list of strings, each parsed (`T: FromStr`).
+fn parsed_list<'de, D, T>(d: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = String>,
+{
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|s| s.parse().map_err(serde::de::Error::custom))
+        .collect::<Result<Vec<T>, _>>()
+        .map(Some)
+}
+
 /// Parses a config file's text.
 pub fn parse(text: &str) -> Result<ConfigFile, toml::de::Error> {
     toml::from_str(text)
@@ -380,6 +396,11 @@ mod tests {
                 "line 3",
             ),
             ("[convert]\nchunk_size = 1000\n", "power of two", "line 2"),
+            (
+                "[snapshotter]\ntenant_caches = [\"h/x=relative\"]\n",
+                "PREFIX=DIR",
+                "line 2",
+            ),
             ("[gc]\nmax_size = \"10Q\"\n", "suffix", "line 2"),
             (
                 "[snapshotter]\nmetrics_address = \"localhost\"\n",

@@ -110,22 +110,33 @@ pub fn by_image(mounts: &[LiveMount]) -> BTreeMap<String, ImageFigures> {
     images
 }
 
-/// Encodes the lazy mounts under a cache dir at every scrape.
+/// Encodes the lazy mounts under cache dirs at every scrape.
 #[derive(Debug, Clone)]
 pub struct MountsCollector {
-    cache_dir: PathBuf,
+    cache_dirs: Vec<PathBuf>,
 }
 
 impl MountsCollector {
     /// A collector of the mounts under `cache_dir`.
     pub fn new(cache_dir: PathBuf) -> Self {
-        MountsCollector { cache_dir }
+        MountsCollector::of_dirs(vec![cache_dir])
+    }
+
+    /// A collector of the mounts under each of `cache_dirs` (a
+    /// snapshotter's tenants).
+    pub fn of_dirs(cache_dirs: Vec<PathBuf>) -> Self {
+        MountsCollector { cache_dirs }
     }
 }
 
 impl Collector for MountsCollector {
     fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
-        encode_figures(&by_image(&live_mounts(&self.cache_dir)), encoder)
+        let mounts: Vec<LiveMount> = self
+            .cache_dirs
+            .iter()
+            .flat_map(|d| live_mounts(d))
+            .collect();
+        encode_figures(&by_image(&mounts), encoder)
     }
 }
 

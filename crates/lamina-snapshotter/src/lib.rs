@@ -12,6 +12,7 @@ pub mod pull_secrets;
 mod service;
 pub mod snapshots;
 pub mod state;
+pub mod tenants;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,8 @@ pub struct Options {
     /// `--image-service-endpoint`), taking pods' pull secrets for their
     /// images' mounts (`cri.rs`).
     pub cri_keychain: Option<PathBuf>,
+    /// Tenants' cache dirs, by image prefix (`tenants.rs`).
+    pub tenant_caches: Vec<tenants::TenantCache>,
 }
 
 /// The real lamina side: manifests from registries, lazy mounts (kernel or
@@ -75,7 +78,7 @@ pub struct Resolver {
     source: SourceOptions,
     /// Pods' pull secrets, with the CRI keychain on.
     secrets: Option<Arc<pull_secrets::PullSecrets>>,
-    cache_dir: PathBuf,
+    caches: tenants::CacheDirs,
     index_trust: lamina_mount::IndexTrust,
     /// Images resolved, by kind (metrics).
     kinds: metrics::ImageKinds,
@@ -135,7 +138,7 @@ impl RegistryImages {
         let resolver = Resolver {
             source,
             secrets: None,
-            cache_dir,
+            caches: tenants::CacheDirs::new(cache_dir, Vec::new()),
             index_trust,
             kinds,
             known: Mutex::new(HashMap::new()),
@@ -147,6 +150,18 @@ impl RegistryImages {
             mode,
             resolver: Arc::new(resolver),
             pending: HashMap::new(),
+        }
+    }
+
+    /// Images under a tenant's prefix mount with the tenant's cache dir.
+    pub fn with_tenants(self, caches: tenants::CacheDirs) -> Self {
+        let resolver = Resolver {
+            caches,
+            ..Arc::into_inner(self.resolver).expect("not shared before serving")
+        };
+        RegistryImages {
+            resolver: Arc::new(resolver),
+            ..self
         }
     }
 
@@ -274,7 +289,7 @@ impl Resolver {
 
     fn mount_options(&self, reference: &str) -> MountOptions {
         MountOptions {
-            cache_dir: self.cache_dir.clone(),
+            cache_dir: self.caches.for_image(reference).to_path_buf(),
             source: self.source_for(reference),
             // Snapshots are mounted in the snapshotter's private (0700)
             // root for runc, like containerd's overlayfs snapshots.
@@ -364,6 +379,17 @@ fn mount_image(
     Ok(())
 }
 
+impl RegistryImages {
+    /// Whether a live daemon serves `mountpoint`, from whichever cache dir
+    /// its run dir is in.
+    fn is_served(&self, mountpoint: &Path) -> bool {
+        let caches = &self.resolver.caches;
+        caches
+            .serving(mountpoint)
+            .is_some_and(|c| lamina_mount::is_served(&c, mountpoint))
+    }
+}
+
 impl Images for RegistryImages {
     fn lookup(&mut self, reference: &str, layer: &str) -> Result<Option<LayerRole>, String> {
         snapshots::Resolve::lookup(self.resolver.as_ref(), reference, layer)
@@ -421,12 +447,14 @@ impl Images for RegistryImages {
 
     fn unmount(&mut self, mountpoint: &Path) -> Result<(), String> {
         lamina_mount::unmount(mountpoint).map_err(|e| e.to_string())?;
-        lamina_mount::finish_unmount(&self.resolver.cache_dir, mountpoint);
+        if let Some(cache) = self.resolver.caches.serving(mountpoint) {
+            lamina_mount::finish_unmount(&cache, mountpoint);
+        }
         Ok(())
     }
 
     fn is_mounted(&self, mountpoint: &Path) -> bool {
-        is_mountpoint(mountpoint) && lamina_mount::is_served(&self.resolver.cache_dir, mountpoint)
+        is_mountpoint(mountpoint) && self.is_served(mountpoint)
     }
 
     fn is_pending(&self, mountpoint: &Path) -> bool {
@@ -434,9 +462,7 @@ impl Images for RegistryImages {
     }
 
     fn detach_dead(&mut self, mountpoint: &Path) -> bool {
-        if !is_mountpoint(mountpoint)
-            || lamina_mount::is_served(&self.resolver.cache_dir, mountpoint)
-        {
+        if !is_mountpoint(mountpoint) || self.is_served(mountpoint) {
             return false;
         }
         let detach = rustix::mount::UnmountFlags::DETACH;
@@ -444,7 +470,9 @@ impl Images for RegistryImages {
             tracing::warn!("detaching the dead mount {}: {e}", mountpoint.display());
             return false;
         }
-        lamina_mount::finish_unmount(&self.resolver.cache_dir, mountpoint);
+        if let Some(cache) = self.resolver.caches.serving(mountpoint) {
+            lamina_mount::finish_unmount(&cache, mountpoint);
+        }
         true
     }
 }
@@ -498,14 +526,20 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
         None => lamina_mount::choose_mode(&lamina_mount::host_facts(&cache), true),
     };
     tracing::info!("lamina images mount with the {mode} path: {why}");
-    let metrics = Arc::new(metrics::Metrics::new(opts.root.join("cache")));
+    let caches = tenants::CacheDirs::new(cache.clone(), opts.tenant_caches.clone());
+    for dir in caches.all() {
+        lamina_fetch::private::private_dir(&dir)
+            .with_context(|| format!("tenant cache dir {}", dir.display()))?;
+    }
+    let metrics = Arc::new(metrics::Metrics::of_dirs(caches.all()));
     let how = (opts.lazy.clone(), mode);
     let mut images = RegistryImages::new(
         (opts.source.clone(), opts.index_trust.clone()),
         cache.clone(),
         how,
         metrics.image_kinds(),
-    );
+    )
+    .with_tenants(caches.clone());
     let keychain = match &opts.cri_keychain {
         Some(containerd) => {
             let secrets = Arc::new(open_secrets(&opts.address)?);
@@ -523,7 +557,10 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
     // lamina image waits for its mount.
     spawn_reconciler(inner.clone(), metrics.clone());
     if let Some(max) = opts.cache_max_size {
-        spawn_gc(cache, max, metrics.clone());
+        // Each tenant's dir is collected to the same size, its own.
+        for dir in caches.all() {
+            spawn_gc(dir, max, metrics.clone());
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -118,6 +118,12 @@ pub fn backing_label(b: &Backing) -> &'static str {
 impl Metrics {
     /// Metrics for a snapshotter whose lamina mounts use `cache_dir`.
     pub fn new(cache_dir: PathBuf) -> Self {
+        Metrics::of_dirs(vec![cache_dir])
+    }
+
+    /// Metrics for a snapshotter whose lamina mounts use `cache_dirs` (its
+    /// own and its tenants').
+    pub fn of_dirs(cache_dirs: Vec<PathBuf>) -> Self {
         let mut registry = Registry::default();
         let grpc_requests = Family::<MethodLabel, Counter>::default();
         let grpc_errors = Family::<ErrorLabels, Counter>::default();
@@ -165,7 +171,7 @@ impl Metrics {
             "The shared cache's allocated bytes after the last collection",
             Gauge::clone(&cache_bytes),
         );
-        registry.register_collector(Box::new(MountsCollector::new(cache_dir)));
+        registry.register_collector(Box::new(MountsCollector::of_dirs(cache_dirs)));
         let metrics = Metrics {
             images,
             grpc_requests,

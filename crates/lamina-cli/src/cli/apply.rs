@@ -122,8 +122,10 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             cache_max_size,
             cache_reserve,
             cri_keychain,
+            tenant_caches,
         } => {
             let s = &file.snapshotter;
+            m.fill(tenant_caches, "tenant_caches", s.tenant_caches.clone());
             let keychain = s.cri_keychain.clone().map(Some);
             m.fill(cri_keychain, "cri_keychain", keychain);
             let reserve = s.cache_reserve.map(|v| Some(v.0));

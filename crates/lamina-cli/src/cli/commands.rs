@@ -382,6 +382,7 @@ pub(super) fn serve_snapshotter(
         cache_max_size,
         cache_reserve,
         cri_keychain,
+        tenant_caches,
     } = command
     else {
         unreachable!("run hands serve_snapshotter only Command::Snapshotter");
@@ -407,6 +408,7 @@ pub(super) fn serve_snapshotter(
         cache_max_size,
         index_trust,
         cri_keychain: cri_keychain.as_deref().map(absolute).transpose()?,
+        tenant_caches,
     })?;
     Ok(())
 }

@@ -34,7 +34,8 @@ impl Node {
 
     /// With `cri`, containerd's CRI plugin is on (lamina as its snapshotter,
     /// the registry over plain HTTP through a hosts.toml, PAUSE_IMAGE as
-    /// the pod sandbox image). `snapshotter_args` go to `lamina snapshotter`.
+    /// the pod sandbox image). `snapshotter_args` go to `lamina snapshotter`,
+    /// `{registry}` in them replaced by the registry's `HOST:PORT`.
     pub(crate) fn start_with(
         version: Version,
         cri: bool,
@@ -77,7 +78,11 @@ impl Node {
         let t = TestDir::new("containerd");
         let metrics = format!("127.0.0.1:{}", free_port());
         let mut args = vec![OsStr::new("--metrics-address"), OsStr::new(&metrics)];
-        args.extend(snapshotter_args.iter().map(OsStr::new));
+        let given: Vec<String> = snapshotter_args
+            .iter()
+            .map(|a| a.replace("{registry}", &reg.host()))
+            .collect();
+        args.extend(given.iter().map(OsStr::new));
         let front = basic_auth.map(|creds| {
             let extra = ["--basic-auth", creds];
             FaultProxy::start(t.path(), "front", 0, reg.port, "none", &extra)

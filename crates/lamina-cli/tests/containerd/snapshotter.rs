@@ -65,6 +65,89 @@ fn containerd_2_runs_a_lamina_image_through_fuse() {
     f.finish("snapshotter --mode fuse");
 }
 
+/// Issue 42: a tenant's cache dir. The snapshotter's `--tenant-cache`
+/// names the lamina image's repository as a tenant with a dir of its own
+/// (which an operator bounds with a filesystem or project quota). python3
+/// runs from it; the mount's cache files, metadata and run dir are in the
+/// tenant's dir and none in the shared cache; a snapshotter killed and
+/// started again finds the live mount there and serves a new container
+/// without mounting it again; and removing the image's snapshots unmounts
+/// it and empties the tenant's run dirs. Before, there were no tenant dirs.
+#[test]
+fn containerd_2_keeps_a_tenants_cache_in_its_own_dir() {
+    let tenant = TestDir::new("tenant-cache");
+    let arg = format!("{{registry}}/deb={}", tenant.join("deb").display());
+    let args = ["--tenant-cache", arg.as_str()];
+    let Some(mut node) = Node::start_with(Version::V2, false, &args) else {
+        return;
+    };
+    let mut f = Failures::default();
+    let pulled = node.pull(LAMINA_IMAGE);
+    assert!(pulled.status.success(), "pull:\n{}", pulled.describe());
+    let out = node.run_rm(LAMINA_IMAGE, "py", &["python3", "-c", "print('tenant')"]);
+    f.check(out.stdout.contains("tenant"), || {
+        format!("python3 from the tenant's mount:\n{}", out.describe())
+    });
+    let (own, shared) = (tenant.join("deb"), node.snap_root().join("cache"));
+    let own_files = cache_files_in(&own, "blobs");
+    let shared_files = cache_files_in(&shared, "blobs");
+    f.check(!own_files.is_empty() && shared_files.is_empty(), || {
+        format!("cache files: tenant's {own_files:?}, shared {shared_files:?}")
+    });
+    let live = |dir: &Path| {
+        let out = lamina([
+            OsStr::new("status"),
+            OsStr::new("--json"),
+            OsStr::new("--cache-dir"),
+            dir.as_os_str(),
+        ])
+        .ok();
+        let all = out.json().as_array().cloned().unwrap_or_default();
+        all.iter().filter(|m| m["alive"] == true).count()
+    };
+    f.check(live(&own) == 1 && live(&shared) == 0, || {
+        format!(
+            "live mounts: tenant's {}, shared {}",
+            live(&own),
+            live(&shared)
+        )
+    });
+    node.snapshotter.stop(); // SIGKILL
+    node.snapshotter = start_snapshotter_with(
+        &node.t,
+        &[
+            OsStr::new("--tenant-cache"),
+            OsStr::new(&arg.replace("{registry}", &node.reg.host())),
+        ],
+    );
+    let again = node.run_rm(LAMINA_IMAGE, "again", &["python3", "-c", "print('again')"]);
+    f.check(again.stdout.contains("again"), || {
+        format!("a container after the restart:\n{}", again.describe())
+    });
+    let restarted = fs::read_to_string(&node.snapshotter.stderr_path).unwrap_or_default();
+    f.check(!restarted.contains("mounted it again"), || {
+        format!("the restart remounted a live image:\n{restarted}")
+    });
+    let removed = run(
+        &mut node.ctr(["image", "rm", "--sync", &node.image(LAMINA_IMAGE)]),
+        TIMEOUT,
+    );
+    f.check(removed.status.success(), || {
+        format!("image rm:\n{}", removed.describe())
+    });
+    let started = Instant::now();
+    while live(&own) > 0 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    f.check(live(&own) == 0, || {
+        "the tenant's mount outlived its snapshots".to_string()
+    });
+    if !f.0.is_empty() {
+        f.0.push(node.logs());
+    }
+    f.finish("a tenant's cache dir");
+}
+
 /// Filesystem types of the mounts at or below `root`.
 fn mount_types_under(root: &Path) -> Vec<String> {
     let root = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
