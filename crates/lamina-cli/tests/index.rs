@@ -679,13 +679,31 @@ fn a_referrer_nothing_vouches_for_is_refused_and_a_bound_index_serves() {
 /// cosign, built once per machine by `scripts/setup.sh`.
 const COSIGN: &str = "/var/cache/lamina-test/go/cosign-v2.6.5/cosign";
 
+/// Waits for cosign's first build if it is running (scripts/setup.sh
+/// starts it in the background); panics if it failed or never ran.
+fn wait_for_cosign() {
+    let bin = std::path::Path::new(COSIGN);
+    let dir = bin.parent().unwrap().display().to_string();
+    let (building, log) = (format!("{dir}.building"), format!("{dir}.log"));
+    let started = std::time::Instant::now();
+    while !bin.exists() && std::path::Path::new(&building).exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30 * 60),
+            "cosign's build (log {log}) still runs after 30 min"
+        );
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    assert!(
+        bin.exists(),
+        "{COSIGN} is missing: scripts/setup.sh builds it (log {log}: {})",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
 /// `cosign ARGS` in `dir`, with an empty key password and no
 /// transparency log (the node checks signatures offline).
 fn cosign(dir: &std::path::Path, args: &[&str]) -> Output {
-    assert!(
-        std::path::Path::new(COSIGN).exists(),
-        "{COSIGN} is missing: scripts/setup.sh builds it"
-    );
+    wait_for_cosign();
     let mut c = command(COSIGN, args);
     c.current_dir(dir)
         .env("COSIGN_PASSWORD", "")
