@@ -345,11 +345,28 @@ impl snapshots::Resolve for Resolver {
             .entry(reference.to_string())
             .or_default()
             .clone();
-        let _one = lock(&gate);
-        if let Some(role) = self.known_role(reference, layer) {
-            return Ok(Some(role));
+        let answer = {
+            let _one = lock(&gate);
+            match self.known_role(reference, layer) {
+                Some(role) => Ok(Some(role)),
+                None => self.resolve_role(reference, layer),
+            }
+        };
+        // The gate goes once nobody holds or waits on it (clones are made
+        // under the map's lock, held here): the map does not grow with
+        // every reference ever pulled.
+        let mut inflight = lock(&self.inflight);
+        if Arc::strong_count(&gate) == 2 {
+            inflight.remove(reference);
         }
-        // Not seen, or the tag may have moved: ask the registry.
+        answer
+    }
+}
+
+impl Resolver {
+    /// Asks the registry (the reference was not seen, or its tag may have
+    /// moved) and remembers the answer.
+    fn resolve_role(&self, reference: &str, layer: &str) -> Result<Option<LayerRole>, String> {
         let known = self.resolve(reference)?;
         let role = role_in(reference, &known, layer);
         lock(&self.known).insert(reference.to_string(), known);
@@ -722,6 +739,27 @@ fn spawn_gc(cache: PathBuf, max: u64, metrics: Arc<metrics::Metrics>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resolution_leaves_no_gate_behind() {
+        let cache = tempfile::tempdir().unwrap();
+        let metrics = metrics::Metrics::new(cache.path().to_path_buf());
+        let images = RegistryImages::new(
+            (
+                SourceOptions::default(),
+                lamina_mount::IndexTrust::default(),
+            ),
+            cache.path().to_path_buf(),
+            (LazyOptions::default(), Mode::Kernel),
+            metrics.image_kinds(),
+        );
+        let resolver = images.resolver.clone();
+        for reference in ["not a reference!", "also bad!"] {
+            let answer = snapshots::Resolve::lookup(resolver.as_ref(), reference, "sha256:00");
+            assert!(answer.is_err());
+        }
+        assert!(lock(&resolver.inflight).is_empty());
+    }
 
     /// Point 7 of the many-tenants issue: the reaper never takes the exit
     /// status of a child it did not start (a mount in progress waits for
