@@ -26,10 +26,22 @@ fn refuse(path: &Path, why: String) -> io::Error {
 /// 0700; one owned by another user, or writable by group or others, is
 /// refused with a message that says so.
 pub fn private_dir(dir: &Path) -> io::Result<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(DIR_MODE)
-        .create(dir)?;
+    owned_dir(dir, DIR_MODE)
+}
+
+/// Like [`private_dir`], but others may pass through `dir` (0711): they can
+/// reach what is inside by name, never list it. A user namespace's root
+/// (`lamina run --userns`) must pass through the directories above its
+/// root filesystem, whose own dir is then private to that range.
+pub fn traversable_dir(dir: &Path) -> io::Result<()> {
+    owned_dir(dir, 0o711)
+}
+
+/// `dir`, made with `wanted` if new; one of ours is brought to exactly the
+/// group and other bits of `wanted`, one of another user's, or writable
+/// by others, is refused.
+fn owned_dir(dir: &Path, wanted: u32) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(wanted).create(dir)?;
     let meta = std::fs::symlink_metadata(dir)?;
     if !meta.is_dir() {
         return Err(refuse(
@@ -52,36 +64,11 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
     if mode & 0o022 != 0 {
         return Err(refuse(
             dir,
-            format!("mode {mode:o} lets others write to it; make it 0700 or choose another cache directory"),
+            format!("mode {mode:o} lets others write to it; make it {wanted:04o} or choose another cache directory"),
         ));
     }
-    if mode & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))?;
-    }
-    Ok(())
-}
-
-/// Like [`private_dir`], but others may pass through `dir` (0711): they can
-/// reach what is inside by name, never list it. A user namespace's root
-/// (`lamina run --userns`) must pass through the directories above its
-/// root filesystem, whose own dir is then private to that range.
-pub fn traversable_dir(dir: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(0o711).create(dir)?;
-    let meta = std::fs::symlink_metadata(dir)?;
-    let me = rustix::process::geteuid().as_raw();
-    if !meta.is_dir() || meta.uid() != me {
-        return private_dir(dir); // refuses it, saying why
-    }
-    check_ancestors(dir, me)?;
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o022 != 0 {
-        return Err(refuse(
-            dir,
-            format!("mode {mode:o} lets others write to it; make it 0711"),
-        ));
-    }
-    if mode != 0o711 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    if mode & 0o077 != wanted & 0o077 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(wanted))?;
     }
     Ok(())
 }
@@ -243,6 +230,28 @@ pub fn write_atomic_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traversable_dirs_are_0711_exactly() {
+        let t = tempfile::tempdir().unwrap();
+        let mode = |d: &Path| std::fs::metadata(d).unwrap().permissions().mode() & 0o7777;
+        let dir = t.path().join("state");
+        traversable_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o711);
+        assert!(is_traversable(&dir));
+        for was in [0o700, 0o755] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(was)).unwrap();
+            traversable_dir(&dir).unwrap();
+            assert_eq!(mode(&dir), 0o711, "from {was:o}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o733)).unwrap();
+        assert!(traversable_dir(&dir).is_err());
+        // private_dir takes it back to 0700.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        private_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert!(!is_traversable(&dir));
+    }
 
     #[test]
     fn dirs_are_private_and_foreign_ones_refused() {
