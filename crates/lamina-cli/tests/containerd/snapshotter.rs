@@ -120,6 +120,17 @@ fn containerd_2_keeps_a_tenants_cache_in_its_own_dir() {
             OsStr::new(&arg.replace("{registry}", &node.reg.host())),
         ],
     );
+    // containerd's connection to the proxy plugin backs off after the
+    // kill: wait until it reaches the new snapshotter.
+    let started = Instant::now();
+    let ls = || node.ctr(["snapshots", "--snapshotter", "lamina", "ls"]);
+    while !try_run(&mut ls(), SHORT).is_ok_and(|o| o.status.success()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "containerd did not reach the restarted snapshotter"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let again = node.run_rm(LAMINA_IMAGE, "again", &["python3", "-c", "print('again')"]);
     f.check(again.stdout.contains("again"), || {
         format!("a container after the restart:\n{}", again.describe())
