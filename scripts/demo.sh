@@ -473,6 +473,35 @@ if "$LAMINA" mount "docker://$R/debian@$SUBJECT" "$MNT" --cache-dir "$CACHE" 2>"
 fi
 sed 's/^/  /' "$TMP/refused.err" | cut -c1-200 >&2
 
+# ---- 14. trust: the index signed by its publisher, a container in a user namespace ------------
+COSIGN_DIR=/var/cache/lamina-test/go/cosign-v2.6.5
+while [ ! -x "$COSIGN_DIR/cosign" ] && [ -f "$COSIGN_DIR.building" ]; do
+    sleep 2 # setup.sh builds it in the background
+done
+[ -x "$COSIGN_DIR/cosign" ] || die "no cosign at $COSIGN_DIR (setup.sh builds it; log $COSIGN_DIR.log)"
+INDEX=$(jq -r '.[0].manifest_digest' "$TMP/index.json")
+log "cosign sign --key cosign.key $R/debian@$INDEX (the publisher signs its index; offline, no transparency log)"
+(cd "$TMP" && COSIGN_PASSWORD='' "$COSIGN_DIR/cosign" generate-key-pair >/dev/null 2>&1 &&
+    COSIGN_PASSWORD='' "$COSIGN_DIR/cosign" sign --key cosign.key --tlog-upload=false --yes \
+        --allow-insecure-registry --allow-http-registry "$R/debian@$INDEX" >/dev/null 2>&1) ||
+    die "cosign could not sign the index"
+log "lamina mount --trust-index-key cosign.pub docker://$R/debian@$SUBJECT (the same digest: its index is signed now)"
+t=$(now)
+"$LAMINA" mount --trust-index-key "$TMP/cosign.pub" "docker://$R/debian@$SUBJECT" "$MNT" --cache-dir "$CACHE" \
+    >/dev/null 2>"$TMP/signed.err" || die "the signed index was refused: $(cat "$TMP/signed.err")"
+step "lamina mount (signed index)" "$t" "$(now)"
+SIGNED_SAID="python3 is $(stat -c '%A' "$MNT/usr/bin/python3.11")"
+teardown
+log "lamina run --userns 200000 docker://$R/debian:bookworm (the container's root is host uid 200000)"
+# Its root must pass through the state dir's parents: not the demo's 0700 temp dir.
+USERNS_STATE=/run/lamina-demo-userns.$$
+t=$(now)
+USERNS_SAID=$("$LAMINA" run --rm --userns 200000 --mode kernel --cache-dir "$CACHE" --state-dir "$USERNS_STATE" \
+    "docker://$R/debian:bookworm" -- sh -c 'echo "uid $(id -u), uid_map $(cat /proc/self/uid_map)"' 2>"$TMP/userns.err" |
+    tr -s ' ') || die "lamina run --userns failed: $(cat "$TMP/userns.err")"
+step "lamina run --userns" "$t" "$(now)"
+rm -rf "$USERNS_STATE"
+
 # ---- summary ----------------------------------------------------------------------------------
 echo
 echo "lamina demo: $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
@@ -518,4 +547,6 @@ printf '  %-36s %8s  (for %s of layers; windows stored beside it: %s, fetched wi
 printf '  %-36s %8s  (in %s range requests of the original layers)\n' "fetched for the start through it" \
     "$(human "$(jq -r .fetched_bytes "$TMP/status-index.json")")" "$(jq -r .requests "$TMP/status-index.json")"
 printf '  %-36s %8s\n' "files written by the container" "$WRITTEN"
+printf '  %-36s %s\n' "signed index (trusted key)" "$SIGNED_SAID"
+printf '  %-36s %s\n' "lamina run --userns 200000" "$USERNS_SAID"
 echo "  container said: $(cat "$TMP/container.out")"

@@ -519,6 +519,27 @@ fn userns_root_is_no_root_on_the_host() {
         let o = e.run(&bad, &["true"]).code_is(125);
         assert!(o.stderr.contains(why), "{bad:?}: {}", o.describe());
     }
+    // A state dir below a dir others may not pass through: refused up
+    // front, naming it (runc's init would fail with EACCES).
+    let closed = e.t.join("closed");
+    fs::create_dir(&closed).unwrap();
+    fs::set_permissions(&closed, fs::Permissions::from_mode(0o700)).unwrap();
+    let mut c = lamina_cmd(["run", "--rm", "--userns", "200000", "--cache-dir"]);
+    c.arg(e.cache())
+        .arg("--state-dir")
+        .arg(closed.join("state"));
+    c.arg(e.image()).args(["--", "true"]);
+    let o = run(&mut c, TIMEOUT).code_is(125);
+    assert!(
+        o.stderr.contains("cannot be passed through"),
+        "{}",
+        o.describe()
+    );
+    assert!(
+        o.stderr.contains(closed.to_str().unwrap()),
+        "{}",
+        o.describe()
+    );
     e.assert_clean();
 }
 

@@ -235,6 +235,33 @@ fn check_userns(opts: &RunOptions) -> Result<(), RunError> {
             "the image is shifted by an idmapped mount of its EROFS: run with --mode kernel".into(),
         ));
     }
+    passable_above(&opts.state_dir, range)
+}
+
+/// runc's init runs as the range's root and must pass through every
+/// directory above the state dir (which is made 0711 itself) to reach the
+/// container's root filesystem: one that others may not pass through (a
+/// 0700 temp dir) would fail the start deep in runc with EACCES.
+fn passable_above(state_dir: &Path, range: crate::spec::IdRange) -> Result<(), RunError> {
+    for dir in state_dir.ancestors().skip(1) {
+        let Ok(meta) = fs::metadata(dir) else {
+            continue; // not made yet: it will be, 0711
+        };
+        let mode = meta.mode();
+        let passable = mode & 0o001 != 0
+            || (meta.uid() == range.host && mode & 0o100 != 0)
+            || (meta.gid() == range.host && mode & 0o010 != 0);
+        if !passable {
+            return Err(RunError::Userns(format!(
+                "{} (mode {:04o}) above the state dir cannot be passed through by the \
+                 container's root (host uid {}): choose a --state-dir whose parents others may \
+                 pass through, such as the default /run/lamina",
+                dir.display(),
+                mode & 0o7777,
+                range.host
+            )));
+        }
+    }
     Ok(())
 }
 
