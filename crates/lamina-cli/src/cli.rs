@@ -410,10 +410,6 @@ pub(crate) enum Command {
     },
 }
 
-/// The cache dir when none is given: `/var/lib/lamina` for the host's
-/// root; for anyone else (a rootless FUSE mount, root of a user namespace
-/// such as `podman unshare`'s) `$XDG_CACHE_HOME/lamina`, else
-/// `~/.cache/lamina`.
 /// `--userns HOST[:SIZE]`: SIZE ids from host id HOST (65536 by default).
 fn parse_userns(s: &str) -> std::result::Result<lamina_run::spec::IdRange, String> {
     let (host, size) = s.split_once(':').unwrap_or((s, "65536"));
@@ -446,6 +442,10 @@ fn userns_ranges_are_above_root_and_fit() {
     }
 }
 
+/// The cache dir when none is given: `/var/lib/lamina` for the host's
+/// root; for anyone else (a rootless FUSE mount, root of a user namespace
+/// such as `podman unshare`'s) `$XDG_CACHE_HOME/lamina`, else
+/// `~/.cache/lamina`.
 fn default_cache_dir() -> PathBuf {
     if lamina_sys::is_host_root() {
         return PathBuf::from("/var/lib/lamina");
