@@ -310,3 +310,98 @@ fn a_takeover_fails_the_reads_it_cannot_attribute() {
     std::mem::forget(m);
     f.finish("takeover");
 }
+
+/// The last page of `path` as an mmap shows it: the file's last bytes and
+/// what the kernel reads after them (python3's ctypes: Python's own mmap
+/// maps no further than the file's end).
+fn mmap_last_page(path: &std::path::Path) -> Vec<u8> {
+    let script = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open(sys.argv[1], os.O_RDONLY)
+last = (os.fstat(fd).st_size - 1) // 4096 * 4096
+addr = libc.mmap(None, 4096, 1, 1, fd, last)  # PROT_READ, MAP_SHARED
+if addr in (None, ctypes.c_void_p(-1).value):
+    sys.exit("mmap: errno %d" % ctypes.get_errno())
+sys.stdout.write(ctypes.string_at(addr, 4096).hex())
+"#;
+    let mut c = command("python3", ["-c", script]);
+    c.arg(path);
+    let out = run(&mut c, TIMEOUT).ok();
+    hex::decode(out.stdout.trim()).expect("hex from the mmap script")
+}
+
+/// Issue 42, point 6, on a real mount: a file's last page read through an
+/// mmap shows zeros after the file's end. Another writer (another image's
+/// boot page, placed while the file's chunk was a hole) put 0xee bytes in
+/// the cache file after the chunk, up to its page's end; the mount that
+/// then reads the file fetches the chunk and writes zeros over them. Before
+/// (chunks written alone), the mmap showed the 0xee bytes past the end.
+#[test]
+fn an_mmap_of_a_files_last_page_shows_zeros_past_its_end() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "an_mmap_of_a_files_last_page_shows_zeros_past_its_end",
+        "lazy-tail",
+    ) else {
+        return;
+    };
+    let image = reg.reference(IMAGE);
+    let doc = lamina(["inspect", "--json", "--chunks", &image])
+        .ok()
+        .json();
+    let blobs = doc["blobs"].as_array().expect("blobs").clone();
+    // A file of one chunk (its digest is the file's) that ends mid-page.
+    let (path, size, blob, offset) = deb
+        .files
+        .iter()
+        .filter(|p| (8192..200_000).contains(&deb.sizes[*p]) && deb.sizes[*p] % 4096 > 64)
+        .find_map(|p| {
+            let (blob, chunk) = blobs.iter().find_map(|b| {
+                let list = b["chunk_list"].as_array()?;
+                let found = list
+                    .iter()
+                    .find(|c| c["digest"] == deb.hashes[p].as_str())?;
+                Some((b["digest"].as_str()?.to_string(), found.clone()))
+            })?;
+            Some((
+                p.clone(),
+                deb.sizes[p],
+                blob,
+                chunk["cache_offset"].as_u64()?,
+            ))
+        })
+        .expect("a one-chunk file ending mid-page");
+    let cache = t.join("cache");
+    Mount::with_args(&image, &t.join("first"), &cache, &["--prefetch", "none"]).unmount();
+    let hex = blob.trim_start_matches("sha256:");
+    let file = cache_files_in(&cache, "blobs")
+        .into_iter()
+        .find(|f| {
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().contains(hex))
+        })
+        .unwrap_or_else(|| panic!("no cache file of {blob}"));
+    let (end, page_end) = (offset + size, (offset + size).div_ceil(4096) * 4096);
+    let other = fs::OpenOptions::new().write(true).open(&file).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&other, &vec![0xee; (page_end - end) as usize], end)
+        .unwrap();
+    drop(other);
+    let m = Mount::with_args(&image, &t.join("second"), &cache, &["--prefetch", "none"]);
+    let page = mmap_last_page(&m.path.join(&path));
+    let tail = (size % 4096) as usize;
+    let content = fs::read(deb.rootfs.join(&path)).unwrap();
+    assert_eq!(
+        &page[..tail],
+        &content[content.len() - tail..],
+        "{path}: its last bytes"
+    );
+    let past: Vec<_> = page[tail..].iter().filter(|&&b| b != 0).collect();
+    assert!(
+        past.is_empty(),
+        "{path}: {} bytes past its end are not zeros",
+        past.len()
+    );
+    m.unmount();
+}
