@@ -9,8 +9,8 @@
 # LAMINA_SKIP_PRIVILEGED=1 to have them print "skipped: ..." instead.
 # containerd's snapshotter conformance suite runs after the cargo tests
 # (scripts/snapshotter-suite.sh; Go from /usr/local/go/bin).
-# The fuzz step runs after the tests (scripts/fuzz.sh installs nightly and
-# cargo-fuzz when missing) and fails on any crash.
+# The fuzz step runs beside the tests (scripts/fuzz.sh installs nightly and
+# cargo-fuzz when missing) and fails the run on any crash.
 # Tests run one at a time (--test-threads=1): they mount file systems and the
 # Debian one converts a ~175 MB image. --no-fail-fast: every test binary runs
 # even when an earlier one failed, so one run shows all failures.
@@ -41,14 +41,30 @@ for pair in fleet:docs/fleet-results.json fuse:docs/bench-fuse-results.json imag
     /usr/bin/python3 -m bench "${pair%%:*}" --report "${pair#*:}" >/dev/null
 done
 
+step "cargo test --workspace --no-run (build the tests first)"
+cargo test --workspace --no-run
+
+# The fuzz step (nightly, its own target dir, one core) runs beside the
+# tests instead of after them: its ~5 min are hidden in theirs. Its log is
+# printed, and its exit code checked, once the tests are done.
+step "scripts/fuzz.sh 20 (every fuzz target for 20 s; nightly, cargo-fuzz), in the background"
+fuzz_log=$(mktemp /tmp/lamina-fuzz.XXXXXX.log)
+bash scripts/fuzz.sh 20 >"$fuzz_log" 2>&1 &
+fuzz_pid=$!
+
 step "cargo test --workspace --no-fail-fast -- --test-threads=1"
-cargo test --workspace --no-fail-fast -- --test-threads=1
+tests_rc=0
+cargo test --workspace --no-fail-fast -- --test-threads=1 || tests_rc=$?
+
+step "scripts/fuzz.sh 20: its log"
+fuzz_rc=0
+wait "$fuzz_pid" || fuzz_rc=$?
+cat "$fuzz_log"
+[ "$tests_rc" = 0 ] || { echo "cargo test failed (exit $tests_rc)"; exit "$tests_rc"; }
+[ "$fuzz_rc" = 0 ] || { echo "scripts/fuzz.sh failed (exit $fuzz_rc)"; exit "$fuzz_rc"; }
 
 step "scripts/snapshotter-suite.sh (containerd's snapshotter conformance suite)"
 bash scripts/snapshotter-suite.sh
-
-step "scripts/fuzz.sh 20 (every fuzz target for 20 s; nightly, cargo-fuzz)"
-bash scripts/fuzz.sh 20
 
 # Last, so that dfdaemon's first build (setup.sh starts it in the
 # background) has had the whole run: the test waits for it, and fails if it
