@@ -7,6 +7,10 @@
 //! image it names before containerd starts pulling it (its layers' Prepare
 //! calls come during that pull).
 //!
+//! Each call goes on with the caller's metadata, its deadline
+//! (`grpc-timeout`) among it: the proxy adds no deadline of its own, so a
+//! pull may take as long as it would talking to containerd directly.
+//!
 //! The messages below are the few fields of `runtime.v1` (k8s.io/cri-api's
 //! `api.proto`) the snapshotter reads; `build.rs` describes the service.
 
