@@ -418,16 +418,7 @@ fn parse_userns(s: &str) -> std::result::Result<lamina_run::spec::IdRange, Strin
             .parse::<u32>()
             .map_err(|_| format!("{v:?} is no id"))
     };
-    let range = lamina_run::spec::IdRange {
-        host: number(host)?,
-        size: number(size)?,
-    };
-    if range.host == 0 || range.size == 0 || range.host.checked_add(range.size).is_none() {
-        return Err(format!(
-            "{s}: a range of host ids above root (e.g. 100000:65536)"
-        ));
-    }
-    Ok(range)
+    lamina_run::spec::IdRange::new(number(host)?, number(size)?)
 }
 
 #[cfg(test)]

@@ -217,12 +217,7 @@ fn check_userns(opts: &RunOptions) -> Result<(), RunError> {
     let Some(range) = opts.userns else {
         return Ok(());
     };
-    if range.host == 0 || range.size == 0 || range.host.checked_add(range.size).is_none() {
-        return Err(RunError::Userns(format!(
-            "{}:{} is no range of host ids above root",
-            range.host, range.size
-        )));
-    }
+    crate::spec::IdRange::new(range.host, range.size).map_err(RunError::Userns)?;
     if opts.network == Network::Host {
         // As docker: sysfs is mounted only by the owner of the network
         // namespace, and the host's is not the container's.

@@ -21,6 +21,17 @@ pub struct IdRange {
 }
 
 impl IdRange {
+    /// `size` ids from host id `host`: a range above root that fits in
+    /// the id space, or why not.
+    pub fn new(host: u32, size: u32) -> Result<IdRange, String> {
+        if host == 0 || size == 0 || host.checked_add(size).is_none() {
+            return Err(format!(
+                "{host}:{size} is no range of host ids above root (e.g. 100000:65536)"
+            ));
+        }
+        Ok(IdRange { host, size })
+    }
+
     /// The `uid_map`/`gid_map` line.
     fn map_line(&self) -> String {
         format!("0 {} {}\n", self.host, self.size)
