@@ -734,7 +734,8 @@ fn cosign_sign(dir: &std::path::Path, image: &str, as_referrer: bool) {
 /// OCI 1.1 referrer with key C); a forged index (python3.11 setuid) is
 /// pushed after it, so it is listed last, and gets a copy of the true
 /// index's signature manifest under its own `.sig` tag (a true signature,
-/// of another digest). A mount of the manifest's digest with key A or key
+/// of another digest); and a signature whose payload is gone is listed
+/// newest beside the true index's good ones. A mount of the manifest's digest with key A or key
 /// C trusted serves the true tree (kernel and FUSE; the forged candidate,
 /// checked first, is refused); with key B, or none, it is refused; and in
 /// audit mode without keys the forged one would have been served.
@@ -767,6 +768,7 @@ fn an_index_signed_with_a_trusted_key_serves_and_nothing_else_does() {
         &true_sig,
         "application/vnd.oci.image.manifest.v1+json",
     );
+    push_unreadable_signature(&reg, &true_index);
 
     let by_manifest = reg.reference(&format!("deb@{manifest}"));
     let (mnt, cache) = (t.mkdir("mnt"), t.join("cache"));
@@ -784,6 +786,47 @@ fn an_index_signed_with_a_trusted_key_serves_and_nothing_else_does() {
         assert!(!is_mountpoint(&mnt));
     }
     audit_serves_the_forgery(&by_manifest, &t);
+}
+
+/// Lists, newest, a signature of `index` whose payload blob is gone from
+/// the registry (pushed, then deleted), as anyone who may push a referrer
+/// could: it must be skipped, not keep the good signatures beside it from
+/// being found (before, the failed read refused the mount).
+fn push_unreadable_signature(reg: &Registry, index: &str) {
+    use lamina_oci::registry::BlobBody;
+    use lamina_oci::{cosign, media_types, Descriptor, Digest, RegistryClient, SourceOptions};
+    let client = RegistryClient::new(&reg.host(), &SourceOptions::default()).unwrap();
+    let payload = b"{\"gone\": true}";
+    let blob = Descriptor::new(
+        cosign::SIMPLE_SIGNING,
+        Digest::of_bytes(payload),
+        payload.len() as u64,
+    );
+    client
+        .put_blob("deb", &blob, BlobBody::Bytes(payload))
+        .unwrap();
+    let subject = get(reg, &format!("deb/manifests/{index}"));
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": media_types::OCI_MANIFEST,
+        "artifactType": cosign::SIGNATURE_ARTIFACT_TYPE,
+        "config": {"mediaType": media_types::OCI_EMPTY, "size": 2,
+                   "digest": Digest::of_bytes(b"{}").to_string()},
+        "layers": [{"mediaType": cosign::SIMPLE_SIGNING, "size": payload.len(),
+                    "digest": blob.digest.to_string(),
+                    "annotations": {cosign::SIGNATURE_ANNOTATION: "MEUCIQ=="}}],
+        "subject": {"mediaType": media_types::OCI_MANIFEST, "size": subject.len(),
+                    "digest": index},
+    });
+    client
+        .push_referrer("deb", &serde_json::to_vec(&manifest).unwrap())
+        .unwrap();
+    let url = format!("http://{}/v2/deb/blobs/{}", reg.host(), blob.digest);
+    run(&mut command("curl", ["-sf", "-X", "DELETE", &url]), TIMEOUT).ok();
+    assert!(
+        client.get_blob("deb", &blob.digest).is_err(),
+        "the payload is still served"
+    );
 }
 
 /// In audit mode the forged index (python3.11 setuid) is what a mount of

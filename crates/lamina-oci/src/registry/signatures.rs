@@ -48,21 +48,25 @@ impl RegistryClient {
                 tracing::debug!(%reference, "not a signature manifest: skipped");
                 continue;
             };
-            if let Some(key) = self.signed_by(repo, &parsed, digest, keys)? {
+            if let Some(key) = self.signed_by(repo, &parsed, digest, keys) {
                 return Ok(Some(key));
             }
         }
         Ok(None)
     }
 
-    /// The key that made one of `signatures`' payload signatures of `digest`.
+    /// The key that made one of `signatures`' payload signatures of
+    /// `digest`. A payload that cannot be read (missing, corrupt, longer
+    /// than it said) is skipped like one that does not verify: anyone who
+    /// may push a referrer could list such a signature, and it must not
+    /// keep a good signature beside it from being found.
     fn signed_by(
         &self,
         repo: &str,
         signatures: &Manifest,
         digest: &Digest,
         keys: &[TrustedKey],
-    ) -> Result<Option<TrustedKey>, OciError> {
+    ) -> Option<TrustedKey> {
         let payloads = signatures
             .layers
             .iter()
@@ -72,21 +76,37 @@ impl RegistryClient {
             let Some(signature) = layer.annotations.get(SIGNATURE_ANNOTATION) else {
                 continue;
             };
-            let mut payload = Vec::new();
-            let mut blob = self.get_blob(repo, &layer.digest)?.take(MAX_PAYLOAD + 1);
-            blob.read_to_end(&mut payload).map_err(|e| {
-                OciError::io("reading a signature payload", layer.digest.to_string(), e)
-            })?;
-            if payload.len() as u64 > MAX_PAYLOAD {
-                continue; // longer than it said: never read to its digest check
-            }
+            let payload = match self.signature_payload(repo, &layer.digest) {
+                Ok(payload) => payload,
+                Err(e) => {
+                    tracing::debug!(payload = %layer.digest, "signature of {digest} unread: {e}");
+                    continue;
+                }
+            };
             match cosign::verify(&payload, signature, digest, keys) {
-                Ok(key) => return Ok(Some(key.clone())),
+                Ok(key) => return Some(key.clone()),
                 Err(e) => {
                     tracing::debug!(payload = %layer.digest, "signature of {digest} not taken: {e}")
                 }
             }
         }
-        Ok(None)
+        None
+    }
+
+    /// A payload blob, read whole (so checked against its digest) and at
+    /// most [`MAX_PAYLOAD`] bytes long.
+    fn signature_payload(&self, repo: &str, blob: &Digest) -> Result<Vec<u8>, OciError> {
+        let mut payload = Vec::new();
+        let mut reader = self.get_blob(repo, blob)?.take(MAX_PAYLOAD + 1);
+        reader
+            .read_to_end(&mut payload)
+            .map_err(|e| OciError::io("reading a signature payload", blob.to_string(), e))?;
+        if payload.len() as u64 > MAX_PAYLOAD {
+            // Longer than it said: never read to its digest check.
+            return Err(OciError::Unsupported(format!(
+                "signature payload {blob} is over {MAX_PAYLOAD} bytes"
+            )));
+        }
+        Ok(payload)
     }
 }
