@@ -575,9 +575,7 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
     spawn_reconciler(inner.clone(), metrics.clone());
     if let Some(max) = opts.cache_max_size {
         // Each tenant's dir is collected to the same size, its own.
-        for dir in caches.all() {
-            spawn_gc(dir, max, metrics.clone());
-        }
+        spawn_gc(caches.all(), max, metrics.clone());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -714,31 +712,70 @@ fn spawn_reconciler<I: Images + 'static>(
     });
 }
 
-/// Keeps the cache at most `max` bytes: `lamina gc` every [`GC_EVERY`]
+/// Keeps each cache dir at most `max` bytes: `lamina gc` every [`GC_EVERY`]
 /// (it never evicts what a live or starting mount uses).
-fn spawn_gc(cache: PathBuf, max: u64, metrics: Arc<metrics::Metrics>) {
+fn spawn_gc(caches: Vec<PathBuf>, max: u64, metrics: Arc<metrics::Metrics>) {
     std::thread::spawn(move || loop {
-        match lamina_mount::gc(&cache, max) {
+        if let Some((freed, kept)) = collect_all(&caches, max) {
+            metrics.record_gc(freed, kept);
+        }
+        std::thread::sleep(GC_EVERY);
+    });
+}
+
+/// Collects each cache dir to `max` bytes: the bytes freed and kept in
+/// all of them, one record for the cache with every tenant's dir (each
+/// dir's run used to set the gauge to its own bytes); `None` when a dir
+/// could not be collected, which leaves the gauge as it was rather than
+/// undercounted.
+fn collect_all(caches: &[PathBuf], max: u64) -> Option<(u64, u64)> {
+    let (mut freed, mut kept, mut all) = (0, 0, true);
+    for cache in caches {
+        match lamina_mount::gc(cache, max) {
             Ok(report) => {
                 if !report.evicted.is_empty() {
                     tracing::info!(
+                        cache = %cache.display(),
                         evicted = report.evicted.len(),
                         freed_bytes = report.freed_bytes,
                         kept_bytes = report.kept_bytes,
                         "cache collected"
                     );
                 }
-                metrics.record_gc(report.freed_bytes, report.kept_bytes);
+                freed += report.freed_bytes;
+                kept += report.kept_bytes;
             }
-            Err(e) => tracing::warn!("cache gc: {e}"),
+            Err(e) => {
+                tracing::warn!("cache gc of {}: {e}", cache.display());
+                all = false;
+            }
         }
-        std::thread::sleep(GC_EVERY);
-    });
+    }
+    all.then_some((freed, kept))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_cache_dir_is_collected_into_one_record() {
+        let t = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = ["shared", "tenant"].map(|d| t.path().join(d)).into();
+        for (i, dir) in dirs.iter().enumerate() {
+            let blobs = dir.join("blobs").join("0011223344556677");
+            std::fs::create_dir_all(&blobs).unwrap();
+            std::fs::write(blobs.join("f"), vec![1u8; 8192 * (i + 1)]).unwrap();
+        }
+        let (freed, kept) = collect_all(&dirs, u64::MAX).expect("both collected");
+        let alone = |d: &PathBuf| collect_all(std::slice::from_ref(d), u64::MAX).unwrap().1;
+        assert_eq!((freed, kept), (0, alone(&dirs[0]) + alone(&dirs[1])));
+        assert!(alone(&dirs[1]) > alone(&dirs[0]) && alone(&dirs[0]) > 0);
+        // A dir that cannot be collected: no record.
+        std::fs::write(t.path().join("file"), b"").unwrap();
+        let with_bad = [dirs[0].clone(), t.path().join("file")];
+        assert_eq!(collect_all(&with_bad, u64::MAX), None);
+    }
 
     #[test]
     fn a_resolution_leaves_no_gate_behind() {
