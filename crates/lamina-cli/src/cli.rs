@@ -365,6 +365,12 @@ pub(crate) enum Command {
         /// mount --cache-reserve`; default: a tenth of it, at most 1G).
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         cache_reserve: Option<u64>,
+        /// Allocate each lamina mount's cache files whole when it mounts
+        /// (as `lamina mount --reserve-space`): an image that does not fit
+        /// is refused at pull time, and no image's fills can make
+        /// another's reads fail for want of space.
+        #[arg(long)]
+        reserve_space: bool,
         /// Serve the CRI image service on the snapshotter's socket too,
         /// forwarding every call to containerd's socket SOCKET: point the
         /// kubelet's --image-service-endpoint here, and the lamina mounts
@@ -491,6 +497,12 @@ pub(crate) struct ServeArgs {
     /// filesystem, at most 1G).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub(crate) cache_reserve: Option<u64>,
+    /// Allocate the image's cache files whole when mounting, as an
+    /// overlayfs snapshot takes its space at pull time: the mount is
+    /// refused if the cache has no room, and no fill of it can later fail
+    /// for want of space or take the space another mount's fills need.
+    #[arg(long)]
+    pub(crate) reserve_space: bool,
     /// Same as `--prefetch all`.
     #[arg(long)]
     pub(crate) prefetch_all: bool,
@@ -569,6 +581,7 @@ impl ServeArgs {
             hedge: !self.no_hedge,
             predict_max: self.predict_max,
             cache_reserve: self.cache_reserve,
+            reserve_space: self.reserve_space,
             ..lamina_mount::LazyOptions::default()
         })
     }

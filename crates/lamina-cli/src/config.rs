@@ -24,6 +24,7 @@
 //! fill_window = "1M"      # bytes, or with K, M, G
 //! hedge = true            # false: --no-hedge
 //! cache_reserve = "1G"    # free space prefetches leave to reads readers wait on
+//! reserve_space = false   # true: allocate the image's cache files whole at mount
 //! fill_ahead = "8M"       # largest window fetched ahead of an in-order reader; 0: off
 //! predict_max = "8M"      # largest library fetched whole on a first miss; 0: no predictions
 //! prefetch = "boot"       # none | pages | boot | all
@@ -44,6 +45,7 @@
 //! metrics_address = "127.0.0.1:9464"   # or "unix:/run/lamina/metrics.sock"
 //! cache_max_size = "50G"  # the shared cache, collected in the background
 //! cache_reserve = "1G"
+//! reserve_space = true    # each mount's cache files allocated whole at mount
 //! cri_keychain = "/run/containerd/containerd.sock"  # pods' pull secrets (docs/containerd.md)
 //! tenant_caches = ["registry.example.com/team-a=/srv/lamina/team-a"]  # a tenant's own cache dir
 //!
@@ -225,6 +227,7 @@ pub(crate) struct ServeSection {
     pub(crate) readahead: Option<u32>,
     pub(crate) hedge: Option<bool>,
     pub(crate) cache_reserve: Option<Size>,
+    pub(crate) reserve_space: Option<bool>,
 }
 
 /// `[run]`: `[mount]`'s keys and run's own (serde cannot flatten a
@@ -241,6 +244,7 @@ pub(crate) struct RunSection {
     pub(crate) readahead: Option<u32>,
     pub(crate) hedge: Option<bool>,
     pub(crate) cache_reserve: Option<Size>,
+    pub(crate) reserve_space: Option<bool>,
     pub(crate) runtime: Option<PathBuf>,
     pub(crate) stop_timeout: Option<u64>,
     pub(crate) net: Option<NetMode>,
@@ -258,6 +262,7 @@ impl RunSection {
             readahead: self.readahead,
             hedge: self.hedge,
             cache_reserve: self.cache_reserve,
+            reserve_space: self.reserve_space,
         }
     }
 }
@@ -277,6 +282,7 @@ pub(crate) struct SnapshotterSection {
     pub(crate) metrics_address: Option<MetricsAddress>,
     pub(crate) cache_max_size: Option<Size>,
     pub(crate) cache_reserve: Option<Size>,
+    pub(crate) reserve_space: Option<bool>,
     pub(crate) cri_keychain: Option<PathBuf>,
     #[serde(default, deserialize_with = "parsed_list")]
     pub(crate) tenant_caches: Option<Vec<lamina_snapshotter::tenants::TenantCache>>,

@@ -301,6 +301,30 @@ pub fn adopt_whole(path: &Path, digest: &[u8; 32]) -> io::Result<bool> {
     Ok(true)
 }
 
+/// Bytes of the cache file `file` that no block is allocated for yet:
+/// what its fills would still take from the filesystem.
+pub fn unallocated(file: &File) -> io::Result<u64> {
+    let meta = file.metadata()?;
+    Ok(meta.len().saturating_sub(meta.blocks() * 512))
+}
+
+/// Allocates every block of the cache file `file` that is a hole, so that
+/// no later fill of it needs space the filesystem may no longer have (a
+/// mount's reservation). Bytes already there stay; new blocks read as
+/// zeros, and what is served is still decided by the fill record alone.
+/// Through a quiet fd where there is one: a watching mount is asked about
+/// an fallocate as about a write, and none should fetch for it.
+pub fn reserve(file: &File) -> io::Result<()> {
+    if unallocated(file)? == 0 {
+        return Ok(());
+    }
+    let quiet = lamina_sys::open_quiet(file);
+    let fd = quiet.as_ref().unwrap_or(file);
+    let len = file.metadata()?.len();
+    rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, len)?;
+    Ok(())
+}
+
 /// The identity a fill record is bound to: inode number and birth time;
 /// `None` where the filesystem keeps no birth time (nothing can be bound).
 pub fn identity(file: &File) -> io::Result<Option<FileIdentity>> {

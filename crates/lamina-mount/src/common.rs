@@ -67,6 +67,20 @@ pub enum MountError {
     /// A tar index nothing the node trusts vouches for.
     #[error("tar index refused: {0}")]
     UntrustedIndex(String),
+    /// The cache filesystem cannot hold what a mount reserves.
+    #[error(
+        "no room in {dir} for the image: its cache files need {need} more bytes, {free} are \
+         free (--reserve-space); remove what no mount uses with `lamina gc`, or give the \
+         cache more space"
+    )]
+    NoRoom {
+        /// The blobs dir.
+        dir: PathBuf,
+        /// Bytes the mount's cache files still need.
+        need: u64,
+        /// Bytes free for an unprivileged writer.
+        free: u64,
+    },
     /// A mount daemon (holder or FUSE daemon) could not start or mount.
     #[error("mount daemon: {0}")]
     Daemon(String),

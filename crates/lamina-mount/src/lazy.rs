@@ -74,6 +74,10 @@ pub struct LazyOptions {
     /// leave to the reads readers wait on (`None`: a tenth of it, at most
     /// 1 GiB; `lamina_daemon::config::DaemonConfig::cache_reserve`).
     pub cache_reserve: Option<u64>,
+    /// Allocate the image's cache files whole at mount
+    /// ([`reserve_cache_files`]): no fill of this mount can then fail for
+    /// want of space, or take the space another mount's fills need.
+    pub reserve_space: bool,
 }
 
 impl Default for LazyOptions {
@@ -89,6 +93,7 @@ impl Default for LazyOptions {
             hedge: true,
             predict_max: lamina_daemon::config::DEFAULT_PREDICT_MAX,
             cache_reserve: None,
+            reserve_space: false,
         }
     }
 }
@@ -326,6 +331,9 @@ pub fn mount_lazy_from(
         .map_err(io_err(blob_dir))?;
         blobs.push(blob_spec(&desc.digest, prepared));
     }
+    if lazy.reserve_space {
+        reserve_cache_files(blob_dir, &blobs)?;
+    }
 
     let plan = LazyPlan {
         image,
@@ -477,6 +485,46 @@ pub(crate) fn blob_spec(digest: &lamina_oci::Digest, prepared: Prepared) -> Blob
         complete: prepared.complete,
         file: prepared.identity.map(CacheFileId::from),
     }
+}
+
+/// Allocates the blocks of `blobs`' cache files that are still holes
+/// (`LazyOptions::reserve_space`), as an overlayfs snapshot takes its space
+/// at pull time: the mount is refused here, before any reader, when the
+/// cache filesystem has no room for them, and once it is mounted no fill of
+/// it needs space another mount's fills could have taken.
+pub(crate) fn reserve_cache_files(blob_dir: &Path, blobs: &[BlobSpec]) -> Result<(), MountError> {
+    let mut files = Vec::new();
+    let mut need = 0u64;
+    for path in blobs.iter().map(|b| &b.cache_path) {
+        if files.iter().any(|(_, p)| *p == path) {
+            continue;
+        }
+        let file = private::open_existing(path).map_err(io_err(path))?;
+        need += lamina_fetch::store::unallocated(&file).map_err(io_err(path))?;
+        files.push((file, path));
+    }
+    let stat = rustix::fs::statvfs(blob_dir).map_err(|e| io_err(blob_dir)(e.into()))?;
+    let free = stat.f_bavail.saturating_mul(stat.f_frsize);
+    let no_room = || MountError::NoRoom {
+        dir: blob_dir.to_path_buf(),
+        need,
+        free,
+    };
+    if need > free {
+        return Err(no_room());
+    }
+    for (file, path) in files {
+        match lamina_fetch::store::reserve(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => return Err(no_room()),
+            Err(e) => return Err(io_err(path)(e)),
+        }
+    }
+    tracing::info!(
+        "reserved {need} bytes of {} for the image's fills",
+        blob_dir.display()
+    );
+    Ok(())
 }
 
 /// What every lazy mount knows before its daemons start.

@@ -121,10 +121,12 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             metrics_address,
             cache_max_size,
             cache_reserve,
+            reserve_space,
             cri_keychain,
             tenant_caches,
         } => {
             let s = &file.snapshotter;
+            m.fill(reserve_space, "reserve_space", s.reserve_space);
             m.fill(tenant_caches, "tenant_caches", s.tenant_caches.clone());
             let keychain = s.cri_keychain.clone().map(Some);
             m.fill(cri_keychain, "cri_keychain", keychain);
@@ -171,6 +173,7 @@ fn fill_serve(m: &Sources, serve: &mut ServeArgs, cache_dir: Option<PathBuf>, s:
     m.fill(&mut serve.readahead, "readahead", s.readahead.map(Some));
     let reserve = s.cache_reserve.map(|v| Some(v.0));
     m.fill(&mut serve.cache_reserve, "cache_reserve", reserve);
+    m.fill(&mut serve.reserve_space, "reserve_space", s.reserve_space);
     m.fill(&mut serve.no_hedge, "no_hedge", s.hedge.map(|h| !h));
     // --prefetch-all on the line is a --prefetch given.
     if !m.given("prefetch_all") {
@@ -211,8 +214,10 @@ mod tests {
         prefetch = "all"
         hedge = false
         predict_max = "2M"
+        reserve_space = true
         [snapshotter]
         mode = "kernel"
+        reserve_space = true
         root = "/file/root"
         address = "/file/sock"
         fill_ahead = "2M"
@@ -240,6 +245,7 @@ mod tests {
         assert!(serve.no_hedge, "hedge = false is --no-hedge");
         assert_eq!(serve.predict_max, 2 << 20);
         assert_eq!(serve.mode, "fuse");
+        assert!(serve.reserve_space);
         let args = parse_with(&["lamina", "mount", "--mode", "auto", "oci:x", "/m"], FILE);
         let Command::Mount { serve, .. } = &args.command else {
             panic!()
@@ -259,11 +265,13 @@ mod tests {
             fill_ahead,
             predict_max,
             mode,
+            reserve_space,
             ..
         } = &args.command
         else {
             panic!()
         };
+        assert!(*reserve_space);
         assert_eq!(
             (root.as_path(), address.as_path()),
             (Path::new("/file/root"), Path::new("/file/sock"))

@@ -381,6 +381,7 @@ pub(super) fn serve_snapshotter(
         metrics_address,
         cache_max_size,
         cache_reserve,
+        reserve_space,
         cri_keychain,
         tenant_caches,
     } = command
@@ -402,6 +403,7 @@ pub(super) fn serve_snapshotter(
             fill_ahead,
             predict_max,
             cache_reserve,
+            reserve_space,
             ..lamina_mount::LazyOptions::default()
         },
         metrics_address,

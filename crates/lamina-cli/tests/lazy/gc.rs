@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -406,4 +407,101 @@ fn a_prefetch_all_leaves_the_reserve_to_other_tenants() {
     chroot_python(&a.path);
     a.unmount();
     f.finish("the cache reserve");
+}
+
+/// Issue 42 point 7, per image: with `--reserve-space` a mount takes its
+/// cache files' space when it mounts, as an overlayfs snapshot takes it at
+/// pull time. Tenant B's small image is mounted first; tenant A's image,
+/// bigger than what is left, is then refused at mount with a clear error,
+/// so B's reads never meet a full filesystem. Without the reservation A
+/// mounted, reading A filled the filesystem, and B's reads failed with EIO
+/// (this test then reads A whole and fails on B's tree).
+#[test]
+fn a_reserved_mount_never_loses_its_space_to_another_images_fills() {
+    let Some(Lazy {
+        _time,
+        deb: _,
+        reg,
+        t,
+    }) = start(
+        "a_reserved_mount_never_loses_its_space_to_another_images_fills",
+        "lazy-reserve-space",
+    )
+    else {
+        return;
+    };
+    let inspect = lamina(["inspect", "--json", &reg.reference(IMAGE)])
+        .ok()
+        .json();
+    let image_bytes: u64 = inspect["blobs"]
+        .as_array()
+        .expect("blobs")
+        .iter()
+        .map(|b| b["cache_bytes"].as_u64().expect("cache_bytes"))
+        .sum();
+    let fs_bytes = (image_bytes * 3 / 4).max(96 << 20);
+    let small = LoopExt4::mount(&t, "small", fs_bytes);
+    let cache = small.0.join("cache");
+    let mut f = Failures::default();
+
+    let edge = edge_image(&t.join("edge"));
+    let b = Mount::with_args(
+        &edge,
+        &t.join("mnt-b"),
+        &cache,
+        &["--lazy", "--reserve-space"],
+    );
+    for path in b.blob_paths() {
+        let meta = fs::metadata(&path).expect("B's cache file");
+        f.check(meta.blocks() * 512 >= meta.len(), || {
+            format!(
+                "{} is not allocated whole: {} of {} bytes",
+                path.display(),
+                meta.blocks() * 512,
+                meta.len()
+            )
+        });
+    }
+
+    let mnt_a = t.join("mnt-a");
+    fs::create_dir_all(&mnt_a).unwrap();
+    let a = lamina([
+        "mount",
+        "--json",
+        "--reserve-space",
+        "--prefetch",
+        "none",
+        &reg.reference(IMAGE),
+        mnt_a.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    if a.status.success() {
+        f.check(false, || {
+            format!(
+                "A ({image_bytes} B) mounted on a {fs_bytes} B cache:\n{}",
+                a.describe()
+            )
+        });
+        // What the reservation is for: A's readers fill the filesystem.
+        let read_all = format!(
+            "find {} -type f -exec cat {{}} + >/dev/null 2>&1; true",
+            mnt_a.display()
+        );
+        run(&mut command("sh", ["-c", &read_all]), TIMEOUT);
+    } else {
+        f.check(a.stderr.contains("no room"), || {
+            format!("A was refused without saying why:\n{}", a.describe())
+        });
+        f.check(!is_mountpoint(&mnt_a), || "A is mounted after all".into());
+    }
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &b.path);
+    let _ = lamina([
+        "umount",
+        mnt_a.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    b.unmount();
+    f.finish("per-image reservation");
 }

@@ -37,6 +37,9 @@ pub(crate) fn mount_lazy(
         };
         blobs.push(blob_spec(&src.descriptor.digest, prepared));
     }
+    if lazy.reserve_space {
+        super::reserve_cache_files(blob_dir, &blobs)?;
+    }
     tracing::info!(
         "{image}: mounting lazily through its tar index ({} layers, {} spans)",
         blobs.len(),
