@@ -3,6 +3,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -77,7 +78,8 @@ fn containerd_2_runs_a_lamina_image_through_fuse() {
 fn containerd_2_keeps_a_tenants_cache_in_its_own_dir() {
     let tenant = TestDir::new("tenant-cache");
     let arg = format!("{{registry}}/deb={}", tenant.join("deb").display());
-    let args = ["--tenant-cache", arg.as_str()];
+    // Each mount's cache files reserved too (`--reserve-space`).
+    let args = ["--tenant-cache", arg.as_str(), "--reserve-space"];
     let Some(mut node) = Node::start_with(Version::V2, false, &args) else {
         return;
     };
@@ -94,6 +96,24 @@ fn containerd_2_keeps_a_tenants_cache_in_its_own_dir() {
     f.check(!own_files.is_empty() && shared_files.is_empty(), || {
         format!("cache files: tenant's {own_files:?}, shared {shared_files:?}")
     });
+    let cache_files: Vec<_> = own_files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "cache"))
+        .collect();
+    f.check(!cache_files.is_empty(), || {
+        format!("no .cache file among the tenant's {own_files:?}")
+    });
+    for file in cache_files {
+        let meta = fs::metadata(file).unwrap();
+        f.check(meta.blocks() * 512 >= meta.len(), || {
+            format!(
+                "{} is not reserved whole: {} of {} bytes allocated",
+                file.display(),
+                meta.blocks() * 512,
+                meta.len()
+            )
+        });
+    }
     let live = |dir: &Path| {
         let out = lamina([
             OsStr::new("status"),
@@ -118,6 +138,7 @@ fn containerd_2_keeps_a_tenants_cache_in_its_own_dir() {
         &[
             OsStr::new("--tenant-cache"),
             OsStr::new(&arg.replace("{registry}", &node.reg.host())),
+            OsStr::new("--reserve-space"),
         ],
     );
     // containerd's connection to the proxy plugin backs off after the
