@@ -379,9 +379,11 @@ pub(crate) enum Command {
         #[arg(long, value_name = "SOCKET")]
         cri_keychain: Option<PathBuf>,
         /// A tenant's cache dir: lamina mounts of images under PREFIX
-        /// (HOST or HOST/REPO-PREFIX) keep their cache there, not in the
-        /// shared cache; bound it with a filesystem or project quota of its
-        /// own. Repeatable; the longest matching prefix wins.
+        /// (HOST or HOST/REPO-PREFIX), or with `secret:USER@HOST` of
+        /// HOST's images a pod pulled with a pull secret of USER (needs
+        /// --cri-keychain), keep their cache there, not in the shared
+        /// cache; bound it with a filesystem or project quota of its own.
+        /// Repeatable; a secret's tenant wins, then the longest prefix.
         #[arg(long = "tenant-cache", value_name = "PREFIX=DIR")]
         tenant_caches: Vec<lamina_snapshotter::tenants::TenantCache>,
     },

@@ -287,9 +287,16 @@ impl Resolver {
         }
     }
 
+    /// The cache dir of `reference`'s mounts: its tenant's, chosen by the
+    /// pull secret its pod brought or by its name.
+    fn cache_dir_for(&self, reference: &str) -> &Path {
+        let user = self.secrets.as_ref().and_then(|s| s.user_for(reference));
+        self.caches.for_image(reference, user.as_deref())
+    }
+
     fn mount_options(&self, reference: &str) -> MountOptions {
         MountOptions {
-            cache_dir: self.caches.for_image(reference).to_path_buf(),
+            cache_dir: self.cache_dir_for(reference).to_path_buf(),
             source: self.source_for(reference),
             // Snapshots are mounted in the snapshotter's private (0700)
             // root for runc, like containerd's overlayfs snapshots.
@@ -543,6 +550,16 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
         None => lamina_mount::choose_mode(&lamina_mount::host_facts(&cache), true),
     };
     tracing::info!("lamina images mount with the {mode} path: {why}");
+    let by_secret = opts
+        .tenant_caches
+        .iter()
+        .any(|t| matches!(t.selector, tenants::Selector::Secret { .. }));
+    if by_secret && opts.cri_keychain.is_none() {
+        anyhow::bail!(
+            "a tenant chosen by pull secret (--tenant-cache secret:USER@HOST=DIR) needs \
+             --cri-keychain: without it no pod's secret reaches the snapshotter"
+        );
+    }
     let caches = tenants::CacheDirs::new(cache.clone(), opts.tenant_caches.clone());
     for dir in caches.all() {
         lamina_fetch::private::private_dir(&dir)

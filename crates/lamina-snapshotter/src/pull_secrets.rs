@@ -91,6 +91,21 @@ impl PullSecrets {
         path.exists().then_some(path)
     }
 
+    /// The user name of the secret `reference`'s pull brought, if it has
+    /// one (a user and password; an identity token names no user): what
+    /// a `secret:USER@HOST` tenant is chosen by.
+    pub fn user_for(&self, reference: &str) -> Option<String> {
+        let host = RegistryRef::parse(reference).ok()?.host;
+        let config = read_trusted(&self.config_for(reference)?).ok()?;
+        let config: serde_json::Value = serde_json::from_slice(&config).ok()?;
+        let encoded = config["auths"][host.as_str()]["auth"].as_str()?;
+        let pair = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .ok()?;
+        let pair = String::from_utf8(pair).ok()?;
+        Some(pair.split_once(':')?.0.to_string())
+    }
+
     fn config_name(&self, reference: &str) -> Option<String> {
         let image = RegistryRef::parse(reference).ok()?;
         let name = read_trusted(&self.link_path(&image.to_string())).ok()?;
@@ -182,9 +197,17 @@ mod tests {
             .record("h:5000/a/other:v1", Some(&basic("alice")))
             .unwrap();
         assert_eq!(secrets.config_for("h:5000/a/other:v1"), Some(config));
+        // Its user names the secret's tenant.
+        assert_eq!(
+            secrets.user_for("h:5000/a/app:v1").as_deref(),
+            Some("alice")
+        );
+        assert_eq!(secrets.user_for(&pinned).as_deref(), Some("alice"));
+        assert_eq!(secrets.user_for("h:5000/a/app:v2").as_deref(), Some("bob"));
         // A pull without a secret forgets the last one.
         secrets.record("h:5000/a/app:v1", None).unwrap();
         assert_eq!(secrets.config_for("h:5000/a/app:v1"), None);
+        assert_eq!(secrets.user_for("h:5000/a/app:v1"), None);
     }
 
     #[test]

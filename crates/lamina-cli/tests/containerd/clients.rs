@@ -240,7 +240,10 @@ fn run_lamina_pod(node: &Node, cri_args: &[String], f: &mut Failures) {
 /// the snapshotter's socket served no image service.
 fn cri_pod_brings_its_pull_secret(version: Version) {
     let creds = "tenant-a:s3cret-a";
-    let Some(node) = Node::start_keychain(version, creds) else {
+    // The secret's user is a tenant with a cache dir of its own.
+    let tenant = TestDir::new("secret-tenant");
+    let arg = format!("secret:tenant-a@{{front}}={}", tenant.join("a").display());
+    let Some(node) = Node::start_keychain(version, creds, &["--tenant-cache", &arg]) else {
         return;
     };
     let front = node.front.as_ref().expect("a keychain node has a front");
@@ -282,6 +285,11 @@ fn cri_pod_brings_its_pull_secret(version: Version) {
             format!("{} has mode {mode:?}", secret.display())
         });
     }
+    let own = cache_files_in(&tenant.join("a"), "blobs");
+    let shared = cache_files_in(&node.snap_root().join("cache"), "blobs");
+    f.check(!own.is_empty() && shared.is_empty(), || {
+        format!("cache files: the secret's tenant's {own:?}, shared {shared:?}")
+    });
     if !f.0.is_empty() {
         f.0.push(front.bg.describe());
         f.0.push(node.logs());

@@ -25,6 +25,8 @@ pub(crate) struct Node {
     /// ([`start_keychain`](Self::start_keychain)): images are named by its
     /// host.
     pub(crate) front: Option<FaultProxy>,
+    /// The snapshotter's cache dirs: its own, then its tenants'.
+    pub(crate) cache_dirs: Vec<PathBuf>,
 }
 
 impl Node {
@@ -48,8 +50,12 @@ impl Node {
     /// `credentials` (`USER:PASSWORD`, checked by a front), and whose
     /// snapshotter has no credentials of its own but serves CRI's image
     /// service in front of containerd (`--cri-keychain`): pods bring them.
-    pub(crate) fn start_keychain(version: Version, credentials: &str) -> Option<Node> {
-        Node::start_inner(version, true, &[], Some(credentials))
+    pub(crate) fn start_keychain(
+        version: Version,
+        credentials: &str,
+        snapshotter_args: &[&str],
+    ) -> Option<Node> {
+        Node::start_inner(version, true, snapshotter_args, Some(credentials))
     }
 
     fn start_inner(
@@ -78,15 +84,22 @@ impl Node {
         let t = TestDir::new("containerd");
         let metrics = format!("127.0.0.1:{}", free_port());
         let mut args = vec![OsStr::new("--metrics-address"), OsStr::new(&metrics)];
-        let given: Vec<String> = snapshotter_args
-            .iter()
-            .map(|a| a.replace("{registry}", &reg.host()))
-            .collect();
-        args.extend(given.iter().map(OsStr::new));
         let front = basic_auth.map(|creds| {
             let extra = ["--basic-auth", creds];
             FaultProxy::start(t.path(), "front", 0, reg.port, "none", &extra)
         });
+        let front_host = front.as_ref().map(|f| format!("127.0.0.1:{}", f.port));
+        let given: Vec<String> = snapshotter_args
+            .iter()
+            .map(|a| a.replace("{registry}", &reg.host()))
+            .map(|a| a.replace("{front}", front_host.as_deref().unwrap_or("")))
+            .collect();
+        args.extend(given.iter().map(OsStr::new));
+        let mut cache_dirs = vec![t.join("snapshotter").join("cache")];
+        // `--tenant-cache SELECTOR=DIR`, DIR absolute.
+        let tenants = given.windows(2).filter(|w| w[0] == "--tenant-cache");
+        cache_dirs
+            .extend(tenants.filter_map(|w| Some(PathBuf::from(&w[1][w[1].find("=/")? + 1..]))));
         let containerd_sock = t.join("containerd.sock");
         if front.is_some() {
             args.extend([OsStr::new("--cri-keychain"), containerd_sock.as_os_str()]);
@@ -106,6 +119,7 @@ impl Node {
             metrics,
             containerd,
             front,
+            cache_dirs,
         };
         node.wait_containerd();
         Some(node)
@@ -276,17 +290,24 @@ impl Node {
 
     /// `lamina status --json` of the snapshotter's cache: one entry a mount.
     pub(crate) fn status(&self) -> Vec<Value> {
-        let out = lamina([
-            OsStr::new("status"),
-            OsStr::new("--json"),
-            OsStr::new("--cache-dir"),
-            self.snap_root().join("cache").as_os_str(),
-        ])
-        .ok();
-        out.json()
-            .as_array()
-            .unwrap_or_else(|| panic!("status --json is not an array:\n{}", out.describe()))
-            .clone()
+        let mut all = Vec::new();
+        for dir in &self.cache_dirs {
+            let out = lamina([
+                OsStr::new("status"),
+                OsStr::new("--json"),
+                OsStr::new("--cache-dir"),
+                dir.as_os_str(),
+            ])
+            .ok();
+            all.extend(
+                out.json()
+                    .as_array()
+                    .unwrap_or_else(|| panic!("status --json is not an array:\n{}", out.describe()))
+                    .iter()
+                    .cloned(),
+            );
+        }
+        all
     }
 
     /// Live lamina mounts under the snapshotter.
