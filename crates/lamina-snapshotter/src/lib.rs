@@ -550,16 +550,7 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
         None => lamina_mount::choose_mode(&lamina_mount::host_facts(&cache), true),
     };
     tracing::info!("lamina images mount with the {mode} path: {why}");
-    let by_secret = opts
-        .tenant_caches
-        .iter()
-        .any(|t| matches!(t.selector, tenants::Selector::Secret { .. }));
-    if by_secret && opts.cri_keychain.is_none() {
-        anyhow::bail!(
-            "a tenant chosen by pull secret (--tenant-cache secret:USER@HOST=DIR) needs \
-             --cri-keychain: without it no pod's secret reaches the snapshotter"
-        );
-    }
+    tenants::check(&opts.tenant_caches, opts.cri_keychain.is_some()).map_err(anyhow::Error::msg)?;
     let caches = tenants::CacheDirs::new(cache.clone(), opts.tenant_caches.clone());
     for dir in caches.all() {
         lamina_fetch::private::private_dir(&dir)

@@ -138,6 +138,22 @@ impl CacheDirs {
     }
 }
 
+/// Refuses tenants chosen by pull secret without the CRI keychain, which
+/// alone brings pods' secrets: they would never be chosen.
+pub fn check(tenants: &[TenantCache], cri_keychain: bool) -> Result<(), String> {
+    let by_secret = tenants
+        .iter()
+        .any(|t| matches!(t.selector, Selector::Secret { .. }));
+    if by_secret && !cri_keychain {
+        return Err(
+            "a tenant chosen by pull secret (--tenant-cache secret:USER@HOST=DIR) \
+             needs --cri-keychain: without it no pod's secret reaches the snapshotter"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// Whether the repository `name` (`HOST/REPO`) is `prefix` or under it,
 /// at a path boundary (`host/team-a` is not under `host/team`).
 fn under(name: &str, prefix: &str) -> bool {
@@ -190,6 +206,17 @@ mod tests {
         assert_eq!(dir("reg.example:5000/team/app:1", "mallory"), "/c/team");
         assert_eq!(dir("other.example/x:1", "alice"), "/c/other");
         assert_eq!(dir("third.example/x:1", "alice"), "/c/default");
+    }
+
+    #[test]
+    fn a_secrets_tenant_needs_the_cri_keychain() {
+        let prefix = vec!["reg/x=/c/x".parse::<TenantCache>().unwrap()];
+        let secret = vec!["secret:u@reg=/c/u".parse::<TenantCache>().unwrap()];
+        assert!(check(&prefix, false).is_ok());
+        assert!(check(&secret, true).is_ok());
+        assert!(check(&secret, false)
+            .unwrap_err()
+            .contains("--cri-keychain"));
     }
 
     #[test]
