@@ -492,11 +492,11 @@ t=$(now)
 step "lamina mount (signed index)" "$t" "$(now)"
 SIGNED_SAID="python3 is $(stat -c '%A' "$MNT/usr/bin/python3.11")"
 teardown
-log "lamina run --userns 200000 docker://$R/debian:bookworm (the container's root is host uid 200000)"
+log "lamina run --userns 200000 --reserve-space docker://$R/debian:bookworm (the container's root is host uid 200000; the image's cache space is taken at mount)"
 # Its root must pass through the state dir's parents: not the demo's 0700 temp dir.
 USERNS_STATE=/run/lamina-demo-userns.$$
 t=$(now)
-USERNS_SAID=$("$LAMINA" run --rm --userns 200000 --mode kernel --cache-dir "$CACHE" --state-dir "$USERNS_STATE" \
+USERNS_SAID=$("$LAMINA" run --rm --userns 200000 --reserve-space --mode kernel --cache-dir "$CACHE" --state-dir "$USERNS_STATE" \
     "docker://$R/debian:bookworm" -- sh -c 'echo "uid $(id -u), uid_map $(cat /proc/self/uid_map)"' 2>"$TMP/userns.err" |
     tr -s ' ') || die "lamina run --userns failed: $(cat "$TMP/userns.err")"
 step "lamina run --userns" "$t" "$(now)"
