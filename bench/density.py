@@ -1,0 +1,319 @@
+"""Memory density (issue 43): how much page cache images on one base cost,
+side by side with overlayfs over the layers unpacked once (containerd's
+layer sharing), in one run.
+
+Images: A = the Debian test image (`/var/cache/lamina-test/debian-oci`,
+tag bookworm), B = A plus one layer of one 300 KB file (two tenants' images
+on one base), both converted by `lamina convert` into one OCI layout.
+
+Systems, each on a fresh cache after `drop_caches`, A and B mounted:
+- `overlayfs`: A's rootfs unpacked by `umoci unpack` as one lower dir
+  (layers unpacked once and shared, as containerd's snapshots are); B is an
+  overlay of B's top layer over the same dir.
+- `lamina-eager`: `lamina mount` of both (kernel path, complete cache
+  files, `directio`).
+- `lamina-lazy`: `lamina mount --lazy --prefetch none` of both (kernel
+  path; the worker fills the cache files from the layout's blobs).
+- `lamina-fuse`: the same through FUSE.
+
+Every regular file of A is read (`find -type f -exec cat`) by a process in
+a memory cgroup of its own, then every file of B. Page cache is the rise of
+the node's `Cached` (/proc/meminfo) since the mounts were made, less what
+`fincore` finds resident of the layouts' blobs (a lazy mount reads the
+converted image's blobs, as it would a registry's answers): what the node
+holds for the images. Beside it: what the reader's cgroup was charged (`cache` in its
+memory.stat), and what `fincore` finds of the lamina cache files (the
+cache file's own copy of each page).
+
+Options (--set): runs (default 1; each run measures every system in a
+rotating order).
+"""
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from pathlib import Path
+
+from .harness import report
+from .harness.core import ROOT, log, run
+from .harness.measure import drop_caches, is_mountpoint, lamina_umount, machine_info, sys_umount
+
+SOURCE = Path("/var/cache/lamina-test/debian-oci")
+SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse")
+CGROUP = Path("/sys/fs/cgroup/memory")
+TOP_FILE_BYTES = 300 * 1000
+MiB = 1 << 20
+
+
+def meminfo_cached():
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Cached:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no Cached in /proc/meminfo")
+
+
+def resident(paths):
+    """Bytes of `paths` in the page cache (fincore)."""
+    paths = [str(p) for p in paths if Path(p).is_file()]
+    total = 0
+    for i in range(0, len(paths), 200):
+        out = run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", *paths[i:i + 200]]).stdout
+        total += sum(int(x) for x in out.split())
+    return total
+
+
+def files_under(d):
+    return [Path(root) / f for root, _, fs in os.walk(d) for f in fs]
+
+
+def add_top_layer(layout, tag, new_tag):
+    """`new_tag` in `layout`: `tag`'s image plus one gzip layer holding one
+    file of TOP_FILE_BYTES pseudo-random bytes (/opt/tenant-b/data.bin)."""
+    blobs = layout / "blobs" / "sha256"
+
+    def put(data):
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return f"sha256:{digest}", len(data)
+
+    body = b"".join(hashlib.sha256(b"tenant-b %d" % i).digest() for i in range(TOP_FILE_BYTES // 32 + 1))
+    body = body[:TOP_FILE_BYTES]
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name in ("opt", "opt/tenant-b"):
+            d = tarfile.TarInfo(name)
+            d.type, d.mode, d.mtime = tarfile.DIRTYPE, 0o755, 1
+            t.addfile(d)
+        f = tarfile.TarInfo("opt/tenant-b/data.bin")
+        f.size, f.mode, f.mtime = len(body), 0o644, 1
+        t.addfile(f, io.BytesIO(body))
+    tar = tar.getvalue()
+    layer_digest, layer_size = put(gzip.compress(tar, mtime=1))
+    index = json.loads((layout / "index.json").read_text())
+    entry = next(m for m in index["manifests"]
+                 if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
+    manifest = json.loads((blobs / entry["digest"].split(":")[1]).read_text())
+    config = json.loads((blobs / manifest["config"]["digest"].split(":")[1]).read_text())
+    config["rootfs"]["diff_ids"].append(f"sha256:{hashlib.sha256(tar).hexdigest()}")
+    config.setdefault("history", []).append({"created_by": "density bench: tenant B's layer"})
+    cdigest, csize = put(json.dumps(config).encode())
+    manifest["config"] = dict(manifest["config"], digest=cdigest, size=csize)
+    manifest["layers"].append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                               "digest": layer_digest, "size": layer_size})
+    mdigest, msize = put(json.dumps(manifest).encode())
+    index["manifests"].append({"mediaType": entry["mediaType"], "digest": mdigest, "size": msize,
+                               "annotations": {"org.opencontainers.image.ref.name": new_tag}})
+    (layout / "index.json").write_text(json.dumps(index))
+    return tar
+
+
+def prepare(work, lamina):
+    """The source layout (A, B), both converted, A unpacked for overlayfs
+    and B's top layer extracted beside it."""
+    src = work / "src"
+    shutil.copytree(SOURCE, src)
+    top_tar = add_top_layer(src, "bookworm", "b")
+    conv = work / "converted"
+    for src_tag, tag in (("bookworm", "a"), ("b", "b")):
+        lamina("convert", f"oci:{src}:{src_tag}", f"oci:{conv}:{tag}", timeout=1800)
+    run(["umoci", "unpack", "--image", f"{src}:bookworm", work / "ovl-a"], timeout=1800)
+    top = work / "ovl-b-top"
+    top.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(top_tar)) as t:
+        t.extractall(top, filter="tar")
+    return src, conv
+
+
+def mount_system(system, lamina, work, conv):
+    """Mounts A and B for `system`; (mountpoints, cache dir or None)."""
+    mnts = [work / f"mnt-{system}-a", work / f"mnt-{system}-b"]
+    for m in mnts:
+        m.mkdir(parents=True, exist_ok=True)
+    if system == "overlayfs":
+        lower_a = work / "ovl-a" / "rootfs"
+        empty = work / "ovl-empty"  # without an upper dir overlayfs wants two lowers
+        empty.mkdir(exist_ok=True)
+        run(["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={empty}:{lower_a}", mnts[0]])
+        run(["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={work / 'ovl-b-top'}:{lower_a}", mnts[1]])
+        return mnts, None
+    cache = work / f"cache-{system}"
+    how = {"lamina-eager": ["--mode", "kernel"],
+           "lamina-lazy": ["--lazy", "--prefetch", "none", "--mode", "kernel"],
+           "lamina-fuse": ["--lazy", "--prefetch", "none", "--mode", "fuse"]}[system]
+    for tag, m in zip("ab", mnts):
+        lamina("mount", *how, f"oci:{conv}:{tag}", m, "--cache-dir", cache, timeout=600)
+    return mnts, cache
+
+
+def unmount_system(system, lamina, mnts, cache):
+    for m in mnts:
+        if not is_mountpoint(m):
+            continue
+        if system == "overlayfs":
+            sys_umount(str(m))
+        else:
+            lamina_umount(lamina.path, str(m), str(cache))
+
+
+def read_all_in(cgroup, mnt):
+    """Reads every regular file under `mnt` from a process in `cgroup`;
+    (seconds, read errors)."""
+    script = f'echo $$ > {cgroup}/cgroup.procs && exec find {mnt} -xdev -type f -exec cat {{}} + > /dev/null'
+    t = time.perf_counter()
+    r = run(["sh", "-c", script], timeout=1800, check=False)
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    return time.perf_counter() - t, errors
+
+
+def cgroup_cache(cgroup):
+    for line in (cgroup / "memory.stat").read_text().splitlines():
+        key, value = line.split()
+        if key == "cache":
+            return int(value)
+    raise RuntimeError(f"no cache in {cgroup}/memory.stat")
+
+
+def measure_system(results, system, lamina, work, src, conv, run_no):
+    mnts, cache = mount_system(system, lamina, work, conv)
+    cgroup = CGROUP / f"lamina-density-{system}-{run_no}"
+    try:
+        drop_caches()
+        time.sleep(1)
+        base = meminfo_cached()
+        cgroup.mkdir()
+        figures = {"system": system, "run": run_no}
+        for image, mnt in zip("AB", mnts):
+            seconds, errors = read_all_in(cgroup, mnt)
+            time.sleep(1)
+            cache_files = files_under(cache / "blobs") if cache else []
+            # Less the layouts' blobs: a lazy mount reads the converted
+            # image's as it would a registry's answers.
+            layouts = files_under(src / "blobs") + files_under(conv / "blobs")
+            node = meminfo_cached() - base - resident(layouts)
+            figures[image] = {"node_page_cache": node, "reader_cgroup": cgroup_cache(cgroup),
+                              "cache_files_resident": resident(cache_files),
+                              "read_s": round(seconds, 3), "read_errors": errors[:5],
+                              "read_error_count": len(errors)}
+            log(f"{system} run {run_no}, after {image}: page cache {node / MiB:.1f} MiB "
+                f"(reader's cgroup {figures[image]['reader_cgroup'] / MiB:.1f}, cache files "
+                f"{figures[image]['cache_files_resident'] / MiB:.1f}), {len(errors)} read errors")
+        results.add_run(**figures)
+    finally:
+        unmount_system(system, lamina, mnts, cache)
+        if cgroup.exists():
+            try:
+                cgroup.rmdir()
+            except OSError as e:
+                log(f"cgroup {cgroup}: {e}")
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def measure(results, lamina, work, quick, options):
+    unknown = set(options) - {"runs"}
+    if unknown:
+        raise SystemExit(f"bench density: unknown option(s) {', '.join(sorted(unknown))} (runs)")
+    runs = int(options.get("runs", 1))
+    results.doc["config"].update(runs=runs, systems=list(SYSTEMS), top_file_bytes=TOP_FILE_BYTES,
+                                 source=str(SOURCE))
+    results.doc["machine"].update(machine_info(lamina.path, packages=("umoci", "fuse3")))
+    if not (CGROUP / "memory.stat").exists():
+        raise SystemExit(f"bench density: no cgroup v1 memory controller at {CGROUP}")
+    src, conv = prepare(work, lamina)
+    for r in range(runs):
+        order = SYSTEMS[r % len(SYSTEMS):] + SYSTEMS[:r % len(SYSTEMS)]
+        for system in order:
+            measure_system(results, system, lamina, work, src, conv, r)
+    derive(results.doc)
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def derive(doc):
+    per = {}
+    for r in doc["runs"]:
+        s = per.setdefault(r["system"], {"A": [], "B": [], "errors": 0})
+        s["A"].append(r["A"]["node_page_cache"])
+        s["B"].append(r["B"]["node_page_cache"])
+        s["errors"] += r["A"]["read_error_count"] + r["B"]["read_error_count"]
+    summary = {sys: {"after_A": median(v["A"]), "after_B": median(v["B"]), "read_errors": v["errors"]}
+               for sys, v in per.items()}
+    ref = summary.get("overlayfs")
+    for sys, v in summary.items():
+        v["B_adds_of_A"] = (v["after_B"] - v["after_A"]) / v["after_A"] if v["after_A"] else None
+        if ref:
+            v["after_A_vs_overlayfs"] = v["after_A"] / ref["after_A"]
+            v["after_B_vs_overlayfs"] = v["after_B"] / ref["after_B"]
+    doc["summary"] = summary
+    doc["targets"] = []
+    for sys, v in summary.items():
+        if sys == "overlayfs" or not ref:
+            continue
+        for name, value, bound in ((f"{sys}: page cache after A and B / overlayfs", v["after_B_vs_overlayfs"], 1.05),
+                                   (f"{sys}: what B adds / A", v["B_adds_of_A"], 0.05)):
+            doc["targets"].append({"name": name, "value": value, "op": "<=", "bound": bound,
+                                   "met": value is not None and value <= bound})
+        if sys != "lamina-eager":
+            value = v["after_A_vs_overlayfs"]
+            doc["targets"].append({"name": f"{sys}: lazy mount read whole (A) / overlayfs", "value": value,
+                                   "op": "<=", "bound": 1.1, "met": value <= 1.1})
+
+
+def render(doc, plot_path):
+    s = doc["summary"]
+    rows = [(sys, f"{v['after_A'] / MiB:.1f}", f"{v['after_B'] / MiB:.1f}",
+             f"{v.get('after_B_vs_overlayfs', 0):.2f}", f"{100 * v['B_adds_of_A']:.1f}%", v["read_errors"])
+            for sys, v in s.items()]
+    out = [report.heading(doc), "",
+           report.table(("system", "page cache after A, MiB", "after A and B, MiB", "after B / overlayfs",
+                         "B adds (of A)", "read errors"), rows), "",
+           report.targets(doc)]
+    detail = [(r["system"], r["run"], img, f"{r[img]['node_page_cache'] / MiB:.1f}",
+               f"{r[img]['reader_cgroup'] / MiB:.1f}", f"{r[img]['cache_files_resident'] / MiB:.1f}",
+               r[img]["read_s"]) for r in doc["runs"] for img in "AB"]
+    out += ["", report.table(("system", "run", "after", "node page cache, MiB", "reader's cgroup, MiB",
+                              "cache files resident, MiB", "read s"), detail)]
+    plot(doc, plot_path)
+    return "\n".join(out)
+
+
+def plot(doc, path):
+    plt = report.pyplot()
+    if plt is None or not path:
+        return
+    s = doc["summary"]
+    names = list(s)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    w = 0.38
+    xs = range(len(names))
+    b1 = ax.bar([x - w / 2 for x in xs], [s[n]["after_A"] / MiB for n in names], w, label="after A",
+                color=report.WARM)
+    b2 = ax.bar([x + w / 2 for x in xs], [s[n]["after_B"] / MiB for n in names], w, label="after A and B",
+                color=report.COLD)
+    report.label_bars(ax, list(b1) + list(b2), "{:.0f}")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, fontsize=9)
+    ax.set_ylabel("page cache, MiB (median)")
+    ax.set_title(f"Two images on one base, every file read - {doc['date'][:10]}", fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+BENCHMARK = {
+    "out": ROOT / "docs" / "density-results.json",
+    "plot": ROOT / "docs" / "density.png",
+    "tables_in": None,
+    "needs": ["umoci", "fincore", "find"],
+    "measure": measure,
+    "derive": derive,
+    "render": render,
+}
