@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -462,8 +463,13 @@ fn start_background(
         // `lamina status` is at most ~25 ms behind without steady writes.
         std::thread::spawn(move || {
             let mut last = Vec::new();
+            let mut dropped = std::time::Instant::now();
             loop {
                 shared.save_records(SAVE_INTERVAL);
+                if dropped.elapsed() >= SAVE_INTERVAL {
+                    shared.drop_clean_pages();
+                    dropped = std::time::Instant::now();
+                }
                 if let Ok(json) = shared.status_json() {
                     if json != last {
                         let _ = write_atomic(&shared.config.run_dir.join("status.json"), &json);
@@ -611,6 +617,31 @@ impl Shared {
             };
             if let Err(e) = group.respond(response_fd, response) {
                 tracing::error!("answering event {response_fd} for the dead holder: {e}");
+            }
+        }
+    }
+
+    /// Drops the clean pages of this mount's cache files (issue 43). A
+    /// reader's page is copied into EROFS's page cache (or the FUSE
+    /// inode's) as it is read, so the cache file's copy is a second one;
+    /// without this it stayed as long as memory allowed, and a lazy mount
+    /// read whole held every page twice. Dirty pages stay until a save
+    /// writes them back; a page dropped before a reader's copy was taken
+    /// is read from disk again, never wrong.
+    /// The chunk locator's pages go too: it is probed once per fetch.
+    fn drop_clean_pages(&self) {
+        let locator = self
+            .config
+            .blob_dir
+            .join(lamina_fetch::locator::LOCATOR_FILE);
+        let paths = self.config.blobs.iter().map(|b| &b.cache_path);
+        for path in paths.chain([&locator]) {
+            let opened = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path);
+            if let Ok(file) = opened {
+                let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
             }
         }
     }

@@ -405,3 +405,93 @@ fn an_mmap_of_a_files_last_page_shows_zeros_past_its_end() {
     );
     m.unmount();
 }
+
+/// Bytes of `files` in the page cache (`fincore`).
+fn resident_bytes(files: &[std::path::PathBuf]) -> u64 {
+    let mut cmd = command("fincore", ["--bytes", "--noheadings", "--raw", "-o", "RES"]);
+    cmd.args(files);
+    let out = run(&mut cmd, TIMEOUT).ok();
+    out.stdout
+        .split_whitespace()
+        .map(|n| n.parse::<u64>().expect("fincore prints numbers"))
+        .sum()
+}
+
+/// Issue 43: a lazy mount holds one copy of each page. A reader's page is
+/// copied into EROFS's page cache (or the FUSE inode's) as it is read, and
+/// the workers drop the cache files' clean pages each second, so what a
+/// reader read sits there alone. Two kernel mounts and a FUSE mount share
+/// the cache (the others' workers check the first's fills by reading
+/// them). The reads are right; on main the cache files then held as much
+/// again as the reader read (the cache file's copy of every page).
+#[test]
+fn a_lazy_mount_holds_one_copy_of_each_page() {
+    let Some(Lazy { _time, deb, reg, t }) =
+        start("a_lazy_mount_holds_one_copy_of_each_page", "lazy-one-copy")
+    else {
+        return;
+    };
+    let image = reg.reference(IMAGE);
+    let cache = t.join("cache");
+    let lazy = ["--lazy", "--prefetch", "none"];
+    let mount = |name: &str, mode: &str| {
+        let args = [&lazy[..], &["--mode", mode]].concat();
+        Mount::with_args(&image, &t.join(name), &cache, &args)
+    };
+    let a = mount("a", "kernel");
+    let _b = mount("b", "kernel");
+    let c = mount("c", "fuse");
+    let mut f = Failures::default();
+    let files: Vec<String> = deb
+        .files
+        .iter()
+        .filter(|p| deb.sizes[*p] >= 1 << 20)
+        .cloned()
+        .collect();
+    let read: u64 = files.iter().map(|p| deb.sizes[p]).sum();
+    assert!(
+        read >= 16 << 20,
+        "only {read} bytes in files of 1 MiB or more"
+    );
+    let cache_files = || -> Vec<_> {
+        cache_files_in(&cache, "blobs")
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "cache"))
+            .collect()
+    };
+    // The kernel mount fills the cache files; the FUSE mount then reads
+    // them complete, through its daemon.
+    for (name, m) in [("kernel", &a), ("fuse", &c)] {
+        let deadline = Duration::from_secs(300);
+        match hash_files(
+            &m.path,
+            &files,
+            t.path(),
+            &format!("one-copy-{name}"),
+            deadline,
+        ) {
+            Ok(got) => check_reads(
+                &mut f,
+                &format!("through the {name} mount"),
+                &deb,
+                &files,
+                &got,
+            ),
+            Err(e) => f.check(false, || e),
+        }
+        // The workers drop the cache files' clean pages each second.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        let mut resident = resident_bytes(&cache_files());
+        while resident > read / 20 && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(500));
+            resident = resident_bytes(&cache_files());
+        }
+        eprintln!("figures: {name}: read {read} B, cache files resident {resident} B");
+        f.check(resident <= read / 20, || {
+            format!(
+                "{name}: the cache files hold {resident} B of page cache after {read} B were read"
+            )
+        });
+    }
+    f.finish("one copy of each page");
+}
