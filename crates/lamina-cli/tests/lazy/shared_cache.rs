@@ -473,7 +473,7 @@ fn a_lazy_mount_holds_one_copy_of_each_page() {
             Ok(got) => check_reads(
                 &mut f,
                 &format!("through the {name} mount"),
-                &deb,
+                deb,
                 &files,
                 &got,
             ),
