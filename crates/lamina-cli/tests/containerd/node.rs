@@ -290,24 +290,7 @@ impl Node {
 
     /// `lamina status --json` of the snapshotter's cache: one entry a mount.
     pub(crate) fn status(&self) -> Vec<Value> {
-        let mut all = Vec::new();
-        for dir in &self.cache_dirs {
-            let out = lamina([
-                OsStr::new("status"),
-                OsStr::new("--json"),
-                OsStr::new("--cache-dir"),
-                dir.as_os_str(),
-            ])
-            .ok();
-            all.extend(
-                out.json()
-                    .as_array()
-                    .unwrap_or_else(|| panic!("status --json is not an array:\n{}", out.describe()))
-                    .iter()
-                    .cloned(),
-            );
-        }
-        all
+        self.cache_dirs.iter().flat_map(|d| status_of(d)).collect()
     }
 
     /// Live lamina mounts under the snapshotter.
@@ -495,4 +478,19 @@ pub(crate) fn ask(port: u16, request: &[u8]) -> Option<Vec<u8>> {
     let mut buf = [0u8; 64];
     let n = s.read(&mut buf).ok()?;
     Some(buf[..n].to_vec())
+}
+
+/// `lamina status --json` of the cache dir `dir`: its mounts.
+pub(crate) fn status_of(dir: &Path) -> Vec<Value> {
+    let out = lamina([
+        OsStr::new("status"),
+        OsStr::new("--json"),
+        OsStr::new("--cache-dir"),
+        dir.as_os_str(),
+    ])
+    .ok();
+    out.json()
+        .as_array()
+        .unwrap_or_else(|| panic!("status --json is not an array:\n{}", out.describe()))
+        .clone()
 }

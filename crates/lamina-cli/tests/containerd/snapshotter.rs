@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use crate::fixture::images;
-use crate::node::{free_port, start_snapshotter, start_snapshotter_with, Node};
+use crate::node::{free_port, start_snapshotter, start_snapshotter_with, status_of, Node};
 use crate::pulls::debian_version;
 use crate::{Version, LAMINA_IMAGE};
 
@@ -114,17 +114,7 @@ fn containerd_2_keeps_a_tenants_cache_in_its_own_dir() {
             )
         });
     }
-    let live = |dir: &Path| {
-        let out = lamina([
-            OsStr::new("status"),
-            OsStr::new("--json"),
-            OsStr::new("--cache-dir"),
-            dir.as_os_str(),
-        ])
-        .ok();
-        let all = out.json().as_array().cloned().unwrap_or_default();
-        all.iter().filter(|m| m["alive"] == true).count()
-    };
+    let live = |dir: &Path| status_of(dir).iter().filter(|m| m["alive"] == true).count();
     f.check(live(&own) == 1 && live(&shared) == 0, || {
         format!(
             "live mounts: tenant's {}, shared {}",

@@ -363,18 +363,8 @@ fn a_prefetch_all_leaves_the_reserve_to_other_tenants() {
     else {
         return;
     };
-    let inspect = lamina(["inspect", "--json", &reg.reference(IMAGE)])
-        .ok()
-        .json();
-    let image_bytes: u64 = inspect["blobs"]
-        .as_array()
-        .expect("blobs")
-        .iter()
-        .map(|b| b["cache_bytes"].as_u64().expect("cache_bytes"))
-        .sum();
     // Below the image: its prefetch alone could fill the filesystem.
-    let fs_bytes = (image_bytes * 3 / 4).max(96 << 20);
-    let small = LoopExt4::mount(&t, "small", fs_bytes);
+    let (image_bytes, fs_bytes, small) = below_the_image(&t, &reg.reference(IMAGE));
     let cache = small.0.join("cache");
     let args = ["--prefetch", "all", "--cache-reserve", "64M"];
     let a = Mount::with_args(&reg.reference(IMAGE), &t.join("mnt-a"), &cache, &args);
@@ -409,6 +399,20 @@ fn a_prefetch_all_leaves_the_reserve_to_other_tenants() {
     f.finish("the cache reserve");
 }
 
+/// The uncompressed bytes of `image`'s blobs, and a filesystem three
+/// quarters that size (96 MiB at least), mounted in `t`, with its size.
+fn below_the_image(t: &TestDir, image: &str) -> (u64, u64, LoopExt4) {
+    let inspect = lamina(["inspect", "--json", image]).ok().json();
+    let image_bytes: u64 = inspect["blobs"]
+        .as_array()
+        .expect("blobs")
+        .iter()
+        .map(|b| b["cache_bytes"].as_u64().expect("cache_bytes"))
+        .sum();
+    let fs_bytes = (image_bytes * 3 / 4).max(96 << 20);
+    (image_bytes, fs_bytes, LoopExt4::mount(t, "small", fs_bytes))
+}
+
 /// Issue 42 point 7, per image: with `--reserve-space` a mount takes its
 /// cache files' space when it mounts, as an overlayfs snapshot takes it at
 /// pull time. Tenant B's small image is mounted first; tenant A's image,
@@ -430,17 +434,7 @@ fn a_reserved_mount_never_loses_its_space_to_another_images_fills() {
     else {
         return;
     };
-    let inspect = lamina(["inspect", "--json", &reg.reference(IMAGE)])
-        .ok()
-        .json();
-    let image_bytes: u64 = inspect["blobs"]
-        .as_array()
-        .expect("blobs")
-        .iter()
-        .map(|b| b["cache_bytes"].as_u64().expect("cache_bytes"))
-        .sum();
-    let fs_bytes = (image_bytes * 3 / 4).max(96 << 20);
-    let small = LoopExt4::mount(&t, "small", fs_bytes);
+    let (image_bytes, fs_bytes, small) = below_the_image(&t, &reg.reference(IMAGE));
     let cache = small.0.join("cache");
     let mut f = Failures::default();
 
