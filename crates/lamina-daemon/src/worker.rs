@@ -628,6 +628,7 @@ impl Shared {
     /// read whole held every page twice. Dirty pages stay until a save
     /// writes them back; a page dropped before a reader's copy was taken
     /// is read from disk again, never wrong.
+    ///
     /// The chunk locator's pages go too: it is probed once per fetch.
     fn drop_clean_pages(&self) {
         let locator = self
