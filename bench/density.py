@@ -4,7 +4,12 @@ layer sharing), in one run.
 
 Images: A = the Debian test image (`/var/cache/lamina-test/debian-oci`,
 tag bookworm), B = A plus one layer of one 300 KB file (two tenants' images
-on one base), both converted by `lamina convert` into one OCI layout.
+on one base), R = A rebuilt (one regular file in 50 changed, every layer
+written again: new digests, mostly the same files;
+`bench/harness/rebuild.py`), all converted by `lamina convert` into one
+OCI layout. Scenario `shared_base` mounts A and B, `rebuild` A and R; the
+disk figures are the allocated bytes of the cache's blobs (lamina) or of
+the unpacked trees (overlayfs).
 
 Systems, each on a fresh cache after `drop_caches`, A and B mounted:
 - `overlayfs`: A's rootfs unpacked by `umoci unpack` as one lower dir
@@ -17,7 +22,7 @@ Systems, each on a fresh cache after `drop_caches`, A and B mounted:
 - `lamina-fuse`: the same through FUSE.
 
 Every regular file of A is read (`find -type f -exec cat`) by a process in
-a memory cgroup of its own, then every file of B. Page cache is the rise of
+a memory cgroup of its own, then every file of the second image. Page cache is the rise of
 the node's `Cached` (/proc/meminfo) since the mounts were made, less what
 `fincore` finds resident of the layouts' blobs (a lazy mount reads the
 converted image's blobs, as it would a registry's answers): what the node
@@ -41,10 +46,14 @@ from pathlib import Path
 
 from .harness import report
 from .harness.core import ROOT, log, run
+from .harness.rebuild import rebuild
 from .harness.measure import ANOMALIES, drop_caches, is_mountpoint, machine_info, procs_of, sys_umount, wait_gone
 
 SOURCE = Path("/var/cache/lamina-test/debian-oci")
 SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse")
+# The second image of each scenario: B (A plus a layer) or R (A rebuilt).
+SCENARIOS = {"shared_base": "b", "rebuild": "r"}
+REBUILD_EVERY = 50  # one regular file in 50 changed (bench/harness/rebuild.py)
 CGROUP = Path("/sys/fs/cgroup/memory")
 TOP_FILE_BYTES = 300 * 1000
 MiB = 1 << 20
@@ -118,10 +127,12 @@ def prepare(work, lamina):
     src = work / "src"
     shutil.copytree(SOURCE, src)
     top_tar = add_top_layer(src, "bookworm", "b")
+    rebuild(src, "bookworm", "rebuilt", every=REBUILD_EVERY)
     conv = work / "converted"
-    for src_tag, tag in (("bookworm", "a"), ("b", "b")):
+    for src_tag, tag in (("bookworm", "a"), ("b", "b"), ("rebuilt", "r")):
         lamina("convert", f"oci:{src}:{src_tag}", f"oci:{conv}:{tag}", timeout=1800)
     run(["umoci", "unpack", "--image", f"{src}:bookworm", work / "ovl-a"], timeout=1800)
+    run(["umoci", "unpack", "--image", f"{src}:rebuilt", work / "ovl-r"], timeout=1800)
     top = work / "ovl-b-top"
     top.mkdir()
     with tarfile.open(fileobj=io.BytesIO(top_tar)) as t:
@@ -129,25 +140,32 @@ def prepare(work, lamina):
     return src, conv
 
 
-def mount_system(system, lamina, work, conv):
-    """Mounts A and B for `system`; (mountpoints, cache dir or None)."""
-    mnts = [work / f"mnt-{system}-a", work / f"mnt-{system}-b"]
+def mount_system(system, lamina, work, conv, second):
+    """Mounts A and the `second` image (b or r) for `system`; (mountpoints,
+    cache dir or None)."""
+    mnts = [work / f"mnt-{system}-a", work / f"mnt-{system}-{second}"]
     for m in mnts:
         m.mkdir(parents=True, exist_ok=True)
     if system == "overlayfs":
-        lower_a = work / "ovl-a" / "rootfs"
         empty = work / "ovl-empty"  # without an upper dir overlayfs wants two lowers
         empty.mkdir(exist_ok=True)
+        lower_a = work / "ovl-a" / "rootfs"
+        lowers = {"b": f"{work / 'ovl-b-top'}:{lower_a}", "r": f"{empty}:{work / 'ovl-r' / 'rootfs'}"}
         run(["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={empty}:{lower_a}", mnts[0]])
-        run(["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={work / 'ovl-b-top'}:{lower_a}", mnts[1]])
+        run(["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={lowers[second]}", mnts[1]])
         return mnts, None
     cache = work / f"cache-{system}"
     how = {"lamina-eager": ["--mode", "kernel"],
            "lamina-lazy": ["--lazy", "--prefetch", "none", "--mode", "kernel"],
            "lamina-fuse": ["--lazy", "--prefetch", "none", "--mode", "fuse"]}[system]
-    for tag, m in zip("ab", mnts):
+    for tag, m in zip("a" + second, mnts):
         lamina("mount", *how, f"oci:{conv}:{tag}", m, "--cache-dir", cache, timeout=600)
     return mnts, cache
+
+
+def disk_bytes(paths):
+    """Allocated bytes of the files under `paths`."""
+    return sum(os.lstat(f).st_blocks * 512 for p in paths for f in files_under(p))
 
 
 def unmount_system(system, lamina, mnts, cache):
@@ -182,15 +200,15 @@ def cgroup_cache(cgroup):
     raise RuntimeError(f"no cache in {cgroup}/memory.stat")
 
 
-def measure_system(results, system, lamina, work, src, conv, run_no):
-    mnts, cache = mount_system(system, lamina, work, conv)
-    cgroup = CGROUP / f"lamina-density-{system}-{run_no}"
+def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
+    mnts, cache = mount_system(system, lamina, work, conv, SCENARIOS[scenario])
+    cgroup = CGROUP / f"lamina-density-{scenario}-{system}-{run_no}"
     try:
         drop_caches()
         time.sleep(1)
         base = meminfo_cached()
         cgroup.mkdir()
-        figures = {"system": system, "run": run_no}
+        figures = {"scenario": scenario, "system": system, "run": run_no}
         for image, mnt in zip("AB", mnts):
             seconds, errors = read_all_in(cgroup, mnt)
             time.sleep(1)
@@ -202,8 +220,11 @@ def measure_system(results, system, lamina, work, src, conv, run_no):
             figures[image] = {"node_page_cache": node, "reader_cgroup": cgroup_cache(cgroup),
                               "cache_files_resident": resident(cache_files),
                               "read_s": round(seconds, 3), "read_errors": errors[:5],
-                              "read_error_count": len(errors)}
-            log(f"{system} run {run_no}, after {image}: page cache {node / MiB:.1f} MiB "
+                              "read_error_count": len(errors),
+                              "disk": disk_bytes([cache / "blobs"] if cache else
+                                                 [work / "ovl-a"] + ([work / "ovl-r"] if image == "B" and
+                                                                     scenario == "rebuild" else []))}
+            log(f"{scenario}: {system} run {run_no}, after {image}: page cache {node / MiB:.1f} MiB "
                 f"(reader's cgroup {figures[image]['reader_cgroup'] / MiB:.1f}, cache files "
                 f"{figures[image]['cache_files_resident'] / MiB:.1f}), {len(errors)} read errors")
         results.add_run(**figures)
@@ -231,8 +252,9 @@ def measure(results, lamina, work, quick, options):
     src, conv = prepare(work, lamina)
     for r in range(runs):
         order = SYSTEMS[r % len(SYSTEMS):] + SYSTEMS[:r % len(SYSTEMS)]
-        for system in order:
-            measure_system(results, system, lamina, work, src, conv, r)
+        for scenario in SCENARIOS:
+            for system in order:
+                measure_system(results, scenario, system, lamina, work, src, conv, r)
     results.doc["anomalies"] = list(ANOMALIES)
     derive(results.doc)
 
@@ -243,49 +265,76 @@ def median(xs):
 
 
 def derive(doc):
+    """Medians per scenario and system; the issue's bounds as targets."""
     per = {}
     for r in doc["runs"]:
-        s = per.setdefault(r["system"], {"A": [], "B": [], "errors": 0})
-        s["A"].append(r["A"]["node_page_cache"])
-        s["B"].append(r["B"]["node_page_cache"])
-        s["errors"] += r["A"]["read_error_count"] + r["B"]["read_error_count"]
-    summary = {sys: {"after_A": median(v["A"]), "after_B": median(v["B"]), "read_errors": v["errors"]}
-               for sys, v in per.items()}
-    ref = summary.get("overlayfs")
-    for sys, v in summary.items():
-        v["B_adds_of_A"] = (v["after_B"] - v["after_A"]) / v["after_A"] if v["after_A"] else None
-        if ref:
-            v["after_A_vs_overlayfs"] = v["after_A"] / ref["after_A"]
-            v["after_B_vs_overlayfs"] = v["after_B"] / ref["after_B"]
+        v = per.setdefault(r.get("scenario", "shared_base"), {}).setdefault(
+            r["system"], {"A": [], "B": [], "disk_A": [], "disk_B": [], "errors": 0})
+        for img in "AB":
+            v[img].append(r[img]["node_page_cache"])
+            if r[img].get("disk") is not None:
+                v[f"disk_{img}"].append(r[img]["disk"])
+            v["errors"] += r[img]["read_error_count"]
+    summary = {}
+    for scenario, systems in per.items():
+        out = summary[scenario] = {}
+        for sys, v in systems.items():
+            out[sys] = {"after_A": median(v["A"]), "after_B": median(v["B"]), "read_errors": v["errors"],
+                        "disk_A": median(v["disk_A"]) if v["disk_A"] else None,
+                        "disk_B": median(v["disk_B"]) if v["disk_B"] else None}
+        ref = out.get("overlayfs")
+        for v in out.values():
+            v["B_adds_of_A"] = (v["after_B"] - v["after_A"]) / v["after_A"] if v["after_A"] else None
+            v["disk_B_vs_A"] = v["disk_B"] / v["disk_A"] if v["disk_A"] else None
+            if ref:
+                v["after_A_vs_overlayfs"] = v["after_A"] / ref["after_A"]
+                v["after_B_vs_overlayfs"] = v["after_B"] / ref["after_B"]
     doc["summary"] = summary
     doc["targets"] = []
-    for sys, v in summary.items():
-        if sys == "overlayfs" or not ref:
+
+    def target(name, value, bound):
+        doc["targets"].append({"name": name, "value": value, "op": "<=", "bound": bound,
+                               "met": value is not None and value <= bound})
+
+    for sys, v in summary.get("shared_base", {}).items():
+        if sys == "overlayfs" or "after_B_vs_overlayfs" not in v:
             continue
-        for name, value, bound in ((f"{sys}: page cache after A and B / overlayfs", v["after_B_vs_overlayfs"], 1.05),
-                                   (f"{sys}: what B adds / A", v["B_adds_of_A"], 0.05)):
-            doc["targets"].append({"name": name, "value": value, "op": "<=", "bound": bound,
-                                   "met": value is not None and value <= bound})
+        target(f"shared base, {sys}: page cache after A and B / overlayfs", v["after_B_vs_overlayfs"], 1.05)
+        target(f"shared base, {sys}: what B adds / A", v["B_adds_of_A"], 0.05)
         if sys != "lamina-eager":
-            value = v["after_A_vs_overlayfs"]
-            doc["targets"].append({"name": f"{sys}: lazy mount read whole (A) / overlayfs", "value": value,
-                                   "op": "<=", "bound": 1.1, "met": value <= 1.1})
+            target(f"{sys}: lazy mount read whole (A) / overlayfs", v["after_A_vs_overlayfs"], 1.1)
+    rebuilt = summary.get("rebuild", {})
+    one_image = (rebuilt.get("overlayfs") or {}).get("disk_A")  # A unpacked: one image on disk
+    for sys, v in rebuilt.items():
+        if sys == "overlayfs" or not one_image or v["disk_B"] is None:
+            continue
+        # Both images are mounted before A is read: lamina's figures hold
+        # both images' cache files from then on.
+        target(f"rebuild, {sys}: disk with A and R / one image unpacked", v["disk_B"] / one_image, 1.1)
+        if sys == "lamina-fuse":
+            target(f"rebuild, {sys}: page cache after A and R / after A", v["after_B"] / v["after_A"], 1.1)
 
 
 def render(doc, plot_path):
-    s = doc["summary"]
-    rows = [(sys, f"{v['after_A'] / MiB:.1f}", f"{v['after_B'] / MiB:.1f}",
-             f"{v.get('after_B_vs_overlayfs', 0):.2f}", f"{100 * v['B_adds_of_A']:.1f}%", v["read_errors"])
-            for sys, v in s.items()]
-    out = [report.heading(doc), "",
-           report.table(("system", "page cache after A, MiB", "after A and B, MiB", "after B / overlayfs",
-                         "B adds (of A)", "read errors"), rows), "",
-           report.targets(doc)]
-    detail = [(r["system"], r["run"], img, f"{r[img]['node_page_cache'] / MiB:.1f}",
-               f"{r[img]['reader_cgroup'] / MiB:.1f}", f"{r[img]['cache_files_resident'] / MiB:.1f}",
-               r[img]["read_s"]) for r in doc["runs"] for img in "AB"]
-    out += ["", report.table(("system", "run", "after", "node page cache, MiB", "reader's cgroup, MiB",
-                              "cache files resident, MiB", "read s"), detail)]
+    out = [report.heading(doc)]
+    for scenario, systems in doc["summary"].items():
+        second = "B" if scenario == "shared_base" else "R"
+        rows = [(sys, f"{v['after_A'] / MiB:.1f}", f"{v['after_B'] / MiB:.1f}",
+                 f"{v.get('after_B_vs_overlayfs', 0):.2f}", f"{100 * v['B_adds_of_A']:.1f}%",
+                 "" if v["disk_A"] is None else f"{v['disk_A'] / MiB:.1f}",
+                 "" if v["disk_B"] is None else f"{v['disk_B'] / MiB:.1f}", v["read_errors"])
+                for sys, v in systems.items()]
+        out += ["", f"{scenario.replace('_', ' ')} (A, then {second}):", "",
+                report.table(("system", "page cache after A, MiB", f"after A and {second}, MiB",
+                              f"after A and {second} / overlayfs", f"{second} adds (of A)", "disk after A, MiB",
+                              f"disk after A and {second}, MiB", "read errors"), rows)]
+    out += ["", report.targets(doc)]
+    detail = [(r.get("scenario", "shared_base"), r["system"], r["run"], img,
+               f"{r[img]['node_page_cache'] / MiB:.1f}", f"{r[img]['reader_cgroup'] / MiB:.1f}",
+               f"{r[img]['cache_files_resident'] / MiB:.1f}", r[img]["read_s"])
+              for r in doc["runs"] for img in "AB"]
+    out += ["", report.table(("scenario", "system", "run", "after", "node page cache, MiB",
+                              "reader's cgroup, MiB", "cache files resident, MiB", "read s"), detail)]
     plot(doc, plot_path)
     return "\n".join(out)
 
@@ -294,21 +343,25 @@ def plot(doc, path):
     plt = report.pyplot()
     if plt is None or not path:
         return
-    s = doc["summary"]
-    names = list(s)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    w = 0.38
-    xs = range(len(names))
-    b1 = ax.bar([x - w / 2 for x in xs], [s[n]["after_A"] / MiB for n in names], w, label="after A",
-                color=report.WARM)
-    b2 = ax.bar([x + w / 2 for x in xs], [s[n]["after_B"] / MiB for n in names], w, label="after A and B",
-                color=report.COLD)
-    report.label_bars(ax, list(b1) + list(b2), "{:.0f}")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(names, fontsize=9)
-    ax.set_ylabel("page cache, MiB (median)")
-    ax.set_title(f"Two images on one base, every file read - {doc['date'][:10]}", fontsize=10)
-    ax.legend(fontsize=8, frameon=False)
+    scenarios = list(doc["summary"])
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(8 * len(scenarios), 4.5), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios):
+        s = doc["summary"][scenario]
+        second = "B" if scenario == "shared_base" else "R"
+        names = list(s)
+        w = 0.38
+        xs = range(len(names))
+        b1 = ax.bar([x - w / 2 for x in xs], [s[n]["after_A"] / MiB for n in names], w, label="after A",
+                    color=report.WARM)
+        b2 = ax.bar([x + w / 2 for x in xs], [s[n]["after_B"] / MiB for n in names], w,
+                    label=f"after A and {second}", color=report.COLD)
+        report.label_bars(ax, list(b1) + list(b2), "{:.0f}")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(names, fontsize=9)
+        ax.set_ylabel("page cache, MiB (median)")
+        what = "two images on one base" if scenario == "shared_base" else "an image and its rebuild"
+        ax.set_title(f"{what}, every file read - {doc['date'][:10]}", fontsize=10)
+        ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
