@@ -361,7 +361,7 @@ def plot(doc, path):
         ax.set_ylabel("page cache, MiB (median)")
         what = "two images on one base" if scenario == "shared_base" else "an image and its rebuild"
         ax.set_title(f"{what}, every file read - {doc['date'][:10]}", fontsize=10)
-        ax.legend(fontsize=8, frameon=False)
+        ax.legend(fontsize=8, frameon=False, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
