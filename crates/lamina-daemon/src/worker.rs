@@ -6,8 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -18,6 +17,7 @@ use lamina_fetch::fetch::{
 };
 use lamina_fetch::hedge::{read_first_answer, Hedging};
 use lamina_fetch::locator::ChunkLocator;
+use lamina_fetch::private;
 use lamina_fetch::store::{load_table, save_table, BlobStore, SAVE_INTERVAL};
 use lamina_format::boot::BootPages;
 use lamina_format::erofs::Image;
@@ -449,6 +449,52 @@ fn start_boot_loads(shared: &Arc<Shared>) {
     }
 }
 
+/// Drops the clean pages of a mount's cache files each time it is asked
+/// (issue 43). A reader's page is copied into EROFS's page cache (or the
+/// FUSE inode's) as it is read, so the cache file's copy is a second one;
+/// without this it stayed as long as memory allowed, and a lazy mount read
+/// whole held every page twice. Dirty pages stay until a save writes them
+/// back; a page dropped before a reader's copy was taken is read from disk
+/// again, never wrong.
+///
+/// The cache files are held open from their first drop on (no live
+/// mount's file is replaced or evicted); the chunk locator, probed once
+/// per fetch, is opened each time, as a new one may take its name.
+struct PageDropper {
+    cache_files: Vec<(PathBuf, Option<File>)>,
+    locator: PathBuf,
+}
+
+impl PageDropper {
+    fn of(config: &DaemonConfig) -> PageDropper {
+        PageDropper {
+            cache_files: config
+                .blobs
+                .iter()
+                .map(|b| (b.cache_path.clone(), None))
+                .collect(),
+            locator: config.blob_dir.join(lamina_fetch::locator::LOCATOR_FILE),
+        }
+    }
+
+    fn drop_clean(&mut self) {
+        let clean = |file: &File| {
+            let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
+        };
+        for (path, file) in &mut self.cache_files {
+            if file.is_none() {
+                *file = private::open_trusted(path).ok();
+            }
+            if let Some(file) = file {
+                clean(file);
+            }
+        }
+        if let Ok(locator) = private::open_trusted(&self.locator) {
+            clean(&locator);
+        }
+    }
+}
+
 /// Starts the background threads: status and fill records, prefetch,
 /// fill-ahead, and (when `predicting`) predictions and the file map.
 fn start_background(
@@ -463,11 +509,12 @@ fn start_background(
         // `lamina status` is at most ~25 ms behind without steady writes.
         std::thread::spawn(move || {
             let mut last = Vec::new();
+            let mut pages = PageDropper::of(&shared.config);
             let mut dropped = std::time::Instant::now();
             loop {
                 shared.save_records(SAVE_INTERVAL);
                 if dropped.elapsed() >= SAVE_INTERVAL {
-                    shared.drop_clean_pages();
+                    pages.drop_clean();
                     dropped = std::time::Instant::now();
                 }
                 if let Ok(json) = shared.status_json() {
@@ -617,32 +664,6 @@ impl Shared {
             };
             if let Err(e) = group.respond(response_fd, response) {
                 tracing::error!("answering event {response_fd} for the dead holder: {e}");
-            }
-        }
-    }
-
-    /// Drops the clean pages of this mount's cache files (issue 43). A
-    /// reader's page is copied into EROFS's page cache (or the FUSE
-    /// inode's) as it is read, so the cache file's copy is a second one;
-    /// without this it stayed as long as memory allowed, and a lazy mount
-    /// read whole held every page twice. Dirty pages stay until a save
-    /// writes them back; a page dropped before a reader's copy was taken
-    /// is read from disk again, never wrong.
-    ///
-    /// The chunk locator's pages go too: it is probed once per fetch.
-    fn drop_clean_pages(&self) {
-        let locator = self
-            .config
-            .blob_dir
-            .join(lamina_fetch::locator::LOCATOR_FILE);
-        let paths = self.config.blobs.iter().map(|b| &b.cache_path);
-        for path in paths.chain([&locator]) {
-            let opened = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(path);
-            if let Ok(file) = opened {
-                let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
             }
         }
     }
