@@ -163,6 +163,13 @@ def mount_system(system, lamina, work, conv, second):
     return mnts, cache
 
 
+def overlay_trees(work, second, image):
+    """The unpacked trees overlayfs serves once `image` (A, or B for the
+    second image) is read: A's, then the second image's own."""
+    own = {"b": work / "ovl-b-top", "r": work / "ovl-r"}[second]
+    return [work / "ovl-a"] + ([own] if image == "B" else [])
+
+
 def disk_bytes(paths):
     """Allocated bytes of the files under `paths`."""
     return sum(os.lstat(f).st_blocks * 512 for p in paths for f in files_under(p))
@@ -222,8 +229,7 @@ def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
                               "read_s": round(seconds, 3), "read_errors": errors[:5],
                               "read_error_count": len(errors),
                               "disk": disk_bytes([cache / "blobs"] if cache else
-                                                 [work / "ovl-a"] + ([work / "ovl-r"] if image == "B" and
-                                                                     scenario == "rebuild" else []))}
+                                                 overlay_trees(work, SCENARIOS[scenario], image))}
             log(f"{scenario}: {system} run {run_no}, after {image}: page cache {node / MiB:.1f} MiB "
                 f"(reader's cgroup {figures[image]['reader_cgroup'] / MiB:.1f}, cache files "
                 f"{figures[image]['cache_files_resident'] / MiB:.1f}), {len(errors)} read errors")
