@@ -495,11 +495,13 @@ pub(crate) fn blob_spec(digest: &lamina_oci::Digest, prepared: Prepared) -> Blob
 pub(crate) fn reserve_cache_files(blob_dir: &Path, blobs: &[BlobSpec]) -> Result<(), MountError> {
     let mut files = Vec::new();
     let mut need = 0u64;
-    for path in blobs.iter().map(|b| &b.cache_path) {
+    for blob in blobs {
+        let path = &blob.cache_path;
         if files.iter().any(|(_, p)| *p == path) {
             continue;
         }
-        let file = private::open_existing(path).map_err(io_err(path))?;
+        // The file this mount was made with, not one put in its place.
+        let file = blob.open_checked().map_err(io_err(path))?;
         need += lamina_fetch::store::unallocated(&file).map_err(io_err(path))?;
         files.push((file, path));
     }
