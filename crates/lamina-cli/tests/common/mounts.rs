@@ -463,6 +463,22 @@ pub fn cache_files_in(cache: &Path, sub: &str) -> Vec<PathBuf> {
     files
 }
 
+/// Whether the file at `path` has a block allocated for every byte (a
+/// mount's `--reserve-space`), or what it has.
+pub fn allocated_whole(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    match meta.blocks() * 512 >= meta.len() {
+        true => Ok(()),
+        false => Err(format!(
+            "{} is not allocated whole: {} of {} bytes",
+            path.display(),
+            meta.blocks() * 512,
+            meta.len()
+        )),
+    }
+}
+
 /// An ext4 filesystem of `bytes` on a loop device, mounted at a dir of
 /// `t` (256-byte inodes: birth times kept); lazily unmounted on drop.
 pub struct LoopExt4(pub PathBuf);

@@ -3,7 +3,6 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -104,15 +103,8 @@ fn containerd_2_keeps_a_tenants_cache_in_its_own_dir() {
         format!("no .cache file among the tenant's {own_files:?}")
     });
     for file in cache_files {
-        let meta = fs::metadata(file).unwrap();
-        f.check(meta.blocks() * 512 >= meta.len(), || {
-            format!(
-                "{} is not reserved whole: {} of {} bytes allocated",
-                file.display(),
-                meta.blocks() * 512,
-                meta.len()
-            )
-        });
+        let whole = allocated_whole(file);
+        f.check(whole.is_ok(), || whole.unwrap_err());
     }
     let live = |dir: &Path| status_of(dir).iter().filter(|m| m["alive"] == true).count();
     f.check(live(&own) == 1 && live(&shared) == 0, || {

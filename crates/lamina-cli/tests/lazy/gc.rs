@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -446,15 +445,8 @@ fn a_reserved_mount_never_loses_its_space_to_another_images_fills() {
         &["--lazy", "--reserve-space"],
     );
     for path in b.blob_paths() {
-        let meta = fs::metadata(&path).expect("B's cache file");
-        f.check(meta.blocks() * 512 >= meta.len(), || {
-            format!(
-                "{} is not allocated whole: {} of {} bytes",
-                path.display(),
-                meta.blocks() * 512,
-                meta.len()
-            )
-        });
+        let whole = allocated_whole(&path);
+        f.check(whole.is_ok(), || whole.unwrap_err());
     }
 
     let mnt_a = t.join("mnt-a");
