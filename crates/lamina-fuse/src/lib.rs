@@ -64,7 +64,7 @@ pub use session::{load_config, serve, ServeConfig, DEFAULT_PASSTHROUGH_MIN_SIZE}
 
 use frames::{FrameFill, MetadataFrames};
 use objects::Maker;
-pub use objects::Objects;
+pub use objects::{Objects, CONTENT_DIR};
 
 /// Most directory entries one readdir call parses: more than a reply
 /// buffer holds, and at most a few blocks.
@@ -220,11 +220,22 @@ impl ImageFs {
     }
 
     /// Lets files of at least `min_size` bytes whose blobs are complete be
-    /// passed through to their objects in `objects_dir` (once the kernel
-    /// agrees, see [`Filesystem::init`]). Without a thread to make objects
-    /// on, every file is served here.
-    pub fn with_passthrough(mut self, objects_dir: PathBuf, min_size: u64) -> Self {
-        let objects = Arc::new(Objects::new(objects_dir, min_size, self.stats.clone()));
+    /// passed through to their objects in `objects_dir`, links of the
+    /// objects by content in `content_dir` (once the kernel agrees, see
+    /// [`Filesystem::init`]). Without a thread to make objects on, every
+    /// file is served here.
+    pub fn with_passthrough(
+        mut self,
+        objects_dir: PathBuf,
+        content_dir: PathBuf,
+        min_size: u64,
+    ) -> Self {
+        let objects = Arc::new(Objects::new(
+            objects_dir,
+            content_dir,
+            min_size,
+            self.stats.clone(),
+        ));
         match Maker::start(objects.clone(), self.blobs.clone()) {
             Ok(maker) => {
                 self.passthrough = Some(Passthrough {
@@ -990,7 +1001,12 @@ mod tests {
     /// The fixture with passthrough for every size, objects in `dir`;
     /// its file's nid and inode number.
     fn passthrough_fixture(dir: &Path) -> (ImageFs, u64, u64) {
-        let fs = fixture(dir).with_passthrough(dir.join("objects/meta"), 0);
+        passthrough_fixture_in(dir, &dir.join("objects/content"))
+    }
+
+    /// [`passthrough_fixture`] with its objects by content in `content`.
+    fn passthrough_fixture_in(dir: &Path, content: &Path) -> (ImageFs, u64, u64) {
+        let fs = fixture(dir).with_passthrough(dir.join("objects/meta"), content.into(), 0);
         let ino = fs.lookup_entry(1, b"file").unwrap().ino.0;
         let nid = fs.nid_of(ino).unwrap();
         (fs, nid, ino)
@@ -1096,14 +1112,19 @@ mod tests {
         writer.write_all_at(&[want[0] ^ 1], 0).unwrap();
         assert!(fresh.object_at_open(nid).is_none(), "not checked yet");
         await_stat(&fresh, |s| &s.objects_created, 1);
-        assert_eq!(stat(&fresh, |s| &s.objects_rejected), 1);
+        // The image's name of it, then the content object: one inode.
+        assert_eq!(stat(&fresh, |s| &s.objects_rejected), 2);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while fresh.object_at_open(nid).is_none() {
             assert!(std::time::Instant::now() < deadline, "object never ready");
             std::thread::sleep(Duration::from_millis(5));
         }
         // Small files are never queued.
-        let small = fixture(tmp.path()).with_passthrough(tmp.path().join("o2"), 8293);
+        let small = fixture(tmp.path()).with_passthrough(
+            tmp.path().join("o2"),
+            tmp.path().join("c2"),
+            8293,
+        );
         assert!(small.object_at_open(nid).is_none());
         std::thread::sleep(Duration::from_millis(100));
         assert!(
@@ -1157,9 +1178,58 @@ mod tests {
         assert_eq!(lamina_fetch::store::identity(&again).unwrap(), Some(id));
         assert_eq!(stat(&fs, |s| &s.objects_created), 1);
         // Smaller than the minimum: served by the daemon, no object.
-        let small = fixture(tmp.path()).with_passthrough(tmp.path().join("o2"), 8293);
+        let small = fixture(tmp.path()).with_passthrough(
+            tmp.path().join("o2"),
+            tmp.path().join("c2"),
+            8293,
+        );
         assert!(small.backing_file(nid).unwrap().is_none());
         assert!(!tmp.path().join("o2").exists());
+    }
+
+    /// Issue 43: two images with the same bytes in a file, each in blobs
+    /// of its own (a rebuild), pass it through to one object: one copy on
+    /// disk and one in the page cache.
+    #[test]
+    fn images_with_the_same_bytes_share_one_object() {
+        let tmp = tempfile::tempdir().unwrap();
+        let content = tmp.path().join("content");
+        let (dir_a, dir_r) = (tmp.path().join("a"), tmp.path().join("r"));
+        std::fs::create_dir_all(&dir_a).unwrap();
+        std::fs::create_dir_all(&dir_r).unwrap();
+        let (a, nid, ino) = passthrough_fixture_in(&dir_a, &content);
+        let (r, nid_r, _) = passthrough_fixture_in(&dir_r, &content);
+        let want = a.read_at(ino, 0, 1 << 20, 1).unwrap();
+        let object_a = a.backing_file(nid).unwrap().unwrap();
+        let object_r = r.backing_file(nid_r).unwrap().unwrap();
+        let id = |f: &File| lamina_fetch::store::identity(f).unwrap().unwrap();
+        assert_eq!(id(&object_a), id(&object_r), "one object for both images");
+        assert_eq!(stat(&a, |s| &s.objects_created), 1);
+        assert_eq!(stat(&r, |s| &s.objects_created), 0, "R linked A's");
+        let (object, record) = objects(&a).content_paths(&sha256(&want).try_into().unwrap());
+        let links = std::os::unix::fs::MetadataExt::nlink(&std::fs::metadata(&object).unwrap());
+        assert_eq!(links, 3, "content, A, R");
+        assert!(record.exists());
+        let mut got = vec![0; want.len()];
+        object_r.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == want, "R's object holds the file's bytes");
+
+        // A content object whose bytes were changed is not linked: R
+        // makes a good one (and A, checking again, finds the bad bytes).
+        std::fs::create_dir_all(tmp.path().join("f")).unwrap();
+        let (fresh, nid_f, _) = passthrough_fixture_in(&tmp.path().join("f"), &content);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&object)
+            .unwrap()
+            .write_all_at(&[want[0] ^ 1], 0)
+            .unwrap();
+        let made = fresh.backing_file(nid_f).unwrap().unwrap();
+        made.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == want, "the new object's bytes");
+        assert_eq!(stat(&fresh, |s| &s.objects_rejected), 1);
+        assert_eq!(stat(&fresh, |s| &s.objects_created), 1);
+        assert_ne!(id(&made), id(&object_a), "made anew");
     }
 
     #[test]
@@ -1173,12 +1243,18 @@ mod tests {
             match what {
                 "bytes changed" => object.write_all_at(&[want[0] ^ 1], 0).unwrap(),
                 "record of another file" => {
-                    // The record of an object of the same bytes, for nid 999.
-                    let inode = fs.image.inode(nid).unwrap();
-                    let pieces = fs.pieces(&inode, 0, size).unwrap();
-                    objects(&fs).backing(999, size, &pieces, &fs.blobs).unwrap();
-                    let (_, theirs) = objects(&fs).paths(999);
-                    std::fs::copy(theirs, objects(&fs).paths(nid).1).unwrap();
+                    // A record of the same bytes, naming another file.
+                    let (path, record_path) = objects(&fs).paths(nid);
+                    let other = tmp.path().join("other");
+                    std::fs::copy(&path, &other).unwrap();
+                    let record = ObjectRecord {
+                        file: lamina_fetch::store::identity(&File::open(&other).unwrap())
+                            .unwrap()
+                            .unwrap(),
+                        size,
+                        content_sha256: sha256(&want).try_into().unwrap(),
+                    };
+                    std::fs::write(record_path, record.to_bytes()).unwrap();
                 }
                 _ => object.set_len(size + 1).unwrap(),
             }
@@ -1192,8 +1268,15 @@ mod tests {
             made.read_exact_at(&mut got, 0).unwrap();
             assert!(got == want, "{what}: the new object's bytes");
             assert_eq!(made.metadata().unwrap().len(), size, "{what}");
-            assert_eq!(stat(&fresh, |s| &s.objects_rejected), 1, "{what}");
-            assert_eq!(stat(&fresh, |s| &s.objects_created), 1, "{what}");
+            // Changed bytes or size are the content object's too (one
+            // inode): it is made anew. A bad record is the image's link's
+            // alone: the content object is linked again.
+            let (rejected, created) = match what {
+                "record of another file" => (1, 0),
+                _ => (2, 1),
+            };
+            assert_eq!(stat(&fresh, |s| &s.objects_rejected), rejected, "{what}");
+            assert_eq!(stat(&fresh, |s| &s.objects_created), created, "{what}");
             assert!(objects(&fresh).open_verified(nid, size).unwrap().is_some());
         }
     }

@@ -8,6 +8,15 @@
 //! in the kernel (`copy_file_range`: a reflink where the filesystem can)
 //! with holes left as holes, and hashed on the way.
 //!
+//! Objects are kept by content: the file's bytes are hashed from the blobs
+//! first, and the object is `<content>/<sha256>` (made there when no
+//! trusted one is), hard-linked as `<dir>/<nid>`, where `<content>` is the
+//! trust domain's (`objects/content/<domain>`, see `lamina_mount`). Every
+//! image of one trust domain with the same bytes in a file, whatever layer
+//! or blob they came in, is passed through to the same inode: one copy on
+//! disk and one in the page cache. An object's link count is its users:
+//! gc removes a content object once no image's dir links it.
+//!
 //! Trust: an object found on disk is used only after this process checked
 //! it once: its record names that very file (inode and birth time), the
 //! size is the inode's, and its bytes hash to the record's digest. Then the
@@ -34,24 +43,33 @@ use crate::{Piece, Stats};
 /// Bytes hashed or copied per step.
 const STEP: usize = 1 << 20;
 
+/// The dir of content objects in a cache's `objects/`.
+pub const CONTENT_DIR: &str = "content";
+
 /// The objects of one image, under `<cache>/objects/<metadata-layer-hex>`.
 #[derive(Debug)]
 pub struct Objects {
     dir: PathBuf,
+    /// The objects by the sha256 of their bytes, one trust domain's.
+    content: PathBuf,
     min_size: u64,
     /// Objects this process checked or made: nid -> the object's identity.
     trusted: Mutex<HashMap<u64, FileIdentity>>,
+    /// Content objects this process checked or made, by sha256.
+    trusted_content: Mutex<HashMap<[u8; 32], FileIdentity>>,
     stats: Arc<Stats>,
 }
 
 impl Objects {
-    /// The objects in `dir`, for files of at least `min_size` bytes,
-    /// counted in `stats`.
-    pub fn new(dir: PathBuf, min_size: u64, stats: Arc<Stats>) -> Objects {
+    /// The objects in `dir`, links of those by content in `content`, for
+    /// files of at least `min_size` bytes, counted in `stats`.
+    pub fn new(dir: PathBuf, content: PathBuf, min_size: u64, stats: Arc<Stats>) -> Objects {
         Objects {
             dir,
+            content,
             min_size,
             trusted: Mutex::new(HashMap::new()),
+            trusted_content: Mutex::new(HashMap::new()),
             stats,
         }
     }
@@ -66,6 +84,16 @@ impl Objects {
         (
             self.dir.join(nid.to_string()),
             self.dir.join(format!("{nid}.record")),
+        )
+    }
+
+    /// Paths of the content object of bytes hashing to `sha256` and of its
+    /// record.
+    pub fn content_paths(&self, sha256: &[u8; 32]) -> (PathBuf, PathBuf) {
+        let hex = hex::encode(sha256);
+        (
+            self.content.join(&hex),
+            self.content.join(format!("{hex}.record")),
         )
     }
 
@@ -108,58 +136,125 @@ impl Objects {
     /// there is none; `Err(why)` if there is one that is not trusted.
     pub(crate) fn open_verified(&self, nid: u64, size: u64) -> io::Result<Option<File>> {
         let (path, record_path) = self.paths(nid);
-        let file = match private::open_trusted(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
+        let known = self.lock().get(&nid).copied();
+        let Some((file, record)) = checked(&path, &record_path, size, known)? else {
+            return Ok(None);
         };
-        let id = identity(&file)?.ok_or_else(|| untrusted("no birth time to bind to"))?;
-        if self.lock().get(&nid) == Some(&id) {
-            return Ok(Some(file));
-        }
-        let record = private::read_trusted(&record_path)?;
-        let record = ObjectRecord::from_bytes(&record).map_err(|e| untrusted(&e.to_string()))?;
-        if record.file != id {
-            return Err(untrusted("its record describes another file"));
-        }
-        if record.size != size || file.metadata()?.len() != size {
-            return Err(untrusted("size differs from the image's file"));
-        }
-        if hash_file(&file, size)? != record.content_sha256 {
-            return Err(untrusted("content differs from its record"));
-        }
-        self.lock().insert(nid, id);
+        self.lock().insert(nid, record.file);
         Ok(Some(file))
     }
 
-    /// Makes the object of `nid` under a temp name, then moves it into
-    /// place without replacing one that appeared meanwhile (AlreadyExists).
+    /// The content object of bytes hashing to `sha256` if it exists and is
+    /// trusted (as [`Objects::open_verified`]), with its record.
+    fn open_content(
+        &self,
+        sha256: &[u8; 32],
+        size: u64,
+    ) -> io::Result<Option<(File, ObjectRecord)>> {
+        let (path, record_path) = self.content_paths(sha256);
+        let known = self.lock_content().get(sha256).copied();
+        let Some((file, record)) = checked(&path, &record_path, size, known)? else {
+            return Ok(None);
+        };
+        if record.content_sha256 != *sha256 {
+            return Err(untrusted("its record is of other bytes"));
+        }
+        self.lock_content().insert(*sha256, record.file);
+        Ok(Some((file, record)))
+    }
+
+    /// Links the content object of the file's bytes (checked, or made
+    /// here) as the object of `nid`, without replacing one that appeared
+    /// meanwhile (AlreadyExists).
     fn create(&self, nid: u64, size: u64, pieces: &[Piece], blobs: &[File]) -> io::Result<File> {
+        let sha256 = hash_pieces(pieces, blobs)?;
+        let (file, record) = self.content_object(&sha256, size, pieces, blobs)?;
         private::private_dir(&self.dir)?;
         let (path, record_path) = self.paths(nid);
         let tmp = private::temp_name(&path, "tmp");
+        let linked = (|| {
+            link_file(&file, &tmp)?;
+            rename_noreplace(&tmp, &path)?;
+            private::write_atomic(&record_path, &record.to_bytes(), true)
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        linked?;
+        self.lock().insert(nid, record.file);
+        Ok(file)
+    }
+
+    /// The trusted content object of bytes hashing to `sha256`: one found
+    /// and checked, else made from the pieces (an untrusted one is removed
+    /// first).
+    fn content_object(
+        &self,
+        sha256: &[u8; 32],
+        size: u64,
+        pieces: &[Piece],
+        blobs: &[File],
+    ) -> io::Result<(File, ObjectRecord)> {
+        match self.open_content(sha256, size) {
+            Ok(Some(found)) => return Ok(found),
+            Ok(None) => {}
+            Err(why) => {
+                self.stats.objects_rejected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("content object not trusted, making it anew: {why}");
+                self.remove_content(sha256);
+            }
+        }
+        match self.make_content(sha256, size, pieces, blobs) {
+            // Another process made it first: check theirs.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self
+                .open_content(sha256, size)?
+                .ok_or_else(|| io::Error::other("content object vanished while made")),
+            other => other,
+        }
+    }
+
+    /// Makes the content object under a temp name, then moves it into
+    /// place without replacing one that appeared meanwhile (AlreadyExists).
+    fn make_content(
+        &self,
+        sha256: &[u8; 32],
+        size: u64,
+        pieces: &[Piece],
+        blobs: &[File],
+    ) -> io::Result<(File, ObjectRecord)> {
+        private::private_dir(&self.content)?;
+        let (path, record_path) = self.content_paths(sha256);
+        let tmp = private::temp_name(&path, "tmp");
         let tmp_record = private::temp_name(&record_path, "tmp");
-        let made = (|| -> io::Result<(File, FileIdentity)> {
+        let made = (|| -> io::Result<(File, ObjectRecord)> {
             let file = private::create_new(&tmp)?;
-            let digest = copy_pieces(&file, size, pieces, blobs)?;
+            if copy_pieces(&file, size, pieces, blobs)? != *sha256 {
+                return Err(untrusted("the blobs' bytes changed while copied"));
+            }
             file.sync_all()?;
             let id = identity(&file)?.ok_or_else(|| untrusted("no birth time to bind to"))?;
             let record = ObjectRecord {
                 file: id,
                 size,
-                content_sha256: digest,
+                content_sha256: *sha256,
             };
             private::write_atomic(&tmp_record, &record.to_bytes(), true)?;
             rename_noreplace(&tmp, &path)?;
             std::fs::rename(&tmp_record, &record_path)?;
-            Ok((file, id))
+            Ok((file, record))
         })();
         let _ = std::fs::remove_file(&tmp);
         let _ = std::fs::remove_file(&tmp_record);
-        let (file, id) = made?;
-        self.lock().insert(nid, id);
+        let (file, record) = made?;
+        self.lock_content().insert(*sha256, record.file);
         self.stats.objects_created.fetch_add(1, Ordering::Relaxed);
-        Ok(file)
+        Ok((file, record))
+    }
+
+    /// Removes the content object of `sha256` and its record.
+    fn remove_content(&self, sha256: &[u8; 32]) {
+        self.lock_content().remove(sha256);
+        let (path, record_path) = self.content_paths(sha256);
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(record_path);
     }
 
     /// Removes the object of `nid` and its record (either may be missing).
@@ -173,6 +268,50 @@ impl Objects {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, FileIdentity>> {
         self.trusted.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn lock_content(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], FileIdentity>> {
+        self.trusted_content
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The object at `path` with its record at `record_path`, if there is one
+/// and it is trusted: the record names that very file, the size is
+/// `size`, and its bytes hash to the record's digest (not hashed again
+/// when it is the file `known`, checked by this process). `Ok(None)`: no
+/// object; `Err(why)`: one that is not trusted.
+fn checked(
+    path: &Path,
+    record_path: &Path,
+    size: u64,
+    known: Option<FileIdentity>,
+) -> io::Result<Option<(File, ObjectRecord)>> {
+    let file = match private::open_trusted(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let id = identity(&file)?.ok_or_else(|| untrusted("no birth time to bind to"))?;
+    let record = private::read_trusted(record_path)?;
+    let record = ObjectRecord::from_bytes(&record).map_err(|e| untrusted(&e.to_string()))?;
+    if record.file != id {
+        return Err(untrusted("its record describes another file"));
+    }
+    if record.size != size || file.metadata()?.len() != size {
+        return Err(untrusted("size differs from the image's file"));
+    }
+    if known != Some(id) && hash_file(&file, size)? != record.content_sha256 {
+        return Err(untrusted("content differs from its record"));
+    }
+    Ok(Some((file, record)))
+}
+
+/// Gives `file` the name `to` too (a hard link by fd: it is the file
+/// checked, whatever its path names now).
+fn link_file(file: &File, to: &Path) -> io::Result<()> {
+    use rustix::fs::{linkat, AtFlags, CWD};
+    linkat(file, "", CWD, to, AtFlags::EMPTY_PATH).map_err(io::Error::from)
 }
 
 /// A file whose object is wanted: `size` bytes at `pieces`.
@@ -225,6 +364,32 @@ impl Maker {
 
 fn untrusted(why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, why.to_string())
+}
+
+/// The sha256 of the file's bytes at `pieces` in `blobs`, holes as zeros.
+fn hash_pieces(pieces: &[Piece], blobs: &[File]) -> io::Result<[u8; 32]> {
+    let mut hash = Context::new(&SHA256);
+    let zeros = vec![0u8; STEP];
+    let mut buf = vec![0u8; STEP];
+    for piece in pieces {
+        match piece.data {
+            None => {
+                for n in steps(piece.len as u64) {
+                    hash.update(&zeros[..n]);
+                }
+            }
+            Some((blob, at)) => {
+                let blob = &blobs[blob as usize];
+                let mut pos = at;
+                for n in steps(piece.len as u64) {
+                    blob.read_exact_at(&mut buf[..n], pos)?;
+                    hash.update(&buf[..n]);
+                    pos += n as u64;
+                }
+            }
+        }
+    }
+    Ok(digest_bytes(hash))
 }
 
 /// Writes the file's `size` bytes into `out`: each data piece copied in

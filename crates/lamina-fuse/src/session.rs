@@ -53,6 +53,13 @@ pub struct ServeConfig {
     /// CAP_SYS_ADMIN): no passthrough.
     #[serde(default)]
     pub objects_dir: Option<PathBuf>,
+    /// The objects by content of the image's trust domain
+    /// (`<cache>/objects/content/<domain>`), which `objects_dir` links:
+    /// one object for every image's file with those bytes. `None` (a
+    /// config from before): a store of the image's own, inside
+    /// `objects_dir`.
+    #[serde(default)]
+    pub objects_content_dir: Option<PathBuf>,
     /// Smaller files are never passed through: copying one costs more than
     /// the single FUSE round trip its reads take, and the page cache keeps
     /// its bytes after the first read anyway.
@@ -297,7 +304,11 @@ pub(crate) fn open_session(
         .clone()
         .filter(|_| lamina_sys::is_host_root())
     {
-        fs = fs.with_passthrough(dir, config.passthrough_min_size);
+        let content = config
+            .objects_content_dir
+            .clone()
+            .unwrap_or_else(|| dir.join(CONTENT_DIR));
+        fs = fs.with_passthrough(dir, content, config.passthrough_min_size);
     }
     if !config.xattrs {
         fs = fs.without_xattrs();

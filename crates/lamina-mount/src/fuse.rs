@@ -40,6 +40,24 @@ pub(crate) fn objects_dir(cache_dir: &Path, metadata: &Path, blobs: &[PathBuf]) 
     Some(cache_dir.join("objects").join(format!("{hex}.{entries}")))
 }
 
+/// The objects by content of the trust domain whose cache files are
+/// `blobs` (`blobs/<domain>/…`): `objects/content/<domain>`. Files with the
+/// same bytes in any image of the domain are passed through to one object
+/// there; images of other domains never share one.
+pub(crate) fn content_dir(cache_dir: &Path, blobs: &[PathBuf]) -> PathBuf {
+    let blob_dir = cache_dir.join("blobs");
+    let domain = blobs
+        .first()
+        .and_then(|b| b.parent())
+        .filter(|d| *d != blob_dir)
+        .and_then(|d| d.file_name())
+        .map_or_else(|| "_".into(), |d| d.to_string_lossy().into_owned());
+    cache_dir
+        .join("objects")
+        .join(lamina_fuse::CONTENT_DIR)
+        .join(domain)
+}
+
 /// The identity of the (complete, recorded) cache file at `path`, as an
 /// eager mount hands it to its daemon.
 fn file_id(path: &Path) -> Option<CacheFileId> {
@@ -128,6 +146,7 @@ pub(crate) fn start_fuse_daemon(
         objects_dir: lamina_sys::is_host_root()
             .then(|| objects_dir(cache_dir, metadata, image.blobs))
             .flatten(),
+        objects_content_dir: Some(content_dir(cache_dir, image.blobs)),
         passthrough_min_size: lamina_fuse::DEFAULT_PASSTHROUGH_MIN_SIZE,
         status_path: Some(run.join(FUSE_STATUS)),
     };

@@ -138,13 +138,6 @@ fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
 /// (`common::domain_id`) or, from before those, right there.
 fn cache_files(cache_dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
     let mut files = Vec::new();
-    let entries = |dir: &Path| {
-        fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| Some((e.path(), fs::symlink_metadata(e.path()).ok()?)))
-    };
     for sub in ["blobs", "meta"] {
         for (path, meta) in entries(&cache_dir.join(sub)) {
             match meta.is_dir() {
@@ -156,8 +149,18 @@ fn cache_files(cache_dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
     files
 }
 
+/// The entries of `dir` (none if it cannot be read), not followed.
+fn entries(dir: &Path) -> impl Iterator<Item = (PathBuf, fs::Metadata)> {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.path(), fs::symlink_metadata(e.path()).ok()?)))
+}
+
 /// The objects dirs (`objects/<layer-hex>.<entries>`): path, mtime and allocated
-/// bytes of each, its files included.
+/// bytes of each, its files included but for links of content objects
+/// (counted with those, see [`content_objects`]).
 fn object_dirs(cache_dir: &Path) -> Vec<(PathBuf, i64, u64)> {
     let Ok(dir) = fs::read_dir(cache_dir.join("objects")) else {
         return Vec::new();
@@ -167,17 +170,52 @@ fn object_dirs(cache_dir: &Path) -> Vec<(PathBuf, i64, u64)> {
         let Ok(meta) = fs::symlink_metadata(entry.path()) else {
             continue;
         };
-        if !meta.is_dir() {
+        if !meta.is_dir() || entry.file_name() == lamina_fuse::CONTENT_DIR {
             continue;
         }
         let files = fs::read_dir(entry.path()).into_iter().flatten().flatten();
         let bytes = files
             .filter_map(|f| f.metadata().ok())
+            .filter(|m| m.nlink() == 1)
             .map(|m| m.blocks() * 512)
             .sum::<u64>();
         dirs.push((entry.path(), meta.mtime(), meta.blocks() * 512 + bytes));
     }
     dirs
+}
+
+/// A content object (`objects/content/<sha256>`, see `lamina_fuse`).
+struct ContentObject {
+    /// The object and its record, removed together.
+    paths: Vec<PathBuf>,
+    mtime: i64,
+    bytes: u64,
+    /// No image's objects dir links it.
+    unused: bool,
+}
+
+/// The content objects of the cache, in every trust domain's dir
+/// (`objects/content/<domain>`).
+fn content_objects(cache_dir: &Path) -> Vec<ContentObject> {
+    let content = cache_dir.join("objects").join(lamina_fuse::CONTENT_DIR);
+    let files = entries(&content)
+        .filter(|(_, m)| m.is_dir())
+        .flat_map(|(dir, _)| entries(&dir));
+    let mut objects = Vec::new();
+    for (path, meta) in files {
+        if !meta.is_file() || path.extension().is_some_and(|e| e == "record") {
+            continue;
+        }
+        let record = path.with_extension("record");
+        let record_bytes = fs::metadata(&record).map_or(0, |m| m.blocks() * 512);
+        objects.push(ContentObject {
+            paths: vec![path, record],
+            mtime: meta.mtime(),
+            bytes: meta.blocks() * 512 + record_bytes,
+            unused: meta.nlink() == 1,
+        });
+    }
+    objects
 }
 
 /// Whether the objects of `objects/<layer-hex>.<entries>` are in use:
@@ -250,9 +288,35 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             candidates.push((mtime, bytes, vec![dir]));
         }
     }
+    for object in content_objects(cache_dir) {
+        total += object.bytes;
+        if object.unused {
+            candidates.push((object.mtime, object.bytes, object.paths));
+        }
+    }
+    evict(candidates, &mut total, max_size, &mut report);
+    // The objects dirs removed leave content objects no image links.
+    let freed: Vec<_> = content_objects(cache_dir)
+        .into_iter()
+        .filter(|o| o.unused)
+        .map(|o| (o.mtime, o.bytes, o.paths))
+        .collect();
+    evict(freed, &mut total, max_size, &mut report);
+    report.kept_bytes = total;
+    Ok(report)
+}
+
+/// Removes `candidates` (mtime, allocated bytes, paths removed together),
+/// oldest first, until `total` is at most `max_size`.
+fn evict(
+    mut candidates: Vec<(i64, u64, Vec<PathBuf>)>,
+    total: &mut u64,
+    max_size: u64,
+    report: &mut GcReport,
+) {
     candidates.sort_by_key(|c| c.0);
     for (_, bytes, group) in candidates {
-        if total <= max_size {
+        if *total <= max_size {
             break;
         }
         for p in group {
@@ -265,11 +329,9 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
                 report.evicted.push(p);
             }
         }
-        total = total.saturating_sub(bytes);
+        *total = total.saturating_sub(bytes);
         report.freed_bytes += bytes;
     }
-    report.kept_bytes = total;
-    Ok(report)
 }
 
 #[cfg(test)]
@@ -427,5 +489,69 @@ mod tests {
         assert!(cache.join("objects/used/12").exists());
         assert_eq!(report.in_use, 1, "{report:?}");
         assert!(report.kept_bytes >= 8192, "{report:?}");
+    }
+
+    /// Issue 43: a content object stays while an image's objects dir links
+    /// it, and goes once none does, with the dirs gc removed in the same
+    /// run; linked objects are counted once.
+    #[test]
+    fn content_objects_go_once_no_image_links_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path();
+        let content = cache.join("objects/content/domain");
+        fs::create_dir_all(&content).unwrap();
+        for (name, linked_from) in [
+            ("kept", Some("used")),
+            ("freed", Some("unused")),
+            ("lone", None),
+        ] {
+            fs::write(content.join(name), vec![1u8; 8192]).unwrap();
+            fs::write(content.join(format!("{name}.record")), b"r").unwrap();
+            if let Some(hex) = linked_from {
+                let objects = cache.join("objects").join(hex);
+                fs::create_dir_all(&objects).unwrap();
+                fs::hard_link(content.join(name), objects.join("12")).unwrap();
+                fs::write(objects.join("12.record"), b"r").unwrap();
+            }
+        }
+        let run = cache.join("mounts/m");
+        fs::create_dir_all(&run).unwrap();
+        let record = EagerRecord {
+            mountpoint: cache.to_path_buf(),
+            dev: fs::metadata(cache).unwrap().dev(),
+            files: vec![cache.join("meta/used.erofs")],
+        };
+        fs::write(run.join("eager.json"), serde_json::to_vec(&record).unwrap()).unwrap();
+
+        // Every name counted, the two links of objects too, less those.
+        let allocated = |p: &Path| fs::symlink_metadata(p).unwrap().blocks() * 512;
+        let names: u64 = ["used", "unused"]
+            .iter()
+            .map(|hex| cache.join("objects").join(hex))
+            .flat_map(|d| {
+                [
+                    allocated(&d),
+                    allocated(&d.join("12")),
+                    allocated(&d.join("12.record")),
+                ]
+            })
+            .chain(entries(&content).map(|(p, _)| allocated(&p)))
+            .sum();
+        let report = gc(cache, u64::MAX).unwrap();
+        assert!(report.evicted.is_empty());
+        let links = allocated(&content.join("kept")) + allocated(&content.join("freed"));
+        assert_eq!(report.kept_bytes, names - links, "each object counted once");
+
+        let report = gc(cache, 0).unwrap();
+        assert!(report.evicted.contains(&cache.join("objects/unused")));
+        for gone in ["lone", "lone.record", "freed", "freed.record"] {
+            assert!(
+                report.evicted.contains(&content.join(gone)),
+                "{gone}: {report:?}"
+            );
+            assert!(!content.join(gone).exists(), "{gone}");
+        }
+        assert!(content.join("kept").exists() && content.join("kept.record").exists());
+        assert!(cache.join("objects/used/12").exists());
     }
 }

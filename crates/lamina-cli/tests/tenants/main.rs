@@ -29,6 +29,7 @@ mod reading;
 mod domains;
 mod hostile_blob;
 mod live_cache;
+mod objects;
 mod updates;
 
 use std::time::{Duration, Instant};
