@@ -4,9 +4,10 @@ side in one run on prototypes: trees arranged by this benchmark, each made
 into an EROFS by `lamina convert` and mounted by `lamina mount` (kernel
 path), stacked with overlayfs where the design says.
 
-Images as in `bench density`: A = the Debian test image (one layer), B = A
-plus one layer of one 300 KB file, R = A rebuilt (one regular file in 50
-changed, every layer digest new). Designs:
+Images as in `bench density`: A = the Debian test image (two layers: the
+base system, then python3, nginx and redis), B = A plus one layer of one
+300 KB file, R = A rebuilt (one regular file in 50 changed, every layer
+digest new). Designs:
 
 - `overlayfs`: overlayfs over the layers unpacked on ext4 (containerd's
   layer sharing); the reference.
@@ -14,9 +15,10 @@ changed, every layer digest new). Designs:
 - `merged-overlay`: the same under a read-only overlayfs, as a container's
   root sees it today (containerd's overlayfs over the snapshotter's
   mount): the reference for what the overlayfs designs cost a container.
-- `per-layer`: one EROFS per layer (A's one layer; B's top layer alone;
-  R's one layer), each mounted once and shared, stacked as the lowers of one
-  read-only overlayfs per image.
+- `per-layer`: one EROFS per layer (each layer made an image of its own:
+  A's two, B's top one, R's two; the layers hold no whiteouts), each
+  mounted once and shared, stacked as the lowers of one read-only overlayfs
+  per image.
 - `objects`: composefs's shape. Per image a metadata-only EROFS: every
   non-empty regular file a sparse file (all-zero chunks are holes: no data)
   carrying `trusted.overlay.metacopy` and `trusted.overlay.redirect=/xx/<sha256>`;
@@ -158,6 +160,33 @@ def oci_of_dir(layout, tag, tree):
     index_path.write_text(json.dumps(index))
 
 
+def layer_images(layout, tag, prefix):
+    """Tags `prefix`1.. in `layout`: each layer of `tag` as an image of its
+    own (its one layer, its one diff_id); returns the tags."""
+    blobs = layout / "blobs" / "sha256"
+    read = lambda d: json.loads((blobs / d.split(":")[1]).read_text())  # noqa: E731
+
+    def put(data):
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    index = json.loads((layout / "index.json").read_text())
+    entry = next(m for m in index["manifests"]
+                 if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
+    manifest = read(entry["digest"])
+    config = read(manifest["config"]["digest"])
+    tags = []
+    for i, (layer, diff_id) in enumerate(zip(manifest["layers"], config["rootfs"]["diff_ids"]), 1):
+        one = dict(config, rootfs={"type": "layers", "diff_ids": [diff_id]}, history=[])
+        m = dict(manifest, layers=[layer], config=dict(manifest["config"], **put(json.dumps(one).encode())))
+        tags.append(f"{prefix}{i}")
+        index["manifests"].append(dict(entry, **put(json.dumps(m).encode()),
+                                       annotations={"org.opencontainers.image.ref.name": tags[-1]}))
+    (layout / "index.json").write_text(json.dumps(index))
+    return tags
+
+
 def prepare(work, lamina):
     """density's images, then each design's trees and EROFS images."""
     src, conv = density.prepare(work, lamina)
@@ -166,7 +195,10 @@ def prepare(work, lamina):
     run(["cp", "-a", f"{roots['a']}/.", str(b_root)], timeout=600)
     run(["cp", "-a", f"{work / 'ovl-b-top'}/.", str(b_root)], timeout=600)
     roots["b"] = b_root
-    # A's and R's one layer are their merged trees; B's top layer alone:
+    # Each layer an image of its own: A's and R's, and B's top one.
+    for src_tag, prefix in (("bookworm", "layer-a"), ("rebuilt", "layer-r")):
+        for tag in layer_images(src, src_tag, prefix):
+            lamina("convert", f"oci:{src}:{tag}", f"oci:{conv}:{tag}", timeout=1800)
     oci_of_dir(work / "designs-oci", "btop", work / "ovl-b-top")
     lamina("convert", f"oci:{work / 'designs-oci'}:btop", f"oci:{conv}:btop", timeout=1800)
     known = set()
@@ -251,12 +283,12 @@ def views(design, mounts, work, conv, second):
         return eager("a"), eager(second)
     if design == "merged-overlay":  # as a container sees it: under its overlayfs
         return tuple(mounts.overlay(f"view-{t}", f"{empty}:{eager(t)}") for t in ("a", second))
-    if design == "per-layer":
-        a = eager("a")  # A's one layer
-        view_a = mounts.overlay("view-a", f"{empty}:{a}")
+    if design == "per-layer":  # the top layer first
+        a = f"{eager('layer-a2')}:{eager('layer-a1')}"
+        view_a = mounts.overlay("view-a", a)
         if second == "b":
             return view_a, mounts.overlay("view-b", f"{eager('btop')}:{a}")
-        return view_a, mounts.overlay("view-r", f"{empty}:{eager('r')}")
+        return view_a, mounts.overlay("view-r", f"{eager('layer-r2')}:{eager('layer-r1')}")
     lazy = design == "objects-lazy"
     shard_a = mounts.lamina_mount("shard-a", conv, lazy)
     shard_2 = mounts.lamina_mount(f"shard-{second}", conv, lazy)
