@@ -219,6 +219,11 @@ impl ImageFs {
         self
     }
 
+    /// The blob files this image is served from.
+    pub(crate) fn blob_files(&self) -> Arc<[File]> {
+        self.blobs.clone()
+    }
+
     /// Lets files of at least `min_size` bytes whose blobs are complete be
     /// passed through to their objects in `objects_dir`, links of the
     /// objects by content in `content_dir` (once the kernel agrees, see

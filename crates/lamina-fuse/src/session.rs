@@ -194,6 +194,30 @@ pub(crate) fn write_status_while_serving(path: PathBuf, stats: Arc<Stats>) {
     }
 }
 
+/// Every [`BLOB_PAGE_DROP_INTERVAL`], drops the page cache of the (complete)
+/// blob files an eager mount serves from, for the daemon's life: each page
+/// read for a reader is kept in the FUSE inode's page cache (or, passed
+/// through, in its object's), so the blob file's copy is a second one, as
+/// are the pages the object maker read. Clean pages: dropping costs no
+/// write, and a page dropped early is read again, never wrong.
+pub(crate) fn drop_blob_pages_while_serving(blobs: Arc<[File]>) {
+    let spawned = std::thread::Builder::new()
+        .name("page-drop".into())
+        .spawn(move || loop {
+            std::thread::sleep(BLOB_PAGE_DROP_INTERVAL);
+            for blob in blobs.iter() {
+                let _ = rustix::fs::fadvise(blob, 0, None, rustix::fs::Advice::DontNeed);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("blob pages kept: no thread to drop them: {e}");
+    }
+}
+
+/// How often an eager mount's daemon drops its blob files' pages (as a lazy
+/// mount's worker does its cache files', after each save of its records).
+pub(crate) const BLOB_PAGE_DROP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// In a lazy mount whose worker config asks for it (`readahead_kb`: when
 /// recording a trace or serving boot pages), lowers the mount's readahead
 /// until every blob is complete, as the holder does for a kernel mount:
@@ -315,6 +339,10 @@ pub(crate) fn open_session(
     }
     let stats = fs.stats();
     keep_mapped_pages_bounded(stats.clone());
+    if config.worker_config.is_none() {
+        // A lazy mount's worker drops its cache files' pages itself.
+        drop_blob_pages_while_serving(fs.blob_files());
+    }
     let fuse = fuse_config(config.threads, config.privileges);
     let session = match fuse_fd {
         Some(fd) => fuser::Session::from_fd(fs, fd, fuse.acl, fuse),
