@@ -8,8 +8,9 @@ on one base), R = A rebuilt (one regular file in 50 changed, every layer
 written again: new digests, mostly the same files;
 `bench/harness/rebuild.py`), all converted by `lamina convert` into one
 OCI layout. Scenario `shared_base` mounts A and B, `rebuild` A and R; the
-disk figures are the allocated bytes of the cache's blobs (lamina) or of
-the unpacked trees (overlayfs).
+disk figures are the allocated bytes of the cache's blobs and FUSE
+passthrough objects (lamina; each inode once) or of the unpacked trees
+(overlayfs).
 
 Systems, each on a fresh cache after `drop_caches`, A and B mounted:
 - `overlayfs`: A's rootfs unpacked by `umoci unpack` as one lower dir
@@ -20,6 +21,11 @@ Systems, each on a fresh cache after `drop_caches`, A and B mounted:
 - `lamina-lazy`: `lamina mount --lazy --prefetch none` of both (kernel
   path; the worker fills the cache files from the layout's blobs).
 - `lamina-fuse`: the same through FUSE.
+- `lamina-fuse-eager`: `lamina mount --mode fuse` of both, each file read
+  once through each mount before the measurement (the first open of a
+  file is served by the daemon while its passthrough object is made; the
+  measured opens are passed through to the objects, kept by content), and
+  the objects waited for.
 
 Every regular file of A is read (`find -type f -exec cat`) by a process in
 a memory cgroup of its own, then every file of the second image. Page cache is the rise of
@@ -50,7 +56,7 @@ from .harness.rebuild import rebuild
 from .harness.measure import ANOMALIES, drop_caches, is_mountpoint, machine_info, procs_of, sys_umount, wait_gone
 
 SOURCE = Path("/var/cache/lamina-test/debian-oci")
-SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse")
+SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse", "lamina-fuse-eager")
 # The second image of each scenario: B (A plus a layer) or R (A rebuilt).
 SCENARIOS = {"shared_base": "b", "rebuild": "r"}
 REBUILD_EVERY = 50  # one regular file in 50 changed (bench/harness/rebuild.py)
@@ -157,9 +163,12 @@ def mount_system(system, lamina, work, conv, second):
     cache = work / f"cache-{system}"
     how = {"lamina-eager": ["--mode", "kernel"],
            "lamina-lazy": ["--lazy", "--prefetch", "none", "--mode", "kernel"],
-           "lamina-fuse": ["--lazy", "--prefetch", "none", "--mode", "fuse"]}[system]
+           "lamina-fuse": ["--lazy", "--prefetch", "none", "--mode", "fuse"],
+           "lamina-fuse-eager": ["--mode", "fuse"]}[system]
     for tag, m in zip("a" + second, mnts):
         lamina("mount", *how, f"oci:{conv}:{tag}", m, "--cache-dir", cache, timeout=600)
+    if system == "lamina-fuse-eager":
+        make_objects(mnts, cache)
     return mnts, cache
 
 
@@ -170,9 +179,30 @@ def overlay_trees(work, second, image):
     return [work / "ovl-a"] + ([own] if image == "B" else [])
 
 
+def make_objects(mnts, cache):
+    """Reads every file of each mount once, then waits (at most 10 min)
+    until the passthrough objects stop growing in number for 3 s."""
+    for m in mnts:
+        run(["sh", "-c", f"find {m} -xdev -type f -exec cat {{}} + > /dev/null"], timeout=1800)
+    content, last, still = cache / "objects" / "content", -1, 0
+    deadline = time.monotonic() + 600
+    while still < 3 and time.monotonic() < deadline:
+        time.sleep(1)
+        n = len(files_under(content))
+        still, last = (still + 1, n) if n == last else (0, n)
+    log(f"passthrough objects: {last} files in {content}")
+
+
 def disk_bytes(paths):
-    """Allocated bytes of the files under `paths`."""
-    return sum(os.lstat(f).st_blocks * 512 for p in paths for f in files_under(p))
+    """Allocated bytes of the files under `paths`, each inode once (a
+    passthrough object is linked from each image that uses it)."""
+    seen, total = set(), 0
+    for f in (f for p in paths for f in files_under(p)):
+        st = os.lstat(f)
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
 
 
 def unmount_system(system, lamina, mnts, cache):
@@ -228,7 +258,7 @@ def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
                               "cache_files_resident": resident(cache_files),
                               "read_s": round(seconds, 3), "read_errors": errors[:5],
                               "read_error_count": len(errors),
-                              "disk": disk_bytes([cache / "blobs"] if cache else
+                              "disk": disk_bytes([cache / "blobs", cache / "objects"] if cache else
                                                  overlay_trees(work, SCENARIOS[scenario], image))}
             log(f"{scenario}: {system} run {run_no}, after {image}: page cache {node / MiB:.1f} MiB "
                 f"(reader's cgroup {figures[image]['reader_cgroup'] / MiB:.1f}, cache files "
@@ -317,7 +347,7 @@ def derive(doc):
         # Both images are mounted before A is read: lamina's figures hold
         # both images' cache files from then on.
         target(f"rebuild, {sys}: disk with A and R / one image unpacked", v["disk_B"] / one_image, 1.1)
-        if sys == "lamina-fuse":
+        if sys in ("lamina-fuse", "lamina-fuse-eager"):
             target(f"rebuild, {sys}: page cache after A and R / after A", v["after_B"] / v["after_A"], 1.1)
 
 

@@ -38,7 +38,8 @@ for pair in fleet:docs/fleet-results.json fuse:docs/bench-fuse-results.json imag
     scale:docs/bench-scale-results.json big_image:docs/big-image-results.json \
     coldstart:docs/coldstart-results.json coldstart:docs/coldstart-heavy-results.json \
     coldstart:docs/coldstart-index-results.json coldstart:docs/coldstart-index-predictions-results.json \
-    density:docs/density-results.json density_designs:docs/density-designs-results.json; do
+    density:docs/density-results.json density:docs/density-onecopy-results.json \
+    density_designs:docs/density-designs-results.json; do
     /usr/bin/python3 -m bench "${pair%%:*}" --report "${pair#*:}" >/dev/null
 done
 
