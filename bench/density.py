@@ -337,7 +337,7 @@ def derive(doc):
             continue
         target(f"shared base, {sys}: page cache after A and B / overlayfs", v["after_B_vs_overlayfs"], 1.05)
         target(f"shared base, {sys}: what B adds / A", v["B_adds_of_A"], 0.05)
-        if sys != "lamina-eager":
+        if sys in ("lamina-lazy", "lamina-fuse"):
             target(f"{sys}: lazy mount read whole (A) / overlayfs", v["after_A_vs_overlayfs"], 1.1)
     rebuilt = summary.get("rebuild", {})
     one_image = (rebuilt.get("overlayfs") or {}).get("disk_A")  # A unpacked: one image on disk
