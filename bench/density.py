@@ -375,7 +375,9 @@ def render(doc, plot_path):
     return "\n".join(out)
 
 
-def plot(doc, path):
+def plot(doc, path, title=""):
+    """Page cache after A and after both, per system (or design) and
+    scenario; `title` goes before each panel's."""
     plt = report.pyplot()
     if plt is None or not path:
         return
@@ -396,7 +398,7 @@ def plot(doc, path):
         ax.set_xticklabels(names, fontsize=9)
         ax.set_ylabel("page cache, MiB (median)")
         what = "two images on one base" if scenario == "shared_base" else "an image and its rebuild"
-        ax.set_title(f"{what}, every file read - {doc['date'][:10]}", fontsize=10)
+        ax.set_title(f"{title}{what}, every file read - {doc['date'][:10]}", fontsize=10)
         ax.legend(fontsize=8, frameon=False, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -467,34 +467,8 @@ def render(doc, plot_path):
         out += ["", "objects-lazy: a shell and perl run from A's view before any read:", "",
                 report.table(("scenario", "run", "exit", "output"), ran)]
     out += ["", report.targets(doc)]
-    plot(doc, plot_path)
+    density.plot(doc, plot_path, title="designs: ")
     return "\n".join(out)
-
-
-def plot(doc, path):
-    plt = report.pyplot()
-    if plt is None or not path:
-        return
-    scenarios = list(doc["summary"])
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(8 * len(scenarios), 4.5), squeeze=False)
-    for ax, scenario in zip(axes[0], scenarios):
-        s = doc["summary"][scenario]
-        second = "B" if scenario == "shared_base" else "R"
-        names, w = list(s), 0.38
-        xs = range(len(names))
-        b1 = ax.bar([x - w / 2 for x in xs], [s[n]["after_A"] / MiB for n in names], w, label="after A",
-                    color=report.WARM)
-        b2 = ax.bar([x + w / 2 for x in xs], [s[n]["after_B"] / MiB for n in names], w,
-                    label=f"after A and {second}", color=report.COLD)
-        report.label_bars(ax, list(b1) + list(b2), "{:.0f}")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(names, fontsize=9)
-        ax.set_ylabel("page cache, MiB (median)")
-        what = "two images on one base" if scenario == "shared_base" else "an image and its rebuild"
-        ax.set_title(f"designs: {what}, every file read - {doc['date'][:10]}", fontsize=10)
-        ax.legend(fontsize=8, frameon=False, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 BENCHMARK = {
