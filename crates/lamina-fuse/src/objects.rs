@@ -6,7 +6,7 @@
 //! record (`lamina_format::object`) at `<dir>/<nid>.record`. An object is
 //! made only from blobs that are complete in the cache (verified), copied
 //! in the kernel (`copy_file_range`: a reflink where the filesystem can)
-//! with holes left as holes, and hashed on the way.
+//! with holes left as holes, and hashed once written.
 //!
 //! Objects are kept by content: the file's bytes are hashed from the blobs
 //! first, and the object is `<content>/<sha256>` (made there when no
@@ -114,20 +114,37 @@ impl Objects {
         pieces: &[Piece],
         blobs: &[File],
     ) -> io::Result<File> {
-        match self.open_verified(nid, size) {
-            Ok(Some(file)) => return Ok(file),
+        self.found_or_made(
+            &format!("object of nid {nid}"),
+            || self.open_verified(nid, size),
+            || self.remove(nid),
+            || self.create(nid, size, pieces, blobs),
+        )
+    }
+
+    /// What `open` finds, when it is trusted; else `make`s it (an untrusted
+    /// one `remove`d first), or, when another process made it first,
+    /// checks theirs.
+    fn found_or_made<T>(
+        &self,
+        what: &str,
+        open: impl Fn() -> io::Result<Option<T>>,
+        remove: impl FnOnce(),
+        make: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        match open() {
+            Ok(Some(found)) => return Ok(found),
             Ok(None) => {}
             Err(why) => {
                 self.stats.objects_rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(nid, "object not trusted, making it anew: {why}");
-                self.remove(nid);
+                tracing::warn!("{what} not trusted, making it anew: {why}");
+                remove();
             }
         }
-        match self.create(nid, size, pieces, blobs) {
-            // Another process made it first: check theirs.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self
-                .open_verified(nid, size)?
-                .ok_or_else(|| io::Error::other("object vanished while made")),
+        match make() {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                open()?.ok_or_else(|| io::Error::other(format!("{what} vanished while made")))
+            }
             other => other,
         }
     }
@@ -193,22 +210,12 @@ impl Objects {
         pieces: &[Piece],
         blobs: &[File],
     ) -> io::Result<(File, ObjectRecord)> {
-        match self.open_content(sha256, size) {
-            Ok(Some(found)) => return Ok(found),
-            Ok(None) => {}
-            Err(why) => {
-                self.stats.objects_rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("content object not trusted, making it anew: {why}");
-                self.remove_content(sha256);
-            }
-        }
-        match self.make_content(sha256, size, pieces, blobs) {
-            // Another process made it first: check theirs.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self
-                .open_content(sha256, size)?
-                .ok_or_else(|| io::Error::other("content object vanished while made")),
-            other => other,
-        }
+        self.found_or_made(
+            &format!("content object {}", hex::encode(sha256)),
+            || self.open_content(sha256, size),
+            || self.remove_content(sha256),
+            || self.make_content(sha256, size, pieces, blobs),
+        )
     }
 
     /// Makes the content object under a temp name, then moves it into
@@ -226,8 +233,10 @@ impl Objects {
         let tmp_record = private::temp_name(&record_path, "tmp");
         let made = (|| -> io::Result<(File, ObjectRecord)> {
             let file = private::create_new(&tmp)?;
-            if copy_pieces(&file, size, pieces, blobs)? != *sha256 {
-                return Err(untrusted("the blobs' bytes changed while copied"));
+            copy_pieces(&file, size, pieces, blobs)?;
+            // What the copy holds, not what was meant to be copied.
+            if hash_file(&file, size)? != *sha256 {
+                return Err(untrusted("the copy's bytes differ from the blobs'"));
             }
             file.sync_all()?;
             let id = identity(&file)?.ok_or_else(|| untrusted("no birth time to bind to"))?;
@@ -393,30 +402,16 @@ fn hash_pieces(pieces: &[Piece], blobs: &[File]) -> io::Result<[u8; 32]> {
 }
 
 /// Writes the file's `size` bytes into `out`: each data piece copied in
-/// the kernel from its blob file, holes left unwritten (sparse). Returns
-/// the sha256 of the bytes, hashed from the blob files.
-fn copy_pieces(out: &File, size: u64, pieces: &[Piece], blobs: &[File]) -> io::Result<[u8; 32]> {
+/// the kernel from its blob file, holes left unwritten (sparse).
+fn copy_pieces(out: &File, size: u64, pieces: &[Piece], blobs: &[File]) -> io::Result<()> {
     out.set_len(size)?;
-    let mut hash = Context::new(&SHA256);
-    let zeros = vec![0u8; STEP];
-    let mut buf = vec![0u8; STEP];
     for piece in pieces {
-        let Some((blob, at)) = piece.data else {
-            for n in steps(piece.len as u64) {
-                hash.update(&zeros[..n]);
-            }
-            continue;
-        };
-        let blob = &blobs[blob as usize];
-        copy_range(blob, at, out, piece.start as u64, piece.len as u64)?;
-        let mut pos = at;
-        for n in steps(piece.len as u64) {
-            blob.read_exact_at(&mut buf[..n], pos)?;
-            hash.update(&buf[..n]);
-            pos += n as u64;
+        if let Some((blob, at)) = piece.data {
+            let blob = &blobs[blob as usize];
+            copy_range(blob, at, out, piece.start as u64, piece.len as u64)?;
         }
     }
-    Ok(digest_bytes(hash))
+    Ok(())
 }
 
 /// `len` bytes from `from` at `from_at` to `to` at `to_at`, in the kernel.

@@ -460,6 +460,19 @@ mod tests {
         assert_eq!(report.kept_bytes, 0);
     }
 
+    /// A live eager mount of `cache` (its mountpoint is the cache dir
+    /// itself) that uses the cache file `file`.
+    fn live_eager_mount(cache: &Path, file: &str) {
+        let run = cache.join("mounts/m");
+        fs::create_dir_all(&run).unwrap();
+        let record = EagerRecord {
+            mountpoint: cache.to_path_buf(),
+            dev: fs::metadata(cache).unwrap().dev(),
+            files: vec![cache.join(file)],
+        };
+        fs::write(run.join("eager.json"), serde_json::to_vec(&record).unwrap()).unwrap();
+    }
+
     /// objects/<hex> goes with meta/<hex>.erofs: kept while a live mount
     /// uses that metadata, evicted (whole) when none does.
     #[test]
@@ -472,16 +485,7 @@ mod tests {
             fs::write(objects.join("12"), vec![1u8; 8192]).unwrap();
             fs::write(objects.join("12.record"), b"r").unwrap();
         }
-        // A live eager mount (its mountpoint is the temp dir itself) uses
-        // meta/used.erofs.
-        let run = cache.join("mounts/m");
-        fs::create_dir_all(&run).unwrap();
-        let record = EagerRecord {
-            mountpoint: cache.to_path_buf(),
-            dev: fs::metadata(cache).unwrap().dev(),
-            files: vec![cache.join("meta/used.erofs")],
-        };
-        fs::write(run.join("eager.json"), serde_json::to_vec(&record).unwrap()).unwrap();
+        live_eager_mount(cache, "meta/used.erofs");
 
         let report = gc(cache, 0).unwrap();
         assert_eq!(report.evicted, vec![cache.join("objects/unused")]);
@@ -514,14 +518,7 @@ mod tests {
                 fs::write(objects.join("12.record"), b"r").unwrap();
             }
         }
-        let run = cache.join("mounts/m");
-        fs::create_dir_all(&run).unwrap();
-        let record = EagerRecord {
-            mountpoint: cache.to_path_buf(),
-            dev: fs::metadata(cache).unwrap().dev(),
-            files: vec![cache.join("meta/used.erofs")],
-        };
-        fs::write(run.join("eager.json"), serde_json::to_vec(&record).unwrap()).unwrap();
+        live_eager_mount(cache, "meta/used.erofs");
 
         // Every name counted, the two links of objects too, less those.
         let allocated = |p: &Path| fs::symlink_metadata(p).unwrap().blocks() * 512;
