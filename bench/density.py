@@ -198,7 +198,10 @@ def disk_bytes(paths):
     passthrough object is linked from each image that uses it)."""
     seen, total = set(), 0
     for f in (f for p in paths for f in files_under(p)):
-        st = os.lstat(f)
+        try:
+            st = os.lstat(f)
+        except FileNotFoundError:  # a temp file of an object being made
+            continue
         if (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
             total += st.st_blocks * 512
