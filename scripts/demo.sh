@@ -42,6 +42,11 @@
 #      from the original gzip layers. A mount of the manifest's own digest, which the
 #      binding does not cover, finds the index only as a referrer, which anyone who may
 #      push can list: nothing vouches for it, and it is refused (issue 42)
+#  14. trust: the index signed by its publisher (cosign) mounts by digest; `lamina run
+#      --userns` runs a container whose root is an unprivileged host uid
+#  15. density: the image converted again with 128 KiB chunks (the same files in other
+#      blobs, as a rebuild has them); both mounted eagerly through FUSE on one cache:
+#      python3.11 is passed through to one object for both images (kept by content)
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -502,6 +507,33 @@ USERNS_SAID=$("$LAMINA" run --rm --userns 200000 --reserve-space --mode kernel -
 step "lamina run --userns" "$t" "$(now)"
 rm -rf "$USERNS_STATE"
 
+# ---- 15. density: the same files in two images, one passthrough object ------------------------
+OBJ_CACHE="$TMP/cache-objects"
+log "lamina convert --chunk-size 131072 docker://$R/debian:bookworm docker://$R/debian:bookworm-lamina-128k (the same files in other blobs, as a rebuild has them)"
+t=$(now)
+"$LAMINA" convert --chunk-size 131072 "docker://$R/debian:bookworm" "docker://$R/debian:bookworm-lamina-128k" \
+    >/dev/null 2>"$TMP/convert-128k.err" || die "lamina convert --chunk-size failed: $(cat "$TMP/convert-128k.err")"
+step "lamina convert (128 KiB chunks)" "$t" "$(now)"
+for tag in bookworm-lamina bookworm-lamina-128k; do
+    log "lamina mount --eager --mode fuse docker://$R/debian:$tag (both on $OBJ_CACHE)"
+    mkdir -p "$TMP/objects-$tag"
+    "$LAMINA" mount --eager --mode fuse "docker://$R/debian:$tag" "$TMP/objects-$tag" --cache-dir "$OBJ_CACHE" \
+        >/dev/null 2>"$TMP/objects.err" || die "eager FUSE mount of $tag failed: $(cat "$TMP/objects.err")"
+    # The first open is served by the daemon while the file's object is made.
+    cat "$TMP/objects-$tag/usr/bin/python3.11" >/dev/null
+done
+PY_SHA=$(sha256sum "$TMP/objects-bookworm-lamina/usr/bin/python3.11" | cut -d' ' -f1)
+OBJECT_LINKS=0
+for _ in $(seq 100); do # the objects are made in the background
+    OBJECT_LINKS=$(stat -c %h "$OBJ_CACHE"/objects/content/*/"$PY_SHA" 2>/dev/null || echo 0)
+    [ "$OBJECT_LINKS" = 3 ] && break
+    sleep 0.2
+done
+[ "$OBJECT_LINKS" = 3 ] || die "python3.11 of the two images is not one object (links: $OBJECT_LINKS)"
+OBJECTS_SAID="python3.11 of both images is one object (content + 2 images: $OBJECT_LINKS links)"
+log "  $OBJECTS_SAID"
+for tag in bookworm-lamina bookworm-lamina-128k; do "$LAMINA" umount "$TMP/objects-$tag" >/dev/null; done
+
 # ---- summary ----------------------------------------------------------------------------------
 echo
 echo "lamina demo: $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
@@ -549,4 +581,5 @@ printf '  %-36s %8s  (in %s range requests of the original layers)\n' "fetched f
 printf '  %-36s %8s\n' "files written by the container" "$WRITTEN"
 printf '  %-36s %s\n' "signed index (trusted key)" "$SIGNED_SAID"
 printf '  %-36s %s\n' "lamina run --userns 200000" "$USERNS_SAID"
+printf '  %-36s %s\n' "FUSE objects by content" "$OBJECTS_SAID"
 echo "  container said: $(cat "$TMP/container.out")"
