@@ -239,6 +239,10 @@ impl Objects {
                 return Err(untrusted("the copy's bytes differ from the blobs'"));
             }
             file.sync_all()?;
+            // Its pages, clean now, would be a second copy of what the
+            // open that asked for it reads through the daemon; a later
+            // passed-through open reads them from disk once.
+            let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
             let id = identity(&file)?.ok_or_else(|| untrusted("no birth time to bind to"))?;
             let record = ObjectRecord {
                 file: id,

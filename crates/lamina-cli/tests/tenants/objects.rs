@@ -48,9 +48,10 @@ fn objects_dir_of(m: &Mount) -> PathBuf {
 /// Reads `path` under the mount `m` until its second open is passed
 /// through (the first is served by the daemon while the object is made):
 /// the inode of the image's object of it, after checking both reads
-/// against `want`.
+/// against `want`. A `new` object (no image had those bytes) has none of
+/// its pages cached when it appears.
 #[track_caller]
-fn passed_through(m: &Mount, path: &str, want: &[u8]) -> u64 {
+fn passed_through(m: &Mount, path: &str, want: &[u8], new: bool) -> u64 {
     let file = m.path.join(path);
     assert!(
         fs::read(&file).unwrap() == want,
@@ -60,7 +61,16 @@ fn passed_through(m: &Mount, path: &str, want: &[u8]) -> u64 {
     let start = Instant::now();
     let object = loop {
         let object = objects_dir_of_when_made(m).map(|d| d.join(nid.to_string()));
-        if let Some(object) = object.filter(|o| fs::read(o).is_ok_and(|b| b == want)) {
+        if let Some(object) = object.filter(|o| o.exists()) {
+            // Made while the daemon served the first open: none of its
+            // pages cached (they would be a second copy of the reader's).
+            if new {
+                assert_eq!(resident(&object), 0, "{path}: its new object's pages");
+            }
+            assert!(
+                fs::read(&object).unwrap() == want,
+                "{path}: its object's bytes"
+            );
             break fs::metadata(object).unwrap().ino();
         }
         assert!(
@@ -71,6 +81,16 @@ fn passed_through(m: &Mount, path: &str, want: &[u8]) -> u64 {
     };
     assert!(fs::read(&file).unwrap() == want, "{path} passed through");
     object
+}
+
+/// Bytes of `file` in the page cache (`fincore`).
+fn resident(file: &Path) -> u64 {
+    let mut cmd = command("fincore", ["--bytes", "--noheadings", "--raw", "-o", "RES"]);
+    cmd.arg(file);
+    let out = run(&mut cmd, TIMEOUT).ok();
+    let text = out.stdout.trim().to_string();
+    text.parse()
+        .unwrap_or_else(|_| panic!("fincore of {}: {text:?}", file.display()))
 }
 
 /// [`objects_dir_of`] once the first object made it.
@@ -121,7 +141,8 @@ fn fuse_objects_are_shared_by_content_across_images() {
         for name in &big {
             let path = format!("data/{name}.bin");
             let want = fs::read(rootfs.join(&path)).unwrap();
-            objects.insert((tag, name), passed_through(&m, &path, &want));
+            let new = tag == "b" || CHANGED.contains(name);
+            objects.insert((tag, name), passed_through(&m, &path, &want, new));
         }
         mounts.push(m);
     }
