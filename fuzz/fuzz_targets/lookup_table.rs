@@ -6,7 +6,8 @@
 //!   or reads out of bounds, and whatever `parse` accepts the other does;
 //! - as an EROFS image: a table `build_from_image` makes parses for that
 //!   image (`parse_for`), and finds every entry of the root directory by
-//!   name and by path, with the nid the image lists.
+//!   name and (unless its name holds a '/') by path, with the nid the image
+//!   lists.
 //!
 //! Seeds: the `erofs_reader` image and the table `build_from_image` made of
 //! it.
@@ -49,6 +50,10 @@ fn as_image(data: &[u8]) {
     let entries = img.entries(&root).expect("the builder listed the root");
     for e in entries.iter().filter(|e| e.name != b"." && e.name != b"..") {
         assert_eq!(table.lookup(img.root_nid(), e.name), Some(e.nid));
-        assert_eq!(table.lookup_path(e.name), Some(e.nid));
+        // A path is names joined by '/': a name with one in it (a hostile
+        // image's; the kernel never asks for it) is found by name only.
+        if !e.name.contains(&b'/') {
+            assert_eq!(table.lookup_path(e.name), Some(e.nid));
+        }
     }
 }

@@ -184,7 +184,7 @@ fn object_dirs(cache_dir: &Path) -> Vec<(PathBuf, i64, u64)> {
     dirs
 }
 
-/// A content object (`objects/content/<sha256>`, see `lamina_fuse`).
+/// A content object (`objects/content/<domain>/<sha256>`, see `lamina_fuse`).
 struct ContentObject {
     /// The object and its record, removed together.
     paths: Vec<PathBuf>,
