@@ -240,40 +240,56 @@ def cgroup_cache(cgroup):
     raise RuntimeError(f"no cache in {cgroup}/memory.stat")
 
 
-def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
-    mnts, cache = mount_system(system, lamina, work, conv, SCENARIOS[scenario])
-    cgroup = CGROUP / f"lamina-density-{scenario}-{system}-{run_no}"
-    try:
-        drop_caches()
+def read_in_turn(cgroup, views, layouts, cached, label, extra=lambda image: {}):
+    """After `drop_caches`, reads every regular file of each of `views` (A,
+    then the second image) from a process in the memory cgroup `cgroup`
+    (made here). Per image: the rise of `cached()` less what `fincore` finds
+    resident of the `layouts`' blobs (a lazy mount reads the converted
+    image's as it would a registry's answers), the cgroup's charge, the
+    read's time and errors, and `extra(image)`."""
+    drop_caches()
+    time.sleep(1)
+    base = cached()
+    cgroup.mkdir()
+    figures = {}
+    for image, view in zip("AB", views):
+        seconds, errors = read_all_in(cgroup, view)
         time.sleep(1)
-        base = meminfo_cached()
-        cgroup.mkdir()
-        figures = {"scenario": scenario, "system": system, "run": run_no}
-        for image, mnt in zip("AB", mnts):
-            seconds, errors = read_all_in(cgroup, mnt)
-            time.sleep(1)
-            cache_files = files_under(cache / "blobs") if cache else []
-            # Less the layouts' blobs: a lazy mount reads the converted
-            # image's as it would a registry's answers.
-            layouts = files_under(src / "blobs") + files_under(conv / "blobs")
-            node = meminfo_cached() - base - resident(layouts)
-            figures[image] = {"node_page_cache": node, "reader_cgroup": cgroup_cache(cgroup),
-                              "cache_files_resident": resident(cache_files),
-                              "read_s": round(seconds, 3), "read_errors": errors[:5],
-                              "read_error_count": len(errors),
-                              "disk": disk_bytes([cache / "blobs", cache / "objects"] if cache else
-                                                 overlay_trees(work, SCENARIOS[scenario], image))}
-            log(f"{scenario}: {system} run {run_no}, after {image}: page cache {node / MiB:.1f} MiB "
-                f"(reader's cgroup {figures[image]['reader_cgroup'] / MiB:.1f}, cache files "
-                f"{figures[image]['cache_files_resident'] / MiB:.1f}), {len(errors)} read errors")
-        results.add_run(**figures)
+        node = cached() - base - resident([f for layout in layouts for f in files_under(layout / "blobs")])
+        figures[image] = {"node_page_cache": node, "reader_cgroup": cgroup_cache(cgroup),
+                          "read_s": round(seconds, 3), "read_errors": errors[:5],
+                          "read_error_count": len(errors), **extra(image)}
+        log(f"{label}, after {image}: page cache {node / MiB:.1f} MiB (reader's cgroup "
+            f"{figures[image]['reader_cgroup'] / MiB:.1f}), {len(errors)} read errors")
+    return figures
+
+
+def remove_cgroup(cgroup):
+    if cgroup.exists():
+        try:
+            cgroup.rmdir()
+        except OSError as e:
+            log(f"cgroup {cgroup}: {e}")
+
+
+def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
+    second = SCENARIOS[scenario]
+    mnts, cache = mount_system(system, lamina, work, conv, second)
+    cgroup = CGROUP / f"lamina-density-{scenario}-{system}-{run_no}"
+
+    def lamina_figures(image):
+        cache_files = files_under(cache / "blobs") if cache else []
+        return {"cache_files_resident": resident(cache_files),
+                "disk": disk_bytes([cache / "blobs", cache / "objects"] if cache else
+                                   overlay_trees(work, second, image))}
+
+    try:
+        figures = read_in_turn(cgroup, mnts, (src, conv), meminfo_cached,
+                               f"{scenario}: {system} run {run_no}", lamina_figures)
+        results.add_run(scenario=scenario, system=system, run=run_no, **figures)
     finally:
         unmount_system(system, lamina, mnts, cache)
-        if cgroup.exists():
-            try:
-                cgroup.rmdir()
-            except OSError as e:
-                log(f"cgroup {cgroup}: {e}")
+        remove_cgroup(cgroup)
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
 

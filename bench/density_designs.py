@@ -353,20 +353,8 @@ def measure_design(results, design, scenario, lamina, work, conv, src, expected,
         if design == "objects-lazy":
             figures["run_from_view"] = run_from(view_a)
             log(f"designs: {design}: run from A's view before any read: {figures['run_from_view']}")
-        drop_caches()
-        time.sleep(1)
-        base = node_cache()
-        cgroup.mkdir()
-        for image, view in zip("AB", (view_a, view_2)):
-            seconds, errors = density.read_all_in(cgroup, view)
-            time.sleep(1)
-            layouts = density.files_under(src / "blobs") + density.files_under(conv / "blobs")
-            node = node_cache() - base - density.resident(layouts)
-            figures[image] = {"node_page_cache": node, "reader_cgroup": density.cgroup_cache(cgroup),
-                              "read_s": round(seconds, 3), "read_error_count": len(errors),
-                              "read_errors": errors[:5]}
-            log(f"designs: {scenario}: {design} run {run_no}, after {image}: page cache {node / MiB:.1f} MiB, "
-                f"{len(errors)} read errors")
+        label = f"designs: {scenario}: {design} run {run_no}"
+        figures.update(density.read_in_turn(cgroup, (view_a, view_2), (src, conv), node_cache, label))
         tag = {"A": "a", "B": second}
         figures["content_mismatches"] = {img: mismatches(v, expected[tag[img]])[:5]
                                          for img, v in zip("AB", (view_a, view_2))}
@@ -375,11 +363,7 @@ def measure_design(results, design, scenario, lamina, work, conv, src, expected,
         results.add_run(**figures)
     finally:
         mounts.undo()
-        if cgroup.exists():
-            try:
-                cgroup.rmdir()
-            except OSError as e:
-                log(f"cgroup {cgroup}: {e}")
+        density.remove_cgroup(cgroup)
 
 
 def measure(results, lamina, work, quick, options):
