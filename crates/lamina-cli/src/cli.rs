@@ -189,6 +189,13 @@ pub(crate) enum Command {
         /// local user (`nodev`).
         #[arg(long)]
         dev: bool,
+        /// Share files by content with the other images mounted this way
+        /// from the same trust domain: one page cache for each file with
+        /// the same bytes, whatever image or layer it came in (an overlayfs
+        /// of the image's metadata over content-addressed objects; Linux
+        /// 6.8+). Eager kernel mounts only, for now.
+        #[arg(long)]
+        share_files: bool,
     },
     /// Run a container from a lamina image with runc (no containerd needed).
     ///

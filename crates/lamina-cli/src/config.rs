@@ -83,6 +83,8 @@ pub enum ConfigError {
     Parse(PathBuf, String),
     /// A setting needed and given neither as a flag nor in the file.
     Missing(&'static str),
+    /// Flags that do not go together.
+    Invalid(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -91,6 +93,7 @@ impl fmt::Display for ConfigError {
             ConfigError::Read(p, e) => write!(f, "config file {}: {e}", p.display()),
             ConfigError::Parse(p, e) => write!(f, "config file {}: {}", p.display(), e.trim()),
             ConfigError::Missing(what) => write!(f, "{what}"),
+            ConfigError::Invalid(why) => write!(f, "{why}"),
         }
     }
 }

@@ -11,6 +11,8 @@
 //!   to that copy's identity, size and content digest.
 //! - [`locate`]: the chunk locator, where on the node a verified copy of a
 //!   chunk lies, by its digest.
+//! - [`shard`]: an image split into a metadata view and a shard of
+//!   objects named by content, for overlayfs to share across images.
 //! - [`tar_index`]: the span table of a tar index, random access into an
 //!   unmodified image's compressed layers.
 #![forbid(unsafe_code)]
@@ -23,6 +25,7 @@ pub mod index;
 pub mod locate;
 pub mod lookup;
 pub mod object;
+pub mod shard;
 pub mod tar_index;
 
 /// The most bytes zstd may need for one frame of `n` bytes, as

@@ -29,6 +29,10 @@ pub struct MountOptions {
     pub index: Option<ImageRef>,
     /// Which tar indexes may be used (bound, named, pinned; audit mode).
     pub index_trust: crate::tar_index::IndexTrust,
+    /// Files shared across images by content (`--share-files`): the mount
+    /// is an overlayfs of the image's metadata view over the trust
+    /// domain's shards (`shared.rs`). Eager kernel mounts only, for now.
+    pub share_files: bool,
 }
 
 /// Why a mount failed.
@@ -84,6 +88,9 @@ pub enum MountError {
     /// A mount daemon (holder or FUSE daemon) could not start or mount.
     #[error("mount daemon: {0}")]
     Daemon(String),
+    /// `--share-files` cannot share this image's files.
+    #[error("--share-files: {0}")]
+    Share(String),
 }
 
 /// A live mount.
@@ -97,6 +104,9 @@ pub struct MountInfo {
     pub metadata_path: PathBuf,
     /// The cache files, in device order.
     pub blob_paths: Vec<PathBuf>,
+    /// The verified chunk index (a lamina image's; not a tar index's).
+    #[serde(skip)]
+    pub index_path: Option<PathBuf>,
     /// The lookup table: FUSE mounts of images that carry one.
     pub lookup_path: Option<PathBuf>,
     /// Whether the image's tree may hold extended attributes (false when
@@ -123,6 +133,9 @@ pub(crate) struct DomainDirs {
     /// `meta/<domain>`: metadata, chunk or span index, lookup table, boot
     /// pages (file names and modes are an image's bytes too).
     pub meta: PathBuf,
+    /// `shards/<domain>`: shards of objects shared by content
+    /// (`--share-files`, `shared.rs`).
+    pub shards: PathBuf,
 }
 
 impl DomainDirs {
@@ -131,7 +144,8 @@ impl DomainDirs {
         let id = domain_id(opts, image);
         DomainDirs {
             blobs: opts.cache_dir.join("blobs").join(&id),
-            meta: opts.cache_dir.join("meta").join(id),
+            meta: opts.cache_dir.join("meta").join(&id),
+            shards: opts.cache_dir.join("shards").join(id),
         }
     }
 }

@@ -95,7 +95,9 @@ fn served(run: &Path) -> bool {
 /// Files used by live mounts (lazy: a daemon of it alive; eager: still
 /// mounted).
 fn files_in_use(cache_dir: &Path) -> HashSet<PathBuf> {
-    let mut used = HashSet::new();
+    // Shards (`--share-files`) read their image's cache files while
+    // mounted, whichever views stack them.
+    let mut used: HashSet<PathBuf> = crate::shared::shard_files(cache_dir).into_iter().collect();
     let Ok(dir) = fs::read_dir(cache_dir.join("mounts")) else {
         return used;
     };

@@ -28,6 +28,12 @@ pub fn mount_image(
     crate::layers::check_metadata(&info.metadata_path)?;
     lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
         .map_err(MountError::BadCachePath)?;
+    if opts.share_files {
+        let dirs = crate::common::DomainDirs::of(opts, image);
+        crate::shared::mount_view(&info, opts, &dirs.shards)?;
+        record_eager(opts, &info);
+        return Ok(info);
+    }
     let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
     lamina_daemon::holder::mount_erofs(&lamina_daemon::holder::ErofsMount {
         metadata: &info.metadata_path,
@@ -167,6 +173,7 @@ pub(crate) fn fill_cache(
         manifest_digest: img.manifest_digest.to_string(),
         metadata_path: meta_path,
         blob_paths,
+        index_path: Some(index_path),
         lookup_path,
         xattrs: artifact::may_have_xattrs(&img.manifest),
         fetched_bytes: fetched,

@@ -698,6 +698,7 @@ pub(crate) fn start_serving(
         manifest_digest: config.manifest_digest.clone(),
         metadata_path: config.metadata_path.clone(),
         blob_paths: blobs,
+        index_path: None,
         lookup_path,
         xattrs: config.xattrs,
         fetched_bytes: 0,
@@ -756,6 +757,7 @@ pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Unmounted {
         .ok()
         .and_then(|b| serde_json::from_slice::<Ready>(&b).ok())
     else {
+        crate::shared::finish_view(cache_dir, &run);
         let _ = fs::remove_dir_all(&run); // an eager mount's record
         return Unmounted::default();
     };

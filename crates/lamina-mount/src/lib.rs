@@ -46,6 +46,7 @@ mod layers;
 mod lazy;
 pub mod metrics;
 mod mode;
+mod shared;
 mod tar_index;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};

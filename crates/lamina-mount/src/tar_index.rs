@@ -282,6 +282,7 @@ pub(crate) fn fill_cache(
         manifest_digest: img.manifest_digest.to_string(),
         metadata_path: files.metadata_path,
         blob_paths,
+        index_path: None,
         lookup_path: files.lookup_path,
         xattrs: true,
         fetched_bytes: fetched,

@@ -306,6 +306,7 @@ impl Resolver {
             },
             index: None,
             index_trust: self.index_trust.clone(),
+            share_files: false,
         }
     }
 

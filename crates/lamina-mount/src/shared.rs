@@ -1,0 +1,402 @@
+//! Files shared across images on the kernel path (`lamina mount
+//! --share-files`, issue 43): the mount is an overlayfs of the image's
+//! metadata view over shards of content-addressed objects
+//! ([`lamina_format::shard`]), so images on one base, and an image and its
+//! rebuild, read each file with the same bytes through one inode and one
+//! page cache.
+//!
+//! Layout, per trust domain (`shards/<domain>/`, private):
+//!
+//! ```text
+//! .lock                  held while a view is put together or taken apart
+//! <id>/shard.erofs       the shard (id: its sha256, 32 hex)
+//! <id>/objects           its fingerprints
+//! <id>/blobs.json        the cache files it reads (its EROFS devices)
+//! <id>/mnt/              where it is mounted, once, for every view
+//! ```
+//!
+//! A view's own files are in its run dir: `view.erofs`, mounted at `view/`,
+//! and `view.json` (the shards it stacks). Shards are made only from
+//! complete, verified cache files (eager mounts), so any shard of the
+//! domain may serve another image: its objects' names are fingerprints this
+//! node computed from verified chunk tables, never names an image gave.
+//! A view stacks the domain's shards that hold its objects, oldest first,
+//! its own last; overlayfs takes a file's data from the first that has its
+//! name, so each content is read through the first shard that held it.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use lamina_fetch::private;
+use lamina_format::erofs::Image;
+use lamina_format::index::{ChunkIndex, IndexBlob};
+use lamina_format::shard::{self, Fingerprint};
+use rustix::mount::UnmountFlags;
+use serde::{Deserialize, Serialize};
+
+use lamina_daemon::config::Privileges;
+
+use crate::common::{io_err, MountError, MountInfo, MountOptions};
+
+/// Most other shards one view stacks (overlayfs takes 500 layers).
+const MAX_OTHER_SHARDS: usize = 64;
+
+/// What a view stacks, for its unmount (`view.json` in its run dir).
+#[derive(Debug, Serialize, Deserialize)]
+struct ViewRecord {
+    /// `shards/<domain>`.
+    shards_dir: PathBuf,
+    /// The shards, in stacking order (its own last).
+    shards: Vec<String>,
+}
+
+/// Mounts `info`'s image (complete in the cache) at `info.mountpoint` as a
+/// read-only overlayfs of its metadata view over the domain's shards.
+pub(crate) fn mount_view(
+    info: &MountInfo,
+    opts: &MountOptions,
+    shards_dir: &Path,
+) -> Result<(), MountError> {
+    let split = split_image(info)?;
+    private::private_dir(shards_dir).map_err(io_err(shards_dir))?;
+    let _lock = lock(shards_dir)?;
+    let own = own_shard(info, shards_dir, &split)?;
+    let mut order = other_shards(shards_dir, &own, &split.objects);
+    order.push(own);
+
+    let run = crate::common::run_dir(&opts.cache_dir, &info.mountpoint);
+    private::private_dir(&run).map_err(io_err(&run))?;
+    let view_file = run.join("view.erofs");
+    private::write_atomic(&view_file, &split.view, false).map_err(io_err(&view_file))?;
+    let view_mnt = run.join("view");
+    make_dir(&view_mnt)?;
+    mount_erofs(&view_file, &view_mnt, &[], info.xattrs, opts.privileges)?;
+    let record = ViewRecord {
+        shards_dir: shards_dir.to_path_buf(),
+        shards: order.clone(),
+    };
+    let record_path = run.join("view.json");
+    let bytes = serde_json::to_vec(&record).map_err(|e| io_err(&record_path)(e.into()))?;
+    private::write_atomic(&record_path, &bytes, false).map_err(io_err(&record_path))?;
+    let data: Vec<PathBuf> = order
+        .iter()
+        .map(|id| shards_dir.join(id).join("mnt"))
+        .collect();
+    mount_overlay(&view_mnt, &data, &info.mountpoint, opts).inspect_err(|_| {
+        let _ = rustix::mount::unmount(&view_mnt, UnmountFlags::DETACH);
+    })
+}
+
+/// The image's metadata view and shard, from its metadata and the chunk
+/// tables the mount verified.
+fn split_image(info: &MountInfo) -> Result<shard::Split, MountError> {
+    let index_path = info.index_path.as_ref().ok_or_else(|| {
+        MountError::Share("needs a lamina image (a tar index mount cannot share yet)".into())
+    })?;
+    let index_bytes = fs::read(index_path).map_err(io_err(index_path))?;
+    let index = ChunkIndex::parse_top(&index_bytes)
+        .map_err(|e| MountError::Share(format!("{}: {e}", index_path.display())))?;
+    let mut tables: Vec<IndexBlob> = Vec::with_capacity(index.blobs.len());
+    for (i, summary) in index.blobs.iter().enumerate() {
+        if let Some(blob) = index.inline.get(i) {
+            tables.push(blob.clone());
+            continue;
+        }
+        let dir = info.blob_paths[i].parent().unwrap_or(Path::new("."));
+        let table = lamina_fetch::store::load_table(dir, summary, index.chunk_bits)
+            .map_err(io_err(dir))?
+            .ok_or_else(|| {
+                MountError::Share(format!(
+                    "the chunk table of blob {} is not in the cache",
+                    hex::encode(summary.digest)
+                ))
+            })?;
+        tables.push(table);
+    }
+    let meta = fs::read(&info.metadata_path).map_err(io_err(&info.metadata_path))?;
+    let image = Image::new(&meta)
+        .map_err(|e| MountError::Share(format!("{}: {e}", info.metadata_path.display())))?;
+    let files = info
+        .blob_paths
+        .iter()
+        .map(|p| private::open_trusted(p).map_err(io_err(p)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut read = |device: u16, offset: u64, len: usize| {
+        let file = files
+            .get(usize::from(device).wrapping_sub(1))
+            .ok_or("no such device")?;
+        let mut bytes = vec![0; len];
+        std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, offset)
+            .map_err(|e| format!("device {device} at {offset}: {e}"))?;
+        Ok(bytes)
+    };
+    let split = shard::split(&image, &tables, &mut read);
+    // Packed files were read to be named: their pages are not the view's
+    // (the shard reads with direct I/O), so they go.
+    for file in &files {
+        let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
+    }
+    split.map_err(|e| MountError::Share(format!("{}: {e}", info.metadata_path.display())))
+}
+
+/// The image's own shard, mounted (once per domain): its id.
+fn own_shard(
+    info: &MountInfo,
+    shards_dir: &Path,
+    split: &shard::Split,
+) -> Result<String, MountError> {
+    let id = hex::encode(&lamina_oci::sha256(&split.shard)[..16]);
+    let dir = shards_dir.join(&id);
+    let mnt = dir.join("mnt");
+    if is_mounted(&mnt) {
+        return Ok(id);
+    }
+    make_dir(&dir)?;
+    make_dir(&mnt)?;
+    let file = dir.join("shard.erofs");
+    private::write_atomic(&file, &split.shard, false).map_err(io_err(&file))?;
+    let objects = dir.join("objects");
+    private::write_atomic(&objects, &shard::objects_bytes(&split.objects), false)
+        .map_err(io_err(&objects))?;
+    let blobs = dir.join("blobs.json");
+    let bytes = serde_json::to_vec(&info.blob_paths).map_err(|e| io_err(&blobs)(e.into()))?;
+    private::write_atomic(&blobs, &bytes, false).map_err(io_err(&blobs))?;
+    let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
+    // Objects are plain files: no xattrs, setuid bits or devices.
+    mount_erofs(&file, &mnt, &devices, false, Privileges::default())?;
+    Ok(id)
+}
+
+/// The domain's other mounted shards that hold any of `objects`, oldest
+/// first: a file's data then comes from the shard that first held it,
+/// whichever view reads it, so every view of it shares one inode (had
+/// each view preferred the shard it shares most with, an image and its
+/// rebuild could each take the base from a different image's shard).
+fn other_shards(shards_dir: &Path, own: &str, objects: &[Fingerprint]) -> Vec<String> {
+    let mut found: Vec<(std::time::SystemTime, String)> = Vec::new();
+    let Ok(dir) = fs::read_dir(shards_dir) else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let id = entry.file_name().to_string_lossy().into_owned();
+        if id == own || id.starts_with('.') || !is_mounted(&entry.path().join("mnt")) {
+            continue;
+        }
+        let list = entry.path().join("objects");
+        let Some((theirs, made)) = fs::read(&list)
+            .ok()
+            .and_then(|b| shard::parse_objects(&b))
+            .zip(fs::metadata(&list).and_then(|m| m.modified()).ok())
+        else {
+            continue;
+        };
+        if common_count(objects, &theirs) > 0 {
+            found.push((made, id));
+        }
+    }
+    found.sort();
+    found.truncate(MAX_OTHER_SHARDS);
+    found.into_iter().map(|(_, id)| id).collect()
+}
+
+/// How many fingerprints two sorted lists have in common.
+fn common_count(a: &[Fingerprint], b: &[Fingerprint]) -> usize {
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => (i, j, n) = (i + 1, j + 1, n + 1),
+        }
+    }
+    n
+}
+
+/// After the view at the mount whose run dir is `run` was unmounted: its
+/// metadata view goes, and each shard no other view stacks.
+pub(crate) fn finish_view(cache_dir: &Path, run: &Path) {
+    let Some(record) = fs::read(run.join("view.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<ViewRecord>(&b).ok())
+    else {
+        return;
+    };
+    let _ = rustix::mount::unmount(&run.join("view"), UnmountFlags::DETACH);
+    let _ = fs::remove_file(run.join("view.json"));
+    let Ok(_lock) = lock(&record.shards_dir) else {
+        return;
+    };
+    let used = shards_in_use(cache_dir, run);
+    for id in &record.shards {
+        if used.contains(id) {
+            continue;
+        }
+        let dir = record.shards_dir.join(id);
+        // A view still mounted keeps the shard's filesystem alive through
+        // overlayfs's own reference; this only stops new views finding it.
+        if rustix::mount::unmount(&dir.join("mnt"), UnmountFlags::DETACH).is_ok() {
+            let _ = fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+/// The shards every view but the one in `except` stacks.
+fn shards_in_use(cache_dir: &Path, except: &Path) -> std::collections::HashSet<String> {
+    let mut used = std::collections::HashSet::new();
+    let Ok(dir) = fs::read_dir(cache_dir.join("mounts")) else {
+        return used;
+    };
+    for entry in dir.flatten() {
+        if entry.path() == except {
+            continue;
+        }
+        if let Some(record) = fs::read(entry.path().join("view.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<ViewRecord>(&b).ok())
+        {
+            used.extend(record.shards);
+        }
+    }
+    used
+}
+
+/// The cache files of the domain shards that are mounted (for gc).
+pub(crate) fn shard_files(cache_dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let Ok(domains) = fs::read_dir(cache_dir.join("shards")) else {
+        return files;
+    };
+    for domain in domains.flatten() {
+        let Ok(shards) = fs::read_dir(domain.path()) else {
+            continue;
+        };
+        for shard in shards.flatten() {
+            if !is_mounted(&shard.path().join("mnt")) {
+                continue;
+            }
+            if let Some(blobs) = fs::read(shard.path().join("blobs.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Vec<PathBuf>>(&b).ok())
+            {
+                files.extend(blobs);
+                files.push(shard.path().join("shard.erofs"));
+            }
+        }
+    }
+    files
+}
+
+/// Whether `path` is a mount's root (its device is not its parent's).
+fn is_mounted(path: &Path) -> bool {
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    match (fs::symlink_metadata(path), fs::symlink_metadata(parent)) {
+        (Ok(m), Ok(p)) => m.is_dir() && m.dev() != p.dev(),
+        _ => false,
+    }
+}
+
+fn make_dir(path: &Path) -> Result<(), MountError> {
+    match fs::create_dir(path) {
+        Ok(()) => private::private_dir(path).map_err(io_err(path)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+fn lock(shards_dir: &Path) -> Result<fs::File, MountError> {
+    let path = shards_dir.join(".lock");
+    let file = match private::create_new(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            private::open_existing(&path).map_err(io_err(&path))?
+        }
+        Err(e) => return Err(io_err(&path)(e)),
+    };
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| io_err(&path)(e.into()))?;
+    Ok(file)
+}
+
+fn mount_erofs(
+    file: &Path,
+    mountpoint: &Path,
+    devices: &[&Path],
+    acl: bool,
+    privileges: Privileges,
+) -> Result<(), MountError> {
+    lamina_daemon::holder::mount_erofs(&lamina_daemon::holder::ErofsMount {
+        metadata: file,
+        mountpoint,
+        devices,
+        acl,
+        privileges,
+        // Complete before the mount: read with direct I/O, cached once.
+        direct: true,
+    })
+    .map_err(|errno| MountError::Syscall {
+        op: "mount",
+        path: mountpoint.to_path_buf(),
+        errno,
+        hint: "",
+    })
+}
+
+/// `overlay` with `view` as its one lower and `data` as data-only lowers
+/// (Linux 6.8+: fsconfig's `lowerdir+` and `datadir+`), read-only.
+fn mount_overlay(
+    view: &Path,
+    data: &[PathBuf],
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<(), MountError> {
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, FsMountFlags,
+        FsOpenFlags, MountAttrFlags, MoveMountFlags,
+    };
+    let fail = |errno| MountError::Syscall {
+        op: "mount overlay",
+        path: mountpoint.to_path_buf(),
+        errno,
+        hint: " (--share-files needs overlayfs with data-only lower layers: Linux 6.8 or later)",
+    };
+    let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC).map_err(fail)?;
+    fsconfig_set_string(&fs, "lowerdir+", view).map_err(fail)?;
+    for dir in data {
+        fsconfig_set_string(&fs, "datadir+", dir).map_err(fail)?;
+    }
+    fsconfig_set_string(&fs, "metacopy", "on").map_err(fail)?;
+    fsconfig_set_string(&fs, "redirect_dir", "follow").map_err(fail)?;
+    fsconfig_create(&fs).map_err(fail)?;
+    let mut attrs = MountAttrFlags::MOUNT_ATTR_RDONLY;
+    if !opts.privileges.suid {
+        attrs |= MountAttrFlags::MOUNT_ATTR_NOSUID;
+    }
+    if !opts.privileges.dev {
+        attrs |= MountAttrFlags::MOUNT_ATTR_NODEV;
+    }
+    let mnt = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs).map_err(fail)?;
+    move_mount(
+        &mnt,
+        "",
+        rustix::fs::CWD,
+        mountpoint,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_count_counts_shared_fingerprints() {
+        let fp = |b: u8| [b; 32];
+        assert_eq!(
+            common_count(&[fp(1), fp(3), fp(5)], &[fp(2), fp(3), fp(5)]),
+            2
+        );
+        assert_eq!(common_count(&[], &[fp(1)]), 0);
+    }
+}
