@@ -43,6 +43,10 @@ use crate::index::IndexBlob;
 /// A file's content fingerprint: see the module doc.
 pub type Fingerprint = [u8; 32];
 
+/// One chunk of a file, as [`fingerprint`] takes it: a hole, or (the
+/// verified digest of the stored chunk it starts in, its offset there).
+pub type ChunkRef = Option<([u8; 32], u64)>;
+
 /// What a fingerprint by chunks hashes first: the scheme and its version.
 const FINGERPRINT_TAG: &[u8] = b"lamina object v1\0";
 /// What a fingerprint by content hashes first.
@@ -95,7 +99,7 @@ pub fn objects_bytes(objects: &[Fingerprint]) -> Vec<u8> {
 /// Parses an objects list; `None` unless it is whole 32-byte records,
 /// sorted, each once.
 pub fn parse_objects(bytes: &[u8]) -> Option<Vec<Fingerprint>> {
-    if bytes.len() % 32 != 0 {
+    if !bytes.len().is_multiple_of(32) {
         return None;
     }
     let list: Vec<Fingerprint> = bytes
@@ -111,7 +115,7 @@ pub fn parse_objects(bytes: &[u8]) -> Option<Vec<Fingerprint>> {
 pub fn fingerprint(
     size: u64,
     chunk_bits: u8,
-    chunks: impl IntoIterator<Item = Option<([u8; 32], u64)>>,
+    chunks: impl IntoIterator<Item = ChunkRef>,
 ) -> Fingerprint {
     let mut h = ring::digest::Context::new(&ring::digest::SHA256);
     h.update(FINGERPRINT_TAG);
@@ -337,7 +341,7 @@ fn verified(
     addrs: &[Chunk],
     chunk_bits: u8,
     tables: &[IndexBlob],
-) -> Result<Vec<Option<([u8; 32], u64)>>, SplitError> {
+) -> Result<Vec<ChunkRef>, SplitError> {
     let chunk_size = 1u64 << chunk_bits;
     let mut out = Vec::with_capacity(addrs.len());
     for (i, chunk) in addrs.iter().enumerate() {
