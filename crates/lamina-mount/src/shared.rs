@@ -222,7 +222,7 @@ pub(crate) fn finish_view(cache_dir: &Path, run: &Path) {
     else {
         return;
     };
-    let _ = rustix::mount::unmount(&run.join("view"), UnmountFlags::DETACH);
+    let _ = rustix::mount::unmount(run.join("view"), UnmountFlags::DETACH);
     let _ = fs::remove_file(run.join("view.json"));
     let Ok(_lock) = lock(&record.shards_dir) else {
         return;
@@ -235,7 +235,7 @@ pub(crate) fn finish_view(cache_dir: &Path, run: &Path) {
         let dir = record.shards_dir.join(id);
         // A view still mounted keeps the shard's filesystem alive through
         // overlayfs's own reference; this only stops new views finding it.
-        if rustix::mount::unmount(&dir.join("mnt"), UnmountFlags::DETACH).is_ok() {
+        if rustix::mount::unmount(dir.join("mnt"), UnmountFlags::DETACH).is_ok() {
             let _ = fs::remove_dir_all(&dir);
         }
     }
