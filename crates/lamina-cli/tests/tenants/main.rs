@@ -30,6 +30,7 @@ mod domains;
 mod hostile_blob;
 mod live_cache;
 mod objects;
+mod shared;
 mod updates;
 
 use std::time::{Duration, Instant};

@@ -84,7 +84,7 @@ fn passed_through(m: &Mount, path: &str, want: &[u8], new: bool) -> u64 {
 }
 
 /// Bytes of `file` in the page cache (`fincore`).
-fn resident(file: &Path) -> u64 {
+pub(crate) fn resident(file: &Path) -> u64 {
     let mut cmd = command("fincore", ["--bytes", "--noheadings", "--raw", "-o", "RES"]);
     cmd.arg(file);
     let out = run(&mut cmd, TIMEOUT).ok();

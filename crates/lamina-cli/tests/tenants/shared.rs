@@ -1,0 +1,234 @@
+//! Issue 43: `lamina mount --share-files`, the kernel path's files shared
+//! by content. Each mount is an overlayfs of the image's metadata view
+//! over the trust domain's shards; a file with the same bytes in two
+//! images is read through one shard inode, one page cache.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::common::*;
+use crate::images::{begin, convert, reference};
+use crate::objects::resident;
+use crate::reading::drop_caches;
+use crate::{CHANGED, FILES};
+use serde_json::Value;
+
+const SHARE: &[&str] = &["--eager", "--mode", "kernel", "--share-files"];
+
+/// The run dir of the eager mount at `m` (its `eager.json` names it).
+#[track_caller]
+fn eager_run_dir(m: &Mount) -> PathBuf {
+    let me = m.path.canonicalize().unwrap();
+    let runs = fs::read_dir(m.cache.join("mounts")).unwrap().flatten();
+    runs.map(|e| e.path())
+        .find(|run| {
+            fs::read(run.join("eager.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .is_some_and(|v| v["mountpoint"].as_str() == me.to_str())
+        })
+        .unwrap_or_else(|| panic!("no run dir of {}", me.display()))
+}
+
+/// The shards the view at `m` stacks, in order (its own last), as dirs.
+#[track_caller]
+fn shards_of(m: &Mount) -> Vec<PathBuf> {
+    let record: Value =
+        serde_json::from_slice(&fs::read(eager_run_dir(m).join("view.json")).unwrap()).unwrap();
+    let dir = PathBuf::from(record["shards_dir"].as_str().unwrap());
+    let ids = record["shards"].as_array().unwrap();
+    ids.iter()
+        .map(|id| dir.join(id.as_str().unwrap()))
+        .collect()
+}
+
+/// An xattr of `path` (not following a symlink), if it has it.
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::lgetxattr(path, name, &mut buf).ok()?;
+    buf.truncate(n);
+    Some(buf)
+}
+
+/// Where the view at `m` takes `path`'s data from: the object's path in
+/// a shard (`/xx/<rest>`, the redirect its metadata view carries).
+#[track_caller]
+fn object_name(m: &Mount, path: &str) -> String {
+    let view = eager_run_dir(m).join("view").join(path);
+    let redirect = xattr(&view, "trusted.overlay.redirect")
+        .unwrap_or_else(|| panic!("{path}: no redirect in {}", view.display()));
+    String::from_utf8(redirect).unwrap()
+}
+
+/// The object `name` in `shard`.
+fn object(shard: &Path, name: &str) -> PathBuf {
+    shard.join("mnt").join(name.trim_start_matches('/'))
+}
+
+/// b, h (b with `CHANGED` replaced: a rebuild, its own blob) and a2 (b's
+/// layer under a second one: two images on one base) mounted with
+/// `--share-files` on one cache. Each view equals `umoci unpack` entry by
+/// entry. A file h or a2 shares with b, read only through h, is read
+/// through b's shard (its pages are there, none in h's own); a changed one
+/// through h's own. Packed files (s00-s03 share a pack, and s01 changed)
+/// are shared by their bytes. Unmounting b keeps its shard for the others;
+/// the last unmount takes every shard and view down.
+#[test]
+fn shared_files_are_read_through_one_shard() {
+    let Some((_time, t, src)) = begin("shared_files_are_read_through_one_shard", "shared-files")
+    else {
+        return;
+    };
+    let cache = t.join("cache");
+    let (mut mounts, mut refs) = (BTreeMap::new(), BTreeMap::new());
+    // a2 before h: h then finds two shards holding its unchanged files,
+    // and must take them from the one that held them first (b's), as b
+    // and a2 do.
+    for tag in ["b", "a2", "h"] {
+        let image = oci_ref(&t.join("conv"), tag);
+        convert(&oci_ref(&src, tag), &image);
+        let m = Mount::with_args(&image, &t.join(&format!("mnt-{tag}")), &cache, SHARE);
+        refs.insert(tag, reference(&t, &src, tag));
+        treecmp(&[], &refs[tag], &m.path);
+        mounts.insert(tag, m);
+    }
+    let (b, h) = (&mounts["b"], &mounts["h"]);
+    let b_shard = shards_of(b).pop().unwrap();
+    let a2_shards = shards_of(&mounts["a2"]);
+    assert_eq!(a2_shards[0], b_shard, "a2 stacks b's shard first");
+    let h_shards = shards_of(h);
+    assert_eq!(h_shards.len(), 3, "{h_shards:?}");
+    assert_eq!(
+        h_shards[..2],
+        [b_shard.clone(), a2_shards[1].clone()],
+        "oldest first"
+    );
+    let h_own = h_shards.last().unwrap();
+    assert_ne!(h_own, &b_shard);
+
+    let h_ref = &refs["h"];
+    drop_caches();
+    for (name, _) in FILES {
+        let path = format!("data/{name}.bin");
+        assert!(
+            fs::read(h.path.join(&path)).unwrap() == fs::read(h_ref.join(&path)).unwrap(),
+            "{path} through h"
+        );
+        let (in_b, in_h) = (object_name(b, &path), object_name(h, &path));
+        let (b_copy, h_copy) = (object(&b_shard, &in_h), object(h_own, &in_h));
+        if CHANGED.contains(name) {
+            assert_ne!(in_b, in_h, "{path} changed in h: its own object");
+            assert!(!b_copy.exists(), "{path}: h's bytes in b's shard");
+            assert!(
+                resident(&h_copy) > 0,
+                "{path}: read, not in h's shard's cache"
+            );
+        } else {
+            assert_eq!(in_b, in_h, "{path}: h names another object than b");
+            assert_eq!(object_name(&mounts["a2"], &path), in_b, "{path} in a2");
+            assert!(
+                resident(&b_copy) > 0,
+                "{path}: read through h, not in b's shard"
+            );
+            assert_eq!(resident(&h_copy), 0, "{path}: a second copy in h's shard");
+        }
+    }
+
+    // b's shard outlives b while h and a2 stack it.
+    mounts.remove("b").unwrap().unmount();
+    assert!(is_mountpoint(&b_shard.join("mnt")), "b's shard went with b");
+    treecmp(&[], &refs["a2"], &mounts["a2"].path);
+    drop(mounts);
+    let left = fs::read_dir(cache.join("shards")).unwrap().flatten();
+    for domain in left {
+        let shards: Vec<_> = fs::read_dir(domain.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| e.path())
+            .collect();
+        assert!(
+            shards.is_empty(),
+            "shards left after the last unmount: {shards:?}"
+        );
+    }
+}
+
+/// An image's own `trusted.overlay.*` xattrs are its data, not overlayfs's
+/// instructions: stored escaped in the metadata view, they show through the
+/// view as the image has them (unescaped, Linux 6.7+); stored as given,
+/// overlayfs took them as its own and hid them. A dir carrying
+/// `trusted.overlay.redirect=/data` lists its own entries, a file carrying
+/// one reads its own bytes, and the view equals a plain eager mount's tree,
+/// xattrs included. And `--share-files` refuses a lazy mount with a usage
+/// error.
+#[test]
+fn share_files_escapes_the_images_overlay_xattrs() {
+    let time = crate::Timer(
+        "share_files_escapes_the_images_overlay_xattrs",
+        std::time::Instant::now(),
+    );
+    if !require(&["zstd"]) {
+        return;
+    }
+    let t = TestDir::new("shared-escape");
+    let layout = t.join("src");
+    let script = format!(
+        r#"
+import sys
+sys.path.insert(0, {fixtures:?})
+from mkimage import DIR, F, Layout, MT_TAR, _layer, _tar
+redirect = {{"trusted.overlay.redirect": b"/data", "trusted.overlay.opaque": b"y"}}
+entries = [DIR("data"), F("data/own.txt", b"data's\n"), DIR("evil", xattrs=redirect),
+           F("evil/mine.txt", b"mine\n"),
+           F("evil-file", b"evil\n", xattrs={{"trusted.overlay.redirect": b"/data/own.txt"}})]
+lay = Layout({layout:?})
+lay.add_image("x", [_layer(_tar(entries), MT_TAR)])
+lay.finish()
+"#,
+        fixtures = repo_root().join("tests/fixtures").display().to_string(),
+        layout = layout.display().to_string(),
+    );
+    let py = t.join("mk.py");
+    fs::write(&py, script).unwrap();
+    run(&mut command(tool("python3"), [&py]), TIMEOUT).ok();
+    let image = oci_ref(&t.join("conv"), "x");
+    convert(&oci_ref(&layout, "x"), &image);
+    let cache = t.join("cache");
+    let view = Mount::with_args(&image, &t.join("mnt"), &cache, SHARE);
+    let mut names: Vec<_> = fs::read_dir(view.path.join("evil"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["mine.txt"],
+        "evil/ redirected by the image's own xattr"
+    );
+    assert_eq!(fs::read(view.path.join("evil-file")).unwrap(), b"evil\n");
+    assert_eq!(
+        xattr(&view.path.join("evil"), "trusted.overlay.redirect").as_deref(),
+        Some(&b"/data"[..])
+    );
+    let plain = Mount::with_args(
+        &image,
+        &t.join("plain"),
+        &cache,
+        &["--eager", "--mode", "kernel"],
+    );
+    treecmp(&[], &plain.path, &view.path);
+
+    let lazy = lamina_cmd(["mount", "--lazy", "--share-files", &image])
+        .arg(t.mkdir("lazy"))
+        .arg("--cache-dir")
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert_eq!(lazy.status.code(), Some(2), "{lazy:?}");
+    let err = String::from_utf8_lossy(&lazy.stderr);
+    assert!(err.contains("--share-files needs an eager mount"), "{err}");
+    drop(time);
+}
