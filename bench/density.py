@@ -8,9 +8,9 @@ on one base), R = A rebuilt (one regular file in 50 changed, every layer
 written again: new digests, mostly the same files;
 `bench/harness/rebuild.py`), all converted by `lamina convert` into one
 OCI layout. Scenario `shared_base` mounts A and B, `rebuild` A and R; the
-disk figures are the allocated bytes of the cache's blobs and FUSE
-passthrough objects (lamina; each inode once) or of the unpacked trees
-(overlayfs).
+disk figures are the allocated bytes of the cache's blobs, FUSE
+passthrough objects, shards and metadata views (lamina; each inode once)
+or of the unpacked trees (overlayfs).
 
 Systems, each on a fresh cache after `drop_caches`, A and B mounted:
 - `overlayfs`: A's rootfs unpacked by `umoci unpack` as one lower dir
@@ -26,6 +26,10 @@ Systems, each on a fresh cache after `drop_caches`, A and B mounted:
   file is served by the daemon while its passthrough object is made; the
   measured opens are passed through to the objects, kept by content), and
   the objects waited for.
+- `lamina-shared`: `lamina mount --eager --mode kernel --share-files` of
+  both: each an overlayfs of the image's metadata view over the cache's
+  shards of objects named by content, so a file with the same bytes in
+  both is read through one shard inode (`docs/density.md`).
 
 Every regular file of A is read (`find -type f -exec cat`) by a process in
 a memory cgroup of its own, then every file of the second image. Page cache is the rise of
@@ -56,7 +60,7 @@ from .harness.rebuild import rebuild
 from .harness.measure import ANOMALIES, drop_caches, is_mountpoint, machine_info, procs_of, sys_umount, wait_gone
 
 SOURCE = Path("/var/cache/lamina-test/debian-oci")
-SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse", "lamina-fuse-eager")
+SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse", "lamina-fuse-eager", "lamina-shared")
 # The second image of each scenario: B (A plus a layer) or R (A rebuilt).
 SCENARIOS = {"shared_base": "b", "rebuild": "r"}
 REBUILD_EVERY = 50  # one regular file in 50 changed (bench/harness/rebuild.py)
@@ -65,11 +69,15 @@ TOP_FILE_BYTES = 300 * 1000
 MiB = 1 << 20
 
 
-def meminfo_cached():
+def meminfo(field):
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("Cached:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no Cached in /proc/meminfo")
+    raise RuntimeError(f"no {field} in /proc/meminfo")
+
+
+def meminfo_cached():
+    return meminfo("Cached")
 
 
 def resident(paths):
@@ -83,7 +91,13 @@ def resident(paths):
 
 
 def files_under(d):
-    return [Path(root) / f for root, _, fs in os.walk(d) for f in fs]
+    """The files below `d`, not below a mount on it (a shard's or metadata
+    view's mount in a lamina cache reads files counted elsewhere)."""
+    out = []
+    for root, dirs, fs in os.walk(d):
+        dirs[:] = [x for x in dirs if not os.path.ismount(os.path.join(root, x))]
+        out += [Path(root) / f for f in fs]
+    return out
 
 
 def add_top_layer(layout, tag, new_tag):
@@ -164,7 +178,8 @@ def mount_system(system, lamina, work, conv, second):
     how = {"lamina-eager": ["--mode", "kernel"],
            "lamina-lazy": ["--lazy", "--prefetch", "none", "--mode", "kernel"],
            "lamina-fuse": ["--lazy", "--prefetch", "none", "--mode", "fuse"],
-           "lamina-fuse-eager": ["--mode", "fuse"]}[system]
+           "lamina-fuse-eager": ["--mode", "fuse"],
+           "lamina-shared": ["--eager", "--mode", "kernel", "--share-files"]}[system]
     for tag, m in zip("a" + second, mnts):
         lamina("mount", *how, f"oci:{conv}:{tag}", m, "--cache-dir", cache, timeout=600)
     if system == "lamina-fuse-eager":
@@ -249,7 +264,7 @@ def read_in_turn(cgroup, views, layouts, cached, label, extra=lambda image: {}):
     read's time and errors, and `extra(image)`."""
     drop_caches()
     time.sleep(1)
-    base = cached()
+    base, base_buffers = cached(), meminfo("Buffers")
     cgroup.mkdir()
     figures = {}
     for image, view in zip("AB", views):
@@ -258,7 +273,9 @@ def read_in_turn(cgroup, views, layouts, cached, label, extra=lambda image: {}):
         node = cached() - base - resident([f for layout in layouts for f in files_under(layout / "blobs")])
         figures[image] = {"node_page_cache": node, "reader_cgroup": cgroup_cache(cgroup),
                           "read_s": round(seconds, 3), "read_errors": errors[:5],
-                          "read_error_count": len(errors), **extra(image)}
+                          "read_error_count": len(errors),
+                          # ext4 keeps directories and inodes there: overlayfs's metadata
+                          "buffers": meminfo("Buffers") - base_buffers, **extra(image)}
         log(f"{label}, after {image}: page cache {node / MiB:.1f} MiB (reader's cgroup "
             f"{figures[image]['reader_cgroup'] / MiB:.1f}), {len(errors)} read errors")
     return figures
@@ -280,7 +297,7 @@ def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
     def lamina_figures(image):
         cache_files = files_under(cache / "blobs") if cache else []
         return {"cache_files_resident": resident(cache_files),
-                "disk": disk_bytes([cache / "blobs", cache / "objects"] if cache else
+                "disk": disk_bytes([cache / d for d in ("blobs", "objects", "shards", "mounts")] if cache else
                                    overlay_trees(work, second, image))}
 
     try:
@@ -324,9 +341,11 @@ def derive(doc):
     per = {}
     for r in doc["runs"]:
         v = per.setdefault(r.get("scenario", "shared_base"), {}).setdefault(
-            r["system"], {"A": [], "B": [], "disk_A": [], "disk_B": [], "errors": 0})
+            r["system"], {"A": [], "B": [], "disk_A": [], "disk_B": [], "errors": 0, "buf_A": [], "buf_B": []})
         for img in "AB":
             v[img].append(r[img]["node_page_cache"])
+            if r[img].get("buffers") is not None:
+                v[f"buf_{img}"].append(r[img]["node_page_cache"] + r[img]["buffers"])
             if r[img].get("disk") is not None:
                 v[f"disk_{img}"].append(r[img]["disk"])
             v["errors"] += r[img]["read_error_count"]
@@ -336,7 +355,9 @@ def derive(doc):
         for sys, v in systems.items():
             out[sys] = {"after_A": median(v["A"]), "after_B": median(v["B"]), "read_errors": v["errors"],
                         "disk_A": median(v["disk_A"]) if v["disk_A"] else None,
-                        "disk_B": median(v["disk_B"]) if v["disk_B"] else None}
+                        "disk_B": median(v["disk_B"]) if v["disk_B"] else None,
+                        "after_A_with_buffers": median(v["buf_A"]) if v["buf_A"] else None,
+                        "after_B_with_buffers": median(v["buf_B"]) if v["buf_B"] else None}
         ref = out.get("overlayfs")
         for v in out.values():
             v["B_adds_of_A"] = (v["after_B"] - v["after_A"]) / v["after_A"] if v["after_A"] else None
@@ -344,6 +365,9 @@ def derive(doc):
             if ref:
                 v["after_A_vs_overlayfs"] = v["after_A"] / ref["after_A"]
                 v["after_B_vs_overlayfs"] = v["after_B"] / ref["after_B"]
+                if v["after_B_with_buffers"] and ref["after_B_with_buffers"]:
+                    v["after_B_with_buffers_vs_overlayfs"] = (v["after_B_with_buffers"]
+                                                              / ref["after_B_with_buffers"])
     doc["summary"] = summary
     doc["targets"] = []
 
@@ -366,7 +390,7 @@ def derive(doc):
         # Both images are mounted before A is read: lamina's figures hold
         # both images' cache files from then on.
         target(f"rebuild, {sys}: disk with A and R / one image unpacked", v["disk_B"] / one_image, 1.1)
-        if sys in ("lamina-fuse", "lamina-fuse-eager"):
+        if sys in ("lamina-fuse", "lamina-fuse-eager", "lamina-shared"):
             target(f"rebuild, {sys}: page cache after A and R / after A", v["after_B"] / v["after_A"], 1.1)
 
 
@@ -377,12 +401,15 @@ def render(doc, plot_path):
         rows = [(sys, f"{v['after_A'] / MiB:.1f}", f"{v['after_B'] / MiB:.1f}",
                  f"{v.get('after_B_vs_overlayfs', 0):.2f}", f"{100 * v['B_adds_of_A']:.1f}%",
                  "" if v["disk_A"] is None else f"{v['disk_A'] / MiB:.1f}",
-                 "" if v["disk_B"] is None else f"{v['disk_B'] / MiB:.1f}", v["read_errors"])
+                 "" if v["disk_B"] is None else f"{v['disk_B'] / MiB:.1f}",
+                 f"{v['after_B_with_buffers_vs_overlayfs']:.2f}" if v.get("after_B_with_buffers_vs_overlayfs")
+                 else "", v["read_errors"])
                 for sys, v in systems.items()]
         out += ["", f"{scenario.replace('_', ' ')} (A, then {second}):", "",
                 report.table(("system", "page cache after A, MiB", f"after A and {second}, MiB",
                               f"after A and {second} / overlayfs", f"{second} adds (of A)", "disk after A, MiB",
-                              f"disk after A and {second}, MiB", "read errors"), rows)]
+                              f"disk after A and {second}, MiB",
+                              f"with Buffers: after A and {second} / overlayfs", "read errors"), rows)]
     out += ["", report.targets(doc)]
     detail = [(r.get("scenario", "shared_base"), r["system"], r["run"], img,
                f"{r[img]['node_page_cache'] / MiB:.1f}", f"{r[img]['reader_cgroup'] / MiB:.1f}",
