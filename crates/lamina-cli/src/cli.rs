@@ -189,13 +189,6 @@ pub(crate) enum Command {
         /// local user (`nodev`).
         #[arg(long)]
         dev: bool,
-        /// Share files by content with the other images mounted this way
-        /// from the same trust domain: one page cache for each file with
-        /// the same bytes, whatever image or layer it came in (an overlayfs
-        /// of the image's metadata over content-addressed objects; Linux
-        /// 6.8+). Eager kernel mounts only, for now.
-        #[arg(long)]
-        share_files: bool,
     },
     /// Run a container from a lamina image with runc (no containerd needed).
     ///
@@ -478,6 +471,13 @@ pub(crate) struct ServeArgs {
     /// Fetch all data before mounting (default for oci: images).
     #[arg(long)]
     eager: bool,
+    /// Share files by content with the other images mounted this way
+    /// from the same trust domain: one page cache for each file with
+    /// the same bytes, whatever image or layer it came in (an overlayfs
+    /// of the image's metadata over content-addressed objects; Linux
+    /// 6.8+). Eager kernel mounts only, for now.
+    #[arg(long)]
+    pub(crate) share_files: bool,
     /// Seconds a reader waits for missing data before getting EIO.
     #[arg(long, default_value = "60")]
     pub(crate) timeout: u64,
@@ -567,6 +567,23 @@ fn index_trust(args: &Args) -> Result<lamina_mount::IndexTrust> {
 pub(crate) const MODES: [&str; 3] = ["auto", "kernel", "fuse"];
 
 impl ServeArgs {
+    /// `--share-files` where the mount can share: an eager one on the
+    /// kernel path.
+    pub(crate) fn share_files(
+        &self,
+        lazy: bool,
+        mode: lamina_mount::Mode,
+    ) -> Result<bool, crate::config::ConfigError> {
+        if self.share_files && (lazy || mode != lamina_mount::Mode::Kernel) {
+            return Err(crate::config::ConfigError::Invalid(format!(
+                "--share-files needs an eager mount on the kernel path (this one is {} through \
+                 {mode}): add --eager and --mode kernel",
+                if lazy { "lazy" } else { "eager" }
+            )));
+        }
+        Ok(self.share_files)
+    }
+
     /// Lazy settings, or None for an eager mount: lazy for docker://
     /// images and when recording, unless --eager.
     fn lazy_options(

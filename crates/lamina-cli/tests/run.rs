@@ -366,6 +366,44 @@ fn writes_land_in_the_upper_dir_and_vanish_with_rm() {
     e.assert_clean();
 }
 
+/// Issue 43: `lamina run --share-files`. The container's root is its
+/// overlay with an upper dir over the image's shared-files view (metadata
+/// view over content-addressed shards): programs run with their libraries
+/// mapped from a shard, a write to an image file copies it up whole (the
+/// view's file holds no data, only where it is), the next container sees
+/// the image's bytes, and nothing (view, shard, mount) is left after `--rm`.
+#[test]
+fn share_files_runs_the_container_over_the_shared_view() {
+    if !require(TOOLS) {
+        return;
+    }
+    let e = Env::new("run-share");
+    let flags = [
+        "--rm",
+        "-u",
+        "0",
+        "--eager",
+        "--mode",
+        "kernel",
+        "--share-files",
+    ];
+    let script = "head -c 5 /etc/passwd; echo; echo extra >> /etc/passwd; tail -n 1 /etc/passwd; \
+                  perl -e 'print 6 * 7, qq(\\n)'";
+    let o = e.run(&flags, &["sh", "-c", script]).ok();
+    assert_eq!(lines(&o), ["root:", "extra", "42"], "{}", o.describe());
+    let o = e.run(&flags, &["tail", "-n", "1", "/etc/passwd"]).ok();
+    assert_ne!(o.stdout.trim(), "extra", "{}", o.describe());
+    let shards: Vec<_> = fs::read_dir(e.cache().join("shards"))
+        .unwrap()
+        .flatten()
+        .flat_map(|d| fs::read_dir(d.path()).unwrap().flatten())
+        .filter(|s| !s.file_name().to_string_lossy().starts_with('.'))
+        .map(|s| s.path())
+        .collect();
+    assert!(shards.is_empty(), "shards left: {shards:?}");
+    e.assert_clean();
+}
+
 /// Issue 28 point 8: an untrusted image runs with no network but its own
 /// loopback, no raw sockets, no new privileges and docker's seccomp rules
 /// (no user namespace, no keyring) unless asked; asked, it gets them.

@@ -156,7 +156,6 @@ pub(super) fn mount_image(
         record_trace,
         suid,
         dev,
-        share_files,
     } = command
     else {
         unreachable!("run hands mount_image only Command::Mount");
@@ -168,18 +167,14 @@ pub(super) fn mount_image(
         privileges: Privileges { suid, dev },
         index: serve.index.as_deref().map(parse_ref).transpose()?,
         index_trust,
-        share_files,
+        share_files: false,
     };
     let lazy = serve.lazy_options(&image, record_trace);
     let (mode, why) = mount_mode(&serve.mode, &opts.cache_dir, lazy.is_some())?;
-    if share_files && (lazy.is_some() || mode != lamina_mount::Mode::Kernel) {
-        return Err(ConfigError::Invalid(format!(
-            "--share-files needs an eager mount on the kernel path (this one is {} through \
-             {mode}): add --eager and --mode kernel",
-            if lazy.is_some() { "lazy" } else { "eager" }
-        ))
-        .into());
-    }
+    let opts = MountOptions {
+        share_files: serve.share_files(lazy.is_some(), mode)?,
+        ..opts
+    };
     tracing::info!("mounting with the {mode} path: {why}");
     let info = lamina_mount::mount(&image, &mountpoint, &opts, lazy.as_ref(), mode)
         .with_context(|| format!("mounting {image} at {}", mountpoint.display()))?;
@@ -239,6 +234,7 @@ pub(super) fn run_container(
     let cache_dir = absolute(&serve.cache_dir)?;
     let (mode, why) = mount_mode(&serve.mode, &cache_dir, lazy.is_some())?;
     tracing::info!("mounting with the {mode} path: {why}");
+    let share_files = serve.share_files(lazy.is_some(), mode)?;
     let opts = lamina_run::RunOptions {
         lazy,
         mode,
@@ -255,7 +251,7 @@ pub(super) fn run_container(
             },
             index: serve.index.as_deref().map(parse_ref).transpose()?,
             index_trust,
-            share_files: false,
+            share_files,
         },
         state_dir: absolute(&state_dir)?,
         runc: lamina_run::container::find_runtime(&runtime)?,
