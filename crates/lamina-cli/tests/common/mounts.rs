@@ -368,21 +368,26 @@ impl Drop for MountWatch {
 /// `--extract` (decodes every file).
 #[track_caller]
 pub fn fsck_erofs(m: &Mount) {
-    let meta = m.metadata_path();
-    let blobs = m.blob_paths();
+    fsck_erofs_file(&m.metadata_path(), &m.blob_paths());
+}
+
+/// `fsck.erofs` (and `--extract`) of the EROFS `meta` with `blobs` as its
+/// devices, in order.
+#[track_caller]
+pub fn fsck_erofs_file(meta: &Path, blobs: &[PathBuf]) {
     assert!(meta.is_file(), "metadata {} is not a file", meta.display());
-    for b in &blobs {
+    for b in blobs {
         assert!(b.is_file(), "blob cache {} is not a file", b.display());
     }
     for extra in [None, Some("--extract")] {
         let mut c = Command::new(tool("fsck.erofs"));
         c.args(extra);
-        for b in &blobs {
+        for b in blobs {
             let mut arg = std::ffi::OsString::from("--device=");
             arg.push(b);
             c.arg(arg);
         }
-        c.arg(&meta);
+        c.arg(meta);
         run(&mut c, TIMEOUT).code_is(0);
     }
 }

@@ -91,6 +91,10 @@ fn shared_files_are_read_through_one_shard() {
         let m = Mount::with_args(&image, &t.join(&format!("mnt-{tag}")), &cache, SHARE);
         refs.insert(tag, reference(&t, &src, tag));
         treecmp(&[], &refs[tag], &m.path);
+        // fsck.erofs takes both EROFS images a view is made of.
+        fsck_erofs_file(&eager_run_dir(&m).join("view.erofs"), &[]);
+        let own = shards_of(&m).pop().unwrap();
+        fsck_erofs_file(&own.join("shard.erofs"), &m.blob_paths());
         mounts.insert(tag, m);
     }
     let (b, h) = (&mounts["b"], &mounts["h"]);
