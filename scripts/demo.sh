@@ -47,6 +47,11 @@
 #  15. density: the image converted again with 128 KiB chunks (the same files in other
 #      blobs, as a rebuild has them); both mounted eagerly through FUSE on one cache:
 #      python3.11 is passed through to one object for both images (kept by content)
+#  16. one page cache across images on the kernel path: the image converted again with
+#      --pack-limit 0 (other blobs, other packing); both mounted `--share-files` on one
+#      cache (each an overlayfs of its metadata over shards of objects named by content);
+#      python3.11 of both is one object, and reading every file of the second image after
+#      the first adds only its metadata to the page cache
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -534,6 +539,42 @@ OBJECTS_SAID="python3.11 of both images is one object (content + 2 images: $OBJE
 log "  $OBJECTS_SAID"
 for tag in bookworm-lamina bookworm-lamina-128k; do "$LAMINA" umount "$TMP/objects-$tag" >/dev/null; done
 
+# ---- 16. density on the kernel path: one page cache for both images -------------------------
+SHARE_CACHE="$TMP/cache-shared"
+log "lamina convert --pack-limit 0 docker://$R/debian:bookworm docker://$R/debian:bookworm-lamina-unpacked (other blobs)"
+t=$(now)
+"$LAMINA" convert --pack-limit 0 "docker://$R/debian:bookworm" "docker://$R/debian:bookworm-lamina-unpacked" \
+    >/dev/null 2>"$TMP/convert-unpacked.err" || die "lamina convert --pack-limit 0 failed: $(cat "$TMP/convert-unpacked.err")"
+step "lamina convert (no packing)" "$t" "$(now)"
+t=$(now)
+for tag in bookworm-lamina bookworm-lamina-unpacked; do
+    log "lamina mount --eager --mode kernel --share-files docker://$R/debian:$tag (both on $SHARE_CACHE)"
+    mkdir -p "$TMP/shared-$tag"
+    "$LAMINA" mount --eager --mode kernel --share-files "docker://$R/debian:$tag" "$TMP/shared-$tag" \
+        --cache-dir "$SHARE_CACHE" >/dev/null 2>"$TMP/shared.err" || die "--share-files mount of $tag failed: $(cat "$TMP/shared.err")"
+done
+step "lamina mount --share-files (x2)" "$t" "$(now)"
+# Where each view takes python3.11's data from: the redirect its metadata view carries.
+redirect_of() {
+    local view
+    view=$(findmnt -n -o OPTIONS "$1" | tr ',' '\n' | sed -n 's/^lowerdir+=//p')
+    python3 -c 'import os, sys; print(os.getxattr(sys.argv[1], "trusted.overlay.redirect").decode())' \
+        "$view/usr/bin/python3.11"
+}
+[ "$(redirect_of "$TMP/shared-bookworm-lamina")" = "$(redirect_of "$TMP/shared-bookworm-lamina-unpacked")" ] ||
+    die "python3.11 of the two images is not one object"
+cached_kib() { awk '/^Cached:/ {print $2}' /proc/meminfo; }
+sync
+echo 3 >/proc/sys/vm/drop_caches
+c0=$(cached_kib)
+find "$TMP/shared-bookworm-lamina" -xdev -type f -exec cat {} + >/dev/null
+c1=$(cached_kib)
+find "$TMP/shared-bookworm-lamina-unpacked" -xdev -type f -exec cat {} + >/dev/null
+c2=$(cached_kib)
+SHARED_SAID="python3.11 is one object; every file of the first image: $(((c1 - c0) / 1024)) MiB of page cache, then the second's added $(((c2 - c1) / 1024)) MiB"
+log "  $SHARED_SAID"
+for tag in bookworm-lamina bookworm-lamina-unpacked; do "$LAMINA" umount "$TMP/shared-$tag" --cache-dir "$SHARE_CACHE" >/dev/null; done
+
 # ---- summary ----------------------------------------------------------------------------------
 echo
 echo "lamina demo: $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
@@ -582,4 +623,5 @@ printf '  %-36s %8s\n' "files written by the container" "$WRITTEN"
 printf '  %-36s %s\n' "signed index (trusted key)" "$SIGNED_SAID"
 printf '  %-36s %s\n' "lamina run --userns 200000" "$USERNS_SAID"
 printf '  %-36s %s\n' "FUSE objects by content" "$OBJECTS_SAID"
+printf '  %-36s %s\n' "kernel path, --share-files" "$SHARED_SAID"
 echo "  container said: $(cat "$TMP/container.out")"
