@@ -22,12 +22,17 @@
 //! blobs/<domain>/<blob-hex>.<entry>.fill   its fill record (`lamina_format::fill`)
 //! blobs/<domain>/<blob-hex>.<entry>.table  a paged blob's chunk table
 //! blobs/<domain>/chunks.locate         the domain's chunk locator (`lamina_format::locate`)
-//! objects/<layer-hex>/<nid>            a FUSE-passthrough file's own copy (root only), made
-//!                                      from complete blobs; in use while a meta/*/<layer-hex>.erofs is
-//! objects/<layer-hex>/<nid>.record     its record (`lamina_format::object`): identity, size,
+//! objects/content/<domain>/<sha256>   a FUSE-passthrough file's own copy (root only), made
+//!                                      from complete blobs, one per content and trust domain
+//! objects/content/<domain>/<sha256>.record
+//!                                      its record (`lamina_format::object`): identity, size,
 //!                                      content sha256; checked once per daemon before use
+//! objects/<layer-hex>.<entries>/<nid>  an image's hard link to it
+//! shards/<domain>/<id>/                a shard of objects named by content (`--share-files`,
+//!                                      `shared.rs`): shard.erofs, objects, blobs.json, mnt/
 //! mounts/<id>/                         each live mount's config, status and logs
-//!                                      (a FUSE daemon's counters: fuse-status.json)
+//!                                      (a FUSE daemon's counters: fuse-status.json; a
+//!                                      `--share-files` view: view.erofs, view/, view.json)
 //! ```
 //! Directories are 0700 and files 0600. Which chunks of a cache file may be
 //! read is decided by its fill record alone, for eager and lazy mounts alike
