@@ -475,7 +475,7 @@ pub(crate) struct ServeArgs {
     /// from the same trust domain: one page cache for each file with
     /// the same bytes, whatever image or layer it came in (an overlayfs
     /// of the image's metadata over content-addressed objects; Linux
-    /// 6.8+). Eager kernel mounts only, for now.
+    /// 6.8+). The kernel path only, for now.
     #[arg(long)]
     pub(crate) share_files: bool,
     /// Seconds a reader waits for missing data before getting EIO.
@@ -567,18 +567,15 @@ fn index_trust(args: &Args) -> Result<lamina_mount::IndexTrust> {
 pub(crate) const MODES: [&str; 3] = ["auto", "kernel", "fuse"];
 
 impl ServeArgs {
-    /// `--share-files` where the mount can share: an eager one on the
-    /// kernel path.
+    /// `--share-files` where the mount can share: on the kernel path.
     pub(crate) fn share_files(
         &self,
-        lazy: bool,
         mode: lamina_mount::Mode,
     ) -> Result<bool, crate::config::ConfigError> {
-        if self.share_files && (lazy || mode != lamina_mount::Mode::Kernel) {
+        if self.share_files && mode != lamina_mount::Mode::Kernel {
             return Err(crate::config::ConfigError::Invalid(format!(
-                "--share-files needs an eager mount on the kernel path (this one is {} through \
-                 {mode}): add --eager and --mode kernel",
-                if lazy { "lazy" } else { "eager" }
+                "--share-files needs the kernel path (this mount would be served through \
+                 {mode}): add --mode kernel"
             )));
         }
         Ok(self.share_files)

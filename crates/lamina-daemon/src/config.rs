@@ -136,6 +136,12 @@ pub struct DaemonConfig {
     pub mountpoint: PathBuf,
     /// EROFS metadata image.
     pub metadata_path: PathBuf,
+    /// What the holder mounts at `mountpoint`, when not `metadata_path`:
+    /// a `--share-files` shard (`lamina_format::shard`), whose objects read
+    /// the same cache files. The holder then lives as long as the shard's
+    /// superblock, which every view stacking it holds.
+    #[serde(default)]
+    pub mount_metadata: Option<PathBuf>,
     /// Chunk index (uncompressed), or with `tar_index` the span table of
     /// an unmodified image's tar index (`lamina_format::tar_index`).
     pub index_path: PathBuf,

@@ -314,7 +314,10 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
     mount_options(config)?;
     let devices: Vec<&Path> = fd_paths.iter().map(PathBuf::as_path).collect();
     let mounted = mount_erofs(&ErofsMount {
-        metadata: &config.metadata_path,
+        metadata: config
+            .mount_metadata
+            .as_deref()
+            .unwrap_or(&config.metadata_path),
         mountpoint: &config.mountpoint,
         devices: &devices,
         acl: config.xattrs,

@@ -19,7 +19,8 @@
 //! ([`content_fingerprint`]): the verified digest of its stored chunk when
 //! it is that chunk whole, else (a small file packed with others, whose
 //! pack's digest changes with its neighbours) the sha256 of its bytes read
-//! from the verified cache file. A larger file by its size, chunk size and,
+//! from the verified cache file, when the node holds them (an eager
+//! mount). Otherwise, and for a larger file, by its size, chunk size and,
 //! per chunk, the verified digest of the stored chunk it reads and where in
 //! that chunk it starts ([`fingerprint`]). The digests come from the chunk
 //! tables a mount verified against the manifest, and a file whose chunk
@@ -144,12 +145,14 @@ pub fn content_fingerprint(size: u64, digest: &[u8; 32]) -> Fingerprint {
 }
 
 /// Reads `len` bytes at `offset` of extra device `device` (1-based) from
-/// the verified cache files, for a packed file's content fingerprint.
-pub type ReadDevice<'r> = dyn FnMut(u16, u64, usize) -> Result<Vec<u8>, String> + 'r;
+/// the verified cache files, for a packed file's content fingerprint;
+/// `Ok(None)` when the node does not hold them (a lazy mount): the file is
+/// then named by its chunk.
+pub type ReadDevice<'r> = dyn FnMut(u16, u64, usize) -> Result<Option<Vec<u8>>, String> + 'r;
 
 /// Splits `image`, whose extra device `i + 1` is the cache file of
 /// `tables[i]` (the verified chunk tables, complete, which `read` reads),
-/// into a metadata view and a shard.
+/// into a metadata view and a shard. Equal images give equal bytes.
 pub fn split(
     image: &Image<'_>,
     tables: &[IndexBlob],
@@ -318,7 +321,9 @@ fn file_fingerprint(
                 return Ok(content_fingerprint(size, digest));
             }
             let len = usize::try_from(size).map_err(|_| SplitError::Unverified("size".into()))?;
-            let bytes = read(*device, *offset, len).map_err(SplitError::Unverified)?;
+            let Some(bytes) = read(*device, *offset, len).map_err(SplitError::Unverified)? else {
+                return Ok(fingerprint(size, chunk_bits, chunks));
+            };
             if bytes.len() != len {
                 return Err(SplitError::Unverified(format!(
                     "nid {}: read {} of {len} bytes",
@@ -506,8 +511,8 @@ mod tests {
     }
 
     /// A device whose every byte in block `b` is `b`.
-    fn by_block(_device: u16, offset: u64, len: usize) -> Result<Vec<u8>, String> {
-        Ok(vec![(offset / 4096) as u8; len])
+    fn by_block(_device: u16, offset: u64, len: usize) -> Result<Option<Vec<u8>>, String> {
+        Ok(Some(vec![(offset / 4096) as u8; len]))
     }
 
     fn xattr(img: &Image<'_>, name: &[u8], key: &[u8]) -> Option<Vec<u8>> {
@@ -603,9 +608,22 @@ mod tests {
         let split_by_block = split(&img, &[table()], &mut by_block).unwrap();
         assert_eq!(split_by_block.objects.len(), 4);
         // Equal bytes wherever they are packed: one object.
-        let mut same = |_: u16, _: u64, len: usize| Ok(vec![5u8; len]);
+        let mut same = |_: u16, _: u64, len: usize| Ok(Some(vec![5u8; len]));
         let split_same = split(&img, &[table()], &mut same).unwrap();
         assert_eq!(split_same.objects.len(), 3);
+        // Bytes not on the node: named by their packs, both in one pack.
+        let mut absent = |_: u16, _: u64, _: usize| Ok(None);
+        let split_absent = split(&img, &[table()], &mut absent).unwrap();
+        assert_eq!(split_absent.objects.len(), 4);
+        let absent_view = Image::new(&split_absent.view).unwrap();
+        let by_block_view = Image::new(&split_by_block.view).unwrap();
+        let redirect = |v: &Image<'_>, name: &[u8]| xattr(v, name, REDIRECT_XATTR);
+        // A file that is its stored chunk whole is named by its bytes all the same.
+        assert_eq!(redirect(&absent_view, b"a"), redirect(&by_block_view, b"a"));
+        assert_ne!(
+            redirect(&absent_view, b"packed"),
+            redirect(&by_block_view, b"packed")
+        );
         let view = Image::new(&split_same.view).unwrap();
         assert_eq!(
             xattr(&view, b"twin", REDIRECT_XATTR),

@@ -241,6 +241,11 @@ pub fn mount_lazy_from(
     let img = source.image();
     let layers = match LaminaLayers::from_manifest(&img.manifest) {
         Ok(layers) => layers,
+        Err(ArtifactError::NotLamina(_)) if opts.share_files => {
+            return Err(MountError::Share(
+                "needs a lamina image (a tar index mount cannot share yet)".into(),
+            ));
+        }
         Err(ArtifactError::NotLamina(why)) => {
             // An unmodified image: served through its tar index, if any.
             return match crate::tar_index::find(image, img, opts)? {
@@ -368,6 +373,15 @@ pub fn mount_lazy_from(
         Some(layer) => Some(frames_for_daemon(layer, &run, &layers.metadata)?),
         None => None,
     };
+    if opts.share_files {
+        let view = crate::shared::LazyView {
+            src,
+            layers: &layers,
+            index: &index,
+            run: &run,
+        };
+        return crate::shared::mount_lazy_view(view, config, opts, &dirs.shards);
+    }
     let fuse = FuseExtras {
         frames,
         lookup: lookup_path,
@@ -566,6 +580,7 @@ pub(crate) fn daemon_config(
         source: source_spec(plan.image, opts, &plan.mountpoint)?,
         mountpoint: plan.mountpoint,
         metadata_path: plan.metadata_path,
+        mount_metadata: None,
         index_path: plan.index_path,
         tar_index: plan.tar_index,
         tar_windows: None,
@@ -753,16 +768,25 @@ pub fn last_status(cache_dir: &Path, mountpoint: &Path) -> Option<String> {
 /// lives on elsewhere) keeps its run directory.
 pub fn finish_unmount(cache_dir: &Path, mountpoint: &Path) -> Unmounted {
     let run = run_dir(cache_dir, mountpoint);
+    // A `--share-files` view: its shard stays while other views stack it.
+    let shard_kept = crate::shared::finish_view(cache_dir, &run);
     let Some(ready) = fs::read(run.join("ready"))
         .ok()
         .and_then(|b| serde_json::from_slice::<Ready>(&b).ok())
     else {
-        crate::shared::finish_view(cache_dir, &run);
         let _ = fs::remove_dir_all(&run); // an eager mount's record
         return Unmounted::default();
     };
     // Read before the holder leaves: it removes the run dir on its way out.
     let last_status = fs::read_to_string(run.join("status.json")).ok();
+    if shard_kept {
+        // Its holder serves the shard for the views that still stack it,
+        // and leaves with the shard's superblock.
+        return Unmounted {
+            last_status,
+            still_serving: Some(ready.pid),
+        };
+    }
     let proc = PathBuf::from(format!("/proc/{}", ready.pid));
     let started = Instant::now();
     let mut alive = proc.exists();

@@ -35,9 +35,13 @@ use lamina_format::shard::{self, Fingerprint};
 use rustix::mount::UnmountFlags;
 use serde::{Deserialize, Serialize};
 
-use lamina_daemon::config::Privileges;
+use lamina_daemon::config::{DaemonConfig, Privileges};
+use lamina_format::index::IndexTop;
+use lamina_image::artifact::LaminaLayers;
+use lamina_oci::ImageSource;
 
 use crate::common::{io_err, MountError, MountInfo, MountOptions};
+use crate::mode::Mode;
 
 /// Most other shards one view stacks (overlayfs takes 500 layers).
 const MAX_OTHER_SHARDS: usize = 64;
@@ -61,17 +65,188 @@ pub(crate) fn mount_view(
     let split = split_image(info)?;
     private::private_dir(shards_dir).map_err(io_err(shards_dir))?;
     let _lock = lock(shards_dir)?;
-    let own = own_shard(info, shards_dir, &split)?;
+    let own = shard_id(&split);
+    let dir = shards_dir.join(&own);
+    if !is_mounted(&dir.join("mnt")) {
+        write_shard(&dir, &split, &info.blob_paths)?;
+        let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
+        // Objects are plain files: no xattrs, setuid bits or devices.
+        let file = dir.join("shard.erofs");
+        mount_erofs(
+            &file,
+            &dir.join("mnt"),
+            &devices,
+            false,
+            Privileges::default(),
+        )?;
+    }
+    let run = crate::common::run_dir(&opts.cache_dir, &info.mountpoint);
+    let view = View {
+        run: &run,
+        mountpoint: &info.mountpoint,
+        xattrs: info.xattrs,
+        privileges: opts.privileges,
+    };
+    stack_view(view, &split, shards_dir, own)
+}
+
+/// What a lazy mount has found when its view is to be made.
+pub(crate) struct LazyView<'a> {
+    /// The image's source, for the chunk tables not in the cache.
+    pub src: &'a dyn ImageSource,
+    /// Its layers.
+    pub layers: &'a LaminaLayers,
+    /// Its verified index.
+    pub index: &'a IndexTop,
+    /// The mount's run dir.
+    pub run: &'a Path,
+}
+
+/// A lazy mount with `--share-files`: its view over the domain's shards.
+/// The image's own shard is mounted by the mount's holder, which lives as
+/// long as the shard's superblock (as long as any view stacks it), so a
+/// read of it that finds no data is always answered; when that shard is
+/// mounted already (by another mount of the image, lazy or eager), it is
+/// stacked as it is and no daemon starts.
+pub(crate) fn mount_lazy_view(
+    lazy: LazyView<'_>,
+    mut config: DaemonConfig,
+    opts: &MountOptions,
+    shards_dir: &Path,
+) -> Result<MountInfo, MountError> {
+    crate::layers::check_metadata(&config.metadata_path)?;
+    let blob_paths: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
+    let tables = lazy_tables(&lazy, &config.blob_dir)?;
+    // Packed files are named by their packs: their bytes are not here yet.
+    let split = split_with(&config.metadata_path, &tables, &mut |_, _, _| Ok(None))?;
+    private::private_dir(shards_dir).map_err(io_err(shards_dir))?;
+    let _lock = lock(shards_dir)?;
+    let own = shard_id(&split);
+    let dir = shards_dir.join(&own);
+    let mountpoint = config.mountpoint.clone();
+    let mut info = MountInfo {
+        mountpoint: mountpoint.clone(),
+        manifest_digest: config.manifest_digest.clone(),
+        metadata_path: config.metadata_path.clone(),
+        blob_paths: blob_paths.clone(),
+        index_path: None,
+        lookup_path: None,
+        xattrs: config.xattrs,
+        fetched_bytes: 0,
+    };
+    if !is_mounted(&dir.join("mnt")) {
+        write_shard(&dir, &split, &blob_paths)?;
+        config.mountpoint = dir.join("mnt");
+        config.mount_metadata = Some(dir.join("shard.erofs"));
+        let extras = crate::lazy::FuseExtras::default();
+        info = crate::lazy::start_serving(&opts.cache_dir, &config, lazy.run, Mode::Kernel, extras)
+            .map(|served| MountInfo {
+                mountpoint: mountpoint.clone(),
+                ..served
+            })?;
+    }
+    let view = View {
+        run: lazy.run,
+        mountpoint: &mountpoint,
+        xattrs: config.xattrs,
+        privileges: opts.privileges,
+    };
+    stack_view(view, &split, shards_dir, own)?;
+    Ok(info)
+}
+
+/// Every blob's verified chunk table: in the index, kept in the cache, or
+/// fetched now (one range request per blob) and kept.
+fn lazy_tables(lazy: &LazyView<'_>, blob_dir: &Path) -> Result<Vec<IndexBlob>, MountError> {
+    let index = lazy.index;
+    let mut tables = Vec::with_capacity(index.blobs.len());
+    for (i, summary) in index.blobs.iter().enumerate() {
+        if let Some(blob) = index.inline.get(i) {
+            tables.push(blob.clone());
+            continue;
+        }
+        let kept = lamina_fetch::store::load_table(blob_dir, summary, index.chunk_bits);
+        if let Ok(Some(table)) = kept {
+            tables.push(table);
+            continue;
+        }
+        let (at, len) = summary.table_range().ok_or_else(|| {
+            MountError::Share(format!(
+                "blob {} has no chunk table",
+                hex::encode(summary.digest)
+            ))
+        })?;
+        let desc = &lazy.layers.blobs[i];
+        let mut last = String::new();
+        let mut table = None;
+        // Once more on a failure: a transient fault costs a request, not the mount.
+        for _ in 0..2 {
+            match lazy.src.read_blob_range(desc, at, len) {
+                Ok(Some(bytes)) => match IndexBlob::from_table(summary, index.chunk_bits, &bytes) {
+                    Ok(t) => {
+                        let _ = lamina_fetch::store::save_table(blob_dir, summary, &bytes);
+                        table = Some(t);
+                        break;
+                    }
+                    Err(e) => last = e.to_string(),
+                },
+                Ok(None) => last = "the source reads blobs whole only".into(),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        tables.push(table.ok_or_else(|| {
+            MountError::Share(format!("the chunk table of blob {}: {last}", desc.digest))
+        })?);
+    }
+    Ok(tables)
+}
+
+/// A shard's id: its bytes' sha256, 32 hex digits.
+fn shard_id(split: &shard::Split) -> String {
+    hex::encode(&lamina_oci::sha256(&split.shard)[..16])
+}
+
+/// Writes a shard's files in `dir`, made if need be: the EROFS, its
+/// objects list and the cache files it reads.
+fn write_shard(dir: &Path, split: &shard::Split, blob_paths: &[PathBuf]) -> Result<(), MountError> {
+    make_dir(dir)?;
+    make_dir(&dir.join("mnt"))?;
+    let file = dir.join("shard.erofs");
+    private::write_atomic(&file, &split.shard, false).map_err(io_err(&file))?;
+    let objects = dir.join("objects");
+    private::write_atomic(&objects, &shard::objects_bytes(&split.objects), false)
+        .map_err(io_err(&objects))?;
+    let blobs = dir.join("blobs.json");
+    let bytes = serde_json::to_vec(blob_paths).map_err(|e| io_err(&blobs)(e.into()))?;
+    private::write_atomic(&blobs, &bytes, false).map_err(io_err(&blobs))
+}
+
+/// Where and how a view is mounted.
+struct View<'a> {
+    run: &'a Path,
+    mountpoint: &'a Path,
+    xattrs: bool,
+    privileges: Privileges,
+}
+
+/// Mounts the metadata view of `split` in the run dir and the overlayfs at
+/// the mountpoint: the view over the domain's other shards that hold its
+/// objects, then `own`.
+fn stack_view(
+    view: View<'_>,
+    split: &shard::Split,
+    shards_dir: &Path,
+    own: String,
+) -> Result<(), MountError> {
     let mut order = other_shards(shards_dir, &own, &split.objects);
     order.push(own);
-
-    let run = crate::common::run_dir(&opts.cache_dir, &info.mountpoint);
-    private::private_dir(&run).map_err(io_err(&run))?;
+    let run = view.run;
+    private::private_dir(run).map_err(io_err(run))?;
     let view_file = run.join("view.erofs");
     private::write_atomic(&view_file, &split.view, false).map_err(io_err(&view_file))?;
     let view_mnt = run.join("view");
     make_dir(&view_mnt)?;
-    mount_erofs(&view_file, &view_mnt, &[], info.xattrs, opts.privileges)?;
+    mount_erofs(&view_file, &view_mnt, &[], view.xattrs, view.privileges)?;
     let record = ViewRecord {
         shards_dir: shards_dir.to_path_buf(),
         shards: order.clone(),
@@ -83,7 +258,7 @@ pub(crate) fn mount_view(
         .iter()
         .map(|id| shards_dir.join(id).join("mnt"))
         .collect();
-    mount_overlay(&view_mnt, &data, &info.mountpoint, opts).inspect_err(|_| {
+    mount_overlay(&view_mnt, &data, view.mountpoint, view.privileges).inspect_err(|_| {
         let _ = rustix::mount::unmount(&view_mnt, UnmountFlags::DETACH);
     })
 }
@@ -114,9 +289,6 @@ fn split_image(info: &MountInfo) -> Result<shard::Split, MountError> {
             })?;
         tables.push(table);
     }
-    let meta = fs::read(&info.metadata_path).map_err(io_err(&info.metadata_path))?;
-    let image = Image::new(&meta)
-        .map_err(|e| MountError::Share(format!("{}: {e}", info.metadata_path.display())))?;
     let files = info
         .blob_paths
         .iter()
@@ -129,43 +301,28 @@ fn split_image(info: &MountInfo) -> Result<shard::Split, MountError> {
         let mut bytes = vec![0; len];
         std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, offset)
             .map_err(|e| format!("device {device} at {offset}: {e}"))?;
-        Ok(bytes)
+        Ok(Some(bytes))
     };
-    let split = shard::split(&image, &tables, &mut read);
+    let split = split_with(&info.metadata_path, &tables, &mut read);
     // Packed files were read to be named: their pages are not the view's
     // (the shard reads with direct I/O), so they go.
     for file in &files {
         let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
     }
-    split.map_err(|e| MountError::Share(format!("{}: {e}", info.metadata_path.display())))
+    split
 }
 
-/// The image's own shard, mounted (once per domain): its id.
-fn own_shard(
-    info: &MountInfo,
-    shards_dir: &Path,
-    split: &shard::Split,
-) -> Result<String, MountError> {
-    let id = hex::encode(&lamina_oci::sha256(&split.shard)[..16]);
-    let dir = shards_dir.join(&id);
-    let mnt = dir.join("mnt");
-    if is_mounted(&mnt) {
-        return Ok(id);
-    }
-    make_dir(&dir)?;
-    make_dir(&mnt)?;
-    let file = dir.join("shard.erofs");
-    private::write_atomic(&file, &split.shard, false).map_err(io_err(&file))?;
-    let objects = dir.join("objects");
-    private::write_atomic(&objects, &shard::objects_bytes(&split.objects), false)
-        .map_err(io_err(&objects))?;
-    let blobs = dir.join("blobs.json");
-    let bytes = serde_json::to_vec(&info.blob_paths).map_err(|e| io_err(&blobs)(e.into()))?;
-    private::write_atomic(&blobs, &bytes, false).map_err(io_err(&blobs))?;
-    let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
-    // Objects are plain files: no xattrs, setuid bits or devices.
-    mount_erofs(&file, &mnt, &devices, false, Privileges::default())?;
-    Ok(id)
+/// [`shard::split`] of the metadata at `path`.
+fn split_with(
+    path: &Path,
+    tables: &[IndexBlob],
+    read: &mut shard::ReadDevice<'_>,
+) -> Result<shard::Split, MountError> {
+    let meta = fs::read(path).map_err(io_err(path))?;
+    let image =
+        Image::new(&meta).map_err(|e| MountError::Share(format!("{}: {e}", path.display())))?;
+    shard::split(&image, tables, read)
+        .map_err(|e| MountError::Share(format!("{}: {e}", path.display())))
 }
 
 /// The domain's other mounted shards that hold any of `objects`, oldest
@@ -214,18 +371,20 @@ fn common_count(a: &[Fingerprint], b: &[Fingerprint]) -> usize {
 }
 
 /// After the view at the mount whose run dir is `run` was unmounted: its
-/// metadata view goes, and each shard no other view stacks.
-pub(crate) fn finish_view(cache_dir: &Path, run: &Path) {
+/// metadata view goes, and each shard no other view stacks. Whether the
+/// view's own shard stays (another view stacks it; a lazy mount's holder
+/// then serves it on).
+pub(crate) fn finish_view(cache_dir: &Path, run: &Path) -> bool {
     let Some(record) = fs::read(run.join("view.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<ViewRecord>(&b).ok())
     else {
-        return;
+        return false;
     };
     let _ = rustix::mount::unmount(run.join("view"), UnmountFlags::DETACH);
     let _ = fs::remove_file(run.join("view.json"));
     let Ok(_lock) = lock(&record.shards_dir) else {
-        return;
+        return true;
     };
     let used = shards_in_use(cache_dir, run);
     for id in &record.shards {
@@ -239,6 +398,7 @@ pub(crate) fn finish_view(cache_dir: &Path, run: &Path) {
             let _ = fs::remove_dir_all(&dir);
         }
     }
+    record.shards.last().is_some_and(|own| used.contains(own))
 }
 
 /// The shards every view but the one in `except` stacks.
@@ -348,7 +508,7 @@ fn mount_overlay(
     view: &Path,
     data: &[PathBuf],
     mountpoint: &Path,
-    opts: &MountOptions,
+    privileges: Privileges,
 ) -> Result<(), MountError> {
     use rustix::mount::{
         fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, FsMountFlags,
@@ -369,10 +529,10 @@ fn mount_overlay(
     fsconfig_set_string(&fs, "redirect_dir", "follow").map_err(fail)?;
     fsconfig_create(&fs).map_err(fail)?;
     let mut attrs = MountAttrFlags::MOUNT_ATTR_RDONLY;
-    if !opts.privileges.suid {
+    if !privileges.suid {
         attrs |= MountAttrFlags::MOUNT_ATTR_NOSUID;
     }
-    if !opts.privileges.dev {
+    if !privileges.dev {
         attrs |= MountAttrFlags::MOUNT_ATTR_NODEV;
     }
     let mnt = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs).map_err(fail)?;

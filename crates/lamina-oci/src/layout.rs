@@ -253,6 +253,28 @@ impl ImageSource for OciLayoutSource {
             Some(desc.size),
         )))
     }
+
+    fn read_blob_range(
+        &self,
+        desc: &Descriptor,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>, OciError> {
+        let path = blob_path(&self.dir, &desc.digest);
+        // Bounded by the descriptor before anything is allocated.
+        if offset.checked_add(len).is_none_or(|end| end > desc.size) {
+            let why = io::Error::other(format!(
+                "range {offset}+{len} beyond the blob's {} bytes",
+                desc.size
+            ));
+            return Err(OciError::io("read", path, why));
+        }
+        let file = self.open_raw(&desc.digest)?;
+        let mut bytes = vec![0; len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, offset)
+            .map_err(|e| OciError::io("read", path, e))?;
+        Ok(Some(bytes))
+    }
 }
 
 /// An atomic writer into an OCI layout directory.

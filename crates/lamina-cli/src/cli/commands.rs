@@ -172,7 +172,7 @@ pub(super) fn mount_image(
     let lazy = serve.lazy_options(&image, record_trace);
     let (mode, why) = mount_mode(&serve.mode, &opts.cache_dir, lazy.is_some())?;
     let opts = MountOptions {
-        share_files: serve.share_files(lazy.is_some(), mode)?,
+        share_files: serve.share_files(mode)?,
         ..opts
     };
     tracing::info!("mounting with the {mode} path: {why}");
@@ -234,7 +234,7 @@ pub(super) fn run_container(
     let cache_dir = absolute(&serve.cache_dir)?;
     let (mode, why) = mount_mode(&serve.mode, &cache_dir, lazy.is_some())?;
     tracing::info!("mounting with the {mode} path: {why}");
-    let share_files = serve.share_files(lazy.is_some(), mode)?;
+    let share_files = serve.share_files(mode)?;
     let opts = lamina_run::RunOptions {
         lazy,
         mode,

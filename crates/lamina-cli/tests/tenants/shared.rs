@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::common::*;
 use crate::images::{begin, convert, reference};
 use crate::objects::resident;
-use crate::reading::drop_caches;
+use crate::reading::{check_reads, drop_caches, read_files};
 use crate::{CHANGED, FILES};
 use serde_json::Value;
 
@@ -165,7 +165,7 @@ fn shared_files_are_read_through_one_shard() {
 /// overlayfs took them as its own and hid them. A dir carrying
 /// `trusted.overlay.redirect=/data` lists its own entries, a file carrying
 /// one reads its own bytes, and the view equals a plain eager mount's tree,
-/// xattrs included. And `--share-files` refuses a lazy mount with a usage
+/// xattrs included. And `--share-files` refuses the FUSE path with a usage
 /// error.
 #[test]
 fn share_files_escapes_the_images_overlay_xattrs() {
@@ -225,14 +225,153 @@ lay.finish()
     );
     treecmp(&[], &plain.path, &view.path);
 
-    let lazy = lamina_cmd(["mount", "--lazy", "--share-files", &image])
-        .arg(t.mkdir("lazy"))
+    let fuse = lamina_cmd(["mount", "--mode", "fuse", "--share-files", &image])
+        .arg(t.mkdir("fuse"))
         .arg("--cache-dir")
         .arg(&cache)
         .output()
         .unwrap();
-    assert_eq!(lazy.status.code(), Some(2), "{lazy:?}");
-    let err = String::from_utf8_lossy(&lazy.stderr);
-    assert!(err.contains("--share-files needs an eager mount"), "{err}");
+    assert_eq!(fuse.status.code(), Some(2), "{fuse:?}");
+    let err = String::from_utf8_lossy(&fuse.stderr);
+    assert!(err.contains("--share-files needs the kernel path"), "{err}");
     drop(time);
+}
+
+/// Lazy views (`--lazy --prefetch none`): b and h each mounted as a view
+/// whose own shard is mounted by its holder. Both equal `umoci unpack`; h
+/// stacks b's shard first and reads the unpacked files it shares with b
+/// through it (packed files are named by their packs on a lazy mount, and
+/// h's pack changed). Then b is unmounted while h still stacks b's shard:
+/// b's holder must serve on, so the files h reads next, which nobody read
+/// before (their chunks not fetched), get the image's bytes, not holes.
+/// The last unmount takes every shard and holder down.
+#[test]
+fn lazy_views_share_and_outlive_their_image() {
+    let Some((_time, t, src)) = begin("lazy_views_share_and_outlive_their_image", "shared-lazy")
+    else {
+        return;
+    };
+    let cache = t.join("cache");
+    // Nothing fetched but what is read: no read ahead, no predictions.
+    let lazy = [
+        "--lazy",
+        "--prefetch",
+        "none",
+        "--fill-ahead",
+        "0",
+        "--predict-max",
+        "0",
+        "--mode",
+        "kernel",
+        "--share-files",
+    ];
+    let (mut mounts, mut refs) = (BTreeMap::new(), BTreeMap::new());
+    for tag in ["b", "h"] {
+        let image = oci_ref(&t.join("conv"), tag);
+        convert(&oci_ref(&src, tag), &image);
+        let m = Mount::with_args(&image, &t.join(&format!("mnt-{tag}")), &cache, &lazy);
+        refs.insert(tag, reference(&t, &src, tag));
+        mounts.insert(tag, m);
+    }
+    let b_shard = lazy_shards_of(&mounts["b"]).pop().unwrap();
+    let h_shards = lazy_shards_of(&mounts["h"]);
+    assert_eq!(h_shards[0], b_shard, "h stacks b's shard first");
+    for (name, size) in FILES {
+        let path = format!("data/{name}.bin");
+        let (in_b, in_h) = (
+            lazy_object_name(&mounts["b"], &path),
+            lazy_object_name(&mounts["h"], &path),
+        );
+        let shared = !CHANGED.contains(name) && *size > 16 << 10;
+        assert_eq!(
+            in_b == in_h,
+            shared,
+            "{path}: b's object {in_b}, h's {in_h}"
+        );
+    }
+    let want = crate::images::tree_hashes(&refs["h"]);
+    let files: Vec<String> = want.keys().cloned().collect();
+    let (first, rest) = files.split_at(files.len() / 2);
+    let mut f = Failures::default();
+    let got = read_files(&mounts["h"].path, first, t.path(), "h-first");
+    check_reads(&mut f, "h, first half", &want, first, &got);
+
+    // b's cache files still have chunks to fetch: h's next reads need
+    // b's holder.
+    let status = lamina(["status", "--json", "--cache-dir", cache.to_str().unwrap()]).ok();
+    let status: Value = serde_json::from_str(&status.stdout).unwrap();
+    let b_mnt = b_shard.join("mnt");
+    let b_status = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["mountpoint"].as_str() == b_mnt.to_str())
+        .unwrap_or_else(|| panic!("no status of b's shard: {status}"));
+    let (cached, total) = (
+        &b_status["status"]["cached_bytes"],
+        &b_status["status"]["total_bytes"],
+    );
+    assert!(
+        cached.as_u64() < total.as_u64(),
+        "b's cache is complete: {b_status}"
+    );
+
+    mounts.remove("b").unwrap().unmount();
+    assert!(is_mountpoint(&b_mnt), "b's shard went with b");
+    drop_caches();
+    let got = read_files(&mounts["h"].path, rest, t.path(), "h-rest");
+    check_reads(
+        &mut f,
+        "h after b's unmount, files nobody read",
+        &want,
+        rest,
+        &got,
+    );
+    treecmp(&[], &refs["h"], &mounts["h"].path);
+    f.finish("lazy views");
+    drop(mounts);
+    let left: Vec<_> = fs::read_dir(b_shard.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "shards left after the last unmount: {left:?}"
+    );
+}
+
+/// A mount's run dir: `CACHE/mounts/<16 hex of the sha256 of its
+/// canonical mountpoint>` (a lazy view's config names its shard's mount).
+fn view_run_dir(m: &Mount) -> PathBuf {
+    use sha2::Digest as _;
+    let me = m.path.canonicalize().unwrap();
+    let digest = sha2::Sha256::digest(std::os::unix::ffi::OsStrExt::as_bytes(me.as_os_str()));
+    m.cache
+        .join("mounts")
+        .join(crate::images::hex(&digest[..8]))
+}
+
+/// [`shards_of`] for a lazy view (its run dir holds `view.json` beside the
+/// holder's files).
+#[track_caller]
+fn lazy_shards_of(m: &Mount) -> Vec<PathBuf> {
+    let run = view_run_dir(m);
+    let record: Value = serde_json::from_slice(&fs::read(run.join("view.json")).unwrap()).unwrap();
+    let dir = PathBuf::from(record["shards_dir"].as_str().unwrap());
+    let ids = record["shards"].as_array().unwrap();
+    ids.iter()
+        .map(|id| dir.join(id.as_str().unwrap()))
+        .collect()
+}
+
+/// [`object_name`] for a lazy view.
+#[track_caller]
+fn lazy_object_name(m: &Mount, path: &str) -> String {
+    let run = view_run_dir(m);
+    let view = run.join("view").join(path);
+    let redirect = xattr(&view, "trusted.overlay.redirect")
+        .unwrap_or_else(|| panic!("{path}: no redirect in {}", view.display()));
+    String::from_utf8(redirect).unwrap()
 }
