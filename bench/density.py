@@ -30,6 +30,9 @@ Systems, each on a fresh cache after `drop_caches`, A and B mounted:
   both: each an overlayfs of the image's metadata view over the cache's
   shards of objects named by content, so a file with the same bytes in
   both is read through one shard inode (`docs/density.md`).
+- `lamina-shared-lazy`: the same with `--lazy --prefetch none`: each
+  image's own shard is mounted by its lazy mount's holder and filled on
+  demand.
 
 Every regular file of A is read (`find -type f -exec cat`) by a process in
 a memory cgroup of its own, then every file of the second image. Page cache is the rise of
@@ -60,7 +63,8 @@ from .harness.rebuild import rebuild
 from .harness.measure import ANOMALIES, drop_caches, is_mountpoint, machine_info, procs_of, sys_umount, wait_gone
 
 SOURCE = Path("/var/cache/lamina-test/debian-oci")
-SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse", "lamina-fuse-eager", "lamina-shared")
+SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse", "lamina-fuse-eager", "lamina-shared",
+           "lamina-shared-lazy")
 # The second image of each scenario: B (A plus a layer) or R (A rebuilt).
 SCENARIOS = {"shared_base": "b", "rebuild": "r"}
 REBUILD_EVERY = 50  # one regular file in 50 changed (bench/harness/rebuild.py)
@@ -179,7 +183,8 @@ def mount_system(system, lamina, work, conv, second):
            "lamina-lazy": ["--lazy", "--prefetch", "none", "--mode", "kernel"],
            "lamina-fuse": ["--lazy", "--prefetch", "none", "--mode", "fuse"],
            "lamina-fuse-eager": ["--mode", "fuse"],
-           "lamina-shared": ["--eager", "--mode", "kernel", "--share-files"]}[system]
+           "lamina-shared": ["--eager", "--mode", "kernel", "--share-files"],
+           "lamina-shared-lazy": ["--lazy", "--prefetch", "none", "--mode", "kernel", "--share-files"]}[system]
     for tag, m in zip("a" + second, mnts):
         lamina("mount", *how, f"oci:{conv}:{tag}", m, "--cache-dir", cache, timeout=600)
     if system == "lamina-fuse-eager":
@@ -380,7 +385,7 @@ def derive(doc):
             continue
         target(f"shared base, {sys}: page cache after A and B / overlayfs", v["after_B_vs_overlayfs"], 1.05)
         target(f"shared base, {sys}: what B adds / A", v["B_adds_of_A"], 0.05)
-        if sys in ("lamina-lazy", "lamina-fuse"):
+        if sys in ("lamina-lazy", "lamina-fuse", "lamina-shared-lazy"):
             target(f"{sys}: lazy mount read whole (A) / overlayfs", v["after_A_vs_overlayfs"], 1.1)
     rebuilt = summary.get("rebuild", {})
     one_image = (rebuilt.get("overlayfs") or {}).get("disk_A")  # A unpacked: one image on disk
@@ -390,7 +395,7 @@ def derive(doc):
         # Both images are mounted before A is read: lamina's figures hold
         # both images' cache files from then on.
         target(f"rebuild, {sys}: disk with A and R / one image unpacked", v["disk_B"] / one_image, 1.1)
-        if sys in ("lamina-fuse", "lamina-fuse-eager", "lamina-shared"):
+        if sys in ("lamina-fuse", "lamina-fuse-eager", "lamina-shared", "lamina-shared-lazy"):
             target(f"rebuild, {sys}: page cache after A and R / after A", v["after_B"] / v["after_A"], 1.1)
 
 

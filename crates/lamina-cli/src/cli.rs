@@ -350,6 +350,11 @@ pub(crate) enum Command {
         /// `lamina mount --mode`; auto decides once, at start).
         #[arg(long, value_name = "MODE", default_value = "auto", value_parser = MODES)]
         mode: String,
+        /// Mount lamina images with `--share-files` (kernel path): every
+        /// file with the same bytes in any image of a trust domain is read
+        /// through one page cache.
+        #[arg(long)]
+        share_files: bool,
         /// Serve Prometheus metrics at GET /metrics on IP:PORT (e.g.
         /// 127.0.0.1:9464; port 0 picks one, logged at start) or on
         /// unix:/PATH.

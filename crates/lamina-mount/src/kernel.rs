@@ -28,7 +28,9 @@ pub fn mount_image(
     crate::layers::check_metadata(&info.metadata_path)?;
     lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
         .map_err(MountError::BadCachePath)?;
-    if opts.share_files {
+    if opts.share_files && info.index_path.is_none() {
+        tracing::warn!("{image}: a tar index mount does not share files yet; not shared");
+    } else if opts.share_files {
         let dirs = crate::common::DomainDirs::of(opts, image);
         crate::shared::mount_view(&info, opts, &dirs.shards)?;
         record_eager(opts, &info);

@@ -108,7 +108,8 @@ pub fn is_served(cache_dir: &Path, mountpoint: &Path) -> bool {
         .ok()
         .and_then(|b| serde_json::from_slice::<Ready>(&b).ok());
     let Some(ready) = ready.filter(|r| r.error.is_none()) else {
-        return false;
+        // A `--share-files` view of a shard another mount serves.
+        return crate::shared::view_served(&run_dir(cache_dir, mountpoint));
     };
     crate::daemons::is_lamina_daemon(ready.pid)
 }
@@ -241,12 +242,10 @@ pub fn mount_lazy_from(
     let img = source.image();
     let layers = match LaminaLayers::from_manifest(&img.manifest) {
         Ok(layers) => layers,
-        Err(ArtifactError::NotLamina(_)) if opts.share_files => {
-            return Err(MountError::Share(
-                "needs a lamina image (a tar index mount cannot share yet)".into(),
-            ));
-        }
         Err(ArtifactError::NotLamina(why)) => {
+            if opts.share_files {
+                tracing::warn!("{image}: a tar index mount does not share files yet; not shared");
+            }
             // An unmodified image: served through its tar index, if any.
             return match crate::tar_index::find(image, img, opts)? {
                 Some((index_ref, index)) => tar::mount_lazy(

@@ -25,6 +25,7 @@
 //! name, so each content is read through the first shard that held it.
 
 use std::fs;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -136,6 +137,10 @@ pub(crate) fn mount_lazy_view(
     };
     if !is_mounted(&dir.join("mnt")) {
         write_shard(&dir, &split, &blob_paths)?;
+        // Who answers the shard's reads, for views of it that start none.
+        let holder = dir.join("holder");
+        private::write_atomic(&holder, lazy.run.as_os_str().as_encoded_bytes(), false)
+            .map_err(io_err(&holder))?;
         config.mountpoint = dir.join("mnt");
         config.mount_metadata = Some(dir.join("shard.erofs"));
         let extras = crate::lazy::FuseExtras::default();
@@ -399,6 +404,34 @@ pub(crate) fn finish_view(cache_dir: &Path, run: &Path) -> bool {
         }
     }
     record.shards.last().is_some_and(|own| used.contains(own))
+}
+
+/// Whether the view whose run dir is `run` is served: each shard it
+/// stacks is mounted, and one a lazy mount's holder mounted has that
+/// holder alive (its `ready` names a live lamina daemon). False when `run`
+/// holds no view.
+pub(crate) fn view_served(run: &Path) -> bool {
+    let Some(record) = fs::read(run.join("view.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<ViewRecord>(&b).ok())
+    else {
+        return false;
+    };
+    record.shards.iter().all(|id| {
+        let dir = record.shards_dir.join(id);
+        if !is_mounted(&dir.join("mnt")) {
+            return false;
+        }
+        let Ok(holder_run) = fs::read(dir.join("holder")) else {
+            return true; // an eager mount's: complete cache files
+        };
+        let holder_run = PathBuf::from(std::ffi::OsString::from_vec(holder_run));
+        fs::read(holder_run.join("ready"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<lamina_daemon::holder::Ready>(&b).ok())
+            .filter(|r| r.error.is_none())
+            .is_some_and(|r| crate::daemons::is_lamina_daemon(r.pid))
+    })
 }
 
 /// The shards every view but the one in `except` stacks.

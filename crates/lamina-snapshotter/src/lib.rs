@@ -40,6 +40,8 @@ pub struct Options {
     /// Kernel or FUSE mounts; `None`: decided at start from the host, as
     /// `lamina mount --mode auto` does.
     pub mode: Option<Mode>,
+    /// Lamina images mounted with `--share-files` (the kernel path).
+    pub share_files: bool,
     /// Where Prometheus metrics are served, if anywhere.
     pub metrics_address: Option<metrics::MetricsAddress>,
     /// The shared cache's size limit in bytes: collected in the background
@@ -80,6 +82,8 @@ pub struct Resolver {
     secrets: Option<Arc<pull_secrets::PullSecrets>>,
     caches: tenants::CacheDirs,
     index_trust: lamina_mount::IndexTrust,
+    /// Mounts share files by content (`--share-files`).
+    share_files: bool,
     /// Images resolved, by kind (metrics).
     kinds: metrics::ImageKinds,
     /// Per image reference: the digest to mount and the layer digests, or
@@ -140,6 +144,7 @@ impl RegistryImages {
             secrets: None,
             caches: tenants::CacheDirs::new(cache_dir, Vec::new()),
             index_trust,
+            share_files: false,
             kinds,
             known: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
@@ -150,6 +155,18 @@ impl RegistryImages {
             mode,
             resolver: Arc::new(resolver),
             pending: HashMap::new(),
+        }
+    }
+
+    /// Lamina images mount with `--share-files`.
+    pub fn with_share_files(self, share_files: bool) -> Self {
+        let resolver = Resolver {
+            share_files,
+            ..Arc::into_inner(self.resolver).expect("not shared before serving")
+        };
+        RegistryImages {
+            resolver: Arc::new(resolver),
+            ..self
         }
     }
 
@@ -306,7 +323,7 @@ impl Resolver {
             },
             index: None,
             index_trust: self.index_trust.clone(),
-            share_files: false,
+            share_files: self.share_files,
         }
     }
 
@@ -565,7 +582,8 @@ pub fn serve(opts: Options) -> anyhow::Result<()> {
         how,
         metrics.image_kinds(),
     )
-    .with_tenants(caches.clone());
+    .with_tenants(caches.clone())
+    .with_share_files(opts.share_files);
     let keychain = match &opts.cri_keychain {
         Some(containerd) => {
             let secrets = Arc::new(open_secrets(&opts.address)?);

@@ -385,6 +385,7 @@ pub(super) fn serve_snapshotter(
         fill_ahead,
         predict_max,
         mode,
+        share_files,
         metrics_address,
         cache_max_size,
         cache_reserve,
@@ -395,12 +396,19 @@ pub(super) fn serve_snapshotter(
     else {
         unreachable!("run hands serve_snapshotter only Command::Snapshotter");
     };
+    if share_files && mode != "kernel" {
+        return Err(ConfigError::Invalid(
+            "--share-files needs the kernel path: add --mode kernel".into(),
+        )
+        .into());
+    }
     lamina_snapshotter::serve(lamina_snapshotter::Options {
         mode: match mode.as_str() {
             "kernel" => Some(Mode::Kernel),
             "fuse" => Some(Mode::Fuse),
             _ => None,
         },
+        share_files,
         root: absolute(&root)?,
         address: absolute(&address)?,
         source,
