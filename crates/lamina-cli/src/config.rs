@@ -46,6 +46,7 @@
 //! cache_max_size = "50G"  # the shared cache, collected in the background
 //! cache_reserve = "1G"
 //! reserve_space = true    # each mount's cache files allocated whole at mount
+//! share_files = true      # files shared by content across images (mode "kernel")
 //! cri_keychain = "/run/containerd/containerd.sock"  # pods' pull secrets (docs/containerd.md)
 //! tenant_caches = ["registry.example.com/team-a=/srv/lamina/team-a"]  # a tenant's own cache dir
 //!
@@ -286,6 +287,7 @@ pub(crate) struct SnapshotterSection {
     pub(crate) cache_max_size: Option<Size>,
     pub(crate) cache_reserve: Option<Size>,
     pub(crate) reserve_space: Option<bool>,
+    pub(crate) share_files: Option<bool>,
     pub(crate) cri_keychain: Option<PathBuf>,
     #[serde(default, deserialize_with = "parsed_list")]
     pub(crate) tenant_caches: Option<Vec<lamina_snapshotter::tenants::TenantCache>>,

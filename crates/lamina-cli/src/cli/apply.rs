@@ -118,6 +118,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             fill_ahead,
             predict_max,
             mode,
+            share_files,
             metrics_address,
             cache_max_size,
             cache_reserve,
@@ -127,6 +128,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
         } => {
             let s = &file.snapshotter;
             m.fill(reserve_space, "reserve_space", s.reserve_space);
+            m.fill(share_files, "share_files", s.share_files);
             m.fill(tenant_caches, "tenant_caches", s.tenant_caches.clone());
             let keychain = s.cri_keychain.clone().map(Some);
             m.fill(cri_keychain, "cri_keychain", keychain);

@@ -15,6 +15,7 @@ mod node;
 
 mod clients;
 mod pulls;
+mod shared;
 mod snapshotter;
 
 const LAMINA_IMAGE: &str = "deb:lamina";
