@@ -104,9 +104,10 @@ def files_under(d):
     return out
 
 
-def add_top_layer(layout, tag, new_tag):
+def add_top_layer(layout, tag, new_tag, path="opt/tenant-b/data.bin", body=None, mode=0o644):
     """`new_tag` in `layout`: `tag`'s image plus one gzip layer holding one
-    file of TOP_FILE_BYTES pseudo-random bytes (/opt/tenant-b/data.bin)."""
+    file at `path` of `mode`: `body`, else TOP_FILE_BYTES pseudo-random
+    bytes. Returns the layer's tar."""
     blobs = layout / "blobs" / "sha256"
 
     def put(data):
@@ -114,16 +115,18 @@ def add_top_layer(layout, tag, new_tag):
         (blobs / digest).write_bytes(data)
         return f"sha256:{digest}", len(data)
 
-    body = b"".join(hashlib.sha256(b"tenant-b %d" % i).digest() for i in range(TOP_FILE_BYTES // 32 + 1))
-    body = body[:TOP_FILE_BYTES]
+    if body is None:
+        body = b"".join(hashlib.sha256(b"tenant-b %d" % i).digest() for i in range(TOP_FILE_BYTES // 32 + 1))
+        body = body[:TOP_FILE_BYTES]
     tar = io.BytesIO()
+    parts = path.split("/")[:-1]
     with tarfile.open(fileobj=tar, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for name in ("opt", "opt/tenant-b"):
+        for name in ("/".join(parts[:i + 1]) for i in range(len(parts))):
             d = tarfile.TarInfo(name)
             d.type, d.mode, d.mtime = tarfile.DIRTYPE, 0o755, 1
             t.addfile(d)
-        f = tarfile.TarInfo("opt/tenant-b/data.bin")
-        f.size, f.mode, f.mtime = len(body), 0o644, 1
+        f = tarfile.TarInfo(path)
+        f.size, f.mode, f.mtime = len(body), mode, 1
         t.addfile(f, io.BytesIO(body))
     tar = tar.getvalue()
     layer_digest, layer_size = put(gzip.compress(tar, mtime=1))
@@ -133,7 +136,7 @@ def add_top_layer(layout, tag, new_tag):
     manifest = json.loads((blobs / entry["digest"].split(":")[1]).read_text())
     config = json.loads((blobs / manifest["config"]["digest"].split(":")[1]).read_text())
     config["rootfs"]["diff_ids"].append(f"sha256:{hashlib.sha256(tar).hexdigest()}")
-    config.setdefault("history", []).append({"created_by": "density bench: tenant B's layer"})
+    config.setdefault("history", []).append({"created_by": f"density bench: {new_tag}'s layer"})
     cdigest, csize = put(json.dumps(config).encode())
     manifest["config"] = dict(manifest["config"], digest=cdigest, size=csize)
     manifest["layers"].append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",

@@ -135,16 +135,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         terminate(self.proc, timeout=10)
 
 
-def start_snapshotter(lamina, ctd, root, sock, warmup_key, prefix=(), env=None):
+def start_snapshotter(lamina, ctd, root, sock, warmup_key, prefix=(), env=None, args=()):
     """A fresh `lamina snapshotter` (under `prefix`, e.g. nsenter into the
-    namespace its mounts fetch through) on the socket `sock` that
-    containerd `ctd`'s proxy plugin names; its log beside `root`. Returns
-    its Popen once containerd reaches it."""
+    namespace its mounts fetch through; with `args` more) on the socket
+    `sock` that containerd `ctd`'s proxy plugin names; its log beside
+    `root`. Returns its Popen once containerd reaches it."""
     if os.path.exists(sock):
         os.unlink(sock)
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(os.path.dirname(root), "snapshotter.log"), "ab") as out:
-        proc = subprocess.Popen(list(prefix) + [str(lamina), "snapshotter", "--root", root, "--address", sock],
+        proc = subprocess.Popen(list(prefix) + [str(lamina), "snapshotter", "--root", root, "--address", sock] + list(args),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, env=env)
     end = time.monotonic() + 30
     while True:
