@@ -17,7 +17,7 @@ from .harness import report, workdir
 from .harness.core import ROOT, Results, log
 from .harness.lamina import Lamina, binary
 
-BENCHMARKS = ("big_image", "coldstart", "density", "density_designs", "fleet", "fuse", "image", "scale")
+BENCHMARKS = ("big_image", "coldstart", "density", "density_containers", "density_designs", "fleet", "fuse", "image", "scale")
 
 
 def main():

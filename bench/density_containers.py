@@ -134,6 +134,9 @@ def measure_system(results, system, lamina, work, reg, run_no, per_image):
         results.add_run(system=system, run=run_no, page_cache=cached, buffers=buffers, failed=failed,
                         starts=starts, registry_resident=registry_resident)
     finally:
+        # Images removed first: the snapshotter unmounts their mounts itself.
+        refs = [f"{reg.address}/d:{tag}{'' if system == 'overlayfs' else '-lamina'}" for tag in IMAGES]
+        ctd.forget("density", refs, None if system == "overlayfs" else "lamina")
         ctd.stop()
         if snap:
             stop_snapshotter(lamina.path, snap, root)

@@ -16,26 +16,22 @@ use serde_json::Value;
 
 const SHARE: &[&str] = &["--eager", "--mode", "kernel", "--share-files"];
 
-/// The run dir of the eager mount at `m` (its `eager.json` names it).
-#[track_caller]
-fn eager_run_dir(m: &Mount) -> PathBuf {
+/// A mount's run dir: `CACHE/mounts/<16 hex of the sha256 of its
+/// canonical mountpoint>` (a lazy view's config names its shard's mount).
+fn view_run_dir(m: &Mount) -> PathBuf {
+    use sha2::Digest as _;
     let me = m.path.canonicalize().unwrap();
-    let runs = fs::read_dir(m.cache.join("mounts")).unwrap().flatten();
-    runs.map(|e| e.path())
-        .find(|run| {
-            fs::read(run.join("eager.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                .is_some_and(|v| v["mountpoint"].as_str() == me.to_str())
-        })
-        .unwrap_or_else(|| panic!("no run dir of {}", me.display()))
+    let digest = sha2::Sha256::digest(std::os::unix::ffi::OsStrExt::as_bytes(me.as_os_str()));
+    m.cache
+        .join("mounts")
+        .join(crate::images::hex(&digest[..8]))
 }
 
 /// The shards the view at `m` stacks, in order (its own last), as dirs.
 #[track_caller]
 fn shards_of(m: &Mount) -> Vec<PathBuf> {
     let record: Value =
-        serde_json::from_slice(&fs::read(eager_run_dir(m).join("view.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(view_run_dir(m).join("view.json")).unwrap()).unwrap();
     let dir = PathBuf::from(record["shards_dir"].as_str().unwrap());
     let ids = record["shards"].as_array().unwrap();
     ids.iter()
@@ -55,7 +51,7 @@ fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
 /// a shard (`/xx/<rest>`, the redirect its metadata view carries).
 #[track_caller]
 fn object_name(m: &Mount, path: &str) -> String {
-    let view = eager_run_dir(m).join("view").join(path);
+    let view = view_run_dir(m).join("view").join(path);
     let redirect = xattr(&view, "trusted.overlay.redirect")
         .unwrap_or_else(|| panic!("{path}: no redirect in {}", view.display()));
     String::from_utf8(redirect).unwrap()
@@ -92,7 +88,7 @@ fn shared_files_are_read_through_one_shard() {
         refs.insert(tag, reference(&t, &src, tag));
         treecmp(&[], &refs[tag], &m.path);
         // fsck.erofs takes both EROFS images a view is made of.
-        fsck_erofs_file(&eager_run_dir(&m).join("view.erofs"), &[]);
+        fsck_erofs_file(&view_run_dir(&m).join("view.erofs"), &[]);
         let own = shards_of(&m).pop().unwrap();
         fsck_erofs_file(&own.join("shard.erofs"), &m.blob_paths());
         mounts.insert(tag, m);
@@ -144,19 +140,7 @@ fn shared_files_are_read_through_one_shard() {
     assert!(is_mountpoint(&b_shard.join("mnt")), "b's shard went with b");
     treecmp(&[], &refs["a2"], &mounts["a2"].path);
     drop(mounts);
-    let left = fs::read_dir(cache.join("shards")).unwrap().flatten();
-    for domain in left {
-        let shards: Vec<_> = fs::read_dir(domain.path())
-            .unwrap()
-            .flatten()
-            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-            .map(|e| e.path())
-            .collect();
-        assert!(
-            shards.is_empty(),
-            "shards left after the last unmount: {shards:?}"
-        );
-    }
+    assert_no_shards(&cache);
 }
 
 /// An image's own `trusted.overlay.*` xattrs are its data, not overlayfs's
@@ -273,14 +257,14 @@ fn lazy_views_share_and_outlive_their_image() {
         refs.insert(tag, reference(&t, &src, tag));
         mounts.insert(tag, m);
     }
-    let b_shard = lazy_shards_of(&mounts["b"]).pop().unwrap();
-    let h_shards = lazy_shards_of(&mounts["h"]);
+    let b_shard = shards_of(&mounts["b"]).pop().unwrap();
+    let h_shards = shards_of(&mounts["h"]);
     assert_eq!(h_shards[0], b_shard, "h stacks b's shard first");
     for (name, size) in FILES {
         let path = format!("data/{name}.bin");
         let (in_b, in_h) = (
-            lazy_object_name(&mounts["b"], &path),
-            lazy_object_name(&mounts["h"], &path),
+            object_name(&mounts["b"], &path),
+            object_name(&mounts["h"], &path),
         );
         let shared = !CHANGED.contains(name) && *size > 16 << 10;
         assert_eq!(
@@ -330,9 +314,15 @@ fn lazy_views_share_and_outlive_their_image() {
     treecmp(&[], &refs["h"], &mounts["h"].path);
     f.finish("lazy views");
     drop(mounts);
-    let left: Vec<_> = fs::read_dir(b_shard.parent().unwrap())
-        .unwrap()
-        .flatten()
+    assert_no_shards(&cache);
+}
+
+/// No shard is left in `cache` (after the last view's unmount).
+#[track_caller]
+fn assert_no_shards(cache: &Path) {
+    let domains = fs::read_dir(cache.join("shards")).unwrap().flatten();
+    let left: Vec<_> = domains
+        .flat_map(|d| fs::read_dir(d.path()).unwrap().flatten())
         .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
         .map(|e| e.path())
         .collect();
@@ -340,38 +330,4 @@ fn lazy_views_share_and_outlive_their_image() {
         left.is_empty(),
         "shards left after the last unmount: {left:?}"
     );
-}
-
-/// A mount's run dir: `CACHE/mounts/<16 hex of the sha256 of its
-/// canonical mountpoint>` (a lazy view's config names its shard's mount).
-fn view_run_dir(m: &Mount) -> PathBuf {
-    use sha2::Digest as _;
-    let me = m.path.canonicalize().unwrap();
-    let digest = sha2::Sha256::digest(std::os::unix::ffi::OsStrExt::as_bytes(me.as_os_str()));
-    m.cache
-        .join("mounts")
-        .join(crate::images::hex(&digest[..8]))
-}
-
-/// [`shards_of`] for a lazy view (its run dir holds `view.json` beside the
-/// holder's files).
-#[track_caller]
-fn lazy_shards_of(m: &Mount) -> Vec<PathBuf> {
-    let run = view_run_dir(m);
-    let record: Value = serde_json::from_slice(&fs::read(run.join("view.json")).unwrap()).unwrap();
-    let dir = PathBuf::from(record["shards_dir"].as_str().unwrap());
-    let ids = record["shards"].as_array().unwrap();
-    ids.iter()
-        .map(|id| dir.join(id.as_str().unwrap()))
-        .collect()
-}
-
-/// [`object_name`] for a lazy view.
-#[track_caller]
-fn lazy_object_name(m: &Mount, path: &str) -> String {
-    let run = view_run_dir(m);
-    let view = run.join("view").join(path);
-    let redirect = xattr(&view, "trusted.overlay.redirect")
-        .unwrap_or_else(|| panic!("{path}: no redirect in {}", view.display()));
-    String::from_utf8(redirect).unwrap()
 }
