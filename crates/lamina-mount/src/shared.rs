@@ -68,7 +68,8 @@ pub(crate) fn mount_view(
     let _lock = lock(shards_dir)?;
     let own = shard_id(&split);
     let dir = shards_dir.join(&own);
-    if !is_mounted(&dir.join("mnt")) {
+    let fresh = !is_mounted(&dir.join("mnt"));
+    if fresh {
         write_shard(&dir, &split, &info.blob_paths)?;
         let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
         // Objects are plain files: no xattrs, setuid bits or devices.
@@ -88,7 +89,19 @@ pub(crate) fn mount_view(
         xattrs: info.xattrs,
         privileges: opts.privileges,
     };
-    stack_view(view, &split, shards_dir, own)
+    stack_view(view, &split, shards_dir, own).inspect_err(|_| {
+        if fresh {
+            drop_shard(&dir);
+        }
+    })
+}
+
+/// Takes down a shard this mount made when its view could not be made:
+/// under the lock, so no other view stacked it meanwhile.
+fn drop_shard(dir: &Path) {
+    if rustix::mount::unmount(dir.join("mnt"), UnmountFlags::DETACH).is_ok() {
+        let _ = fs::remove_dir_all(dir);
+    }
 }
 
 /// What a lazy mount has found when its view is to be made.
@@ -135,7 +148,8 @@ pub(crate) fn mount_lazy_view(
         xattrs: config.xattrs,
         fetched_bytes: 0,
     };
-    if !is_mounted(&dir.join("mnt")) {
+    let fresh = !is_mounted(&dir.join("mnt"));
+    if fresh {
         write_shard(&dir, &split, &blob_paths)?;
         // Who answers the shard's reads, for views of it that start none.
         let holder = dir.join("holder");
@@ -156,7 +170,12 @@ pub(crate) fn mount_lazy_view(
         xattrs: config.xattrs,
         privileges: opts.privileges,
     };
-    stack_view(view, &split, shards_dir, own)?;
+    // The holder leaves with the shard's superblock.
+    stack_view(view, &split, shards_dir, own).inspect_err(|_| {
+        if fresh {
+            drop_shard(&dir);
+        }
+    })?;
     Ok(info)
 }
 
@@ -252,20 +271,24 @@ fn stack_view(
     let view_mnt = run.join("view");
     make_dir(&view_mnt)?;
     mount_erofs(&view_file, &view_mnt, &[], view.xattrs, view.privileges)?;
+    let undo = || {
+        let _ = rustix::mount::unmount(&view_mnt, UnmountFlags::DETACH);
+        let _ = fs::remove_file(run.join("view.json"));
+    };
     let record = ViewRecord {
         shards_dir: shards_dir.to_path_buf(),
         shards: order.clone(),
     };
     let record_path = run.join("view.json");
     let bytes = serde_json::to_vec(&record).map_err(|e| io_err(&record_path)(e.into()))?;
-    private::write_atomic(&record_path, &bytes, false).map_err(io_err(&record_path))?;
+    private::write_atomic(&record_path, &bytes, false)
+        .map_err(io_err(&record_path))
+        .inspect_err(|_| undo())?;
     let data: Vec<PathBuf> = order
         .iter()
         .map(|id| shards_dir.join(id).join("mnt"))
         .collect();
-    mount_overlay(&view_mnt, &data, view.mountpoint, view.privileges).inspect_err(|_| {
-        let _ = rustix::mount::unmount(&view_mnt, UnmountFlags::DETACH);
-    })
+    mount_overlay(&view_mnt, &data, view.mountpoint, view.privileges).inspect_err(|_| undo())
 }
 
 /// The image's metadata view and shard, from its metadata and the chunk

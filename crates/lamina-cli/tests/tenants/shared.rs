@@ -19,12 +19,15 @@ const SHARE: &[&str] = &["--eager", "--mode", "kernel", "--share-files"];
 /// A mount's run dir: `CACHE/mounts/<16 hex of the sha256 of its
 /// canonical mountpoint>` (a lazy view's config names its shard's mount).
 fn view_run_dir(m: &Mount) -> PathBuf {
+    run_dir_for(&m.cache, &m.path)
+}
+
+/// The run dir a mount at `mountpoint` (which exists) with cache `cache` has.
+fn run_dir_for(cache: &Path, mountpoint: &Path) -> PathBuf {
     use sha2::Digest as _;
-    let me = m.path.canonicalize().unwrap();
+    let me = mountpoint.canonicalize().unwrap();
     let digest = sha2::Sha256::digest(std::os::unix::ffi::OsStrExt::as_bytes(me.as_os_str()));
-    m.cache
-        .join("mounts")
-        .join(crate::images::hex(&digest[..8]))
+    cache.join("mounts").join(crate::images::hex(&digest[..8]))
 }
 
 /// The shards the view at `m` stacks, in order (its own last), as dirs.
@@ -330,4 +333,44 @@ fn assert_no_shards(cache: &Path) {
         left.is_empty(),
         "shards left after the last unmount: {left:?}"
     );
+}
+
+/// A view that cannot be made (here its metadata view's mountpoint is a
+/// file) fails the mount and takes down the shard the mount made for it:
+/// nothing stays mounted, no shard is left for other views to stack. The
+/// same mount then succeeds once the obstacle is gone.
+#[test]
+fn a_view_that_cannot_be_made_leaves_no_shard() {
+    let Some((_time, t, src)) = begin("a_view_that_cannot_be_made_leaves_no_shard", "shared-fail")
+    else {
+        return;
+    };
+    let cache = t.join("cache");
+    let image = oci_ref(&t.join("conv"), "b");
+    convert(&oci_ref(&src, "b"), &image);
+    let mnt = t.mkdir("mnt");
+    let run = run_dir_for(&cache, &mnt);
+    fs::create_dir_all(&run).unwrap();
+    fs::write(run.join("view"), b"in the way").unwrap();
+    let failed = lamina_cmd([
+        "mount",
+        "--eager",
+        "--mode",
+        "kernel",
+        "--share-files",
+        &image,
+    ])
+    .arg(&mnt)
+    .arg("--cache-dir")
+    .arg(&cache)
+    .output()
+    .unwrap();
+    assert!(!failed.status.success(), "{failed:?}");
+    assert!(!is_mountpoint(&mnt), "{} mounted", mnt.display());
+    let mounted = mounts_under(&cache);
+    assert!(mounted.is_empty(), "left mounted: {mounted:?}");
+    assert_no_shards(&cache);
+    fs::remove_file(run.join("view")).unwrap();
+    let m = Mount::with_args(&image, &mnt, &cache, SHARE);
+    treecmp(&[], &reference(&t, &src, "b"), &m.path);
 }
