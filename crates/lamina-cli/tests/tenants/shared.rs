@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
@@ -373,4 +374,44 @@ fn a_view_that_cannot_be_made_leaves_no_shard() {
     fs::remove_file(run.join("view")).unwrap();
     let m = Mount::with_args(&image, &mnt, &cache, SHARE);
     treecmp(&[], &reference(&t, &src, "b"), &m.path);
+}
+
+/// Sharing stays inside a trust domain: the same image from two layouts
+/// (two domains) mounted with `--share-files` on one cache gets a shard
+/// in each domain, and each view stacks only its own: a file both have
+/// is named alike but read through two objects, each over its own
+/// domain's cache files.
+#[test]
+fn shards_are_not_shared_across_trust_domains() {
+    let Some((_time, t, src)) = begin(
+        "shards_are_not_shared_across_trust_domains",
+        "shared-domains",
+    ) else {
+        return;
+    };
+    let cache = t.join("cache");
+    let mut mounts = Vec::new();
+    for layout in ["conv", "conv2"] {
+        let image = oci_ref(&t.join(layout), "b");
+        convert(&oci_ref(&src, "b"), &image);
+        let mnt = t.join(&format!("mnt-{layout}"));
+        mounts.push(Mount::with_args(&image, &mnt, &cache, SHARE));
+    }
+    let (one, two) = (shards_of(&mounts[0]), shards_of(&mounts[1]));
+    assert_eq!((one.len(), two.len()), (1, 1), "{one:?} {two:?}");
+    assert_ne!(
+        one[0].parent(),
+        two[0].parent(),
+        "one shards dir per domain"
+    );
+    let path = "data/f04.bin";
+    let name = object_name(&mounts[0], path);
+    assert_eq!(object_name(&mounts[1], path), name);
+    let (a, b) = (object(&one[0], &name), object(&two[0], &name));
+    let (a, b) = (fs::metadata(a).unwrap(), fs::metadata(b).unwrap());
+    assert_ne!(
+        (a.dev(), a.ino()),
+        (b.dev(), b.ino()),
+        "{path}: one object for two domains"
+    );
 }
