@@ -104,14 +104,19 @@ impl Default for LazyOptions {
 /// died serves no new data (reads of what is not local fail, or for FUSE
 /// every read does) and should be detached and mounted again.
 pub fn is_served(cache_dir: &Path, mountpoint: &Path) -> bool {
-    let ready = fs::read(run_dir(cache_dir, mountpoint).join("ready"))
+    let run = run_dir(cache_dir, mountpoint);
+    // Or a `--share-files` view of a shard another mount serves.
+    daemon_serves(&run) || crate::shared::view_served(&run)
+}
+
+/// Whether the `ready` file of the run dir `run` names a live lamina
+/// daemon that reported no error.
+pub(crate) fn daemon_serves(run: &Path) -> bool {
+    fs::read(run.join("ready"))
         .ok()
-        .and_then(|b| serde_json::from_slice::<Ready>(&b).ok());
-    let Some(ready) = ready.filter(|r| r.error.is_none()) else {
-        // A `--share-files` view of a shard another mount serves.
-        return crate::shared::view_served(&run_dir(cache_dir, mountpoint));
-    };
-    crate::daemons::is_lamina_daemon(ready.pid)
+        .and_then(|b| serde_json::from_slice::<Ready>(&b).ok())
+        .filter(|r| r.error.is_none())
+        .is_some_and(|r| crate::daemons::is_lamina_daemon(r.pid))
 }
 
 /// Opens `image` and mounts it lazily in `mode`; a bad mount point fails
@@ -684,7 +689,12 @@ pub(crate) fn start_serving(
     let blobs: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
     match mode {
         Mode::Kernel => {
-            crate::layers::check_metadata(&config.metadata_path)?;
+            // A holder that mounts a `--share-files` shard mounts the
+            // node's own EROFS; its caller checked the image's metadata
+            // before splitting it.
+            if config.mount_metadata.is_none() {
+                crate::layers::check_metadata(&config.metadata_path)?;
+            }
             start_daemon(
                 "internal-holder",
                 &config_path,

@@ -16,10 +16,12 @@
 //! ```
 //!
 //! A view's own files are in its run dir: `view.erofs`, mounted at `view/`,
-//! and `view.json` (the shards it stacks). Shards are made only from
-//! complete, verified cache files (eager mounts), so any shard of the
-//! domain may serve another image: its objects' names are fingerprints this
-//! node computed from verified chunk tables, never names an image gave.
+//! and `view.json` (the shards it stacks). A shard of an eager mount reads
+//! complete, verified cache files; a lazy mount's holder mounts its shard
+//! (`holder` names its run dir) and answers its reads for as long as the
+//! shard's superblock lives. So any mounted shard of the domain may serve
+//! another image: its objects' names are fingerprints this node computed
+//! from verified chunk tables, never names an image gave.
 //! A view stacks the domain's shards that hold its objects, oldest first,
 //! its own last; overlayfs takes a file's data from the first that has its
 //! name, so each content is read through the first shard that held it.
@@ -448,12 +450,7 @@ pub(crate) fn view_served(run: &Path) -> bool {
         let Ok(holder_run) = fs::read(dir.join("holder")) else {
             return true; // an eager mount's: complete cache files
         };
-        let holder_run = PathBuf::from(std::ffi::OsString::from_vec(holder_run));
-        fs::read(holder_run.join("ready"))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<lamina_daemon::holder::Ready>(&b).ok())
-            .filter(|r| r.error.is_none())
-            .is_some_and(|r| crate::daemons::is_lamina_daemon(r.pid))
+        crate::lazy::daemon_serves(&PathBuf::from(std::ffi::OsString::from_vec(holder_run)))
     })
 }
 
