@@ -20,6 +20,15 @@ cd "$(dirname "$0")/.."
 
 start=$(date +%s)
 step() { printf '\n=== %s\n' "$*"; }
+# A full disk shows up as odd failures (the linker dies with SIGBUS), so
+# every run says how much room it had, at the start and on the way out.
+disk() { df -h / /tmp "$(pwd)" 2>/dev/null | awk 'NR == 1 || !seen[$0]++'; }
+trap 'step "disk at exit"; disk' EXIT
+step "disk at start"
+disk
+
+# CI builds from a clean checkout: incremental state would only take disk.
+export CARGO_INCREMENTAL=0
 
 step "setup (apt packages, Rust)"
 bash scripts/setup.sh

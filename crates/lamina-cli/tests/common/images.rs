@@ -20,18 +20,20 @@ fn fixture_root() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("lamina-fixtures")
 }
 
-/// Removes fixture dirs of earlier runs of this test binary whose process is
-/// gone (each run builds its own, named `<binary>-<pid>`).
-fn remove_stale_fixtures(root: &Path, stem: &str) {
+/// Removes the fixture dirs (`<binary>-<pid>`) of every earlier test run
+/// whose process is gone, whichever binary made it: the binaries run one
+/// after another, so a full run keeps one binary's fixtures on disk, not all
+/// of them (~0.3-0.5 GB each).
+fn remove_stale_fixtures(root: &Path) {
     let Ok(entries) = fs::read_dir(root) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix(&format!("{stem}-")) else {
-            continue;
-        };
-        let Ok(pid) = pid.parse::<u32>() else {
+        let Some(pid) = name
+            .rsplit_once('-')
+            .and_then(|(_, p)| p.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid != std::process::id()
@@ -56,7 +58,7 @@ pub fn fixtures() -> &'static Path {
             .ok()
             .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "tests".into());
-        remove_stale_fixtures(&root, &stem);
+        remove_stale_fixtures(&root);
         let dir = root.join(format!("{stem}-{}", std::process::id()));
         if dir.exists() {
             fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("rm {}: {e}", dir.display()));
