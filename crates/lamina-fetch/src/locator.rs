@@ -30,6 +30,9 @@ use crate::store::{store_paths, EntryKey};
 /// The locator's file in a cache's blob directory.
 pub const LOCATOR_FILE: &str = "chunks.locate";
 
+/// Block size of the EROFS that reads a found chunk in place.
+const BLOCK: u64 = 4096;
+
 /// Quiet fds kept open at once (other entries' cache files).
 const OPEN_FILES: usize = 64;
 
@@ -133,6 +136,58 @@ impl ChunkLocator {
         None
     }
 
+    /// Where a verified copy of chunk `digest` (`size` bytes) lies in
+    /// another entry's cache file than `not`, for a reader to read it there
+    /// instead of keeping a copy: only in a file whose fill record says it is
+    /// complete (its bytes never change again), at a block-aligned offset,
+    /// and only if the bytes there hash to `digest` now. The fd returned is
+    /// that very file, for the reader to open by it, not by its path.
+    pub fn find(&self, digest: &[u8; 32], size: u32, not: &EntryKey) -> Option<Found> {
+        for (_, slot) in self.window(digest) {
+            let Some(slot) = slot else {
+                continue;
+            };
+            if slot.digest != *digest || slot.size.get() != size {
+                continue;
+            }
+            if slot.blob == not.blob && slot.entry == not.id[..16] {
+                continue;
+            }
+            if slot.cache_offset.get() % BLOCK != 0 {
+                continue;
+            }
+            if let Some(found) = self.found_at(&slot) {
+                return Some(found);
+            }
+        }
+        None
+    }
+
+    fn found_at(&self, slot: &ChunkSlot) -> Option<Found> {
+        let key = slot_key(slot);
+        let (path, record) = store_paths(&self.dir, &key);
+        let file = private::open_trusted(&path).ok()?;
+        if !crate::store::BlobStore::complete_by_record(&file, &record, &slot.entry).ok()? {
+            return None;
+        }
+        let quiet = (self.quiet)(&file).ok()?;
+        let (start, size) = (slot.cache_offset.get(), u64::from(slot.size.get()));
+        let mut buf = vec![0u8; size as usize];
+        quiet.read_exact_at(&mut buf, start).ok()?;
+        // The reader's copy is the one that counts: this one goes.
+        let _ = rustix::fs::fadvise(
+            &quiet,
+            start,
+            std::num::NonZeroU64::new(size),
+            rustix::fs::Advice::DontNeed,
+        );
+        (sha256(&buf) == slot.digest).then_some(Found {
+            path,
+            file,
+            cache_offset: start,
+        })
+    }
+
     /// The slots probed for `digest` and what each holds (`None`: empty,
     /// torn or unreadable). The window is contiguous except where it wraps
     /// past the last slot: one read per run, not one per slot (a miss looks
@@ -156,14 +211,7 @@ impl ChunkLocator {
     /// Reads the slot's range from its entry's cache file (quietly) and
     /// returns it if it hashes to the slot's digest.
     fn read_verified(&self, slot: &ChunkSlot) -> Option<Vec<u8>> {
-        let key = EntryKey {
-            blob: slot.blob,
-            id: {
-                let mut id = [0; 32];
-                id[..16].copy_from_slice(&slot.entry);
-                id
-            },
-        };
+        let key = slot_key(slot);
         let stem = key.stem();
         // Read and hashed outside the lock: misses copy side by side.
         let file = {
@@ -187,6 +235,27 @@ impl ChunkLocator {
         file.read_exact_at(&mut buf, start).ok()?;
         (sha256(&buf) == slot.digest).then_some(buf)
     }
+}
+
+/// The entry a slot names (the first 16 bytes of its id: all a path needs).
+fn slot_key(slot: &ChunkSlot) -> EntryKey {
+    let mut id = [0; 32];
+    id[..16].copy_from_slice(&slot.entry);
+    EntryKey {
+        blob: slot.blob,
+        id,
+    }
+}
+
+/// A verified chunk in another entry's complete cache file.
+#[derive(Debug)]
+pub struct Found {
+    /// The cache file's path (what keeps it from garbage collection).
+    pub path: PathBuf,
+    /// The file itself, opened before its bytes were checked.
+    pub file: File,
+    /// Where the chunk starts in it.
+    pub cache_offset: u64,
 }
 
 /// Opens the locator at `path` if it is one this code reads.
@@ -286,6 +355,68 @@ mod tests {
         let hole = sha256(&vec![0u8; data.len()]);
         locator.note(&hole, &key(3), 0, size);
         assert_eq!(locator.copy(&hole, size, &ours), None);
+    }
+
+    /// Writes `key`'s fill record for its cache file in `dir`: `filled`
+    /// chunks of which every one is there or not.
+    fn record(dir: &Path, key: &EntryKey, chunks: usize, all: bool) {
+        let (cache, record) = store_paths(dir, key);
+        let file = File::open(&cache).unwrap();
+        let mut filled = vec![true; chunks];
+        filled[0] = all;
+        let record_bytes = lamina_format::fill::FillRecord {
+            subject: key.id,
+            cache_size: file.metadata().unwrap().len(),
+            file: crate::store::identity(&file).unwrap().unwrap(),
+            filled,
+        }
+        .to_bytes();
+        private::write_atomic(&record, &record_bytes, false).unwrap();
+    }
+
+    #[test]
+    fn finds_chunks_only_in_complete_files_where_they_verify() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut locator = ChunkLocator::open(dir.path()).unwrap();
+        locator.quiet = File::try_clone;
+        let data = b"the chunk's bytes".repeat(300);
+        let (digest, size) = (sha256(&data), data.len() as u32);
+        let (theirs, ours) = (key(1), key(2));
+        let cache = store_paths(dir.path(), &theirs).0;
+        std::fs::write(&cache, [vec![0u8; 8192], data.clone()].concat()).unwrap();
+        locator.note(&digest, &theirs, 8192, size);
+        assert!(locator.find(&digest, size, &ours).is_none(), "no record");
+        record(dir.path(), &theirs, 3, false);
+        assert!(locator.find(&digest, size, &ours).is_none(), "incomplete");
+        record(dir.path(), &theirs, 3, true);
+        let found = locator
+            .find(&digest, size, &ours)
+            .expect("complete, verified");
+        assert_eq!(
+            (found.path.as_path(), found.cache_offset),
+            (cache.as_path(), 8192)
+        );
+        let ino = std::fs::metadata(&cache).unwrap().ino();
+        assert_eq!(found.file.metadata().unwrap().ino(), ino);
+        assert!(
+            locator.find(&digest, size, &theirs).is_none(),
+            "our own file"
+        );
+        // A slot naming other bytes is not believed, complete or not.
+        let forged = sha256(b"other bytes");
+        locator.note(&forged, &theirs, 8192, size);
+        assert!(locator.find(&forged, size, &ours).is_none());
+        // Nor one off a block boundary (an EROFS reads blocks).
+        let odd = key(4);
+        let odd_cache = store_paths(dir.path(), &odd).0;
+        let other = b"other chunk".repeat(50);
+        std::fs::write(&odd_cache, [vec![0u8; 100], other.clone()].concat()).unwrap();
+        record(dir.path(), &odd, 1, true);
+        locator.note(&sha256(&other), &odd, 100, other.len() as u32);
+        assert!(locator
+            .find(&sha256(&other), other.len() as u32, &ours)
+            .is_none());
     }
 
     #[test]

@@ -574,6 +574,26 @@ impl BlobStore {
         }))
     }
 
+    /// Whether the fill record at `record_path` is bound to `cache` (an
+    /// open cache file of an entry whose id starts with `id_prefix`) and
+    /// says every chunk is there: then no byte of `cache` changes again
+    /// (a fill only ever writes the entry's own verified chunks).
+    pub fn complete_by_record(
+        cache: &File,
+        record_path: &Path,
+        id_prefix: &[u8; 16],
+    ) -> io::Result<bool> {
+        let Some(id) = identity(cache)? else {
+            return Ok(false);
+        };
+        let size = cache.metadata()?.len();
+        Ok(read_record(record_path).is_some_and(|r| {
+            r.subject[..16] == id_prefix[..]
+                && r.describes(&r.subject, size, r.filled.len(), id)
+                && r.filled.iter().all(|f| *f)
+        }))
+    }
+
     /// Records that `file`, now in place as this blob's cache file in `dir`,
     /// holds every chunk: the caller verified each of them and synced it.
     pub fn record_complete(dir: &Path, blob: &IndexBlob, file: &File) -> io::Result<()> {
@@ -869,6 +889,16 @@ impl BlobStore {
     /// Path of the fill record.
     pub fn record_path(&self) -> &Path {
         &self.record_path
+    }
+
+    /// Path of the cache file.
+    pub fn cache_path(&self) -> &Path {
+        &self.cache_path
+    }
+
+    /// The blob's chunk table.
+    pub fn blob(&self) -> &IndexBlob {
+        &self.blob
     }
 }
 

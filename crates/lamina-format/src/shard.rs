@@ -72,6 +72,29 @@ pub struct Split {
     pub objects: Vec<Fingerprint>,
 }
 
+/// Stored chunks that the shard reads from other cache files than the
+/// image's own: verified copies the node already holds, so that the image
+/// needs no copy of its own (one copy on disk per domain).
+#[derive(Debug, Clone, Default)]
+pub struct Moved {
+    /// The shard's extra devices after the image's own.
+    pub devices: Vec<Device>,
+    /// (image device, cache offset of a stored chunk) → (shard device,
+    /// where the same bytes start there), both block-aligned.
+    pub chunks: HashMap<(u16, u64), (u16, u64)>,
+}
+
+impl Moved {
+    /// Where the shard reads `offset` of image device `device`, which lies
+    /// `at` bytes into its stored chunk.
+    fn place(&self, device: u16, offset: u64, at: u64) -> (u16, u64) {
+        match self.chunks.get(&(device, offset - at)) {
+            Some(&(to, start)) => (to, start + at),
+            None => (device, offset),
+        }
+    }
+}
+
 /// Why an image cannot be split.
 #[derive(Debug, thiserror::Error)]
 pub enum SplitError {
@@ -144,18 +167,21 @@ pub fn content_fingerprint(size: u64, digest: &[u8; 32]) -> Fingerprint {
     h.finish().as_ref().try_into().expect("sha256 is 32 bytes")
 }
 
-/// Reads `len` bytes at `offset` of extra device `device` (1-based) from
-/// the verified cache files, for a packed file's content fingerprint;
+/// Reads `len` bytes at `offset` of extra device `device` (1-based; the
+/// shard's numbering, [`Moved`] devices after the image's) from the
+/// verified cache files, for a packed file's content fingerprint;
 /// `Ok(None)` when the node does not hold them (a lazy mount): the file is
 /// then named by its chunk.
 pub type ReadDevice<'r> = dyn FnMut(u16, u64, usize) -> Result<Option<Vec<u8>>, String> + 'r;
 
 /// Splits `image`, whose extra device `i + 1` is the cache file of
-/// `tables[i]` (the verified chunk tables, complete, which `read` reads),
-/// into a metadata view and a shard. Equal images give equal bytes.
+/// `tables[i]` (the verified chunk tables, complete but for the chunks
+/// `moved` places elsewhere, which `read` reads), into a metadata view and
+/// a shard. Equal inputs give equal bytes.
 pub fn split(
     image: &Image<'_>,
     tables: &[IndexBlob],
+    moved: &Moved,
     read: &mut ReadDevice<'_>,
 ) -> Result<Split, SplitError> {
     if image.devices().len() != tables.len() {
@@ -186,7 +212,12 @@ pub fn split(
                 Some(&node) => node,
                 None => {
                     let child = image.inode(entry.nid)?;
-                    let node = view_node(image, &child, (tables, &mut *read), &mut shard)?;
+                    let source = Source {
+                        tables,
+                        moved,
+                        read: &mut *read,
+                    };
+                    let node = view_node(image, &child, source, &mut shard)?;
                     let id = view.add_node(node);
                     if child.kind() != Some(Kind::Directory) {
                         made.insert(entry.nid, id);
@@ -199,7 +230,7 @@ pub fn split(
             link(&mut view, dir, entry.name, child);
         }
     }
-    let devices: Vec<Device> = image
+    let mut devices: Vec<Device> = image
         .devices()
         .iter()
         .map(|d| Device {
@@ -207,6 +238,7 @@ pub fn split(
             blocks: d.blocks,
         })
         .collect();
+    devices.extend(moved.devices.iter().cloned());
     let (view, _) = write_image(&view, &[])?;
     let objects: Vec<Fingerprint> = shard.objects.keys().copied().collect();
     let (shard, _) = write_image(&shard.tree, &devices)?;
@@ -243,14 +275,21 @@ fn metadata(image: &Image<'_>, inode: &Inode<'_>) -> Result<Metadata, ReadError>
     })
 }
 
+/// What a file's object is made from: the verified chunk tables, where
+/// moved chunks are, and how to read bytes.
+struct Source<'s, 'r> {
+    tables: &'s [IndexBlob],
+    moved: &'s Moved,
+    read: &'s mut ReadDevice<'r>,
+}
+
 /// The view's node for `inode`; a file with data gets its object made.
 fn view_node(
     image: &Image<'_>,
     inode: &Inode<'_>,
-    (tables, read): (&[IndexBlob], &mut ReadDevice<'_>),
+    source: Source<'_, '_>,
     shard: &mut ShardTree,
 ) -> Result<Node<FileChunks>, SplitError> {
-    let block_bits = image.block_bits();
     let mut meta = metadata(image, inode)?;
     let kind = match inode.kind() {
         Some(Kind::Directory) => NodeKind::Directory {
@@ -261,9 +300,10 @@ fn view_node(
             let (bits, size) = (chunks.chunk_bits, inode.size);
             let addrs: Vec<Chunk> = (0..chunks.len()).filter_map(|i| chunks.get(i)).collect();
             if addrs.iter().any(|c| matches!(c, Chunk::Data { .. })) {
-                let fp = file_fingerprint(inode, &addrs, bits, (tables, read))?;
-                let stored = addrs.iter().map(|c| stored_addr(*c, block_bits)).collect();
-                shard.add(fp, size, bits, stored);
+                let refs = verified(inode, &addrs, bits, source.tables)?;
+                let placed = placed(&addrs, &refs, source.moved, image.block_bits())?;
+                let fp = file_fingerprint(inode, &addrs, &refs, bits, source)?;
+                shard.add(fp, size, bits, placed);
                 meta.xattrs.insert(METACOPY_XATTR.to_vec(), Vec::new());
                 meta.xattrs
                     .insert(REDIRECT_XATTR.to_vec(), object_path(&fp).into_bytes());
@@ -294,14 +334,30 @@ fn view_node(
     Ok(Node { meta, kind })
 }
 
-fn stored_addr(chunk: Chunk, block_bits: u8) -> ChunkAddr {
-    match chunk {
-        Chunk::Hole => ChunkAddr::Hole,
-        Chunk::Data { device, offset } => ChunkAddr::Data {
-            device,
-            blkaddr: (offset >> block_bits) as u32,
-        },
+/// Each chunk's address in the shard: the image's, or where `moved` put
+/// its stored chunk.
+fn placed(
+    addrs: &[Chunk],
+    refs: &[ChunkRef],
+    moved: &Moved,
+    block_bits: u8,
+) -> Result<Vec<ChunkAddr>, SplitError> {
+    let mut out = Vec::with_capacity(addrs.len());
+    for (chunk, chunk_ref) in addrs.iter().zip(refs) {
+        let (Chunk::Data { device, offset }, Some((_, at))) = (*chunk, chunk_ref) else {
+            out.push(ChunkAddr::Hole);
+            continue;
+        };
+        let (device, offset) = moved.place(device, offset, *at);
+        let blkaddr = u32::try_from(offset >> block_bits)
+            .ok()
+            .filter(|_| offset % (1 << block_bits) == 0)
+            .ok_or_else(|| {
+                SplitError::Unverified(format!("offset {offset} on device {device} is no block"))
+            })?;
+        out.push(ChunkAddr::Data { device, blkaddr });
     }
+    Ok(out)
 }
 
 /// A file's fingerprint: by content for a file of one chunk, else by its
@@ -309,34 +365,36 @@ fn stored_addr(chunk: Chunk, block_bits: u8) -> ChunkAddr {
 fn file_fingerprint(
     inode: &Inode<'_>,
     addrs: &[Chunk],
+    refs: &[ChunkRef],
     chunk_bits: u8,
-    (tables, read): (&[IndexBlob], &mut ReadDevice<'_>),
+    source: Source<'_, '_>,
 ) -> Result<Fingerprint, SplitError> {
-    let chunks = verified(inode, addrs, chunk_bits, tables)?;
     let size = inode.size;
-    match (addrs, chunks.as_slice()) {
-        ([Chunk::Data { device, offset }], [Some((digest, at))]) => {
-            let stored = &tables[usize::from(*device) - 1].chunks_covering(*offset, 1)[0];
-            if *at == 0 && u64::from(stored.size.get()) == size {
-                return Ok(content_fingerprint(size, digest));
-            }
-            let len = usize::try_from(size).map_err(|_| SplitError::Unverified("size".into()))?;
-            let Some(bytes) = read(*device, *offset, len).map_err(SplitError::Unverified)? else {
-                return Ok(fingerprint(size, chunk_bits, chunks));
-            };
-            if bytes.len() != len {
-                return Err(SplitError::Unverified(format!(
-                    "nid {}: read {} of {len} bytes",
-                    inode.nid,
-                    bytes.len()
-                )));
-            }
-            let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
-            let digest: &[u8; 32] = digest.as_ref().try_into().expect("sha256 is 32 bytes");
-            Ok(content_fingerprint(size, digest))
-        }
-        _ => Ok(fingerprint(size, chunk_bits, chunks)),
+    let ([Chunk::Data { device, offset }], [Some((digest, at))]) = (addrs, refs) else {
+        return Ok(fingerprint(size, chunk_bits, refs.to_vec()));
+    };
+    let stored = &source.tables[usize::from(*device) - 1].chunks_covering(*offset, 1)[0];
+    if *at == 0 && u64::from(stored.size.get()) == size {
+        return Ok(content_fingerprint(size, digest));
     }
+    let len = usize::try_from(size).map_err(|_| SplitError::Unverified("size".into()))?;
+    // Read where the shard will: a moved chunk is not in the image's file.
+    let (read_device, read_offset) = source.moved.place(*device, *offset, *at);
+    let Some(bytes) =
+        (source.read)(read_device, read_offset, len).map_err(SplitError::Unverified)?
+    else {
+        return Ok(fingerprint(size, chunk_bits, refs.to_vec()));
+    };
+    if bytes.len() != len {
+        return Err(SplitError::Unverified(format!(
+            "nid {}: read {} of {len} bytes",
+            inode.nid,
+            bytes.len()
+        )));
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    let digest: &[u8; 32] = digest.as_ref().try_into().expect("sha256 is 32 bytes");
+    Ok(content_fingerprint(size, digest))
 }
 
 /// Each chunk's (stored chunk digest, offset in it), checked to lie
@@ -529,7 +587,13 @@ mod tests {
     #[test]
     fn the_view_redirects_each_file_to_one_object_per_content() {
         let bytes = image(None);
-        let split = split(&Image::new(&bytes).unwrap(), &[table()], &mut by_block).unwrap();
+        let split = split(
+            &Image::new(&bytes).unwrap(),
+            &[table()],
+            &Moved::default(),
+            &mut by_block,
+        )
+        .unwrap();
         // a and b share one object; c and packed one each; holes none.
         assert_eq!(split.objects.len(), 3);
         let view = Image::new(&split.view).unwrap();
@@ -576,6 +640,57 @@ mod tests {
     }
 
     #[test]
+    fn moved_chunks_are_read_where_the_node_holds_them() {
+        let bytes = image(None);
+        let img = Image::new(&bytes).unwrap();
+        let other = Device {
+            tag: "other".into(),
+            blocks: 16,
+        };
+        let moved = Moved {
+            devices: vec![other],
+            // a's chunk (block 0) and the pack (blocks 2-3) are elsewhere.
+            chunks: HashMap::from([((1, 0), (2, 5 * 4096)), ((1, 2 * 4096), (2, 10 * 4096))]),
+        };
+        let mut reads = Vec::new();
+        let mut read = |device: u16, offset: u64, len: usize| {
+            reads.push((device, offset));
+            by_block(device, offset, len)
+        };
+        let parts = split(&img, &[table()], &moved, &mut read).unwrap();
+        // Files smaller than their stored chunk (c, packed) were named by
+        // the bytes where the shard reads them.
+        reads.sort();
+        assert_eq!(reads, vec![(1, 4096), (2, 11 * 4096)]);
+        let shard = Image::new(&parts.shard).unwrap();
+        assert_eq!(shard.devices().len(), 2);
+        let view = Image::new(&parts.view).unwrap();
+        let chunk_of = |name: &[u8]| {
+            let redirect = xattr(&view, name, REDIRECT_XATTR).unwrap();
+            let path = String::from_utf8(redirect).unwrap();
+            let mut dir = shard.inode(shard.root_nid()).unwrap();
+            for part in path.trim_start_matches('/').split('/') {
+                let nid = shard.lookup(&dir, part.as_bytes()).unwrap().unwrap().nid;
+                dir = shard.inode(nid).unwrap();
+            }
+            shard.chunks(&dir).unwrap().get(0).unwrap()
+        };
+        let on = |device: u16, block: u64| Chunk::Data {
+            device,
+            offset: block * 4096,
+        };
+        assert_eq!(chunk_of(b"a"), on(2, 5));
+        assert_eq!(chunk_of(b"packed"), on(2, 11));
+        assert_eq!(chunk_of(b"c"), on(1, 1), "a chunk not moved stays");
+        // A place that is no block is refused, not rounded.
+        let odd = Moved {
+            chunks: HashMap::from([((1, 0), (2, 100))]),
+            ..moved
+        };
+        assert!(split(&img, &[table()], &odd, &mut by_block).is_err());
+    }
+
+    #[test]
     fn a_chunk_reading_past_its_stored_chunk_is_refused() {
         // Block 1's stored chunk is 4096 bytes; a 5000-byte read from it
         // would run into block 2, which its digest does not cover.
@@ -587,7 +702,13 @@ mod tests {
             },
         };
         let bytes = image(Some((b"long", long)));
-        let err = split(&Image::new(&bytes).unwrap(), &[table()], &mut by_block).unwrap_err();
+        let err = split(
+            &Image::new(&bytes).unwrap(),
+            &[table()],
+            &Moved::default(),
+            &mut by_block,
+        )
+        .unwrap_err();
         assert!(
             err.to_string().contains("not inside a stored chunk"),
             "{err}"
@@ -595,7 +716,13 @@ mod tests {
         // Off the table's chunks altogether.
         let beyond = file(4096, vec![at(7)]);
         let bytes = image(Some((b"beyond", beyond)));
-        assert!(split(&Image::new(&bytes).unwrap(), &[table()], &mut by_block).is_err());
+        assert!(split(
+            &Image::new(&bytes).unwrap(),
+            &[table()],
+            &Moved::default(),
+            &mut by_block
+        )
+        .is_err());
     }
 
     #[test]
@@ -605,15 +732,15 @@ mod tests {
         let twin = file(10, vec![at(2)]);
         let bytes = image(Some((b"twin", twin)));
         let img = Image::new(&bytes).unwrap();
-        let split_by_block = split(&img, &[table()], &mut by_block).unwrap();
+        let split_by_block = split(&img, &[table()], &Moved::default(), &mut by_block).unwrap();
         assert_eq!(split_by_block.objects.len(), 4);
         // Equal bytes wherever they are packed: one object.
         let mut same = |_: u16, _: u64, len: usize| Ok(Some(vec![5u8; len]));
-        let split_same = split(&img, &[table()], &mut same).unwrap();
+        let split_same = split(&img, &[table()], &Moved::default(), &mut same).unwrap();
         assert_eq!(split_same.objects.len(), 3);
         // Bytes not on the node: named by their packs, both in one pack.
         let mut absent = |_: u16, _: u64, _: usize| Ok(None);
-        let split_absent = split(&img, &[table()], &mut absent).unwrap();
+        let split_absent = split(&img, &[table()], &Moved::default(), &mut absent).unwrap();
         assert_eq!(split_absent.objects.len(), 4);
         let absent_view = Image::new(&split_absent.view).unwrap();
         let by_block_view = Image::new(&split_by_block.view).unwrap();
@@ -630,7 +757,7 @@ mod tests {
             xattr(&view, b"packed", REDIRECT_XATTR)
         );
         let mut failing = |_: u16, _: u64, _: usize| Err("cache file gone".to_string());
-        let err = split(&img, &[table()], &mut failing).unwrap_err();
+        let err = split(&img, &[table()], &Moved::default(), &mut failing).unwrap_err();
         assert!(err.to_string().contains("cache file gone"), "{err}");
     }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use lamina_fetch::fetch::decode_chunk;
 use lamina_fetch::private;
+use lamina_fetch::store::BlobStore;
 use lamina_format::index::{BlobSummary, IndexBlob};
 
 /// Why the cache could not be filled.
@@ -146,6 +147,49 @@ pub fn materialize_blob(
         io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
         Ok(())
     })
+}
+
+/// Fills chunks `need` (indices, any order) of `store`'s blob from
+/// `reader` (the blob's bytes, in order, digest-checked by the reader at
+/// EOF): each decompressed and checked against its digest before it is
+/// written; the fill record follows (`BlobStore::save`) once the whole
+/// blob verified.
+pub fn fill_chunks(
+    store: &mut BlobStore,
+    need: &[usize],
+    mut reader: impl Read,
+) -> Result<(), CacheError> {
+    let blob = store.blob().clone();
+    let name = hex::encode(blob.digest);
+    let read_err = |source| CacheError::Read {
+        blob: name.clone(),
+        source,
+    };
+    let path = store.cache_path().to_path_buf();
+    let mut need = need.to_vec();
+    need.sort_by_key(|&i| blob.chunks[i].compressed_offset.get());
+    let (mut pos, mut stored) = (0u64, Vec::new());
+    let mut decompressor = zstd::bulk::Decompressor::new().map_err(read_err)?;
+    for i in need {
+        let chunk = &blob.chunks[i];
+        let offset = chunk.compressed_offset.get();
+        let bad = |reason: String| CacheError::BadChunk {
+            blob: name.clone(),
+            offset,
+            reason,
+        };
+        if offset < pos {
+            return Err(bad("chunks overlap in the blob".into()));
+        }
+        io::copy(&mut (&mut reader).take(offset - pos), &mut io::sink()).map_err(read_err)?;
+        stored.resize(chunk.compressed_size.get() as usize, 0);
+        reader.read_exact(&mut stored).map_err(read_err)?;
+        pos = offset + stored.len() as u64;
+        let data = decode_chunk(&mut decompressor, chunk, &stored).map_err(bad)?;
+        store.fill(i, &data, None).map_err(io_err(&path))?;
+    }
+    io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
+    store.save().map_err(io_err(&path))
 }
 
 /// Puts the verified, synced cache file `file` (at `tmp`) in place at

@@ -24,7 +24,9 @@ pub fn mount_image(
     mountpoint: &Path,
     opts: &MountOptions,
 ) -> Result<MountInfo, MountError> {
-    let info = fill_cache(image, mountpoint, opts, false)?;
+    let mut borrowed = crate::shared::Borrowed::default();
+    let borrow = opts.share_files.then_some(&mut borrowed);
+    let info = fill_cache_borrowing(image, mountpoint, opts, false, borrow)?;
     crate::layers::check_metadata(&info.metadata_path)?;
     lamina_daemon::holder::device_options(info.blob_paths.iter().map(PathBuf::as_path))
         .map_err(MountError::BadCachePath)?;
@@ -32,7 +34,7 @@ pub fn mount_image(
         tracing::warn!("{image}: a tar index mount does not share files yet; not shared");
     } else if opts.share_files {
         let dirs = crate::common::DomainDirs::of(opts, image);
-        crate::shared::mount_view(&info, opts, &dirs.shards)?;
+        crate::shared::mount_view(&info, opts, &dirs.shards, &borrowed)?;
         record_eager(opts, &info);
         return Ok(info);
     }
@@ -78,6 +80,19 @@ pub(crate) fn fill_cache(
     mountpoint: &Path,
     opts: &MountOptions,
     lookup: bool,
+) -> Result<MountInfo, MountError> {
+    fill_cache_borrowing(image, mountpoint, opts, lookup, None)
+}
+
+/// [`fill_cache`]; with `borrow` (a `--share-files` mount, which reads
+/// blobs only through its shard), chunks that other images' complete
+/// cache files hold are borrowed from them, not copied.
+fn fill_cache_borrowing(
+    image: &ImageRef,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    lookup: bool,
+    mut borrow: Option<&mut crate::shared::Borrowed>,
 ) -> Result<MountInfo, MountError> {
     let meta = fs::metadata(mountpoint)
         .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
@@ -159,14 +174,40 @@ pub(crate) fn fill_cache(
     if !missing.is_empty() {
         let index_bytes = fs::read(&index_path).map_err(io_err(&index_path))?;
         let index = artifact::parse_index(&index_bytes, &layers)?;
+        let locator = lamina_fetch::locator::ChunkLocator::open(blob_dir).ok();
         for i in missing {
             let (desc, path) = (&layers.blobs[i], &blob_paths[i]);
+            if let (Some(borrowed), Some(locator)) = (borrow.as_deref_mut(), &locator) {
+                // A source that cannot read the table alone: fetched whole.
+                let table = match index.inline.get(i) {
+                    Some(blob) => Some(blob.clone()),
+                    None => {
+                        let summary = &index.blobs[i];
+                        let bits = index.chunk_bits;
+                        crate::shared::chunk_table(source.as_ref(), desc, summary, bits, blob_dir)
+                            .inspect_err(|e| tracing::debug!("{}: {e}", desc.digest))
+                            .ok()
+                    }
+                };
+                if let Some(table) = table {
+                    let device = u16::try_from(i + 1).expect("the index bounds its blobs");
+                    if let Some(read) = borrowed
+                        .fill(locator, device, table, blob_dir, || source.open_blob(desc))?
+                    {
+                        fetched += read;
+                        continue;
+                    }
+                }
+            }
             let reader = source.open_blob(desc)?;
             let (file, blob) = match index.inline.get(i) {
                 Some(blob) => (materialize_blob(path, blob, reader)?, blob.clone()),
                 None => materialize_paged_blob(path, &index.blobs[i], index.chunk_bits, reader)?,
             };
             BlobStore::record_complete(blob_dir, &blob, &file).map_err(io_err(path))?;
+            if let Some(locator) = &locator {
+                crate::shared::note_chunks(locator, &blob, None);
+            }
             fetched += desc.size;
         }
     }

@@ -27,11 +27,14 @@
 //! name, so each content is read through the first shard that held it.
 
 use std::fs;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use lamina_fetch::locator::{ChunkLocator, Found};
 use lamina_fetch::private;
+use lamina_fetch::store::{BlobStore, EntryKey};
 use lamina_format::erofs::Image;
 use lamina_format::index::{ChunkIndex, IndexBlob};
 use lamina_format::shard::{self, Fingerprint};
@@ -58,22 +61,156 @@ struct ViewRecord {
     shards: Vec<String>,
 }
 
+/// Chunks an eager `--share-files` mount reads from other images' complete
+/// cache files instead of keeping a copy in its own (which stay sparse
+/// there, and unrecorded: a mount that reads the image's own files fetches
+/// them). Each file is opened before its chunks are checked, and its shard
+/// mounts that very file (`/proc/self/fd/N`), never a path that could
+/// have been replaced since.
+#[derive(Debug, Default)]
+pub(crate) struct Borrowed {
+    /// (path, the file, opened).
+    files: Vec<(PathBuf, fs::File)>,
+    /// (image device, stored chunk's cache offset) → (index in `files`,
+    /// where the chunk starts there).
+    chunks: std::collections::HashMap<(u16, u64), (usize, u64)>,
+}
+
+impl Borrowed {
+    /// Fills blob `table`'s cache file (image device `device`, in
+    /// `blob_dir`) with what no other complete cache file of the domain
+    /// holds, borrowing the rest. `None` when nothing is borrowed (the
+    /// caller fetches the blob whole, as ever); else the bytes of blob read
+    /// from the source (`open`), 0 when every chunk was on the node.
+    pub(crate) fn fill<R: std::io::Read>(
+        &mut self,
+        locator: &ChunkLocator,
+        device: u16,
+        table: IndexBlob,
+        blob_dir: &Path,
+        open: impl FnOnce() -> Result<R, lamina_oci::OciError>,
+    ) -> Result<Option<u64>, MountError> {
+        let key = EntryKey::of(&table);
+        let found: Vec<Option<Found>> = table
+            .chunks
+            .iter()
+            .map(|c| locator.find(&c.digest, c.size.get(), &key))
+            .collect();
+        if found.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let mut store = BlobStore::open(blob_dir, table).map_err(io_err(blob_dir))?;
+        // A live lazy mount may watch the file: its fills raise no event.
+        if let Ok(quiet) = lamina_sys::open_quiet(store.cache_file()) {
+            store.set_writer(quiet).map_err(io_err(blob_dir))?;
+        }
+        let open_chunks: Vec<usize> = (0..found.len()).filter(|&i| !store.is_filled(i)).collect();
+        let need: Vec<usize> = open_chunks
+            .iter()
+            .copied()
+            .filter(|&i| found[i].is_none())
+            .collect();
+        let mut read = 0;
+        if !need.is_empty() {
+            let reader = open()?;
+            crate::cache::fill_chunks(&mut store, &need, reader)?;
+            read = store.blob().compressed_size;
+        }
+        let blob = store.blob().clone();
+        let filled: Vec<bool> = (0..found.len()).map(|i| need.contains(&i)).collect();
+        note_chunks(locator, &blob, Some(&filled));
+        let mut found = found;
+        for i in open_chunks {
+            if let Some(at) = found[i].take() {
+                let file = self.file_index(at.path, at.file)?;
+                let start = blob.chunks[i].cache_offset.get();
+                self.chunks.insert((device, start), (file, at.cache_offset));
+            }
+        }
+        Ok(Some(read))
+    }
+
+    /// The index of `file` in `files`, added unless the same inode is there.
+    fn file_index(&mut self, path: PathBuf, file: fs::File) -> Result<usize, MountError> {
+        let ino = |f: &fs::File| f.metadata().map(|m| (m.dev(), m.ino()));
+        let this = ino(&file).map_err(io_err(&path))?;
+        if let Some(i) = self
+            .files
+            .iter()
+            .position(|(_, f)| ino(f).ok() == Some(this))
+        {
+            return Ok(i);
+        }
+        self.files.push((path, file));
+        Ok(self.files.len() - 1)
+    }
+
+    /// The shard's devices for these chunks, numbered after the image's
+    /// `image_devices`.
+    fn moved(&self, image_devices: usize) -> Result<shard::Moved, MountError> {
+        let mut devices = Vec::with_capacity(self.files.len());
+        for (path, file) in &self.files {
+            let len = file.metadata().map_err(io_err(path))?.len();
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            devices.push(lamina_format::erofs::Device {
+                tag: name.chars().take(64).collect(),
+                blocks: u32::try_from(len.div_ceil(4096)).map_err(|_| {
+                    MountError::Share(format!("{}: too large a device", path.display()))
+                })?,
+            });
+        }
+        let first = u16::try_from(image_devices + 1).map_err(|_| too_many())?;
+        let mut chunks = std::collections::HashMap::new();
+        for (&at, &(file, offset)) in &self.chunks {
+            let device = u16::try_from(file).ok().and_then(|f| first.checked_add(f));
+            chunks.insert(at, (device.ok_or_else(too_many)?, offset));
+        }
+        Ok(shard::Moved { devices, chunks })
+    }
+}
+
+fn too_many() -> MountError {
+    MountError::Share("too many devices for one shard".into())
+}
+
+/// Notes in the domain's chunk locator where `blob`'s chunks (those
+/// `only` flags, or all) lie verified, so that later images find them.
+pub(crate) fn note_chunks(locator: &ChunkLocator, blob: &IndexBlob, only: Option<&[bool]>) {
+    let key = EntryKey::of(blob);
+    for (i, c) in blob.chunks.iter().enumerate() {
+        if only.is_none_or(|only| only[i]) {
+            locator.note(&c.digest, &key, c.cache_offset.get(), c.size.get());
+        }
+    }
+}
+
 /// Mounts `info`'s image (complete in the cache) at `info.mountpoint` as a
 /// read-only overlayfs of its metadata view over the domain's shards.
 pub(crate) fn mount_view(
     info: &MountInfo,
     opts: &MountOptions,
     shards_dir: &Path,
+    borrowed: &Borrowed,
 ) -> Result<(), MountError> {
-    let split = split_image(info)?;
+    let moved = borrowed.moved(info.blob_paths.len())?;
+    let split = split_image(info, borrowed, &moved)?;
     private::private_dir(shards_dir).map_err(io_err(shards_dir))?;
     let _lock = lock(shards_dir)?;
     let own = shard_id(&split);
     let dir = shards_dir.join(&own);
     let fresh = !is_mounted(&dir.join("mnt"));
     if fresh {
-        write_shard(&dir, &split, &info.blob_paths)?;
-        let devices: Vec<&Path> = info.blob_paths.iter().map(PathBuf::as_path).collect();
+        let mut paths = info.blob_paths.clone();
+        paths.extend(borrowed.files.iter().map(|(p, _)| p.clone()));
+        write_shard(&dir, &split, &paths)?;
+        let mut devices = info.blob_paths.clone();
+        devices.extend(
+            borrowed
+                .files
+                .iter()
+                .map(|(_, f)| PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
+        );
+        let devices: Vec<&Path> = devices.iter().map(PathBuf::as_path).collect();
         // Objects are plain files: no xattrs, setuid bits or devices.
         let file = dir.join("shard.erofs");
         mount_erofs(
@@ -134,7 +271,12 @@ pub(crate) fn mount_lazy_view(
     let blob_paths: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
     let tables = lazy_tables(&lazy, &config.blob_dir)?;
     // Packed files are named by their packs: their bytes are not here yet.
-    let split = split_with(&config.metadata_path, &tables, &mut |_, _, _| Ok(None))?;
+    let split = split_with(
+        &config.metadata_path,
+        &tables,
+        &shard::Moved::default(),
+        &mut |_, _, _| Ok(None),
+    )?;
     private::private_dir(shards_dir).map_err(io_err(shards_dir))?;
     let _lock = lock(shards_dir)?;
     let own = shard_id(&split);
@@ -191,40 +333,46 @@ fn lazy_tables(lazy: &LazyView<'_>, blob_dir: &Path) -> Result<Vec<IndexBlob>, M
             tables.push(blob.clone());
             continue;
         }
-        let kept = lamina_fetch::store::load_table(blob_dir, summary, index.chunk_bits);
-        if let Ok(Some(table)) = kept {
-            tables.push(table);
-            continue;
-        }
-        let (at, len) = summary.table_range().ok_or_else(|| {
-            MountError::Share(format!(
-                "blob {} has no chunk table",
-                hex::encode(summary.digest)
-            ))
-        })?;
         let desc = &lazy.layers.blobs[i];
-        let mut last = String::new();
-        let mut table = None;
-        // Once more on a failure: a transient fault costs a request, not the mount.
-        for _ in 0..2 {
-            match lazy.src.read_blob_range(desc, at, len) {
-                Ok(Some(bytes)) => match IndexBlob::from_table(summary, index.chunk_bits, &bytes) {
-                    Ok(t) => {
-                        let _ = lamina_fetch::store::save_table(blob_dir, summary, &bytes);
-                        table = Some(t);
-                        break;
-                    }
-                    Err(e) => last = e.to_string(),
-                },
-                Ok(None) => last = "the source reads blobs whole only".into(),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        tables.push(table.ok_or_else(|| {
+        let table = chunk_table(lazy.src, desc, summary, index.chunk_bits, blob_dir);
+        tables.push(table.map_err(|last| {
             MountError::Share(format!("the chunk table of blob {}: {last}", desc.digest))
         })?);
     }
     Ok(tables)
+}
+
+/// A paged blob's chunk table: kept in the cache, or read from the source
+/// by range (once more on a failure: a transient fault costs a request,
+/// not the mount), checked against its summary and then kept.
+pub(crate) fn chunk_table(
+    src: &dyn ImageSource,
+    desc: &lamina_oci::Descriptor,
+    summary: &lamina_format::index::BlobSummary,
+    chunk_bits: u8,
+    blob_dir: &Path,
+) -> Result<IndexBlob, String> {
+    if let Ok(Some(table)) = lamina_fetch::store::load_table(blob_dir, summary, chunk_bits) {
+        return Ok(table);
+    }
+    let (at, len) = summary
+        .table_range()
+        .ok_or_else(|| format!("blob {} has no chunk table", hex::encode(summary.digest)))?;
+    let mut last = String::new();
+    for _ in 0..2 {
+        match src.read_blob_range(desc, at, len) {
+            Ok(Some(bytes)) => match IndexBlob::from_table(summary, chunk_bits, &bytes) {
+                Ok(table) => {
+                    let _ = lamina_fetch::store::save_table(blob_dir, summary, &bytes);
+                    return Ok(table);
+                }
+                Err(e) => last = e.to_string(),
+            },
+            Ok(None) => last = "the source reads blobs whole only".into(),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
 }
 
 /// A shard's id: its bytes' sha256, 32 hex digits.
@@ -295,7 +443,11 @@ fn stack_view(
 
 /// The image's metadata view and shard, from its metadata and the chunk
 /// tables the mount verified.
-fn split_image(info: &MountInfo) -> Result<shard::Split, MountError> {
+fn split_image(
+    info: &MountInfo,
+    borrowed: &Borrowed,
+    moved: &shard::Moved,
+) -> Result<shard::Split, MountError> {
     let index_path = info.index_path.as_ref().ok_or_else(|| {
         MountError::Share("needs a lamina image (a tar index mount cannot share yet)".into())
     })?;
@@ -319,11 +471,14 @@ fn split_image(info: &MountInfo) -> Result<shard::Split, MountError> {
             })?;
         tables.push(table);
     }
-    let files = info
+    let mut files = info
         .blob_paths
         .iter()
         .map(|p| private::open_trusted(p).map_err(io_err(p)))
         .collect::<Result<Vec<_>, _>>()?;
+    for (path, file) in &borrowed.files {
+        files.push(file.try_clone().map_err(io_err(path))?);
+    }
     let mut read = |device: u16, offset: u64, len: usize| {
         let file = files
             .get(usize::from(device).wrapping_sub(1))
@@ -333,7 +488,7 @@ fn split_image(info: &MountInfo) -> Result<shard::Split, MountError> {
             .map_err(|e| format!("device {device} at {offset}: {e}"))?;
         Ok(Some(bytes))
     };
-    let split = split_with(&info.metadata_path, &tables, &mut read);
+    let split = split_with(&info.metadata_path, &tables, moved, &mut read);
     // Packed files were read to be named: their pages are not the view's
     // (the shard reads with direct I/O), so they go.
     for file in &files {
@@ -346,12 +501,13 @@ fn split_image(info: &MountInfo) -> Result<shard::Split, MountError> {
 fn split_with(
     path: &Path,
     tables: &[IndexBlob],
+    moved: &shard::Moved,
     read: &mut shard::ReadDevice<'_>,
 ) -> Result<shard::Split, MountError> {
     let meta = fs::read(path).map_err(io_err(path))?;
     let image =
         Image::new(&meta).map_err(|e| MountError::Share(format!("{}: {e}", path.display())))?;
-    shard::split(&image, tables, read)
+    shard::split(&image, tables, moved, read)
         .map_err(|e| MountError::Share(format!("{}: {e}", path.display())))
 }
 

@@ -94,7 +94,7 @@ fn shared_files_are_read_through_one_shard() {
         // fsck.erofs takes both EROFS images a view is made of.
         fsck_erofs_file(&view_run_dir(&m).join("view.erofs"), &[]);
         let own = shards_of(&m).pop().unwrap();
-        fsck_erofs_file(&own.join("shard.erofs"), &m.blob_paths());
+        fsck_erofs_file(&own.join("shard.erofs"), &shard_devices(&own));
         mounts.insert(tag, m);
     }
     let (b, h) = (&mounts["b"], &mounts["h"]);
@@ -110,6 +110,20 @@ fn shared_files_are_read_through_one_shard() {
     );
     let h_own = h_shards.last().unwrap();
     assert_ne!(h_own, &b_shard);
+    // Disk: h keeps only what b's cache files lack; its shard reads the
+    // rest from b's (its extra devices), with no copy of its own.
+    let (b_blobs, h_blobs) = (b.blob_paths(), h.blob_paths());
+    let (b_disk, h_disk) = (allocated(&b_blobs), allocated(&h_blobs));
+    eprintln!("cache files on disk: b {b_disk} B, h {h_disk} B");
+    assert!(
+        h_disk * 2 < b_disk,
+        "h's cache files hold {h_disk} B, b's {b_disk} B: copies, not borrowed"
+    );
+    let h_devices = shard_devices(h_own);
+    assert!(
+        b_blobs.iter().all(|p| h_devices.contains(p)),
+        "h's shard does not read b's cache files: {h_devices:?}"
+    );
 
     let h_ref = &refs["h"];
     drop_caches();
@@ -143,8 +157,44 @@ fn shared_files_are_read_through_one_shard() {
     mounts.remove("b").unwrap().unmount();
     assert!(is_mountpoint(&b_shard.join("mnt")), "b's shard went with b");
     treecmp(&[], &refs["a2"], &mounts["a2"].path);
+    // b's cache files gone: h's shard reads the very files it checked (open
+    // since), and a new mount of h fetches what it borrowed before.
+    for p in &b_blobs {
+        fs::remove_file(p).unwrap();
+    }
+    drop_caches();
+    treecmp(&[], &refs["h"], &mounts["h"].path);
+    let again = Mount::with_args(
+        &oci_ref(&t.join("conv"), "h"),
+        &t.join("mnt-h2"),
+        &cache,
+        SHARE,
+    );
+    drop_caches();
+    treecmp(&[], &refs["h"], &again.path);
+    let again_own = shards_of(&again).pop().unwrap();
+    assert_eq!(shard_devices(&again_own), h_blobs, "h's own files, whole");
+    assert!(
+        allocated(&h_blobs) > h_disk,
+        "h's cache files were not filled"
+    );
+    drop(again);
     drop(mounts);
     assert_no_shards(&cache);
+}
+
+/// The cache files a shard reads (its `blobs.json`), in device order.
+#[track_caller]
+fn shard_devices(shard: &Path) -> Vec<PathBuf> {
+    serde_json::from_slice(&fs::read(shard.join("blobs.json")).unwrap()).unwrap()
+}
+
+/// Bytes allocated on disk to `files`.
+fn allocated(files: &[PathBuf]) -> u64 {
+    files
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().blocks() * 512)
+        .sum()
 }
 
 /// An image's own `trusted.overlay.*` xattrs are its data, not overlayfs's
