@@ -51,7 +51,8 @@
 #      --pack-limit 0 (other blobs, other packing); both mounted `--share-files` on one
 #      cache (each an overlayfs of its metadata over shards of objects named by content);
 #      python3.11 of both is one object, and reading every file of the second image after
-#      the first adds only its metadata to the page cache
+#      the first adds only its metadata to the page cache; the second mount borrows the
+#      chunks the first's cache files hold (no second copy on disk)
 #
 # Prints the time of every step and the bytes fetched (at mount time, and on
 # demand while the container ran, from `lamina status`). Everything (container,
@@ -541,6 +542,7 @@ for tag in bookworm-lamina bookworm-lamina-128k; do "$LAMINA" umount "$TMP/objec
 
 # ---- 16. density on the kernel path: one page cache for both images -------------------------
 SHARE_CACHE="$TMP/cache-shared"
+SHARED_DISK=()
 log "lamina convert --pack-limit 0 docker://$R/debian:bookworm docker://$R/debian:bookworm-lamina-unpacked (other blobs)"
 t=$(now)
 "$LAMINA" convert --pack-limit 0 "docker://$R/debian:bookworm" "docker://$R/debian:bookworm-lamina-unpacked" \
@@ -552,8 +554,11 @@ for tag in bookworm-lamina bookworm-lamina-unpacked; do
     mkdir -p "$TMP/shared-$tag"
     "$LAMINA" mount --eager --mode kernel --share-files "docker://$R/debian:$tag" "$TMP/shared-$tag" \
         --cache-dir "$SHARE_CACHE" >/dev/null 2>"$TMP/shared.err" || die "--share-files mount of $tag failed: $(cat "$TMP/shared.err")"
+    # Disk the cache files take: the second image borrows the chunks the first holds.
+    SHARED_DISK+=("$(du -s --block-size=1 "$SHARE_CACHE/blobs" | cut -f1)")
 done
 step "lamina mount --share-files (x2)" "$t" "$(now)"
+[ "${#SHARED_DISK[@]}" = 2 ] || die "no disk figures for the --share-files mounts"
 # Where each view takes python3.11's data from: the redirect its metadata view carries.
 redirect_of() {
     local view
@@ -571,7 +576,7 @@ find "$TMP/shared-bookworm-lamina" -xdev -type f -exec cat {} + >/dev/null
 c1=$(cached_kib)
 find "$TMP/shared-bookworm-lamina-unpacked" -xdev -type f -exec cat {} + >/dev/null
 c2=$(cached_kib)
-SHARED_SAID="python3.11 is one object; every file of the first image: $(((c1 - c0) / 1024)) MiB of page cache, then the second's added $(((c2 - c1) / 1024)) MiB"
+SHARED_SAID="python3.11 is one object; every file of the first image: $(((c1 - c0) / 1024)) MiB of page cache, then the second's added $(((c2 - c1) / 1024)) MiB; cache files on disk: $((SHARED_DISK[0] >> 20)) MiB for the first, the second added $(((SHARED_DISK[1] - SHARED_DISK[0]) >> 20)) MiB"
 log "  $SHARED_SAID"
 for tag in bookworm-lamina bookworm-lamina-unpacked; do "$LAMINA" umount "$TMP/shared-$tag" --cache-dir "$SHARE_CACHE" >/dev/null; done
 

@@ -67,6 +67,37 @@ pub struct BlobSpec {
     /// a cache dir whose filesystem keeps no birth time).
     #[serde(default)]
     pub file: Option<CacheFileId>,
+    /// Chunks a `--share-files` shard reads from another image's complete
+    /// cache file ([`DaemonConfig::borrowed`]): never fetched ahead.
+    #[serde(default)]
+    pub borrowed_chunks: Vec<u32>,
+}
+
+/// Another image's cache file that a `--share-files` shard reads chunks
+/// from: complete by its fill record when the mount checked those chunks,
+/// so its bytes never change. The holder mounts the very inode the mount
+/// checked, or nothing.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct BorrowedSpec {
+    /// Its path.
+    pub cache_path: PathBuf,
+    /// The file the mount checked.
+    pub file: CacheFileId,
+}
+
+impl BorrowedSpec {
+    /// Opens the file, read-only, if it is still the one the mount checked.
+    pub fn open_checked(&self) -> std::io::Result<std::fs::File> {
+        let file = lamina_fetch::private::open_existing(&self.cache_path)?;
+        let got = lamina_fetch::store::identity(&file)?.map(CacheFileId::from);
+        match got == Some(self.file) {
+            true => Ok(file),
+            false => Err(std::io::Error::other(format!(
+                "borrowed cache file {} is not the one the mount checked (replaced since)",
+                self.cache_path.display()
+            ))),
+        }
+    }
 }
 
 /// A cache file's identity (inode number and birth time), as a config
@@ -157,6 +188,10 @@ pub struct DaemonConfig {
     pub blob_dir: PathBuf,
     /// Blobs in device order.
     pub blobs: Vec<BlobSpec>,
+    /// Other images' cache files a `--share-files` shard reads, its devices
+    /// after the blobs' (never watched: complete).
+    #[serde(default)]
+    pub borrowed: Vec<BorrowedSpec>,
     /// Where blob bytes come from.
     pub source: SourceSpec,
     /// Run directory (status, logs, ready marker).
@@ -416,6 +451,7 @@ mod tests {
             cache_path: path.clone(),
             complete: false,
             file: Some(id.into()),
+            borrowed_chunks: Vec::new(),
         };
         spec.open_checked().unwrap();
         let other = dir.path().join("other");
@@ -439,6 +475,7 @@ mod tests {
             cache_path: path,
             complete: false,
             file: None,
+            borrowed_chunks: Vec::new(),
         };
         let err = spec.open_checked().unwrap_err();
         assert!(err.to_string().contains("no identity"), "{err}");

@@ -310,6 +310,13 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
         let m = files[i].metadata()?;
         watched.insert((m.dev(), m.ino()), i as u32);
     }
+    let mut files = files;
+    let mut fd_paths = fd_paths;
+    for borrowed in &config.borrowed {
+        let file = borrowed.open_checked()?;
+        fd_paths.push(lamina_sys::fd_path(&file));
+        files.push(file);
+    }
     let worker = Worker::spawn(config_path, &config.run_dir.join("worker.log"))?;
     mount_options(config)?;
     let devices: Vec<&Path> = fd_paths.iter().map(PathBuf::as_path).collect();

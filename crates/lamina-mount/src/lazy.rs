@@ -502,6 +502,7 @@ pub(crate) fn blob_spec(digest: &lamina_oci::Digest, prepared: Prepared) -> Blob
         cache_path: prepared.cache_path,
         complete: prepared.complete,
         file: prepared.identity.map(CacheFileId::from),
+        borrowed_chunks: Vec::new(),
     }
 }
 
@@ -590,6 +591,7 @@ pub(crate) fn daemon_config(
         tar_windows: None,
         blob_dir: plan.blob_dir,
         blobs: plan.blobs,
+        borrowed: Vec::new(),
         run_dir: run.clone(),
         timeout_secs: lazy.timeout.as_secs().max(1),
         fill_window: lazy.fill_window,

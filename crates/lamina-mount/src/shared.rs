@@ -130,6 +130,45 @@ impl Borrowed {
         Ok(Some(read))
     }
 
+    /// Borrows every chunk of blob `table` (image device `device`) that
+    /// another image's complete cache file holds, for a lazy mount's shard
+    /// (its own file keeps whatever it has): returns their indices, for its
+    /// worker never to fetch them ahead.
+    pub(crate) fn borrow(
+        &mut self,
+        locator: &ChunkLocator,
+        device: u16,
+        table: &IndexBlob,
+    ) -> Result<Vec<u32>, MountError> {
+        let key = EntryKey::of(table);
+        let mut chunks = Vec::new();
+        for (i, c) in table.chunks.iter().enumerate() {
+            if let Some(at) = locator.find(&c.digest, c.size.get(), &key) {
+                let file = self.file_index(at.path, at.file)?;
+                self.chunks
+                    .insert((device, c.cache_offset.get()), (file, at.cache_offset));
+                chunks.push(u32::try_from(i).map_err(|_| too_many())?);
+            }
+        }
+        Ok(chunks)
+    }
+
+    /// The borrowed files as a lazy mount's holder opens them: by path,
+    /// checked to be the very inode checked here.
+    fn specs(&self) -> Result<Vec<lamina_daemon::config::BorrowedSpec>, MountError> {
+        let mut specs = Vec::with_capacity(self.files.len());
+        for (path, file) in &self.files {
+            let id = lamina_fetch::store::identity(file)
+                .map_err(io_err(path))?
+                .ok_or_else(|| MountError::Share(format!("{}: no birth time", path.display())))?;
+            specs.push(lamina_daemon::config::BorrowedSpec {
+                cache_path: path.clone(),
+                file: id.into(),
+            });
+        }
+        Ok(specs)
+    }
+
     /// The index of `file` in `files`, added unless the same inode is there.
     fn file_index(&mut self, path: PathBuf, file: fs::File) -> Result<usize, MountError> {
         let ino = |f: &fs::File| f.metadata().map(|m| (m.dev(), m.ino()));
@@ -270,13 +309,20 @@ pub(crate) fn mount_lazy_view(
     crate::layers::check_metadata(&config.metadata_path)?;
     let blob_paths: Vec<PathBuf> = config.blobs.iter().map(|b| b.cache_path.clone()).collect();
     let tables = lazy_tables(&lazy, &config.blob_dir)?;
+    let mut borrowed = Borrowed::default();
+    if let Ok(locator) = ChunkLocator::open(&config.blob_dir) {
+        for (i, (table, spec)) in tables.iter().zip(&mut config.blobs).enumerate() {
+            if !spec.complete && locator.may_hold_any() {
+                let device = u16::try_from(i + 1).map_err(|_| too_many())?;
+                spec.borrowed_chunks = borrowed.borrow(&locator, device, table)?;
+            }
+        }
+    }
+    let moved = borrowed.moved(tables.len())?;
     // Packed files are named by their packs: their bytes are not here yet.
-    let split = split_with(
-        &config.metadata_path,
-        &tables,
-        &shard::Moved::default(),
-        &mut |_, _, _| Ok(None),
-    )?;
+    let split = split_with(&config.metadata_path, &tables, &moved, &mut |_, _, _| {
+        Ok(None)
+    })?;
     private::private_dir(shards_dir).map_err(io_err(shards_dir))?;
     let _lock = lock(shards_dir)?;
     let own = shard_id(&split);
@@ -294,7 +340,10 @@ pub(crate) fn mount_lazy_view(
     };
     let fresh = !is_mounted(&dir.join("mnt"));
     if fresh {
-        write_shard(&dir, &split, &blob_paths)?;
+        let mut paths = blob_paths.clone();
+        paths.extend(borrowed.files.iter().map(|(p, _)| p.clone()));
+        write_shard(&dir, &split, &paths)?;
+        config.borrowed = borrowed.specs()?;
         // Who answers the shard's reads, for views of it that start none.
         let holder = dir.join("holder");
         private::write_atomic(&holder, lazy.run.as_os_str().as_encoded_bytes(), false)

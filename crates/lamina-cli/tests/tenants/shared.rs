@@ -336,15 +336,8 @@ fn lazy_views_share_and_outlive_their_image() {
 
     // b's cache files still have chunks to fetch: h's next reads need
     // b's holder.
-    let status = lamina(["status", "--json", "--cache-dir", cache.to_str().unwrap()]).ok();
-    let status: Value = serde_json::from_str(&status.stdout).unwrap();
     let b_mnt = b_shard.join("mnt");
-    let b_status = status
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["mountpoint"].as_str() == b_mnt.to_str())
-        .unwrap_or_else(|| panic!("no status of b's shard: {status}"));
+    let b_status = shard_status(&cache, &b_shard);
     let (cached, total) = (
         &b_status["status"]["cached_bytes"],
         &b_status["status"]["total_bytes"],
@@ -368,6 +361,89 @@ fn lazy_views_share_and_outlive_their_image() {
     treecmp(&[], &refs["h"], &mounts["h"].path);
     f.finish("lazy views");
     drop(mounts);
+    assert_no_shards(&cache);
+}
+
+/// `lamina status --json`'s entry of the lazy shard `shard` (its holder's).
+#[track_caller]
+fn shard_status(cache: &Path, shard: &Path) -> Value {
+    let status = lamina(["status", "--json", "--cache-dir", cache.to_str().unwrap()]).ok();
+    let status: Value = serde_json::from_str(&status.stdout).unwrap();
+    let mnt = shard.join("mnt");
+    let entry = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["mountpoint"].as_str() == mnt.to_str());
+    entry
+        .unwrap_or_else(|| panic!("no status of shard {}: {status}", shard.display()))
+        .clone()
+}
+
+/// A lazy view borrows what the node's complete cache files hold: b
+/// mounted eagerly, then h (a rebuild) lazily with `--prefetch all`. h's
+/// shard reads b's cache files for the chunks they hold, h's worker
+/// fetches only the rest ahead (it fetched all of h before), and h reads
+/// the image's bytes, also after b's cache files are deleted.
+#[test]
+fn lazy_views_borrow_chunks_the_node_holds() {
+    let Some((_time, t, src)) = begin("lazy_views_borrow_chunks_the_node_holds", "shared-borrow")
+    else {
+        return;
+    };
+    let cache = t.join("cache");
+    let lazy = [
+        "--lazy",
+        "--prefetch",
+        "all",
+        "--mode",
+        "kernel",
+        "--share-files",
+    ];
+    let mut refs = BTreeMap::new();
+    let mut mount = |tag: &str, args: &[&str]| {
+        let image = oci_ref(&t.join("conv"), tag);
+        convert(&oci_ref(&src, tag), &image);
+        refs.insert(tag.to_string(), reference(&t, &src, tag));
+        Mount::with_args(&image, &t.join(&format!("mnt-{tag}")), &cache, args)
+    };
+    let b = mount("b", SHARE);
+    let h = mount("h", &lazy);
+    let h_own = shards_of(&h).pop().unwrap();
+    let b_blobs = b.blob_paths();
+    let h_devices = shard_devices(&h_own);
+    assert!(
+        b_blobs.iter().all(|p| h_devices.contains(p)),
+        "h's shard does not read b's cache files: {h_devices:?}"
+    );
+    let started = std::time::Instant::now();
+    loop {
+        let status = shard_status(&cache, &h_own)["status"].clone();
+        let (done, total) = (&status["prefetch_done"], &status["prefetch_total"]);
+        if total.as_u64() > Some(0) && done == total {
+            break;
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "h's prefetch did not end: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    treecmp(&[], &refs["h"], &h.path);
+    let h_blobs: Vec<PathBuf> = h_devices[..h_devices.len() - b_blobs.len()].to_vec();
+    let (b_disk, h_disk) = (allocated(&b_blobs), allocated(&h_blobs));
+    eprintln!("cache files on disk: b {b_disk} B, h {h_disk} B");
+    assert!(
+        h_disk * 2 < b_disk,
+        "h's cache files hold {h_disk} B, b's {b_disk} B: fetched, not borrowed"
+    );
+    b.unmount();
+    for p in &b_blobs {
+        fs::remove_file(p).unwrap();
+    }
+    drop_caches();
+    treecmp(&[], &refs["h"], &h.path);
+    drop(h);
     assert_no_shards(&cache);
 }
 
