@@ -25,6 +25,9 @@
 //! A view stacks the domain's shards that hold its objects, oldest first,
 //! its own last; overlayfs takes a file's data from the first that has its
 //! name, so each content is read through the first shard that held it.
+//! A shard's devices are the image's cache files and, after them, other
+//! images' complete cache files it borrows chunks from ([`Borrowed`]), so
+//! the node keeps one copy of a chunk, not one per image.
 
 use std::fs;
 use std::os::fd::AsRawFd;
