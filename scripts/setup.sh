@@ -11,13 +11,14 @@
 # Quiet on success; on failure prints the tail of the failing command's output.
 set -euo pipefail
 
+# xfsprogs: a cache on XFS (reflinks) in the tests of chunks copied by the locator.
 PACKAGES=(
     docker-registry umoci skopeo erofs-utils squashfs-tools debootstrap hyperfine
     fuse3 attr zstd jq python3 e2fsprogs util-linux iproute2 containerd runc
     stargz-snapshotter podman uidmap catatonit
     ca-certificates curl build-essential pkg-config
     clang libclang-dev protobuf-compiler libprotobuf-dev
-    python3-matplotlib fio squashfuse time
+    python3-matplotlib fio squashfuse time xfsprogs
 )
 
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -208,7 +209,7 @@ fi
 
 # --- sanity ------------------------------------------------------------------------
 for tool in umoci skopeo docker-registry mkfs.erofs zstd debootstrap jq python3 curl hyperfine unsquashfs \
-    containerd ctr ctr-remote runc; do
+    containerd ctr ctr-remote runc mkfs.xfs; do
     command -v "$tool" >/dev/null || die "tool not on PATH after install: $tool"
 done
 log "ok"

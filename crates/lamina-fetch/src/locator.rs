@@ -174,17 +174,12 @@ impl ChunkLocator {
         let (start, size) = (slot.cache_offset.get(), u64::from(slot.size.get()));
         let mut buf = vec![0u8; size as usize];
         quiet.read_exact_at(&mut buf, start).ok()?;
-        // The reader's copy is the one that counts: this one goes.
-        let _ = rustix::fs::fadvise(
-            &quiet,
-            start,
-            std::num::NonZeroU64::new(size),
-            rustix::fs::Advice::DontNeed,
-        );
         (sha256(&buf) == slot.digest).then_some(Found {
             path,
             file,
+            quiet,
             cache_offset: start,
+            size,
         })
     }
 
@@ -254,8 +249,26 @@ pub struct Found {
     pub path: PathBuf,
     /// The file itself, opened before its bytes were checked.
     pub file: File,
+    /// A quiet fd of it (reads raise no pre-content event).
+    pub quiet: File,
     /// Where the chunk starts in it.
     pub cache_offset: u64,
+    /// The chunk's size.
+    pub size: u64,
+}
+
+impl Found {
+    /// Drops the chunk's pages from the page cache: read to be checked,
+    /// they are not a reader's.
+    pub fn drop_pages(&self) {
+        let len = std::num::NonZeroU64::new(self.size);
+        let _ = rustix::fs::fadvise(
+            &self.quiet,
+            self.cache_offset,
+            len,
+            rustix::fs::Advice::DontNeed,
+        );
+    }
 }
 
 /// Opens the locator at `path` if it is one this code reads.

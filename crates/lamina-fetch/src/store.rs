@@ -185,6 +185,19 @@ pub fn tail_gap(blob: &IndexBlob, i: usize) -> std::ops::Range<u64> {
     end..end.max(next.min(end.next_multiple_of(PAGE)).min(blob.cache_size))
 }
 
+/// `len` bytes of `src` at `from` to `dst` at `to`, by `copy_file_range`
+/// (whole blocks may be remapped, the rest copied: it returns short).
+fn copy_range(src: &File, mut from: u64, dst: &File, mut to: u64, len: u64) -> io::Result<()> {
+    let end = from + len;
+    while from < end {
+        let want = usize::try_from(end - from).unwrap_or(usize::MAX);
+        if rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), want)? == 0 {
+            return Err(io::Error::other("copy_file_range: the source ended early"));
+        }
+    }
+    Ok(())
+}
+
 fn write_zeros(fd: &File, range: std::ops::Range<u64>) -> io::Result<()> {
     if range.is_empty() {
         return Ok(());
@@ -680,6 +693,41 @@ impl BlobStore {
             return Err(io::Error::other("chunk size does not match the index"));
         }
         write_chunk(self.io_fd(via), &self.blob, i, data)?;
+        self.mark_filled(i);
+        self.unsaved += 1;
+        if self.is_complete() {
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    /// Fills chunk `i` from `src` at `src_offset`: another entry's cache
+    /// file, complete by its fill record, where the chunk locator found
+    /// this chunk's verified bytes ([`crate::locator::ChunkLocator::find`]).
+    /// Copied with `copy_file_range(2)`, so the filesystem shares the
+    /// extents where it can (reflinks: XFS, btrfs) and copies in the kernel
+    /// where it cannot (ext4); the rest of its page is zeros, as a fill
+    /// writes it.
+    pub fn fill_copied(
+        &mut self,
+        i: usize,
+        src: &File,
+        src_offset: u64,
+        via: Option<&File>,
+    ) -> io::Result<()> {
+        if self.filled[i] {
+            return Ok(());
+        }
+        let offset = self.blob.chunks[i].cache_offset.get();
+        let size = u64::from(self.blob.chunks[i].size.get());
+        let gap = tail_gap(&self.blob, i);
+        let len = gap.end - offset;
+        let fd = self.io_fd(via);
+        lamina_sys::lock_range(fd, WRITE_LOCKS + offset, len)?;
+        let copied =
+            copy_range(src, src_offset, fd, offset, size).and_then(|()| write_zeros(fd, gap));
+        lamina_sys::unlock_range(fd, WRITE_LOCKS + offset, len)?;
+        copied?;
         self.mark_filled(i);
         self.unsaved += 1;
         if self.is_complete() {

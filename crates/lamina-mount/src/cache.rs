@@ -6,8 +6,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use lamina_fetch::fetch::decode_chunk;
+use lamina_fetch::locator::{ChunkLocator, Found};
 use lamina_fetch::private;
-use lamina_fetch::store::BlobStore;
+use lamina_fetch::store::{BlobStore, EntryKey};
 use lamina_format::index::{BlobSummary, IndexBlob};
 
 /// Why the cache could not be filled.
@@ -190,6 +191,68 @@ pub fn fill_chunks(
     }
     io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
     store.save().map_err(io_err(&path))
+}
+
+/// Fills blob `table`'s cache file in `blob_dir` from the node where the
+/// chunk locator finds its chunks in complete cache files (by
+/// `copy_file_range`: blocks shared where the filesystem has reflinks,
+/// copied in the kernel elsewhere), and the rest from `open` (the blob,
+/// streamed, each chunk verified). `None` when the node holds none of
+/// them (the caller fetches the blob whole, as ever); else the bytes read
+/// from the source (0 when every chunk was on the node).
+pub fn fill_from_node<R: Read, O, E: From<CacheError> + From<O>>(
+    locator: &ChunkLocator,
+    table: IndexBlob,
+    blob_dir: &Path,
+    open: impl FnOnce() -> Result<R, O>,
+) -> Result<Option<u64>, E> {
+    let key = EntryKey::of(&table);
+    let found: Vec<Option<Found>> = table
+        .chunks
+        .iter()
+        .map(|c| locator.find(&c.digest, c.size.get(), &key))
+        .collect();
+    if found.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let mut store = BlobStore::open(blob_dir, table).map_err(io_err(blob_dir))?;
+    // A live lazy mount may watch the file: its fills raise no event.
+    if let Ok(quiet) = lamina_sys::open_quiet(store.cache_file()) {
+        store.set_writer(quiet).map_err(io_err(blob_dir))?;
+    }
+    let path = store.cache_path().to_path_buf();
+    for (i, found) in found.iter().enumerate() {
+        if let Some(at) = found.as_ref().filter(|_| !store.is_filled(i)) {
+            store
+                .fill_copied(i, &at.quiet, at.cache_offset, None)
+                .map_err(io_err(&path))?;
+            at.drop_pages();
+        }
+    }
+    let need: Vec<usize> = (0..found.len()).filter(|&i| !store.is_filled(i)).collect();
+    let mut read = 0;
+    if !need.is_empty() {
+        fill_chunks(&mut store, &need, open()?)?;
+        read = store.blob().compressed_size;
+        let fetched: Vec<bool> = (0..found.len()).map(|i| need.contains(&i)).collect();
+        note_chunks(locator, store.blob(), Some(&fetched));
+    }
+    store.save().map_err(io_err(&path))?;
+    if !store.is_complete() {
+        return Err(io_err(&path)(io::Error::other("not every chunk was filled")).into());
+    }
+    Ok(Some(read))
+}
+
+/// Notes in the domain's chunk locator where `blob`'s chunks (those
+/// `only` flags, or all) lie verified, so that later images find them.
+pub fn note_chunks(locator: &ChunkLocator, blob: &IndexBlob, only: Option<&[bool]>) {
+    let key = EntryKey::of(blob);
+    for (i, c) in blob.chunks.iter().enumerate() {
+        if only.is_none_or(|only| only[i]) {
+            locator.note(&c.digest, &key, c.cache_offset.get(), c.size.get());
+        }
+    }
 }
 
 /// Puts the verified, synced cache file `file` (at `tmp`) in place at

@@ -177,7 +177,9 @@ fn fill_cache_borrowing(
         let locator = lamina_fetch::locator::ChunkLocator::open(blob_dir).ok();
         for i in missing {
             let (desc, path) = (&layers.blobs[i], &blob_paths[i]);
-            if let (Some(borrowed), Some(locator)) = (borrow.as_deref_mut(), &locator) {
+            // The node's chunks, borrowed (--share-files) or copied.
+            let on_node = locator.as_ref().filter(|l| l.may_hold_any());
+            if let Some(locator) = on_node {
                 // A source that cannot read the table alone: fetched whole.
                 let table = match index.inline.get(i) {
                     Some(blob) => Some(blob.clone()),
@@ -189,14 +191,20 @@ fn fill_cache_borrowing(
                             .ok()
                     }
                 };
-                if let Some(table) = table {
-                    let device = u16::try_from(i + 1).expect("the index bounds its blobs");
-                    if let Some(read) = borrowed
-                        .fill(locator, device, table, blob_dir, || source.open_blob(desc))?
-                    {
-                        fetched += read;
-                        continue;
+                let device = u16::try_from(i + 1).expect("the index bounds its blobs");
+                let open = || source.open_blob(desc);
+                let filled = match (table, borrow.as_deref_mut()) {
+                    (None, _) => None,
+                    (Some(table), Some(borrowed)) => {
+                        borrowed.fill(locator, device, table, blob_dir, open)?
                     }
+                    (Some(table), None) => crate::cache::fill_from_node::<_, _, MountError>(
+                        locator, table, blob_dir, open,
+                    )?,
+                };
+                if let Some(read) = filled {
+                    fetched += read;
+                    continue;
                 }
             }
             let reader = source.open_blob(desc)?;
@@ -206,7 +214,7 @@ fn fill_cache_borrowing(
             };
             BlobStore::record_complete(blob_dir, &blob, &file).map_err(io_err(path))?;
             if let Some(locator) = &locator {
-                crate::shared::note_chunks(locator, &blob, None);
+                crate::cache::note_chunks(locator, &blob, None);
             }
             fetched += desc.size;
         }

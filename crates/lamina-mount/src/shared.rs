@@ -98,6 +98,7 @@ impl Borrowed {
             .chunks
             .iter()
             .map(|c| locator.find(&c.digest, c.size.get(), &key))
+            .inspect(|f| f.iter().for_each(Found::drop_pages))
             .collect();
         if found.iter().all(Option::is_none) {
             return Ok(None);
@@ -121,7 +122,7 @@ impl Borrowed {
         }
         let blob = store.blob().clone();
         let filled: Vec<bool> = (0..found.len()).map(|i| need.contains(&i)).collect();
-        note_chunks(locator, &blob, Some(&filled));
+        crate::cache::note_chunks(locator, &blob, Some(&filled));
         let mut found = found;
         for i in open_chunks {
             if let Some(at) = found[i].take() {
@@ -147,6 +148,7 @@ impl Borrowed {
         let mut chunks = Vec::new();
         for (i, c) in table.chunks.iter().enumerate() {
             if let Some(at) = locator.find(&c.digest, c.size.get(), &key) {
+                at.drop_pages();
                 let file = self.file_index(at.path, at.file)?;
                 self.chunks
                     .insert((device, c.cache_offset.get()), (file, at.cache_offset));
@@ -213,17 +215,6 @@ impl Borrowed {
 
 fn too_many() -> MountError {
     MountError::Share("too many devices for one shard".into())
-}
-
-/// Notes in the domain's chunk locator where `blob`'s chunks (those
-/// `only` flags, or all) lie verified, so that later images find them.
-pub(crate) fn note_chunks(locator: &ChunkLocator, blob: &IndexBlob, only: Option<&[bool]>) {
-    let key = EntryKey::of(blob);
-    for (i, c) in blob.chunks.iter().enumerate() {
-        if only.is_none_or(|only| only[i]) {
-            locator.note(&c.digest, &key, c.cache_offset.get(), c.size.get());
-        }
-    }
 }
 
 /// Mounts `info`'s image (complete in the cache) at `info.mountpoint` as a

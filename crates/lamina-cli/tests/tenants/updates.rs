@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use crate::images::{begin, convert, hex, index_top, reference, tree_hashes};
-use crate::reading::{check_reads, read_files};
+use crate::reading::{check_reads, drop_caches, read_files};
 use lamina_format::index::{ChunkEntry, IndexBlob};
 use serde_json::Value;
 
@@ -299,4 +299,105 @@ fn an_update_skips_boot_pages_the_node_holds() {
         });
     }
     f.finish("an update with boot pages");
+}
+
+/// Bytes of `file`'s extents that share their blocks with another file's
+/// (FIEMAP's `FIEMAP_EXTENT_SHARED`, 0x2000, as `xfs_io fiemap -v` shows
+/// it), and of all its extents.
+#[track_caller]
+fn shared_extent_bytes(file: &Path) -> (u64, u64) {
+    let out = run(
+        command("xfs_io", ["-r", "-c", "fiemap -v"]).arg(file),
+        TIMEOUT,
+    )
+    .ok();
+    let (mut shared, mut all) = (0, 0);
+    for line in out.stdout.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // "N: [a..b]: c..d  TOTAL  FLAGS" (TOTAL in 512-byte units); holes
+        // have no flags.
+        let [_, _, range, total, flags] = fields[..] else {
+            continue;
+        };
+        let (Ok(total), Some(flags)) = (total.parse::<u64>(), flags.strip_prefix("0x")) else {
+            continue;
+        };
+        if range == "hole" {
+            continue;
+        }
+        let flags = u32::from_str_radix(flags, 16).unwrap();
+        all += total * 512;
+        if flags & 0x2000 != 0 {
+            shared += total * 512;
+        }
+    }
+    (shared, all)
+}
+
+/// A chunk the chunk locator finds in a complete cache file is filled with
+/// `copy_file_range`: on a filesystem with reflinks (XFS here, loop-mounted)
+/// the update's cache file shares its unchanged chunks' blocks with the
+/// first image's instead of holding a second copy (it held none shared
+/// when the locator's copies were written, and an eager mount copied
+/// nothing from the node). v1 mounted eagerly (complete), then v2 on the
+/// same cache, lazily with `--prefetch all` and, on a cache of its own,
+/// eagerly; v2 reads its bytes.
+#[test]
+fn located_chunks_share_blocks_on_a_filesystem_with_reflinks() {
+    let Some((_time, t, src)) = begin(
+        "located_chunks_share_blocks_on_a_filesystem_with_reflinks",
+        "tenants-reflink",
+    ) else {
+        return;
+    };
+    let image = t.join("xfs.img");
+    fs::File::create(&image)
+        .unwrap()
+        .set_len(320 << 20)
+        .unwrap();
+    run(
+        command("mkfs.xfs", ["-q", "-m", "reflink=1"]).arg(&image),
+        TIMEOUT,
+    )
+    .ok();
+    let xfs = t.join("xfs");
+    fs::create_dir(&xfs).unwrap();
+    run(
+        command("mount", ["-o", "loop"]).arg(&image).arg(&xfs),
+        TIMEOUT,
+    )
+    .ok();
+    let want = reference(&t, &src, "h");
+    let lazy: &[&str] = &["--lazy", "--prefetch", "all", "--mode", "kernel"];
+    let eager: &[&str] = &["--eager", "--mode", "kernel"];
+    for (how, args) in [("lazy", lazy), ("eager", eager)] {
+        let cache = xfs.join(format!("cache-{how}"));
+        let mount = |tag: &str, args: &[&str]| {
+            let conv = oci_ref(&t.join("conv"), tag);
+            convert(&oci_ref(&src, tag), &conv);
+            Mount::with_args(&conv, &t.join(&format!("mnt-{how}-{tag}")), &cache, args)
+        };
+        let v1 = mount("b", eager);
+        let v2 = mount("h", args);
+        if how == "lazy" {
+            wait_complete(&v2);
+            let status = settled_status(&v2);
+            assert!(
+                status["located_chunks"].as_u64() > Some(0),
+                "v2 copied no chunk from v1: {status}"
+            );
+        }
+        let [v2_file] = &v2.blob_paths()[..] else {
+            panic!("v2 has more than one data blob");
+        };
+        let (shared, all) = shared_extent_bytes(v2_file);
+        eprintln!("{how} v2's cache file: {shared} of {all} bytes in blocks shared with v1's");
+        assert!(
+            shared * 2 > all,
+            "{how}: v2's cache file shares {shared} of its {all} bytes: copies, not shared blocks"
+        );
+        drop_caches();
+        treecmp(&[], &want, &v2.path);
+        drop((v1, v2));
+    }
 }

@@ -3,7 +3,9 @@
 //! chunk whose digest the locator knows is read from the other entry's
 //! cache file, checked against this blob's own table, and filled as a
 //! fetched chunk would be; after a fill, the chunk is noted there for
-//! later images.
+//! later images. From a complete cache file (whose bytes never change) the
+//! fill is a `copy_file_range`, which shares the extents on a filesystem
+//! with reflinks.
 
 use std::fs::File;
 use std::io;
@@ -30,15 +32,22 @@ impl Shared {
         let mut rest = Vec::with_capacity(chunks.len());
         for &i in chunks {
             let entry = &entries[i];
-            let Some(data) = locator.copy(&entry.digest, entry.size.get(), key) else {
+            let size = u64::from(entry.size.get());
+            // From a complete file: its extents shared where the filesystem
+            // can; from one still filling, its bytes copied.
+            if let Some(found) = locator.find(&entry.digest, entry.size.get(), key) {
+                self.lock_store(blob)?
+                    .fill_copied(i, &found.quiet, found.cache_offset, via)?;
+                found.drop_pages();
+            } else if let Some(data) = locator.copy(&entry.digest, entry.size.get(), key) {
+                self.lock_store(blob)?.fill(i, &data, via)?;
+            } else {
                 rest.push(i);
                 continue;
-            };
-            self.lock_store(blob)?.fill(i, &data, via)?;
+            }
             self.note_located(entry, key);
             self.located_chunks.fetch_add(1, Ordering::Relaxed);
-            self.located_bytes
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.located_bytes.fetch_add(size, Ordering::Relaxed);
         }
         if rest.len() < chunks.len() {
             tracing::debug!(
