@@ -8,9 +8,12 @@ on one base), R = A rebuilt (one regular file in 50 changed, every layer
 written again: new digests, mostly the same files;
 `bench/harness/rebuild.py`), all converted by `lamina convert` into one
 OCI layout. Scenario `shared_base` mounts A and B, `rebuild` A and R; the
-disk figures are the allocated bytes of the cache's blobs, FUSE
-passthrough objects, shards and metadata views (lamina; each inode once)
-or of the unpacked trees (overlayfs).
+disk figures are the bytes on disk of the cache's blobs, FUSE
+passthrough objects, shards and metadata views (lamina) or of the
+unpacked trees (overlayfs): the union of their extents (FIEMAP), so a
+block two files share (a hard link, a reflink) counts once. The work dir's
+filesystem is recorded (`machine.work_fs`); `--work` on an XFS mount
+measures a node whose filesystem has reflinks.
 
 Systems, each on a fresh cache after `drop_caches`, A and B mounted:
 - `overlayfs`: A's rootfs unpacked by `umoci unpack` as one lower dir
@@ -47,12 +50,15 @@ Options (--set): runs (default 1; each run measures every system in a
 rotating order).
 """
 
+import fcntl
 import gzip
 import hashlib
 import io
 import json
 import os
 import shutil
+import stat
+import struct
 import tarfile
 import time
 from pathlib import Path
@@ -216,18 +222,67 @@ def make_objects(mnts, cache):
     log(f"passthrough objects: {last} files in {content}")
 
 
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_FLAG_SYNC = 0x1
+FIEMAP_EXTENT_LAST = 0x1
+FIEMAP_EXTENT_DELALLOC = 0x4
+FIEMAP_HEADER = struct.Struct("=QQIIII")  # struct fiemap, without its extents
+FIEMAP_EXTENT = struct.Struct("=QQQQQIIII")  # struct fiemap_extent, 56 bytes
+
+
+def physical_extents(path):
+    """`path`'s extents on its device as (start, end) byte ranges, by
+    FIEMAP (synced first); None where the filesystem has no FIEMAP."""
+    out, start = [], 0
+    with open(path, "rb") as f:
+        while True:
+            count = 256
+            buf = bytearray(FIEMAP_HEADER.pack(start, (1 << 64) - 1 - start, FIEMAP_FLAG_SYNC, 0, count, 0))
+            buf += bytes(FIEMAP_EXTENT.size * count)
+            try:
+                fcntl.ioctl(f.fileno(), FS_IOC_FIEMAP, buf)
+            except OSError:
+                return None
+            mapped = FIEMAP_HEADER.unpack_from(buf)[3]
+            last = None
+            for i in range(mapped):
+                logical, physical, length, _, _, flags, *_ = FIEMAP_EXTENT.unpack_from(
+                    buf, FIEMAP_HEADER.size + i * FIEMAP_EXTENT.size)
+                if not flags & FIEMAP_EXTENT_DELALLOC:
+                    out.append((physical, physical + length))
+                last = (logical + length, flags)
+            if last is None or last[1] & FIEMAP_EXTENT_LAST:
+                return out
+            start = last[0]
+
+
 def disk_bytes(paths):
-    """Allocated bytes of the files under `paths`, each inode once (a
-    passthrough object is linked from each image that uses it)."""
-    seen, total = set(), 0
+    """Bytes the files under `paths` take on disk, each block once: the
+    union of their extents (FIEMAP), so that blocks two files share (a
+    passthrough object linked from each image, a reflinked chunk) count
+    once; a file without FIEMAP counts its allocated blocks."""
+    seen, total, ranges = set(), 0, {}
     for f in (f for p in paths for f in files_under(p)):
         try:
             st = os.lstat(f)
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                continue
+            seen.add(key)
+            extents = physical_extents(f) if stat.S_ISREG(st.st_mode) else None
         except FileNotFoundError:  # a temp file of an object being made
             continue
-        if (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
+        if extents is None:
             total += st.st_blocks * 512
+        else:
+            ranges.setdefault(st.st_dev, []).extend(extents)
+    for extents in ranges.values():
+        end = 0
+        for a, b in sorted(extents):
+            a = max(a, end)
+            if b > a:
+                total += b - a
+                end = b
     return total
 
 
@@ -327,6 +382,9 @@ def measure(results, lamina, work, quick, options):
     results.doc["config"].update(runs=runs, systems=list(SYSTEMS), top_file_bytes=TOP_FILE_BYTES,
                                  source=str(SOURCE))
     results.doc["machine"].update(machine_info(lamina.path, packages=("umoci", "fuse3")))
+    # Disk figures depend on it (reflinks: XFS, btrfs).
+    results.doc["machine"]["work_fs"] = run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(work)],
+                                            check=False).stdout.strip()
     if not (CGROUP / "memory.stat").exists():
         raise SystemExit(f"bench density: no cgroup v1 memory controller at {CGROUP}")
     src, conv = prepare(work, lamina)

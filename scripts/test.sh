@@ -48,7 +48,7 @@ for pair in fleet:docs/fleet-results.json fuse:docs/bench-fuse-results.json imag
     coldstart:docs/coldstart-results.json coldstart:docs/coldstart-heavy-results.json \
     coldstart:docs/coldstart-index-results.json coldstart:docs/coldstart-index-predictions-results.json \
     density:docs/density-results.json density:docs/density-onecopy-results.json \
-    density:docs/density-fuse-min1-results.json \
+    density:docs/density-fuse-min1-results.json density:docs/density-xfs-results.json \
     density_designs:docs/density-designs-results.json \
     density_containers:docs/density-containers-results.json; do
     /usr/bin/python3 -m bench "${pair%%:*}" --report "${pair#*:}" >/dev/null
