@@ -119,21 +119,9 @@ impl ChunkLocator {
     /// entry than `not` where the locator says one holds it, and only if
     /// they hash to `digest`.
     pub fn copy(&self, digest: &[u8; 32], size: u32, not: &EntryKey) -> Option<Vec<u8>> {
-        for (_, slot) in self.window(digest) {
-            let Some(slot) = slot else {
-                continue;
-            };
-            if slot.digest != *digest || slot.size.get() != size {
-                continue;
-            }
-            if slot.blob == not.blob && slot.entry == not.id[..16] {
-                continue; // our own file: a fill of it would be a no-op
-            }
-            if let Some(bytes) = self.read_verified(&slot) {
-                return Some(bytes);
-            }
-        }
-        None
+        // Not our own file: a fill of it would be a no-op.
+        self.slots_of(digest, size, not)
+            .find_map(|slot| self.read_verified(&slot))
     }
 
     /// Where a verified copy of chunk `digest` (`size` bytes) lies in
@@ -143,24 +131,24 @@ impl ChunkLocator {
     /// and only if the bytes there hash to `digest` now. The fd returned is
     /// that very file, for the reader to open by it, not by its path.
     pub fn find(&self, digest: &[u8; 32], size: u32, not: &EntryKey) -> Option<Found> {
-        for (_, slot) in self.window(digest) {
-            let Some(slot) = slot else {
-                continue;
-            };
-            if slot.digest != *digest || slot.size.get() != size {
-                continue;
-            }
-            if slot.blob == not.blob && slot.entry == not.id[..16] {
-                continue;
-            }
-            if slot.cache_offset.get() % BLOCK != 0 {
-                continue;
-            }
-            if let Some(found) = self.found_at(&slot) {
-                return Some(found);
-            }
-        }
-        None
+        self.slots_of(digest, size, not)
+            .filter(|slot| slot.cache_offset.get() % BLOCK == 0)
+            .find_map(|slot| self.found_at(&slot))
+    }
+
+    /// The slots that say another entry than `not` holds chunk `digest`
+    /// (`size` bytes).
+    fn slots_of<'a>(
+        &self,
+        digest: &'a [u8; 32],
+        size: u32,
+        not: &'a EntryKey,
+    ) -> impl Iterator<Item = ChunkSlot> + 'a {
+        let ours = |slot: &ChunkSlot| slot.blob == not.blob && slot.entry == not.id[..16];
+        self.window(digest)
+            .into_iter()
+            .filter_map(|(_, slot)| slot)
+            .filter(move |s| s.digest == *digest && s.size.get() == size && !ours(s))
     }
 
     fn found_at(&self, slot: &ChunkSlot) -> Option<Found> {

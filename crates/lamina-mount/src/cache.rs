@@ -114,64 +114,35 @@ pub fn materialize_blob(
     blob: &IndexBlob,
     mut reader: impl Read,
 ) -> Result<File, CacheError> {
-    let name = hex::encode(blob.digest);
-    let read_err = |source| CacheError::Read {
-        blob: name.clone(),
-        source,
-    };
     via_temp_file(path, blob, |file, tmp| {
         file.set_len(blob.cache_size).map_err(io_err(tmp))?;
-        let mut pos = 0u64;
-        let mut stored = Vec::new();
-        let mut decompressor = zstd::bulk::Decompressor::new().map_err(read_err)?;
-        let mut chunks: Vec<_> = blob.chunks.iter().collect();
-        chunks.sort_by_key(|c| c.compressed_offset.get());
-        for chunk in chunks {
-            let offset = chunk.compressed_offset.get();
-            let bad = |reason: String| CacheError::BadChunk {
-                blob: name.clone(),
-                offset,
-                reason,
-            };
-            if offset < pos {
-                return Err(bad("chunks overlap in the blob".into()));
-            }
-            io::copy(&mut (&mut reader).take(offset - pos), &mut io::sink()).map_err(read_err)?;
-            stored.resize(chunk.compressed_size.get() as usize, 0);
-            reader.read_exact(&mut stored).map_err(read_err)?;
-            pos = offset + stored.len() as u64;
-            let data = decode_chunk(&mut decompressor, chunk, &stored).map_err(bad)?;
-            file.write_all_at(&data, chunk.cache_offset.get())
-                .map_err(io_err(tmp))?;
-        }
-        // The rest of the blob, so the reader checks the whole-blob digest.
-        io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
-        Ok(())
+        let all: Vec<usize> = (0..blob.chunks.len()).collect();
+        decode_stream(blob, &all, &mut reader, |i, data| {
+            file.write_all_at(data, blob.chunks[i].cache_offset.get())
+                .map_err(io_err(tmp))
+        })
     })
 }
 
-/// Fills chunks `need` (indices, any order) of `store`'s blob from
-/// `reader` (the blob's bytes, in order, digest-checked by the reader at
-/// EOF): each decompressed and checked against its digest before it is
-/// written; the fill record follows (`BlobStore::save`) once the whole
-/// blob verified.
-pub fn fill_chunks(
-    store: &mut BlobStore,
-    need: &[usize],
+/// Reads `reader` (blob `blob`'s bytes, in order, digest-checked by the
+/// reader at EOF) to its end, handing `each` of the chunks `wanted`
+/// (indices, any order) decompressed and checked against its digest.
+fn decode_stream(
+    blob: &IndexBlob,
+    wanted: &[usize],
     mut reader: impl Read,
+    mut each: impl FnMut(usize, &[u8]) -> Result<(), CacheError>,
 ) -> Result<(), CacheError> {
-    let blob = store.blob().clone();
     let name = hex::encode(blob.digest);
     let read_err = |source| CacheError::Read {
         blob: name.clone(),
         source,
     };
-    let path = store.cache_path().to_path_buf();
-    let mut need = need.to_vec();
-    need.sort_by_key(|&i| blob.chunks[i].compressed_offset.get());
+    let mut wanted = wanted.to_vec();
+    wanted.sort_by_key(|&i| blob.chunks[i].compressed_offset.get());
     let (mut pos, mut stored) = (0u64, Vec::new());
     let mut decompressor = zstd::bulk::Decompressor::new().map_err(read_err)?;
-    for i in need {
+    for i in wanted {
         let chunk = &blob.chunks[i];
         let offset = chunk.compressed_offset.get();
         let bad = |reason: String| CacheError::BadChunk {
@@ -186,10 +157,31 @@ pub fn fill_chunks(
         stored.resize(chunk.compressed_size.get() as usize, 0);
         reader.read_exact(&mut stored).map_err(read_err)?;
         pos = offset + stored.len() as u64;
-        let data = decode_chunk(&mut decompressor, chunk, &stored).map_err(bad)?;
-        store.fill(i, &data, None).map_err(io_err(&path))?;
+        each(
+            i,
+            &decode_chunk(&mut decompressor, chunk, &stored).map_err(bad)?,
+        )?;
     }
+    // The rest of the blob, so the reader checks the whole-blob digest.
     io::copy(&mut reader, &mut io::sink()).map_err(read_err)?;
+    Ok(())
+}
+
+/// Fills chunks `need` (indices, any order) of `store`'s blob from
+/// `reader` (the blob's bytes, in order, digest-checked by the reader at
+/// EOF): each decompressed and checked against its digest before it is
+/// written; the fill record follows (`BlobStore::save`) once the whole
+/// blob verified.
+pub fn fill_chunks(
+    store: &mut BlobStore,
+    need: &[usize],
+    reader: impl Read,
+) -> Result<(), CacheError> {
+    let blob = store.blob().clone();
+    let path = store.cache_path().to_path_buf();
+    decode_stream(&blob, need, reader, |i, data| {
+        store.fill(i, data, None).map_err(io_err(&path))
+    })?;
     store.save().map_err(io_err(&path))
 }
 
@@ -206,20 +198,9 @@ pub fn fill_from_node<R: Read, O, E: From<CacheError> + From<O>>(
     blob_dir: &Path,
     open: impl FnOnce() -> Result<R, O>,
 ) -> Result<Option<u64>, E> {
-    let key = EntryKey::of(&table);
-    let found: Vec<Option<Found>> = table
-        .chunks
-        .iter()
-        .map(|c| locator.find(&c.digest, c.size.get(), &key))
-        .collect();
-    if found.iter().all(Option::is_none) {
+    let Some((mut store, found)) = find_on_node(locator, table, blob_dir)? else {
         return Ok(None);
-    }
-    let mut store = BlobStore::open(blob_dir, table).map_err(io_err(blob_dir))?;
-    // A live lazy mount may watch the file: its fills raise no event.
-    if let Ok(quiet) = lamina_sys::open_quiet(store.cache_file()) {
-        store.set_writer(quiet).map_err(io_err(blob_dir))?;
-    }
+    };
     let path = store.cache_path().to_path_buf();
     for (i, found) in found.iter().enumerate() {
         if let Some(at) = found.as_ref().filter(|_| !store.is_filled(i)) {
@@ -242,6 +223,34 @@ pub fn fill_from_node<R: Read, O, E: From<CacheError> + From<O>>(
         return Err(io_err(&path)(io::Error::other("not every chunk was filled")).into());
     }
     Ok(Some(read))
+}
+
+/// A blob's cache file store, and where the node holds each of its chunks.
+pub(crate) type OnNode = (BlobStore, Vec<Option<Found>>);
+
+/// Where the node holds blob `table`'s chunks, by the chunk locator (in
+/// complete cache files; `ChunkLocator::find`), and the store of its own
+/// cache file in `blob_dir`, writing quietly (a live lazy mount may watch
+/// the file: its fills raise no event); `None` when the node holds none.
+pub(crate) fn find_on_node(
+    locator: &ChunkLocator,
+    table: IndexBlob,
+    blob_dir: &Path,
+) -> Result<Option<OnNode>, CacheError> {
+    let key = EntryKey::of(&table);
+    let found: Vec<Option<Found>> = table
+        .chunks
+        .iter()
+        .map(|c| locator.find(&c.digest, c.size.get(), &key))
+        .collect();
+    if found.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let mut store = BlobStore::open(blob_dir, table).map_err(io_err(blob_dir))?;
+    if let Ok(quiet) = lamina_sys::open_quiet(store.cache_file()) {
+        store.set_writer(quiet).map_err(io_err(blob_dir))?;
+    }
+    Ok(Some((store, found)))
 }
 
 /// Notes in the domain's chunk locator where `blob`'s chunks (those

@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use lamina_fetch::locator::{ChunkLocator, Found};
 use lamina_fetch::private;
-use lamina_fetch::store::{BlobStore, EntryKey};
+use lamina_fetch::store::EntryKey;
 use lamina_format::erofs::Image;
 use lamina_format::index::{ChunkIndex, IndexBlob};
 use lamina_format::shard::{self, Fingerprint};
@@ -93,21 +93,10 @@ impl Borrowed {
         blob_dir: &Path,
         open: impl FnOnce() -> Result<R, lamina_oci::OciError>,
     ) -> Result<Option<u64>, MountError> {
-        let key = EntryKey::of(&table);
-        let found: Vec<Option<Found>> = table
-            .chunks
-            .iter()
-            .map(|c| locator.find(&c.digest, c.size.get(), &key))
-            .inspect(|f| f.iter().for_each(Found::drop_pages))
-            .collect();
-        if found.iter().all(Option::is_none) {
+        let Some((mut store, found)) = crate::cache::find_on_node(locator, table, blob_dir)? else {
             return Ok(None);
-        }
-        let mut store = BlobStore::open(blob_dir, table).map_err(io_err(blob_dir))?;
-        // A live lazy mount may watch the file: its fills raise no event.
-        if let Ok(quiet) = lamina_sys::open_quiet(store.cache_file()) {
-            store.set_writer(quiet).map_err(io_err(blob_dir))?;
-        }
+        };
+        found.iter().flatten().for_each(Found::drop_pages);
         let open_chunks: Vec<usize> = (0..found.len()).filter(|&i| !store.is_filled(i)).collect();
         let need: Vec<usize> = open_chunks
             .iter()
