@@ -215,7 +215,8 @@ pub fn fill_from_node<R: Read, O, E: From<CacheError> + From<O>>(
     if !need.is_empty() {
         fill_chunks(&mut store, &need, open()?)?;
         read = store.blob().compressed_size;
-        let fetched: Vec<bool> = (0..found.len()).map(|i| need.contains(&i)).collect();
+        let mut fetched = vec![false; found.len()];
+        need.iter().for_each(|&i| fetched[i] = true);
         note_chunks(locator, store.blob(), Some(&fetched));
     }
     store.save().map_err(io_err(&path))?;

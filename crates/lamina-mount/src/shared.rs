@@ -110,7 +110,8 @@ impl Borrowed {
             read = store.blob().compressed_size;
         }
         let blob = store.blob().clone();
-        let filled: Vec<bool> = (0..found.len()).map(|i| need.contains(&i)).collect();
+        let mut filled = vec![false; found.len()];
+        need.iter().for_each(|&i| filled[i] = true);
         crate::cache::note_chunks(locator, &blob, Some(&filled));
         let mut found = found;
         for i in open_chunks {
