@@ -30,7 +30,6 @@
 //! the node keeps one copy of a chunk, not one per image.
 
 use std::fs;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -216,7 +215,17 @@ pub(crate) fn mount_view(
     borrowed: &Borrowed,
 ) -> Result<(), MountError> {
     let moved = borrowed.moved(info.blob_paths.len())?;
-    let split = split_image(info, borrowed, &moved)?;
+    // The image's cache files and the borrowed ones, opened once: the
+    // shard mounts the very files its objects were named from.
+    let mut devices = info
+        .blob_paths
+        .iter()
+        .map(|p| private::open_trusted(p).map_err(io_err(p)))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (path, file) in &borrowed.files {
+        devices.push(file.try_clone().map_err(io_err(path))?);
+    }
+    let split = split_image(info, &devices, &moved)?;
     private::private_dir(shards_dir).map_err(io_err(shards_dir))?;
     let _lock = lock(shards_dir)?;
     let own = shard_id(&split);
@@ -226,13 +235,7 @@ pub(crate) fn mount_view(
         let mut paths = info.blob_paths.clone();
         paths.extend(borrowed.files.iter().map(|(p, _)| p.clone()));
         write_shard(&dir, &split, &paths)?;
-        let mut devices = info.blob_paths.clone();
-        devices.extend(
-            borrowed
-                .files
-                .iter()
-                .map(|(_, f)| PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
-        );
+        let devices: Vec<PathBuf> = devices.iter().map(lamina_sys::fd_path).collect();
         let devices: Vec<&Path> = devices.iter().map(PathBuf::as_path).collect();
         // Objects are plain files: no xattrs, setuid bits or devices.
         let file = dir.join("shard.erofs");
@@ -475,10 +478,11 @@ fn stack_view(
 }
 
 /// The image's metadata view and shard, from its metadata and the chunk
-/// tables the mount verified.
+/// tables the mount verified; `files` are the shard's devices in order
+/// (the image's cache files, then the borrowed ones).
 fn split_image(
     info: &MountInfo,
-    borrowed: &Borrowed,
+    files: &[fs::File],
     moved: &shard::Moved,
 ) -> Result<shard::Split, MountError> {
     let index_path = info.index_path.as_ref().ok_or_else(|| {
@@ -504,14 +508,6 @@ fn split_image(
             })?;
         tables.push(table);
     }
-    let mut files = info
-        .blob_paths
-        .iter()
-        .map(|p| private::open_trusted(p).map_err(io_err(p)))
-        .collect::<Result<Vec<_>, _>>()?;
-    for (path, file) in &borrowed.files {
-        files.push(file.try_clone().map_err(io_err(path))?);
-    }
     let mut read = |device: u16, offset: u64, len: usize| {
         let file = files
             .get(usize::from(device).wrapping_sub(1))
@@ -524,7 +520,7 @@ fn split_image(
     let split = split_with(&info.metadata_path, &tables, moved, &mut read);
     // Packed files were read to be named: their pages are not the view's
     // (the shard reads with direct I/O), so they go.
-    for file in &files {
+    for file in files {
         let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
     }
     split
