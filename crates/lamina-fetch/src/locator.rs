@@ -44,6 +44,10 @@ pub struct ChunkLocator {
     /// Quiet fds of other entries' cache files, by stem; `None`: that file
     /// cannot be opened quietly (or at all).
     open: Mutex<HashMap<String, Option<File>>>,
+    /// Other entries' cache files found complete (the file and a quiet fd
+    /// of it), by stem: a complete file stays complete, so its fill record
+    /// is read once per file, not once per chunk found in it.
+    complete: Mutex<HashMap<String, (File, File)>>,
     /// How a quiet fd is had ([`lamina_sys::open_quiet`]; tests without
     /// fanotify use a plain one).
     quiet: fn(&File) -> io::Result<File>,
@@ -63,6 +67,7 @@ impl ChunkLocator {
             file,
             dir: dir.to_path_buf(),
             open: Mutex::new(HashMap::new()),
+            complete: Mutex::new(HashMap::new()),
             quiet: lamina_sys::open_quiet,
         })
     }
@@ -153,12 +158,8 @@ impl ChunkLocator {
 
     fn found_at(&self, slot: &ChunkSlot) -> Option<Found> {
         let key = slot_key(slot);
-        let (path, record) = store_paths(&self.dir, &key);
-        let file = private::open_trusted(&path).ok()?;
-        if !crate::store::BlobStore::complete_by_record(&file, &record, &slot.entry).ok()? {
-            return None;
-        }
-        let quiet = (self.quiet)(&file).ok()?;
+        let path = store_paths(&self.dir, &key).0;
+        let (file, quiet) = self.complete_file(&key)?;
         let (start, size) = (slot.cache_offset.get(), u64::from(slot.size.get()));
         let mut buf = vec![0u8; size as usize];
         quiet.read_exact_at(&mut buf, start).ok()?;
@@ -169,6 +170,32 @@ impl ChunkLocator {
             cache_offset: start,
             size,
         })
+    }
+
+    /// `key`'s cache file and a quiet fd of it, if its fill record, bound to
+    /// that very file, says it is complete.
+    fn complete_file(&self, key: &EntryKey) -> Option<(File, File)> {
+        let stem = key.stem();
+        let clone = |(f, q): &(File, File)| Some((f.try_clone().ok()?, q.try_clone().ok()?));
+        if let Some(known) = self.complete.lock().ok()?.get(&stem) {
+            return clone(known);
+        }
+        let (path, record) = store_paths(&self.dir, key);
+        let file = private::open_trusted(&path).ok()?;
+        let mut prefix = [0; 16];
+        prefix.copy_from_slice(&key.id[..16]);
+        if !crate::store::BlobStore::complete_by_record(&file, &record, &prefix).ok()? {
+            return None;
+        }
+        let quiet = (self.quiet)(&file).ok()?;
+        let found = (file, quiet);
+        let out = clone(&found);
+        let mut complete = self.complete.lock().ok()?;
+        if complete.len() >= OPEN_FILES {
+            complete.clear();
+        }
+        complete.insert(stem, found);
+        out
     }
 
     /// The slots probed for `digest` and what each holds (`None`: empty,
