@@ -701,6 +701,35 @@ impl BlobStore {
         Ok(())
     }
 
+    /// Writes chunk `i`'s verified bytes `data` but for the ranges `skip`
+    /// (cache offsets inside the chunk, sorted): bytes the node holds
+    /// elsewhere, which a shard reads there. The chunk stays unfilled by
+    /// the fill record, so a mount that reads this file fetches it whole.
+    pub fn write_partial(
+        &mut self,
+        i: usize,
+        data: &[u8],
+        skip: &[std::ops::Range<u64>],
+    ) -> io::Result<()> {
+        let offset = self.blob.chunks[i].cache_offset.get();
+        if self.filled[i] || data.len() != self.blob.chunks[i].size.get() as usize {
+            return Ok(());
+        }
+        let end = offset + data.len() as u64;
+        let fd = self.io_fd(None);
+        lamina_sys::lock_range(fd, WRITE_LOCKS + offset, end - offset)?;
+        let mut at = offset;
+        let mut written = Ok(());
+        for part in skip.iter().chain(std::iter::once(&(end..end))) {
+            let (from, to) = (at.min(end), part.start.clamp(at, end));
+            let bytes = &data[(from - offset) as usize..(to - offset) as usize];
+            written = written.and_then(|()| fd.write_all_at(bytes, from));
+            at = at.max(part.end);
+        }
+        lamina_sys::unlock_range(fd, WRITE_LOCKS + offset, end - offset)?;
+        written
+    }
+
     /// Fills chunk `i` from `src` at `src_offset`: another entry's cache
     /// file, complete by its fill record, where the chunk locator found
     /// this chunk's verified bytes ([`crate::locator::ChunkLocator::find`]).
@@ -1009,6 +1038,32 @@ mod tests {
         assert_eq!(mode(&t.cache_path), 0o600);
         assert_eq!(mode(t.record_path()), 0o600);
         assert_eq!(mode(dir.path()), 0o700);
+    }
+
+    /// A chunk written but for ranges the node holds elsewhere keeps holes
+    /// there and stays unfilled, also after a save.
+    #[test]
+    fn a_partial_write_leaves_holes_and_no_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = vec![7u8; 3 * 4096];
+        let data: [&[u8]; 2] = [&big, b"next"];
+        let mut s = open(dir.path(), &data);
+        s.write_partial(0, &big, &[0..4096, 8192..12288]).unwrap();
+        s.save().unwrap();
+        assert!(!s.is_filled(0) && !open(dir.path(), &data).is_filled(0));
+        let file = File::open(&s.cache_path).unwrap();
+        let data_at = |at| rustix::fs::seek(&file, rustix::fs::SeekFrom::Data(at)).ok();
+        assert_eq!(data_at(0), Some(4096), "the first range was skipped");
+        let mut middle = vec![0u8; 4096];
+        file.read_exact_at(&mut middle, 4096).unwrap();
+        assert_eq!(middle, vec![7u8; 4096]);
+        let mut last = vec![1u8; 4096];
+        file.read_exact_at(&mut last, 8192).unwrap();
+        assert_eq!(last, vec![0u8; 4096], "the last range was skipped");
+        // Filled later (a plain mount fetched it): whole, and recorded.
+        s.fill(0, &big, None).unwrap();
+        s.save().unwrap();
+        assert!(open(dir.path(), &data).is_filled(0));
     }
 
     /// Issue 7, point 1: a full-length sparse cache file was taken for a

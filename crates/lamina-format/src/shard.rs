@@ -70,6 +70,24 @@ pub struct Split {
     pub shard: Vec<u8>,
     /// The shard's fingerprints, sorted, each once.
     pub objects: Vec<Fingerprint>,
+    /// The files named by the bytes read (packed files), where the shard
+    /// reads them: for the chunk locator to note, so that an image whose
+    /// pack changed around them finds them by content.
+    pub named: Vec<NamedRange>,
+}
+
+/// A file's bytes, named by their sha256, at `offset` of shard device
+/// `device` (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamedRange {
+    /// The shard's extra device (the image's own first, then [`Moved`]'s).
+    pub device: u16,
+    /// Where the bytes start there (a block).
+    pub offset: u64,
+    /// How many.
+    pub len: u64,
+    /// Their sha256.
+    pub sha256: [u8; 32],
 }
 
 /// Stored chunks that the shard reads from other cache files than the
@@ -82,14 +100,22 @@ pub struct Moved {
     /// (image device, cache offset of a stored chunk) → (shard device,
     /// where the same bytes start there), both block-aligned.
     pub chunks: HashMap<(u16, u64), (u16, u64)>,
+    /// Ranges inside stored chunks (packed files whose pack is new, their
+    /// bytes not): (image device, offset, length) → (shard device, where
+    /// the same bytes start there), both block-aligned. Only a read of
+    /// exactly that range goes there.
+    pub ranges: HashMap<(u16, u64, u64), (u16, u64)>,
 }
 
 impl Moved {
-    /// Where the shard reads `offset` of image device `device`, which lies
-    /// `at` bytes into its stored chunk.
-    fn place(&self, device: u16, offset: u64, at: u64) -> (u16, u64) {
-        match self.chunks.get(&(device, offset - at)) {
-            Some(&(to, start)) => (to, start + at),
+    /// Where the shard reads the `len` bytes at `offset` of image device
+    /// `device`, which lies `at` bytes into its stored chunk.
+    fn place(&self, device: u16, offset: u64, at: u64, len: u64) -> (u16, u64) {
+        if let Some(&(to, start)) = self.chunks.get(&(device, offset - at)) {
+            return (to, start + at);
+        }
+        match self.ranges.get(&(device, offset, len)) {
+            Some(&place) => place,
             None => (device, offset),
         }
     }
@@ -131,6 +157,60 @@ pub fn parse_objects(bytes: &[u8]) -> Option<Vec<Fingerprint>> {
         .map(|c| c.try_into().expect("32-byte chunks"))
         .collect();
     list.windows(2).all(|w| w[0] < w[1]).then_some(list)
+}
+
+/// A packed file a `--share-files` fill did not write in its image's cache
+/// file, because the node held its bytes elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SkippedRange {
+    /// Where it is in the cache file.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+    /// The sha256 of its bytes.
+    pub sha256: [u8; 32],
+}
+
+/// Bytes of one record of a skipped-ranges list.
+const SKIPPED_LEN: usize = 48;
+
+/// A cache file's skipped-ranges list (`<entry>.skipped` beside it): each
+/// range as offset and length (u64, little-endian) then sha256, sorted,
+/// nothing else. A hint, never trusted: a later mount takes a stored chunk
+/// with skipped ranges as whole only when its bytes (those written, and
+/// each range's found elsewhere by its sha256) hash to the chunk's
+/// verified digest.
+pub fn skipped_bytes(ranges: &[SkippedRange]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ranges.len() * SKIPPED_LEN);
+    for r in ranges {
+        out.extend_from_slice(&r.offset.to_le_bytes());
+        out.extend_from_slice(&r.len.to_le_bytes());
+        out.extend_from_slice(&r.sha256);
+    }
+    out
+}
+
+/// Parses a skipped-ranges list; `None` unless it is whole records, sorted,
+/// none overlapping the next.
+pub fn parse_skipped(bytes: &[u8]) -> Option<Vec<SkippedRange>> {
+    if !bytes.len().is_multiple_of(SKIPPED_LEN) {
+        return None;
+    }
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let list: Vec<SkippedRange> = bytes
+        .chunks_exact(SKIPPED_LEN)
+        .map(|r| SkippedRange {
+            offset: u64_at(&r[..8]),
+            len: u64_at(&r[8..16]),
+            sha256: r[16..].try_into().expect("32 bytes"),
+        })
+        .collect();
+    let ordered = list.windows(2).all(|w| {
+        w[0].offset
+            .checked_add(w[0].len)
+            .is_some_and(|end| end <= w[1].offset)
+    });
+    ordered.then_some(list)
 }
 
 /// The fingerprint of a file of `size` bytes in chunks of `1 << chunk_bits`,
@@ -241,12 +321,72 @@ pub fn split(
     devices.extend(moved.devices.iter().cloned());
     let (view, _) = write_image(&view, &[])?;
     let objects: Vec<Fingerprint> = shard.objects.keys().copied().collect();
+    let mut named = shard.named;
+    named.sort_by_key(|n| (n.device, n.offset, n.len));
+    named.dedup();
     let (shard, _) = write_image(&shard.tree, &devices)?;
     Ok(Split {
         view,
         shard,
         objects,
+        named,
     })
+}
+
+/// The ranges that files of one chunk read inside a stored chunk of
+/// `tables` without being that whole chunk (packed files), as (image
+/// device, offset, length), sorted, each once: what [`split`] names by the
+/// bytes read, and so what an image can borrow by content when its pack
+/// is new ([`Moved::ranges`]).
+pub fn packed_ranges(
+    image: &Image<'_>,
+    tables: &[IndexBlob],
+) -> Result<Vec<(u16, u64, u64)>, ReadError> {
+    let mut out = Vec::new();
+    let mut dirs = vec![image.root_nid()];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(nid) = dirs.pop() {
+        if !seen.insert(nid) {
+            continue;
+        }
+        let dir = image.inode(nid)?;
+        for entry in image.entries(&dir)? {
+            if entry.name == b"." || entry.name == b".." {
+                continue;
+            }
+            let inode = image.inode(entry.nid)?;
+            match inode.kind() {
+                Some(Kind::Directory) => dirs.push(entry.nid),
+                Some(Kind::Regular) => out.extend(packed_range(image, &inode, tables)?),
+                _ => {}
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// A regular file's range if it is packed: one chunk, inside a stored
+/// chunk of `tables` and not all of it.
+fn packed_range(
+    image: &Image<'_>,
+    inode: &Inode<'_>,
+    tables: &[IndexBlob],
+) -> Result<Option<(u16, u64, u64)>, ReadError> {
+    let chunks = image.chunks(inode)?;
+    let (Some(Chunk::Data { device, offset }), 1) = (chunks.get(0), chunks.len()) else {
+        return Ok(None);
+    };
+    let Some(table) = tables.get(usize::from(device).wrapping_sub(1)) else {
+        return Ok(None);
+    };
+    let size = inode.size;
+    let packed = table.chunks_covering(offset, 1).first().is_some_and(|c| {
+        let (start, len) = (c.cache_offset.get(), u64::from(c.size.get()));
+        offset >= start && offset + size <= start + len && (offset, size) != (start, len)
+    });
+    Ok(packed.then_some((device, offset, size)))
 }
 
 fn link(tree: &mut Tree<FileChunks>, dir: NodeId, name: &[u8], node: NodeId) {
@@ -301,9 +441,11 @@ fn view_node(
             let addrs: Vec<Chunk> = (0..chunks.len()).filter_map(|i| chunks.get(i)).collect();
             if addrs.iter().any(|c| matches!(c, Chunk::Data { .. })) {
                 let refs = verified(inode, &addrs, bits, source.tables)?;
-                let placed = placed(&addrs, &refs, source.moved, image.block_bits())?;
-                let fp = file_fingerprint(inode, &addrs, &refs, bits, source)?;
+                let span = (size, bits, image.block_bits());
+                let placed = placed(&addrs, &refs, source.moved, span)?;
+                let (fp, named) = file_fingerprint(inode, &addrs, &refs, bits, source)?;
                 shard.add(fp, size, bits, placed);
+                shard.named.extend(named);
                 meta.xattrs.insert(METACOPY_XATTR.to_vec(), Vec::new());
                 meta.xattrs
                     .insert(REDIRECT_XATTR.to_vec(), object_path(&fp).into_bytes());
@@ -335,20 +477,23 @@ fn view_node(
 }
 
 /// Each chunk's address in the shard: the image's, or where `moved` put
-/// its stored chunk.
+/// its stored chunk or its range. `span` is (the file's size, its chunk
+/// bits, the image's block bits).
 fn placed(
     addrs: &[Chunk],
     refs: &[ChunkRef],
     moved: &Moved,
-    block_bits: u8,
+    span: (u64, u8, u8),
 ) -> Result<Vec<ChunkAddr>, SplitError> {
+    let (size, chunk_bits, block_bits) = span;
     let mut out = Vec::with_capacity(addrs.len());
-    for (chunk, chunk_ref) in addrs.iter().zip(refs) {
+    for (i, (chunk, chunk_ref)) in addrs.iter().zip(refs).enumerate() {
         let (Chunk::Data { device, offset }, Some((_, at))) = (*chunk, chunk_ref) else {
             out.push(ChunkAddr::Hole);
             continue;
         };
-        let (device, offset) = moved.place(device, offset, *at);
+        let len = (size - ((i as u64) << chunk_bits)).min(1 << chunk_bits);
+        let (device, offset) = moved.place(device, offset, *at, len);
         let blkaddr = u32::try_from(offset >> block_bits)
             .ok()
             .filter(|_| offset % (1 << block_bits) == 0)
@@ -361,29 +506,29 @@ fn placed(
 }
 
 /// A file's fingerprint: by content for a file of one chunk, else by its
-/// chunks.
+/// chunks; and where a file named by the bytes read was read.
 fn file_fingerprint(
     inode: &Inode<'_>,
     addrs: &[Chunk],
     refs: &[ChunkRef],
     chunk_bits: u8,
     source: Source<'_, '_>,
-) -> Result<Fingerprint, SplitError> {
+) -> Result<(Fingerprint, Option<NamedRange>), SplitError> {
     let size = inode.size;
     let ([Chunk::Data { device, offset }], [Some((digest, at))]) = (addrs, refs) else {
-        return Ok(fingerprint(size, chunk_bits, refs.to_vec()));
+        return Ok((fingerprint(size, chunk_bits, refs.to_vec()), None));
     };
     let stored = &source.tables[usize::from(*device) - 1].chunks_covering(*offset, 1)[0];
     if *at == 0 && u64::from(stored.size.get()) == size {
-        return Ok(content_fingerprint(size, digest));
+        return Ok((content_fingerprint(size, digest), None));
     }
     let len = usize::try_from(size).map_err(|_| SplitError::Unverified("size".into()))?;
     // Read where the shard will: a moved chunk is not in the image's file.
-    let (read_device, read_offset) = source.moved.place(*device, *offset, *at);
+    let (read_device, read_offset) = source.moved.place(*device, *offset, *at, size);
     let Some(bytes) =
         (source.read)(read_device, read_offset, len).map_err(SplitError::Unverified)?
     else {
-        return Ok(fingerprint(size, chunk_bits, refs.to_vec()));
+        return Ok((fingerprint(size, chunk_bits, refs.to_vec()), None));
     };
     if bytes.len() != len {
         return Err(SplitError::Unverified(format!(
@@ -393,8 +538,14 @@ fn file_fingerprint(
         )));
     }
     let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
-    let digest: &[u8; 32] = digest.as_ref().try_into().expect("sha256 is 32 bytes");
-    Ok(content_fingerprint(size, digest))
+    let sha256: [u8; 32] = digest.as_ref().try_into().expect("sha256 is 32 bytes");
+    let named = NamedRange {
+        device: read_device,
+        offset: read_offset,
+        len: size,
+        sha256,
+    };
+    Ok((content_fingerprint(size, &sha256), Some(named)))
 }
 
 /// Each chunk's (stored chunk digest, offset in it), checked to lie
@@ -435,6 +586,7 @@ struct ShardTree {
     tree: Tree<FileChunks>,
     dirs: HashMap<u8, NodeId>,
     objects: BTreeMap<Fingerprint, NodeId>,
+    named: Vec<NamedRange>,
 }
 
 impl Default for ShardTree {
@@ -443,6 +595,7 @@ impl Default for ShardTree {
             tree: Tree::new(),
             dirs: HashMap::new(),
             objects: BTreeMap::new(),
+            named: Vec::new(),
         }
     }
 }
@@ -651,6 +804,7 @@ mod tests {
             devices: vec![other],
             // a's chunk (block 0) and the pack (blocks 2-3) are elsewhere.
             chunks: HashMap::from([((1, 0), (2, 5 * 4096)), ((1, 2 * 4096), (2, 10 * 4096))]),
+            ranges: HashMap::new(),
         };
         let mut reads = Vec::new();
         let mut read = |device: u16, offset: u64, len: usize| {
@@ -688,6 +842,84 @@ mod tests {
             ..moved
         };
         assert!(split(&img, &[table()], &odd, &mut by_block).is_err());
+    }
+
+    /// Packed files (`c` in block 1, `packed` in the pack's second block)
+    /// are listed; a range moved is read there, for exactly that range.
+    #[test]
+    fn moved_ranges_are_read_there_for_exactly_that_range() {
+        let bytes = image(None);
+        let img = Image::new(&bytes).unwrap();
+        let packed = packed_ranges(&img, &[table()]).unwrap();
+        assert_eq!(packed, vec![(1, 4096, 100), (1, 3 * 4096, 10)]);
+        let other = Device {
+            tag: "other".into(),
+            blocks: 16,
+        };
+        let moved = Moved {
+            devices: vec![other],
+            chunks: HashMap::new(),
+            // `packed`'s 10 bytes, and 11 bytes at c's offset (not c's).
+            ranges: HashMap::from([((1, 3 * 4096, 10), (2, 7 * 4096)), ((1, 4096, 11), (2, 0))]),
+        };
+        let mut reads = Vec::new();
+        let mut read = |device: u16, offset: u64, len: usize| {
+            reads.push((device, offset, len));
+            by_block(device, offset, len)
+        };
+        let parts = split(&img, &[table()], &moved, &mut read).unwrap();
+        reads.sort();
+        assert_eq!(reads, vec![(1, 4096, 100), (2, 7 * 4096, 10)]);
+        // Named where they were read, for the chunk locator.
+        let at = |device, offset, len, b: u8| NamedRange {
+            device,
+            offset,
+            len,
+            sha256: ring::digest::digest(&ring::digest::SHA256, &vec![b; len as usize])
+                .as_ref()
+                .try_into()
+                .unwrap(),
+        };
+        assert_eq!(
+            parts.named,
+            vec![at(1, 4096, 100, 1), at(2, 7 * 4096, 10, 7)]
+        );
+        let shard = Image::new(&parts.shard).unwrap();
+        let chunks: Vec<Chunk> = parts
+            .objects
+            .iter()
+            .map(|fp| {
+                let path = object_path(fp);
+                let mut dir = shard.inode(shard.root_nid()).unwrap();
+                for part in path.trim_start_matches('/').split('/') {
+                    let nid = shard.lookup(&dir, part.as_bytes()).unwrap().unwrap().nid;
+                    dir = shard.inode(nid).unwrap();
+                }
+                shard.chunks(&dir).unwrap().get(0).unwrap()
+            })
+            .collect();
+        let on = |device: u16, block: u64| Chunk::Data {
+            device,
+            offset: block * 4096,
+        };
+        assert!(chunks.contains(&on(2, 7)), "{chunks:?}");
+        assert!(chunks.contains(&on(1, 1)), "c stays: {chunks:?}");
+    }
+
+    #[test]
+    fn skipped_lists_read_back_and_refuse_overlaps() {
+        let r = |offset, len, b| SkippedRange {
+            offset,
+            len,
+            sha256: [b; 32],
+        };
+        let list = vec![r(0, 100, 1), r(4096, 4096, 2)];
+        assert_eq!(parse_skipped(&skipped_bytes(&list)), Some(list.clone()));
+        assert_eq!(parse_skipped(&skipped_bytes(&list)[..47]), None);
+        let overlapping = vec![r(0, 5000, 1), r(4096, 10, 2)];
+        assert_eq!(parse_skipped(&skipped_bytes(&overlapping)), None);
+        let unsorted = vec![list[1], list[0]];
+        assert_eq!(parse_skipped(&skipped_bytes(&unsorted)), None);
     }
 
     #[test]

@@ -127,7 +127,7 @@ pub fn materialize_blob(
 /// Reads `reader` (blob `blob`'s bytes, in order, digest-checked by the
 /// reader at EOF) to its end, handing `each` of the chunks `wanted`
 /// (indices, any order) decompressed and checked against its digest.
-fn decode_stream(
+pub(crate) fn decode_stream(
     blob: &IndexBlob,
     wanted: &[usize],
     mut reader: impl Read,
@@ -238,20 +238,32 @@ pub(crate) fn find_on_node(
     table: IndexBlob,
     blob_dir: &Path,
 ) -> Result<Option<OnNode>, CacheError> {
-    let key = EntryKey::of(&table);
-    let found: Vec<Option<Found>> = table
-        .chunks
-        .iter()
-        .map(|c| locator.find(&c.digest, c.size.get(), &key))
-        .collect();
+    let found = find_chunks(locator, &table);
     if found.iter().all(Option::is_none) {
         return Ok(None);
     }
+    Ok(Some((quiet_store(blob_dir, table)?, found)))
+}
+
+/// Where the chunk locator finds each of blob `table`'s chunks in other
+/// entries' complete cache files.
+pub(crate) fn find_chunks(locator: &ChunkLocator, table: &IndexBlob) -> Vec<Option<Found>> {
+    let key = EntryKey::of(table);
+    table
+        .chunks
+        .iter()
+        .map(|c| locator.find(&c.digest, c.size.get(), &key))
+        .collect()
+}
+
+/// The store of blob `table`'s cache file in `blob_dir`, writing quietly
+/// (a live lazy mount may watch the file: its fills raise no event).
+pub(crate) fn quiet_store(blob_dir: &Path, table: IndexBlob) -> Result<BlobStore, CacheError> {
     let mut store = BlobStore::open(blob_dir, table).map_err(io_err(blob_dir))?;
     if let Ok(quiet) = lamina_sys::open_quiet(store.cache_file()) {
         store.set_writer(quiet).map_err(io_err(blob_dir))?;
     }
-    Ok(Some((store, found)))
+    Ok(store)
 }
 
 /// Notes in the domain's chunk locator where `blob`'s chunks (those

@@ -251,7 +251,7 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             }
             if path
                 .extension()
-                .is_some_and(|e| e == "fill" || e == "table")
+                .is_some_and(|e| e == "fill" || e == "table" || e == "skipped")
             {
                 continue; // goes with its cache file
             }
@@ -268,12 +268,12 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             } else {
                 lamina_fetch::store::whole_record_path(&path)
             };
-            // A blob's chunk table (paged index) goes with it too.
-            let table = path
-                .extension()
-                .is_some_and(|e| e == "cache")
-                .then(|| path.with_extension("table"));
-            for extra in std::iter::once(state).chain(table) {
+            // A blob's chunk table (paged index) and skipped-ranges list
+            // go with it too.
+            let cache = path.extension().is_some_and(|e| e == "cache");
+            let table = cache.then(|| path.with_extension("table"));
+            let skipped = cache.then(|| path.with_extension("skipped"));
+            for extra in std::iter::once(state).chain(table).chain(skipped) {
                 if let Ok(m) = fs::metadata(&extra) {
                     bytes += m.blocks() * 512;
                     group.push(extra);
@@ -349,6 +349,7 @@ mod tests {
             let p = blobs.join(format!("{name}.cache"));
             fs::write(&p, vec![1u8; 8192]).unwrap();
             fs::write(p.with_extension("fill"), b"s").unwrap();
+            fs::write(p.with_extension("skipped"), b"r").unwrap();
             let t =
                 std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
             fs::File::options()
@@ -362,7 +363,8 @@ mod tests {
         // a is oldest: it and its state go first; then the cache fits.
         assert!(report.evicted.contains(&blobs.join("a.cache")));
         assert!(report.evicted.contains(&blobs.join("a.fill")));
-        assert!(blobs.join("c.cache").exists());
+        assert!(report.evicted.contains(&blobs.join("a.skipped")));
+        assert!(blobs.join("c.cache").exists() && blobs.join("c.skipped").exists());
         assert!(report.kept_bytes <= 20_000 + 4096, "{report:?}");
         let report = gc(dir.path(), 0).unwrap();
         assert_eq!(report.kept_bytes, 0);

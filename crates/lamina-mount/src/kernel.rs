@@ -24,7 +24,7 @@ pub fn mount_image(
     mountpoint: &Path,
     opts: &MountOptions,
 ) -> Result<MountInfo, MountError> {
-    let mut borrowed = crate::shared::Borrowed::default();
+    let mut borrowed = crate::borrow::Borrowed::default();
     let borrow = opts.share_files.then_some(&mut borrowed);
     let info = fill_cache_borrowing(image, mountpoint, opts, false, borrow)?;
     crate::layers::check_metadata(&info.metadata_path)?;
@@ -92,7 +92,7 @@ fn fill_cache_borrowing(
     mountpoint: &Path,
     opts: &MountOptions,
     lookup: bool,
-    mut borrow: Option<&mut crate::shared::Borrowed>,
+    mut borrow: Option<&mut crate::borrow::Borrowed>,
 ) -> Result<MountInfo, MountError> {
     let meta = fs::metadata(mountpoint)
         .map_err(|e| MountError::Mountpoint(mountpoint.to_path_buf(), e.to_string()))?;
@@ -175,28 +175,38 @@ fn fill_cache_borrowing(
         let index_bytes = fs::read(&index_path).map_err(io_err(&index_path))?;
         let index = artifact::parse_index(&index_bytes, &layers)?;
         let locator = lamina_fetch::locator::ChunkLocator::open(blob_dir).ok();
+        let on_node = locator.as_ref().filter(|l| l.may_hold_any());
+        // A source that cannot read a table alone: that blob fetched whole.
+        let table = |i: usize| match index.inline.get(i) {
+            Some(blob) => Some(blob.clone()),
+            None => {
+                let (desc, summary) = (&layers.blobs[i], &index.blobs[i]);
+                let bits = index.chunk_bits;
+                crate::shared::chunk_table(source.as_ref(), desc, summary, bits, blob_dir)
+                    .inspect_err(|e| tracing::debug!("{}: {e}", desc.digest))
+                    .ok()
+            }
+        };
+        let packed = match (on_node, &borrow) {
+            (Some(_), Some(_)) => crate::borrow::packed_ranges(&meta_path, &table),
+            _ => Default::default(),
+        };
         for i in missing {
             let (desc, path) = (&layers.blobs[i], &blob_paths[i]);
             // The node's chunks, borrowed (--share-files) or copied.
-            let on_node = locator.as_ref().filter(|l| l.may_hold_any());
             if let Some(locator) = on_node {
-                // A source that cannot read the table alone: fetched whole.
-                let table = match index.inline.get(i) {
-                    Some(blob) => Some(blob.clone()),
-                    None => {
-                        let summary = &index.blobs[i];
-                        let bits = index.chunk_bits;
-                        crate::shared::chunk_table(source.as_ref(), desc, summary, bits, blob_dir)
-                            .inspect_err(|e| tracing::debug!("{}: {e}", desc.digest))
-                            .ok()
-                    }
-                };
                 let device = u16::try_from(i + 1).expect("the index bounds its blobs");
                 let open = || source.open_blob(desc);
-                let filled = match (table, borrow.as_deref_mut()) {
+                let filled = match (table(i), borrow.as_deref_mut()) {
                     (None, _) => None,
                     (Some(table), Some(borrowed)) => {
-                        borrowed.fill(locator, device, table, blob_dir, open)?
+                        let packed = packed.get(&device).map_or(&[][..], Vec::as_slice);
+                        let blob = crate::borrow::BlobToFill {
+                            device,
+                            table,
+                            packed,
+                        };
+                        borrowed.fill(locator, blob, blob_dir, open)?
                     }
                     (Some(table), None) => crate::cache::fill_from_node::<_, _, MountError>(
                         locator, table, blob_dir, open,

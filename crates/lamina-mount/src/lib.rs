@@ -41,6 +41,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod borrow;
 mod cache;
 mod common;
 mod daemons;

@@ -26,15 +26,15 @@
 //! its own last; overlayfs takes a file's data from the first that has its
 //! name, so each content is read through the first shard that held it.
 //! A shard's devices are the image's cache files and, after them, other
-//! images' complete cache files it borrows chunks from ([`Borrowed`]), so
-//! the node keeps one copy of a chunk, not one per image.
+//! images' complete cache files it borrows chunks and packed files from
+//! ([`Borrowed`]), so the node keeps one copy of them, not one per image.
 
 use std::fs;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use lamina_fetch::locator::{ChunkLocator, Found};
+use lamina_fetch::locator::ChunkLocator;
 use lamina_fetch::private;
 use lamina_fetch::store::EntryKey;
 use lamina_format::erofs::Image;
@@ -48,6 +48,7 @@ use lamina_format::index::IndexTop;
 use lamina_image::artifact::LaminaLayers;
 use lamina_oci::ImageSource;
 
+use crate::borrow::{too_many, Borrowed};
 use crate::common::{io_err, MountError, MountInfo, MountOptions};
 use crate::mode::Mode;
 
@@ -61,149 +62,6 @@ struct ViewRecord {
     shards_dir: PathBuf,
     /// The shards, in stacking order (its own last).
     shards: Vec<String>,
-}
-
-/// Chunks an eager `--share-files` mount reads from other images' complete
-/// cache files instead of keeping a copy in its own (which stay sparse
-/// there, and unrecorded: a mount that reads the image's own files fetches
-/// them). Each file is opened before its chunks are checked, and its shard
-/// mounts that very file (`/proc/self/fd/N`), never a path that could
-/// have been replaced since.
-#[derive(Debug, Default)]
-pub(crate) struct Borrowed {
-    /// (path, the file, opened).
-    files: Vec<(PathBuf, fs::File)>,
-    /// (image device, stored chunk's cache offset) → (index in `files`,
-    /// where the chunk starts there).
-    chunks: std::collections::HashMap<(u16, u64), (usize, u64)>,
-}
-
-impl Borrowed {
-    /// Fills blob `table`'s cache file (image device `device`, in
-    /// `blob_dir`) with what no other complete cache file of the domain
-    /// holds, borrowing the rest. `None` when nothing is borrowed (the
-    /// caller fetches the blob whole, as ever); else the bytes of blob read
-    /// from the source (`open`), 0 when every chunk was on the node.
-    pub(crate) fn fill<R: std::io::Read>(
-        &mut self,
-        locator: &ChunkLocator,
-        device: u16,
-        table: IndexBlob,
-        blob_dir: &Path,
-        open: impl FnOnce() -> Result<R, lamina_oci::OciError>,
-    ) -> Result<Option<u64>, MountError> {
-        let Some((mut store, found)) = crate::cache::find_on_node(locator, table, blob_dir)? else {
-            return Ok(None);
-        };
-        found.iter().flatten().for_each(Found::drop_pages);
-        let open_chunks: Vec<usize> = (0..found.len()).filter(|&i| !store.is_filled(i)).collect();
-        let need: Vec<usize> = open_chunks
-            .iter()
-            .copied()
-            .filter(|&i| found[i].is_none())
-            .collect();
-        let mut read = 0;
-        if !need.is_empty() {
-            let reader = open()?;
-            crate::cache::fill_chunks(&mut store, &need, reader)?;
-            read = store.blob().compressed_size;
-        }
-        let blob = store.blob().clone();
-        let mut filled = vec![false; found.len()];
-        need.iter().for_each(|&i| filled[i] = true);
-        crate::cache::note_chunks(locator, &blob, Some(&filled));
-        let mut found = found;
-        for i in open_chunks {
-            if let Some(at) = found[i].take() {
-                let file = self.file_index(at.path, at.file)?;
-                let start = blob.chunks[i].cache_offset.get();
-                self.chunks.insert((device, start), (file, at.cache_offset));
-            }
-        }
-        Ok(Some(read))
-    }
-
-    /// Borrows every chunk of blob `table` (image device `device`) that
-    /// another image's complete cache file holds, for a lazy mount's shard
-    /// (its own file keeps whatever it has): returns their indices, for its
-    /// worker never to fetch them ahead.
-    pub(crate) fn borrow(
-        &mut self,
-        locator: &ChunkLocator,
-        device: u16,
-        table: &IndexBlob,
-    ) -> Result<Vec<u32>, MountError> {
-        let key = EntryKey::of(table);
-        let mut chunks = Vec::new();
-        for (i, c) in table.chunks.iter().enumerate() {
-            if let Some(at) = locator.find(&c.digest, c.size.get(), &key) {
-                at.drop_pages();
-                let file = self.file_index(at.path, at.file)?;
-                self.chunks
-                    .insert((device, c.cache_offset.get()), (file, at.cache_offset));
-                chunks.push(u32::try_from(i).map_err(|_| too_many())?);
-            }
-        }
-        Ok(chunks)
-    }
-
-    /// The borrowed files as a lazy mount's holder opens them: by path,
-    /// checked to be the very inode checked here.
-    fn specs(&self) -> Result<Vec<lamina_daemon::config::BorrowedSpec>, MountError> {
-        let mut specs = Vec::with_capacity(self.files.len());
-        for (path, file) in &self.files {
-            let id = lamina_fetch::store::identity(file)
-                .map_err(io_err(path))?
-                .ok_or_else(|| MountError::Share(format!("{}: no birth time", path.display())))?;
-            specs.push(lamina_daemon::config::BorrowedSpec {
-                cache_path: path.clone(),
-                file: id.into(),
-            });
-        }
-        Ok(specs)
-    }
-
-    /// The index of `file` in `files`, added unless the same inode is there.
-    fn file_index(&mut self, path: PathBuf, file: fs::File) -> Result<usize, MountError> {
-        let ino = |f: &fs::File| f.metadata().map(|m| (m.dev(), m.ino()));
-        let this = ino(&file).map_err(io_err(&path))?;
-        if let Some(i) = self
-            .files
-            .iter()
-            .position(|(_, f)| ino(f).ok() == Some(this))
-        {
-            return Ok(i);
-        }
-        self.files.push((path, file));
-        Ok(self.files.len() - 1)
-    }
-
-    /// The shard's devices for these chunks, numbered after the image's
-    /// `image_devices`.
-    fn moved(&self, image_devices: usize) -> Result<shard::Moved, MountError> {
-        let mut devices = Vec::with_capacity(self.files.len());
-        for (path, file) in &self.files {
-            let len = file.metadata().map_err(io_err(path))?.len();
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            devices.push(lamina_format::erofs::Device {
-                tag: name.chars().take(64).collect(),
-                blocks: u32::try_from(len.div_ceil(4096)).map_err(|_| {
-                    MountError::Share(format!("{}: too large a device", path.display()))
-                })?,
-            });
-        }
-        let first = u16::try_from(image_devices + 1).map_err(|_| too_many())?;
-        let mut chunks = std::collections::HashMap::new();
-        for (&at, &(file, offset)) in &self.chunks {
-            let device = u16::try_from(file).ok().and_then(|f| first.checked_add(f));
-            chunks.insert(at, (device.ok_or_else(too_many)?, offset));
-        }
-        Ok(shard::Moved { devices, chunks })
-    }
-}
-
-fn too_many() -> MountError {
-    MountError::Share("too many devices for one shard".into())
 }
 
 /// Mounts `info`'s image (complete in the cache) at `info.mountpoint` as a
@@ -523,7 +381,41 @@ fn split_image(
     for file in files {
         let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
     }
+    if let Ok(split) = &split {
+        note_named(info, &index, &tables, &split.named);
+    }
     split
+}
+
+/// Notes in the chunk locator where the packed files named by their bytes
+/// lie in the image's complete cache files, so that an image whose packs
+/// changed around them finds them by content ([`Borrowed`]).
+fn note_named(
+    info: &MountInfo,
+    index: &lamina_format::index::IndexTop,
+    tables: &[IndexBlob],
+    named: &[shard::NamedRange],
+) {
+    let Some(dir) = info.blob_paths.first().and_then(|p| p.parent()) else {
+        return;
+    };
+    let Ok(locator) = ChunkLocator::open(dir) else {
+        return;
+    };
+    let mut complete = vec![None; tables.len()];
+    for n in named {
+        let i = usize::from(n.device).wrapping_sub(1);
+        let (Some(table), Some(summary)) = (tables.get(i), index.blobs.get(i)) else {
+            continue; // a borrowed file's: noted where it is
+        };
+        let key = EntryKey::of(table);
+        let whole = *complete[i].get_or_insert_with(|| {
+            lamina_fetch::store::BlobStore::recorded_complete(dir, &key, summary).unwrap_or(false)
+        });
+        if let (true, Ok(len)) = (whole, u32::try_from(n.len)) {
+            locator.note(&n.sha256, &key, n.offset, len);
+        }
+    }
 }
 
 /// [`shard::split`] of the metadata at `path`.

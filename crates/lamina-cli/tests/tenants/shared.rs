@@ -72,7 +72,8 @@ fn object(shard: &Path, name: &str) -> PathBuf {
 /// entry. A file h or a2 shares with b, read only through h, is read
 /// through b's shard (its pages are there, none in h's own); a changed one
 /// through h's own. Packed files (s00-s03 share a pack, and s01 changed)
-/// are shared by their bytes. Unmounting b keeps its shard for the others;
+/// are shared by their bytes, and h keeps no copy of the ones b holds,
+/// also when mounted again. Unmounting b keeps its shard for the others;
 /// the last unmount takes every shard and view down.
 #[test]
 fn shared_files_are_read_through_one_shard() {
@@ -124,6 +125,50 @@ fn shared_files_are_read_through_one_shard() {
         b_blobs.iter().all(|p| h_devices.contains(p)),
         "h's shard does not read b's cache files: {h_devices:?}"
     );
+    // h's pack is new (s01 changed in it), but s00, s02 and s03 are b's
+    // bytes: h's cache files hold s01's and none of theirs.
+    let h_bytes: Vec<u8> = h_blobs.iter().flat_map(|p| fs::read(p).unwrap()).collect();
+    let holds = |name: &str| {
+        let want = fs::read(refs["h"].join(format!("data/{name}.bin"))).unwrap();
+        h_bytes.windows(want.len()).any(|w| w == want)
+    };
+    assert!(
+        holds("s01"),
+        "h's changed packed file is not in its cache files"
+    );
+    for name in ["s00", "s02", "s03"] {
+        assert!(
+            !holds(name),
+            "{name}: b's bytes copied into h's cache files"
+        );
+    }
+    // Mounted again, h finds those files where they were, by their bytes
+    // (its chunk verified whole with them), and fetches nothing.
+    let h_conv = oci_ref(&t.join("conv"), "h");
+    let h3 = Mount::with_args(&h_conv, &t.join("mnt-h3"), &cache, SHARE);
+    assert_eq!(h3.info["fetched_bytes"], 0, "{}", h3.info);
+    treecmp(&[], &refs["h"], &h3.path);
+    drop(h3);
+    // The skipped-ranges list is a hint: with s01's bytes in h's file
+    // changed, its chunk no longer verifies with the ranges found, so the
+    // next mount fetches it and reads the image's bytes.
+    let s01 = fs::read(refs["h"].join("data/s01.bin")).unwrap();
+    let (file, at) = h_blobs
+        .iter()
+        .find_map(|p| {
+            let bytes = fs::read(p).unwrap();
+            let at = bytes.windows(s01.len()).position(|w| w == s01)?;
+            Some((p, at as u64))
+        })
+        .unwrap();
+    let f = fs::OpenOptions::new().write(true).open(file).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"X", at).unwrap();
+    drop(f);
+    let h4 = Mount::with_args(&h_conv, &t.join("mnt-h4"), &cache, SHARE);
+    assert!(h4.info["fetched_bytes"].as_u64().unwrap() > 0, "{}", h4.info);
+    drop_caches();
+    treecmp(&[], &refs["h"], &h4.path);
+    drop(h4);
 
     let h_ref = &refs["h"];
     drop_caches();
@@ -164,12 +209,7 @@ fn shared_files_are_read_through_one_shard() {
     }
     drop_caches();
     treecmp(&[], &refs["h"], &mounts["h"].path);
-    let again = Mount::with_args(
-        &oci_ref(&t.join("conv"), "h"),
-        &t.join("mnt-h2"),
-        &cache,
-        SHARE,
-    );
+    let again = Mount::with_args(&h_conv, &t.join("mnt-h2"), &cache, SHARE);
     drop_caches();
     treecmp(&[], &refs["h"], &again.path);
     let again_own = shards_of(&again).pop().unwrap();
