@@ -48,11 +48,13 @@ impl Tenants<'_> {
     /// dropped, B reads every file with its own bytes, and the cache holds
     /// two entries for X, B's and H's.
     // Over 100 lines: one round of two tenants' mounts and reads in the order its doc gives.
-    fn round(&self, f: &mut Failures, mode: &str, b_first: bool) {
-        let label = format!("{mode}-{}", if b_first { "b-first" } else { "h-first" });
+    fn round(&self, f: &mut Failures, (mode, share): (&str, bool), b_first: bool) {
+        let shared = if share { "-share-files" } else { "" };
+        let order = if b_first { "b-first" } else { "h-first" };
+        let label = format!("{mode}{shared}-{order}");
         let started = Instant::now();
         let cache = self.t.join(&format!("cache-{label}"));
-        let opts = [
+        let mut opts = vec![
             "--lazy",
             "--mode",
             mode,
@@ -65,6 +67,9 @@ impl Tenants<'_> {
             "--readahead",
             "0",
         ];
+        if share {
+            opts.push("--share-files");
+        }
         let served_before = self.registry.ranges_served(&self.victim);
         let mount_b = || {
             Mount::with_args(
@@ -176,7 +181,8 @@ impl Tenants<'_> {
 /// chunk table, and served by a registry that answers X's ranges with H's
 /// bytes; B comes from a real registry. On one cache dir per round, B and H
 /// are mounted lazily, B first (having read only files H cannot touch) or H
-/// first, on the kernel path and through FUSE; H reads everything (not
+/// first, on the kernel path (also with `--share-files`: files shared by
+/// content, issue 43) and through FUSE; H reads everything (not
 /// checked beyond ending in time); then, with the page cache dropped, every
 /// file of B must equal `umoci unpack` of B, and the cache must hold two
 /// entries for X: B's and H's, named by (X, cache size, table digest).
@@ -249,11 +255,15 @@ fn a_hostile_image_naming_anothers_blob_never_changes_its_bytes() {
         apart,
     };
     let mut f = Failures::default();
+    // Issue 43: with files shared by content, too.
+    let (kernel, shared, fuse) = (("kernel", false), ("kernel", true), ("fuse", false));
     for (mode, b_first) in [
-        ("kernel", true),
-        ("kernel", false),
-        ("fuse", true),
-        ("fuse", false),
+        (kernel, true),
+        (kernel, false),
+        (shared, true),
+        (shared, false),
+        (fuse, true),
+        (fuse, false),
     ] {
         tenants.round(&mut f, mode, b_first);
     }

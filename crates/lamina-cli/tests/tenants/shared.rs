@@ -165,7 +165,11 @@ fn shared_files_are_read_through_one_shard() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"X", at).unwrap();
     drop(f);
     let h4 = Mount::with_args(&h_conv, &t.join("mnt-h4"), &cache, SHARE);
-    assert!(h4.info["fetched_bytes"].as_u64().unwrap() > 0, "{}", h4.info);
+    assert!(
+        h4.info["fetched_bytes"].as_u64().unwrap() > 0,
+        "{}",
+        h4.info
+    );
     drop_caches();
     treecmp(&[], &refs["h"], &h4.path);
     drop(h4);
