@@ -8,7 +8,8 @@ on one base), R = A rebuilt (one regular file in 50 changed, every layer
 written again: new digests, mostly the same files;
 `bench/harness/rebuild.py`), all converted by `lamina convert` into one
 OCI layout. Scenario `shared_base` mounts A and B, `rebuild` A and R; the
-disk figures are the bytes on disk of the cache's blobs, FUSE
+disk figures are the bytes on disk of the cache's blobs (with the chunk
+locator and the ranges lists), the images' metadata and indexes, FUSE
 passthrough objects, shards and metadata views (lamina) or of the
 unpacked trees (overlayfs): the union of their extents (FIEMAP), so a
 block two files share (a hard link, a reflink) counts once. The work dir's
@@ -360,7 +361,7 @@ def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
     def lamina_figures(image):
         cache_files = files_under(cache / "blobs") if cache else []
         return {"cache_files_resident": resident(cache_files),
-                "disk": disk_bytes([cache / d for d in ("blobs", "objects", "shards", "mounts")] if cache else
+                "disk": disk_bytes([cache / d for d in ("blobs", "meta", "objects", "shards", "mounts")] if cache else
                                    overlay_trees(work, second, image))}
 
     try:

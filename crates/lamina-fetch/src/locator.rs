@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use lamina_format::locate::{
-    probe, slot_offset, victim, ChunkSlot, LocatorHeader, FILE_LEN, HEADER_LEN, SLOT_LEN,
+    parse_ranges, probe, ranges_bytes, slot_offset, victim, ChunkSlot, ContentRange, LocatorHeader,
+    FILE_LEN, HEADER_LEN, SLOT_LEN,
 };
 use lamina_oci::sha256;
 use zerocopy::IntoBytes;
@@ -36,6 +37,12 @@ const BLOCK: u64 = 4096;
 /// Quiet fds kept open at once (other entries' cache files).
 const OPEN_FILES: usize = 64;
 
+/// Most named ranges one locator reads into memory.
+const NAMED_MAX: usize = 1 << 20;
+
+/// Named ranges by (sha256, length): the slots they would be.
+type NamedIndex = HashMap<([u8; 32], u64), Vec<ChunkSlot>>;
+
 /// A cache's chunk locator.
 #[derive(Debug)]
 pub struct ChunkLocator {
@@ -48,6 +55,8 @@ pub struct ChunkLocator {
     /// of it), by stem: a complete file stays complete, so its fill record
     /// is read once per file, not once per chunk found in it.
     complete: Mutex<HashMap<String, (File, File)>>,
+    /// The named ranges lists of the dir, read at the first lookup.
+    named: Mutex<Option<std::sync::Arc<NamedIndex>>>,
     /// How a quiet fd is had ([`lamina_sys::open_quiet`]; tests without
     /// fanotify use a plain one).
     quiet: fn(&File) -> io::Result<File>,
@@ -68,6 +77,7 @@ impl ChunkLocator {
             dir: dir.to_path_buf(),
             open: Mutex::new(HashMap::new()),
             complete: Mutex::new(HashMap::new()),
+            named: Mutex::new(None),
             quiet: lamina_sys::open_quiet,
         })
     }
@@ -139,6 +149,68 @@ impl ChunkLocator {
         self.slots_of(digest, size, not)
             .filter(|slot| slot.cache_offset.get() % BLOCK == 0)
             .find_map(|slot| self.found_at(&slot))
+    }
+
+    /// Notes that `ranges` of `key`'s cache file, complete by its fill
+    /// record, hold the bytes their sha256 names (packed files named by
+    /// their bytes): its named ranges list, written once (an entry's bytes
+    /// never differ). Best effort, like [`ChunkLocator::note`].
+    pub fn note_named(&self, key: &EntryKey, ranges: &[ContentRange]) {
+        let path = self.dir.join(format!("{}.named", key.stem()));
+        if ranges.is_empty() || path.exists() {
+            return;
+        }
+        if let Err(e) = private::write_atomic(&path, &ranges_bytes(ranges), false) {
+            tracing::debug!("named ranges {}: {e}", path.display());
+        }
+    }
+
+    /// Where the `len` bytes whose sha256 is `sha256` lie in another entry's
+    /// cache file than `not`, by the named ranges lists: as
+    /// [`ChunkLocator::find`] finds a chunk (a complete file, a block, the
+    /// bytes hashed now).
+    pub fn find_named(&self, sha256: &[u8; 32], len: u64, not: &EntryKey) -> Option<Found> {
+        let index = self.named_index()?;
+        let ours = |slot: &ChunkSlot| slot.blob == not.blob && slot.entry == not.id[..16];
+        index
+            .get(&(*sha256, len))?
+            .iter()
+            .filter(|slot| !ours(slot) && slot.cache_offset.get() % BLOCK == 0)
+            .find_map(|slot| self.found_at(slot))
+    }
+
+    /// The dir's named ranges lists, read once.
+    fn named_index(&self) -> Option<std::sync::Arc<NamedIndex>> {
+        let mut named = self.named.lock().ok()?;
+        if let Some(index) = named.as_ref() {
+            return Some(index.clone());
+        }
+        let mut index = NamedIndex::new();
+        let mut count = 0;
+        for entry in std::fs::read_dir(&self.dir).ok()?.flatten() {
+            let name = entry.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".named")) else {
+                continue;
+            };
+            let (Some(owner), Ok(bytes)) = (entry_of_stem(stem), std::fs::read(entry.path()))
+            else {
+                continue;
+            };
+            for r in parse_ranges(&bytes).unwrap_or_default() {
+                let Ok(size) = u32::try_from(r.len) else {
+                    continue;
+                };
+                let slot = ChunkSlot::new(r.sha256, owner, r.offset, size);
+                index.entry((r.sha256, r.len)).or_default().push(slot);
+                count += 1;
+            }
+            if count >= NAMED_MAX {
+                break;
+            }
+        }
+        let index = std::sync::Arc::new(index);
+        *named = Some(index.clone());
+        Some(index)
     }
 
     /// The slots that say another entry than `not` holds chunk `digest`
@@ -245,6 +317,15 @@ impl ChunkLocator {
         file.read_exact_at(&mut buf, start).ok()?;
         (sha256(&buf) == slot.digest).then_some(buf)
     }
+}
+
+/// The (blob, first 16 bytes of the id) of an entry's file stem.
+fn entry_of_stem(stem: &str) -> Option<([u8; 32], [u8; 16])> {
+    let (blob, id) = stem.split_once('.')?;
+    let mut out = ([0; 32], [0; 16]);
+    hex::decode_to_slice(blob, &mut out.0).ok()?;
+    hex::decode_to_slice(id, &mut out.1).ok()?;
+    Some(out)
 }
 
 /// The entry a slot names (the first 16 bytes of its id: all a path needs).
@@ -444,6 +525,63 @@ mod tests {
         locator.note(&sha256(&other), &odd, 100, other.len() as u32);
         assert!(locator
             .find(&sha256(&other), other.len() as u32, &ours)
+            .is_none());
+    }
+
+    /// Packed files by their bytes: found through another entry's named
+    /// ranges list in a complete file where they verify, and nowhere else.
+    #[test]
+    fn finds_named_ranges_only_in_complete_files_where_they_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut locator = ChunkLocator::open(dir.path()).unwrap();
+        locator.quiet = File::try_clone;
+        let (small, other) = (b"a packed file".repeat(10), b"its neighbour".to_vec());
+        let (theirs, ours) = (key(1), key(2));
+        let cache = store_paths(dir.path(), &theirs).0;
+        let mut bytes = vec![0u8; 3 * 4096];
+        bytes[4096..4096 + small.len()].copy_from_slice(&small);
+        bytes[8192..8192 + other.len()].copy_from_slice(&other);
+        std::fs::write(&cache, &bytes).unwrap();
+        let range = |offset, b: &[u8]| ContentRange {
+            offset,
+            len: b.len() as u64,
+            sha256: sha256(b),
+        };
+        // The second range is forged: those are not its bytes.
+        let forged = ContentRange {
+            sha256: sha256(b"else"),
+            ..range(8192, &other)
+        };
+        locator.note_named(&theirs, &[range(4096, &small), forged]);
+        let len = small.len() as u64;
+        let fresh = || {
+            let mut l = ChunkLocator::open(dir.path()).unwrap();
+            l.quiet = File::try_clone;
+            l
+        };
+        assert!(
+            fresh().find_named(&sha256(&small), len, &ours).is_none(),
+            "no record"
+        );
+        record(dir.path(), &theirs, 1, true);
+        let found = fresh()
+            .find_named(&sha256(&small), len, &ours)
+            .expect("found");
+        assert_eq!((found.path, found.cache_offset), (cache, 4096));
+        let l = fresh();
+        assert!(
+            l.find_named(&sha256(&small), len, &theirs).is_none(),
+            "our own"
+        );
+        assert!(
+            l.find_named(&sha256(&small), len + 1, &ours).is_none(),
+            "other length"
+        );
+        assert!(l
+            .find_named(&sha256(b"else"), other.len() as u64, &ours)
+            .is_none());
+        assert!(l
+            .find_named(&sha256(&other), other.len() as u64, &ours)
             .is_none());
     }
 

@@ -22,6 +22,15 @@
 //! slots         (SLOTS x 96 bytes, sparse until written)
 //! ```
 //! All integers little-endian. Version 1.
+//!
+//! Files are found by content too, beside the slots: a cache file's
+//! *named ranges* list (`<entry>.named`) holds the packed files of it that
+//! a `--share-files` mount named by the sha256 of their bytes, and its
+//! *skipped ranges* list (`<entry>.skipped`) the packed files a fill did not
+//! write there because the node held their bytes elsewhere. Both are
+//! [`ContentRange`] lists ([`ranges_bytes`]): dense (48 bytes a file, where
+//! a slot would take a block of the sparse table each) and hints only, like
+//! the slots: bytes found through them are hashed before they are used.
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -167,9 +176,74 @@ pub fn slot_offset(i: u64) -> u64 {
 /// Length of a locator file.
 pub const FILE_LEN: u64 = HEADER_LEN as u64 + SLOTS * SLOT_LEN as u64;
 
+/// A range of a cache file known by the sha256 of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ContentRange {
+    /// Where it is in the cache file.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+    /// The sha256 of its bytes.
+    pub sha256: [u8; 32],
+}
+
+/// Bytes of one record of a ranges list.
+const RANGE_LEN: usize = 48;
+
+/// A ranges list's bytes: each range as offset and length (u64,
+/// little-endian) then sha256, sorted by offset, nothing else.
+pub fn ranges_bytes(ranges: &[ContentRange]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ranges.len() * RANGE_LEN);
+    for r in ranges {
+        out.extend_from_slice(&r.offset.to_le_bytes());
+        out.extend_from_slice(&r.len.to_le_bytes());
+        out.extend_from_slice(&r.sha256);
+    }
+    out
+}
+
+/// Parses a ranges list; `None` unless it is whole records, sorted, none
+/// overlapping the next.
+pub fn parse_ranges(bytes: &[u8]) -> Option<Vec<ContentRange>> {
+    if !bytes.len().is_multiple_of(RANGE_LEN) {
+        return None;
+    }
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let list: Vec<ContentRange> = bytes
+        .chunks_exact(RANGE_LEN)
+        .map(|r| ContentRange {
+            offset: u64_at(&r[..8]),
+            len: u64_at(&r[8..16]),
+            sha256: r[16..].try_into().expect("32 bytes"),
+        })
+        .collect();
+    let ordered = list.windows(2).all(|w| {
+        w[0].offset
+            .checked_add(w[0].len)
+            .is_some_and(|end| end <= w[1].offset)
+    });
+    ordered.then_some(list)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_lists_read_back_and_refuse_overlaps() {
+        let r = |offset, len, b| ContentRange {
+            offset,
+            len,
+            sha256: [b; 32],
+        };
+        let list = vec![r(0, 100, 1), r(4096, 4096, 2)];
+        assert_eq!(parse_ranges(&ranges_bytes(&list)), Some(list.clone()));
+        assert_eq!(parse_ranges(&ranges_bytes(&list)[..47]), None);
+        let overlapping = vec![r(0, 5000, 1), r(4096, 10, 2)];
+        assert_eq!(parse_ranges(&ranges_bytes(&overlapping)), None);
+        let unsorted = vec![list[1], list[0]];
+        assert_eq!(parse_ranges(&ranges_bytes(&unsorted)), None);
+    }
 
     #[test]
     fn a_slot_round_trips_and_a_torn_one_is_empty() {

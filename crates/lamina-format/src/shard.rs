@@ -159,60 +159,6 @@ pub fn parse_objects(bytes: &[u8]) -> Option<Vec<Fingerprint>> {
     list.windows(2).all(|w| w[0] < w[1]).then_some(list)
 }
 
-/// A packed file a `--share-files` fill did not write in its image's cache
-/// file, because the node held its bytes elsewhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct SkippedRange {
-    /// Where it is in the cache file.
-    pub offset: u64,
-    /// Its length.
-    pub len: u64,
-    /// The sha256 of its bytes.
-    pub sha256: [u8; 32],
-}
-
-/// Bytes of one record of a skipped-ranges list.
-const SKIPPED_LEN: usize = 48;
-
-/// A cache file's skipped-ranges list (`<entry>.skipped` beside it): each
-/// range as offset and length (u64, little-endian) then sha256, sorted,
-/// nothing else. A hint, never trusted: a later mount takes a stored chunk
-/// with skipped ranges as whole only when its bytes (those written, and
-/// each range's found elsewhere by its sha256) hash to the chunk's
-/// verified digest.
-pub fn skipped_bytes(ranges: &[SkippedRange]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(ranges.len() * SKIPPED_LEN);
-    for r in ranges {
-        out.extend_from_slice(&r.offset.to_le_bytes());
-        out.extend_from_slice(&r.len.to_le_bytes());
-        out.extend_from_slice(&r.sha256);
-    }
-    out
-}
-
-/// Parses a skipped-ranges list; `None` unless it is whole records, sorted,
-/// none overlapping the next.
-pub fn parse_skipped(bytes: &[u8]) -> Option<Vec<SkippedRange>> {
-    if !bytes.len().is_multiple_of(SKIPPED_LEN) {
-        return None;
-    }
-    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-    let list: Vec<SkippedRange> = bytes
-        .chunks_exact(SKIPPED_LEN)
-        .map(|r| SkippedRange {
-            offset: u64_at(&r[..8]),
-            len: u64_at(&r[8..16]),
-            sha256: r[16..].try_into().expect("32 bytes"),
-        })
-        .collect();
-    let ordered = list.windows(2).all(|w| {
-        w[0].offset
-            .checked_add(w[0].len)
-            .is_some_and(|end| end <= w[1].offset)
-    });
-    ordered.then_some(list)
-}
-
 /// The fingerprint of a file of `size` bytes in chunks of `1 << chunk_bits`,
 /// each chunk a hole or (the verified digest of the stored chunk it starts
 /// in, its offset in that chunk).
@@ -904,22 +850,6 @@ mod tests {
         };
         assert!(chunks.contains(&on(2, 7)), "{chunks:?}");
         assert!(chunks.contains(&on(1, 1)), "c stays: {chunks:?}");
-    }
-
-    #[test]
-    fn skipped_lists_read_back_and_refuse_overlaps() {
-        let r = |offset, len, b| SkippedRange {
-            offset,
-            len,
-            sha256: [b; 32],
-        };
-        let list = vec![r(0, 100, 1), r(4096, 4096, 2)];
-        assert_eq!(parse_skipped(&skipped_bytes(&list)), Some(list.clone()));
-        assert_eq!(parse_skipped(&skipped_bytes(&list)[..47]), None);
-        let overlapping = vec![r(0, 5000, 1), r(4096, 10, 2)];
-        assert_eq!(parse_skipped(&skipped_bytes(&overlapping)), None);
-        let unsorted = vec![list[1], list[0]];
-        assert_eq!(parse_skipped(&skipped_bytes(&unsorted)), None);
     }
 
     #[test]

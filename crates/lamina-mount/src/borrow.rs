@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use lamina_fetch::locator::{ChunkLocator, Found};
 use lamina_fetch::store::{BlobStore, EntryKey};
 use lamina_format::index::IndexBlob;
-use lamina_format::shard::{self, SkippedRange};
+use lamina_format::locate::{parse_ranges, ranges_bytes, ContentRange};
+use lamina_format::shard;
 use lamina_oci::sha256;
 
 use crate::common::{io_err, MountError};
@@ -72,7 +73,7 @@ impl Borrowed {
         let skipped_path = store.cache_path().with_extension("skipped");
         let hints = fs::read(&skipped_path)
             .ok()
-            .and_then(|b| shard::parse_skipped(&b))
+            .and_then(|b| parse_ranges(&b))
             .unwrap_or_default();
         let blob = store.blob().clone();
         let open_chunks: Vec<usize> = (0..found.len()).filter(|&i| !store.is_filled(i)).collect();
@@ -116,7 +117,7 @@ impl Borrowed {
         need: &[usize],
         reader: impl Read,
         packs: Packs<'_>,
-    ) -> Result<Vec<SkippedRange>, MountError> {
+    ) -> Result<Vec<ContentRange>, MountError> {
         let blob = store.blob().clone();
         let key = EntryKey::of(&blob);
         let path = store.cache_path().to_path_buf();
@@ -132,16 +133,15 @@ impl Borrowed {
                 }
                 let bytes = &data[(offset - start) as usize..][..len as usize];
                 let sha = sha256(bytes);
-                let at = u32::try_from(len)
-                    .ok()
-                    .and_then(|size| locator.find(&sha, size, &key));
-                let Some(at) = at else { continue };
+                let Some(at) = find_range(locator, &sha, len, &key) else {
+                    continue;
+                };
                 at.drop_pages();
                 places.push(((packs.device, offset, len), at));
                 // To its block's end, where no other file starts.
                 let next = inside.get(k + 1).map_or(end, |n| n.0);
                 skip.push(offset..(offset + len).next_multiple_of(BLOCK).min(next).min(end));
-                skipped.push(SkippedRange {
+                skipped.push(ContentRange {
                     offset,
                     len,
                     sha256: sha,
@@ -174,11 +174,11 @@ impl Borrowed {
         store: &BlobStore,
         device: u16,
         i: usize,
-        hints: &[SkippedRange],
-    ) -> Result<Option<Vec<SkippedRange>>, MountError> {
+        hints: &[ContentRange],
+    ) -> Result<Option<Vec<ContentRange>>, MountError> {
         let chunk = &store.blob().chunks[i];
         let (start, size) = (chunk.cache_offset.get(), u64::from(chunk.size.get()));
-        let ranges: Vec<SkippedRange> = hints
+        let ranges: Vec<ContentRange> = hints
             .iter()
             .filter(|r| r.offset >= start && r.offset + r.len <= start + size)
             .copied()
@@ -196,10 +196,9 @@ impl Borrowed {
         }
         let mut places = Vec::with_capacity(ranges.len());
         for r in &ranges {
-            let at = u32::try_from(r.len)
-                .ok()
-                .and_then(|len| locator.find(&r.sha256, len, &key));
-            let Some(at) = at else { return Ok(None) };
+            let Some(at) = find_range(locator, &r.sha256, r.len, &key) else {
+                return Ok(None);
+            };
             let part = &mut bytes[(r.offset - start) as usize..][..r.len as usize];
             if at.quiet.read_exact_at(part, at.cache_offset).is_err() {
                 return Ok(None);
@@ -316,6 +315,16 @@ impl Borrowed {
     }
 }
 
+/// Where another entry's complete cache file than `not` holds the `len`
+/// bytes whose sha256 is `sha`: a packed file named by its bytes there, or
+/// a stored chunk of those bytes.
+fn find_range(locator: &ChunkLocator, sha: &[u8; 32], len: u64, not: &EntryKey) -> Option<Found> {
+    locator.find_named(sha, len, not).or_else(|| {
+        let size = u32::try_from(len).ok()?;
+        locator.find(sha, size, not)
+    })
+}
+
 /// The packed files' ranges of one blob (image device `device`).
 #[derive(Clone, Copy)]
 struct Packs<'a> {
@@ -378,15 +387,14 @@ pub(crate) fn packed_ranges(
 
 /// Writes (or, when there are none, removes) a cache file's skipped-ranges
 /// list: a hint for the next mount, so its chunks need not be fetched again.
-fn save_skipped(path: &Path, skipped: &[SkippedRange]) -> Result<(), MountError> {
+fn save_skipped(path: &Path, skipped: &[ContentRange]) -> Result<(), MountError> {
     if skipped.is_empty() {
         return match fs::remove_file(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(path)(e)),
             _ => Ok(()),
         };
     }
-    lamina_fetch::private::write_atomic(path, &shard::skipped_bytes(skipped), false)
-        .map_err(io_err(path))
+    lamina_fetch::private::write_atomic(path, &ranges_bytes(skipped), false).map_err(io_err(path))
 }
 
 pub(crate) fn too_many() -> MountError {

@@ -249,10 +249,11 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             if path.ends_with(lamina_fetch::locator::LOCATOR_FILE) {
                 continue; // bounded, and shared by every entry
             }
-            if path
-                .extension()
-                .is_some_and(|e| e == "fill" || e == "table" || e == "skipped")
-            {
+            if path.extension().is_some_and(|e| {
+                ["fill", "table", "skipped", "named"]
+                    .iter()
+                    .any(|x| e == *x)
+            }) {
                 continue; // goes with its cache file
             }
             if used.contains(&path) {
@@ -268,12 +269,12 @@ pub fn gc(cache_dir: &Path, max_size: u64) -> std::io::Result<GcReport> {
             } else {
                 lamina_fetch::store::whole_record_path(&path)
             };
-            // A blob's chunk table (paged index) and skipped-ranges list
-            // go with it too.
+            // A blob's chunk table (paged index) and ranges lists go with
+            // it too.
             let cache = path.extension().is_some_and(|e| e == "cache");
-            let table = cache.then(|| path.with_extension("table"));
-            let skipped = cache.then(|| path.with_extension("skipped"));
-            for extra in std::iter::once(state).chain(table).chain(skipped) {
+            let more = ["table", "skipped", "named"].map(|e| path.with_extension(e));
+            let more = more.into_iter().filter(|_| cache);
+            for extra in std::iter::once(state).chain(more) {
                 if let Ok(m) = fs::metadata(&extra) {
                     bytes += m.blocks() * 512;
                     group.push(extra);
@@ -350,6 +351,7 @@ mod tests {
             fs::write(&p, vec![1u8; 8192]).unwrap();
             fs::write(p.with_extension("fill"), b"s").unwrap();
             fs::write(p.with_extension("skipped"), b"r").unwrap();
+            fs::write(p.with_extension("named"), b"n").unwrap();
             let t =
                 std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
             fs::File::options()
@@ -359,13 +361,15 @@ mod tests {
                 .set_modified(t)
                 .unwrap();
         }
-        let report = gc(dir.path(), 20_000).unwrap();
+        let report = gc(dir.path(), 45_000).unwrap();
         // a is oldest: it and its state go first; then the cache fits.
         assert!(report.evicted.contains(&blobs.join("a.cache")));
         assert!(report.evicted.contains(&blobs.join("a.fill")));
         assert!(report.evicted.contains(&blobs.join("a.skipped")));
+        assert!(report.evicted.contains(&blobs.join("a.named")));
         assert!(blobs.join("c.cache").exists() && blobs.join("c.skipped").exists());
-        assert!(report.kept_bytes <= 20_000 + 4096, "{report:?}");
+        assert!(report.kept_bytes <= 45_000, "{report:?}");
+        assert!(blobs.join("b.named").exists(), "{report:?}");
         let report = gc(dir.path(), 0).unwrap();
         assert_eq!(report.kept_bytes, 0);
     }

@@ -39,6 +39,7 @@ use lamina_fetch::private;
 use lamina_fetch::store::EntryKey;
 use lamina_format::erofs::Image;
 use lamina_format::index::{ChunkIndex, IndexBlob};
+use lamina_format::locate::ContentRange;
 use lamina_format::shard::{self, Fingerprint};
 use rustix::mount::UnmountFlags;
 use serde::{Deserialize, Serialize};
@@ -388,8 +389,9 @@ fn split_image(
 }
 
 /// Notes in the chunk locator where the packed files named by their bytes
-/// lie in the image's complete cache files, so that an image whose packs
-/// changed around them finds them by content ([`Borrowed`]).
+/// lie in the image's complete cache files (their named ranges lists), so
+/// that an image whose packs changed around them finds them by content
+/// ([`Borrowed`]).
 fn note_named(
     info: &MountInfo,
     index: &lamina_format::index::IndexTop,
@@ -402,18 +404,33 @@ fn note_named(
     let Ok(locator) = ChunkLocator::open(dir) else {
         return;
     };
-    let mut complete = vec![None; tables.len()];
-    for n in named {
-        let i = usize::from(n.device).wrapping_sub(1);
-        let (Some(table), Some(summary)) = (tables.get(i), index.blobs.get(i)) else {
-            continue; // a borrowed file's: noted where it is
-        };
+    for (i, (table, summary)) in tables.iter().zip(&index.blobs).enumerate() {
         let key = EntryKey::of(table);
-        let whole = *complete[i].get_or_insert_with(|| {
+        let on_device = |n: &&shard::NamedRange| usize::from(n.device) == i + 1;
+        let ranges: Vec<ContentRange> = named
+            .iter()
+            .filter(on_device)
+            .map(|n| ContentRange {
+                offset: n.offset,
+                len: n.len,
+                sha256: n.sha256,
+            })
+            .collect();
+        // Two files at one offset (one a prefix of the other) name neither.
+        let overlaps = |a: &ContentRange, b: &ContentRange| a.offset + a.len > b.offset;
+        let ranges: Vec<ContentRange> = (0..ranges.len())
+            .filter(|&k| {
+                let after = ranges.get(k + 1).is_some_and(|n| overlaps(&ranges[k], n));
+                let before = k > 0 && overlaps(&ranges[k - 1], &ranges[k]);
+                !after && !before
+            })
+            .map(|k| ranges[k])
+            .collect();
+        let complete = || {
             lamina_fetch::store::BlobStore::recorded_complete(dir, &key, summary).unwrap_or(false)
-        });
-        if let (true, Ok(len)) = (whole, u32::try_from(n.len)) {
-            locator.note(&n.sha256, &key, n.offset, len);
+        };
+        if !ranges.is_empty() && complete() {
+            locator.note_named(&key, &ranges);
         }
     }
 }
