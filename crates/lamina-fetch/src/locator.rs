@@ -407,7 +407,7 @@ fn open_quiet(path: &Path, quiet: fn(&File) -> io::Result<File>) -> Option<File>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lamina_format::locate::{PROBE, SLOTS};
+    use lamina_format::locate::{LEVEL0_SLOTS, LEVELS, PROBE, SLOTS};
 
     fn key(b: u8) -> EntryKey {
         EntryKey {
@@ -590,11 +590,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let locator = ChunkLocator::open(dir.path()).unwrap();
         assert!(!locator.may_hold_any(), "a new locator");
-        // Digests whose home slot (their first 8 bytes, little-endian,
-        // modulo SLOTS) lies in the header's block, and far past it.
+        // Digests whose first slot (their first 8 bytes, little-endian,
+        // modulo level 0's slots) lies in the header's block, and past it.
         let (mut near, mut far) = ([0u8; 32], [0u8; 32]);
         near[0] = 1;
-        far[..8].copy_from_slice(&(SLOTS / 2).to_le_bytes());
+        far[0] = LEVEL0_SLOTS as u8 - 10;
         assert!(slot_offset(probe(&near).next().unwrap()) < 4096);
         assert!(slot_offset(probe(&far).next().unwrap()) > 4096);
         for digest in [near, far] {
@@ -630,20 +630,28 @@ mod tests {
             .collect();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].blob, [2; 32]);
-        // Other digests with the same home slot fill the window.
-        for k in 0..PROBE as u8 + 3 {
+        // Other digests with the same home slots fill the windows, level 0
+        // first, then evict in the last level.
+        let windows = (PROBE * u64::from(LEVELS)) as usize;
+        for k in 0..windows + 3 {
             let mut other = digest;
-            other[31] = k.wrapping_add(1);
-            locator.note(&other, &key(3), u64::from(k), 10);
+            other[30..].copy_from_slice(&(k as u16 + 1).to_le_bytes());
+            locator.note(&other, &key(3), k as u64, 10);
+            if k < PROBE as usize {
+                let offset = slot_offset(probe(&other).next().unwrap());
+                assert!(offset < 2 * 4096, "level 0 first: {offset}");
+            }
         }
-        // A window that wraps past the last slot is read in two runs.
+        // A window that wraps past a level's last slot is read in two runs.
         let mut wrapped = [5u8; 32];
-        wrapped[..8].copy_from_slice(&(SLOTS - 3).to_le_bytes());
+        let last = LEVEL0_SLOTS << (LEVELS - 1);
+        wrapped[..8].copy_from_slice(&(last - 3).to_le_bytes());
         locator.note(&wrapped, &key(4), 0, 10);
         let window = locator.window(&wrapped);
         let slots: Vec<u64> = window.iter().map(|w| w.0).collect();
         assert_eq!(slots, probe(&wrapped).collect::<Vec<_>>());
-        assert!(slots.contains(&0) && slots.contains(&(SLOTS - 1)));
+        let last_base = SLOTS - last;
+        assert!(slots.contains(&last_base) && slots.contains(&(SLOTS - 1)));
         assert!(window
             .iter()
             .any(|w| w.1.as_ref().is_some_and(|s| s.digest == wrapped)));
@@ -656,6 +664,35 @@ mod tests {
             .iter()
             .filter(|w| w.1.is_some())
             .count();
-        assert_eq!(live, PROBE as usize);
+        assert_eq!(live, windows);
+    }
+
+    /// Notes fill the file from its start: a few thousand chunks take about
+    /// their slots' bytes on disk, not a block each.
+    #[test]
+    fn notes_are_dense_on_disk() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let locator = ChunkLocator::open(dir.path()).unwrap();
+        let n = 2000u32;
+        for i in 0..n {
+            locator.note(&sha256(&i.to_le_bytes()), &key(1), u64::from(i), 10);
+        }
+        let found = (0..n)
+            .filter(|i| {
+                let digest = sha256(&i.to_le_bytes());
+                locator
+                    .window(&digest)
+                    .iter()
+                    .any(|w| w.1.as_ref().is_some_and(|s| s.digest == digest))
+            })
+            .count();
+        assert_eq!(found, n as usize, "every note is found");
+        let disk = std::fs::metadata(dir.path().join(LOCATOR_FILE))
+            .unwrap()
+            .blocks()
+            * 512;
+        let slots = u64::from(n) * SLOT_LEN as u64;
+        assert!(disk < 4 * slots, "{disk} B on disk for {slots} B of slots");
     }
 }

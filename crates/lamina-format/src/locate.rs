@@ -11,17 +11,23 @@
 //! hash, then the chunk is fetched.
 //!
 //! One file per cache, of fixed size: a hash table of [`SLOTS`] slots,
-//! [`SLOT_LEN`] bytes each, addressed by the digest's first 8 bytes and
-//! probed over [`PROBE`] slots. A full probe window overwrites one of its
-//! slots (chosen by the digest), so the file never grows: the newest copies
-//! are found, older ones fade. Writers write whole slots at their offsets
+//! [`SLOT_LEN`] bytes each, in [`LEVELS`] levels, level `L` of
+//! `LEVEL0_SLOTS << L` slots. A digest has a window of [`PROBE`] slots in
+//! each level, from its home there (its first 8 bytes modulo the level's
+//! slots); a note takes the first free slot of its windows, level by
+//! level, so slots are written densely from the file's start and a sparse
+//! file of a few thousand chunks takes that many slots' bytes on disk, not
+//! a 4 KiB block each (version 1, one level, took a block a chunk). When
+//! every window is full, the note overwrites one slot of the last level's
+//! (chosen by the digest), so the file never grows: the newest copies are
+//! found, older ones fade. Writers write whole slots at their offsets
 //! without a lock; a slot whose check does not match its content is empty.
 //!
 //! ```text
 //! LocatorHeader (64 bytes)
-//! slots         (SLOTS x 96 bytes, sparse until written)
+//! slots         (SLOTS x 96 bytes, level 0 first, sparse until written)
 //! ```
-//! All integers little-endian. Version 1.
+//! All integers little-endian. Version 2.
 //!
 //! Files are found by content too, beside the slots: a cache file's
 //! *named ranges* list (`<entry>.named`) holds the packed files of it that
@@ -37,13 +43,18 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// `LocatorHeader::magic`.
 pub const LOCATOR_MAGIC: [u8; 8] = *b"LAMLOC\x00\x01";
-/// The only version this code reads and writes.
-pub const LOCATOR_VERSION: u32 = 1;
-/// Slots in a locator: 2^18, 24 MiB of file (sparse: only slots written
-/// take disk). At the default chunk size that remembers ~256k chunks, far
-/// more than a node's cache holds at once.
-pub const SLOTS: u64 = 1 << 18;
-/// Slots probed for one digest.
+/// The only version this code reads and writes (one of another version is
+/// replaced by an empty one: it only costs fetches).
+pub const LOCATOR_VERSION: u32 = 2;
+/// Levels of slots.
+pub const LEVELS: u32 = 12;
+/// Slots of level 0; level `L` has `LEVEL0_SLOTS << L`.
+pub const LEVEL0_SLOTS: u64 = 64;
+/// Slots in a locator: 262,080, 24 MiB of file (sparse: only slots
+/// written take disk). At the default chunk size that remembers ~256k
+/// chunks, far more than a node's cache holds at once.
+pub const SLOTS: u64 = LEVEL0_SLOTS * ((1 << LEVELS) - 1);
+/// Slots probed for one digest in each level.
 pub const PROBE: u64 = 8;
 /// Bytes of a slot.
 pub const SLOT_LEN: usize = size_of::<ChunkSlot>();
@@ -153,17 +164,27 @@ impl ChunkSlot {
     }
 }
 
-/// The slots probed for `digest`, in order.
+/// The slots probed for `digest`, in order: its window in each level,
+/// level 0 first.
 pub fn probe(digest: &[u8; 32]) -> impl Iterator<Item = u64> {
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    let home = u64::from_le_bytes(first) % SLOTS;
-    (0..PROBE).map(move |k| (home + k) % SLOTS)
+    let digest = *digest;
+    (0..LEVELS).flat_map(move |level| level_window(&digest, level))
 }
 
-/// The slot a full probe window gives up for `digest`.
+/// `digest`'s window in `level`: [`PROBE`] slots from its home there,
+/// wrapping inside the level.
+fn level_window(digest: &[u8; 32], level: u32) -> impl Iterator<Item = u64> {
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    let (base, len) = (LEVEL0_SLOTS * ((1 << level) - 1), LEVEL0_SLOTS << level);
+    let home = u64::from_le_bytes(first) % len;
+    (0..PROBE).map(move |k| base + (home + k) % len)
+}
+
+/// The slot a note of `digest` overwrites when all its windows are full:
+/// one of the last level's (chosen by the digest).
 pub fn victim(digest: &[u8; 32]) -> u64 {
-    probe(digest)
+    level_window(digest, LEVELS - 1)
         .nth(usize::from(digest[8]) % PROBE as usize)
         .unwrap_or(0)
 }
@@ -257,12 +278,18 @@ mod tests {
     }
 
     #[test]
-    fn probes_stay_in_the_table_and_the_victim_is_one_of_them() {
+    fn probes_stay_in_their_levels_and_the_victim_is_in_the_last() {
         let digest = [0xff; 32];
         let slots: Vec<u64> = probe(&digest).collect();
-        assert_eq!(slots.len(), PROBE as usize);
+        assert_eq!(slots.len(), (PROBE * u64::from(LEVELS)) as usize);
+        for (level, window) in slots.chunks(PROBE as usize).enumerate() {
+            let base = LEVEL0_SLOTS * ((1 << level) - 1);
+            let len = LEVEL0_SLOTS << level;
+            assert!(window.iter().all(|&s| (base..base + len).contains(&s)));
+        }
         assert!(slots.iter().all(|&s| s < SLOTS));
-        assert!(slots.contains(&victim(&digest)));
+        assert!(slots[slots.len() - PROBE as usize..].contains(&victim(&digest)));
+        assert_eq!(slot_offset(SLOTS), FILE_LEN);
     }
 
     #[test]
