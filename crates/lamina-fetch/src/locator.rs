@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use lamina_format::locate::{
-    parse_ranges, probe, ranges_bytes, slot_offset, victim, ChunkSlot, ContentRange, LocatorHeader,
-    FILE_LEN, HEADER_LEN, SLOT_LEN,
+    level_window, parse_ranges, ranges_bytes, slot_offset, victim, ChunkSlot, ContentRange,
+    LocatorHeader, FILE_LEN, HEADER_LEN, LEVELS, SLOT_LEN,
 };
 use lamina_oci::sha256;
 use zerocopy::IntoBytes;
@@ -72,6 +72,9 @@ impl ChunkLocator {
             Some(file) => file,
             None => create(&path)?,
         };
+        // Slots are read a window at a time: readahead would only cache the
+        // holes around them, as pages of zeros.
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random);
         Ok(ChunkLocator {
             file,
             dir: dir.to_path_buf(),
@@ -111,17 +114,24 @@ impl ChunkLocator {
         entry.copy_from_slice(&key.id[..16]);
         let slot = ChunkSlot::new(*digest, (key.blob, entry), cache_offset, size);
         let mut free = None;
-        for (i, old) in self.window(digest) {
-            match old {
-                Some(old) if old == slot => return,
-                Some(old) if old.digest == *digest => {
-                    free = Some(i);
-                    break;
+        // Level by level, up to the first with room: the levels above are
+        // not read (a read of a hole would cache a page of zeros).
+        for level in 0..LEVELS {
+            for (i, old) in self.level_slots(digest, level) {
+                match old {
+                    Some(old) if old == slot => return,
+                    Some(old) if old.digest == *digest => {
+                        free = Some(i);
+                        break;
+                    }
+                    Some(_) => {}
+                    None => {
+                        free = free.or(Some(i));
+                    }
                 }
-                Some(_) => {}
-                None => {
-                    free = free.or(Some(i));
-                }
+            }
+            if free.is_some() {
+                break;
             }
         }
         let at = slot_offset(free.unwrap_or_else(|| victim(digest)));
@@ -275,14 +285,23 @@ impl ChunkLocator {
     /// past the last slot: one read per run, not one per slot (a miss looks
     /// up every chunk it fetches).
     fn window(&self, digest: &[u8; 32]) -> Vec<(u64, Option<ChunkSlot>)> {
-        let slots: Vec<u64> = probe(digest).collect();
+        (0..LEVELS)
+            .flat_map(|level| self.level_slots(digest, level))
+            .collect()
+    }
+
+    /// `digest`'s window in `level` and what each slot holds. A run of
+    /// slots in a hole of the sparse file is not read: a read would cache
+    /// a page of zeros, and lookups probe every level.
+    fn level_slots(&self, digest: &[u8; 32], level: u32) -> Vec<(u64, Option<ChunkSlot>)> {
+        let slots: Vec<u64> = level_window(digest, level).collect();
         let mut out = Vec::with_capacity(slots.len());
         for run in slots.chunk_by(|a, b| *b == a + 1) {
+            let (start, len) = (slot_offset(run[0]), (run.len() * SLOT_LEN) as u64);
+            let data = rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Data(start));
+            let hole = !matches!(data, Ok(at) if at < start + len);
             let mut buf = vec![0u8; run.len() * SLOT_LEN];
-            let read = self
-                .file
-                .read_exact_at(&mut buf, slot_offset(run[0]))
-                .is_ok();
+            let read = !hole && self.file.read_exact_at(&mut buf, start).is_ok();
             for (i, bytes) in run.iter().zip(buf.chunks_exact(SLOT_LEN)) {
                 out.push((*i, read.then(|| ChunkSlot::parse(bytes)).flatten()));
             }
@@ -407,7 +426,7 @@ fn open_quiet(path: &Path, quiet: fn(&File) -> io::Result<File>) -> Option<File>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lamina_format::locate::{LEVEL0_SLOTS, LEVELS, PROBE, SLOTS};
+    use lamina_format::locate::{probe, LEVEL0_SLOTS, PROBE, SLOTS};
 
     fn key(b: u8) -> EntryKey {
         EntryKey {

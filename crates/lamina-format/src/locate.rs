@@ -173,7 +173,7 @@ pub fn probe(digest: &[u8; 32]) -> impl Iterator<Item = u64> {
 
 /// `digest`'s window in `level`: [`PROBE`] slots from its home there,
 /// wrapping inside the level.
-fn level_window(digest: &[u8; 32], level: u32) -> impl Iterator<Item = u64> {
+pub fn level_window(digest: &[u8; 32], level: u32) -> impl Iterator<Item = u64> {
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     let (base, len) = (LEVEL0_SLOTS * ((1 << level) - 1), LEVEL0_SLOTS << level);
