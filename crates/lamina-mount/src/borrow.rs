@@ -138,9 +138,15 @@ impl Borrowed {
                 };
                 at.drop_pages();
                 places.push(((packs.device, offset, len), at));
-                // To its block's end, where no other file starts.
+                // To its block's end where no other file starts and the
+                // bytes are zeros (a hole reads as what was there).
                 let next = inside.get(k + 1).map_or(end, |n| n.0);
-                skip.push(offset..(offset + len).next_multiple_of(BLOCK).min(next).min(end));
+                let tail =
+                    (offset + len)..(offset + len).next_multiple_of(BLOCK).min(next).min(end);
+                let zeros = data[(tail.start - start) as usize..(tail.end - start) as usize]
+                    .iter()
+                    .all(|&b| b == 0);
+                skip.push(offset..if zeros { tail.end } else { tail.start });
                 skipped.push(ContentRange {
                     offset,
                     len,
