@@ -246,7 +246,11 @@ impl Borrowed {
         let key = EntryKey::of(table);
         let mut chunks = Vec::new();
         for (i, c) in table.chunks.iter().enumerate() {
-            if let Some(at) = locator.find(&c.digest, c.size.get(), &key) {
+            let (digest, size) = (&c.digest, c.size.get());
+            let found = locator
+                .find(digest, size, &key)
+                .or_else(|| locator.find_named(digest, u64::from(size), &key));
+            if let Some(at) = found {
                 at.drop_pages();
                 let file = self.file_index(at.path, at.file)?;
                 self.chunks

@@ -246,13 +246,20 @@ pub(crate) fn find_on_node(
 }
 
 /// Where the chunk locator finds each of blob `table`'s chunks in other
-/// entries' complete cache files.
+/// entries' complete cache files: a stored chunk of those bytes, or a
+/// packed file of them (a chunk that is one small file, where another
+/// image packed it with others; its named ranges list).
 pub(crate) fn find_chunks(locator: &ChunkLocator, table: &IndexBlob) -> Vec<Option<Found>> {
     let key = EntryKey::of(table);
     table
         .chunks
         .iter()
-        .map(|c| locator.find(&c.digest, c.size.get(), &key))
+        .map(|c| {
+            let (digest, size) = (&c.digest, c.size.get());
+            locator
+                .find(digest, size, &key)
+                .or_else(|| locator.find_named(digest, u64::from(size), &key))
+        })
         .collect()
 }
 

@@ -491,6 +491,53 @@ fn lazy_views_borrow_chunks_the_node_holds() {
     assert_no_shards(&cache);
 }
 
+/// An image converted without packing (each small file a chunk of its
+/// own) borrows those chunks from the packs of an image converted with
+/// it: found by their bytes, through b's named ranges lists. Its cache
+/// files hold none of the small files' bytes, and it reads as `umoci
+/// unpack` of the image, also with the page cache dropped.
+#[test]
+fn a_chunk_packed_elsewhere_is_borrowed_by_its_bytes() {
+    let Some((_time, t, src)) = begin(
+        "a_chunk_packed_elsewhere_is_borrowed_by_its_bytes",
+        "shared-unpacked",
+    ) else {
+        return;
+    };
+    let cache = t.join("cache");
+    let (packed, unpacked) = (oci_ref(&t.join("conv"), "b"), oci_ref(&t.join("conv"), "u"));
+    convert(&oci_ref(&src, "b"), &packed);
+    lamina([
+        "convert",
+        "--pack-limit",
+        "0",
+        &oci_ref(&src, "b"),
+        &unpacked,
+    ])
+    .ok();
+    let reference = reference(&t, &src, "b");
+    let b = Mount::with_args(&packed, &t.join("mnt-b"), &cache, SHARE);
+    let u = Mount::with_args(&unpacked, &t.join("mnt-u"), &cache, SHARE);
+    assert_eq!(u.info["fetched_bytes"], 0, "{}", u.info);
+    let u_bytes: Vec<u8> = u
+        .blob_paths()
+        .iter()
+        .flat_map(|p| fs::read(p).unwrap())
+        .collect();
+    for name in ["s00", "s01", "s02", "s03"] {
+        let want = fs::read(reference.join(format!("data/{name}.bin"))).unwrap();
+        assert!(
+            !u_bytes.windows(want.len()).any(|w| w == want),
+            "{name}: copied into u's cache files, not borrowed from b's pack"
+        );
+    }
+    drop_caches();
+    treecmp(&[], &reference, &u.path);
+    drop(u);
+    drop(b);
+    assert_no_shards(&cache);
+}
+
 /// No shard is left in `cache` (after the last view's unmount).
 #[track_caller]
 fn assert_no_shards(cache: &Path) {
