@@ -16,7 +16,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use lamina_format::locate::{
     level_window, parse_ranges, ranges_bytes, slot_offset, victim, ChunkSlot, ContentRange,
@@ -43,6 +43,10 @@ const NAMED_MAX: usize = 1 << 20;
 /// Named ranges by (sha256, length): the slots they would be.
 type NamedIndex = HashMap<([u8; 32], u64), Vec<ChunkSlot>>;
 
+/// A complete cache file and a quiet fd of it, shared by every chunk found
+/// in it: two fds per file, however many chunks a mount borrows there.
+type SharedFiles = (Arc<File>, Arc<File>);
+
 /// A cache's chunk locator.
 #[derive(Debug)]
 pub struct ChunkLocator {
@@ -54,9 +58,9 @@ pub struct ChunkLocator {
     /// Other entries' cache files found complete (the file and a quiet fd
     /// of it), by stem: a complete file stays complete, so its fill record
     /// is read once per file, not once per chunk found in it.
-    complete: Mutex<HashMap<String, (File, File)>>,
+    complete: Mutex<HashMap<String, SharedFiles>>,
     /// The named ranges lists of the dir, read at the first lookup.
-    named: Mutex<Option<std::sync::Arc<NamedIndex>>>,
+    named: Mutex<Option<Arc<NamedIndex>>>,
     /// How a quiet fd is had ([`lamina_sys::open_quiet`]; tests without
     /// fanotify use a plain one).
     quiet: fn(&File) -> io::Result<File>,
@@ -190,7 +194,7 @@ impl ChunkLocator {
     }
 
     /// The dir's named ranges lists, read once.
-    fn named_index(&self) -> Option<std::sync::Arc<NamedIndex>> {
+    fn named_index(&self) -> Option<Arc<NamedIndex>> {
         let mut named = self.named.lock().ok()?;
         if let Some(index) = named.as_ref() {
             return Some(index.clone());
@@ -218,7 +222,7 @@ impl ChunkLocator {
                 break;
             }
         }
-        let index = std::sync::Arc::new(index);
+        let index = Arc::new(index);
         *named = Some(index.clone());
         Some(index)
     }
@@ -256,11 +260,10 @@ impl ChunkLocator {
 
     /// `key`'s cache file and a quiet fd of it, if its fill record, bound to
     /// that very file, says it is complete.
-    fn complete_file(&self, key: &EntryKey) -> Option<(File, File)> {
+    fn complete_file(&self, key: &EntryKey) -> Option<SharedFiles> {
         let stem = key.stem();
-        let clone = |(f, q): &(File, File)| Some((f.try_clone().ok()?, q.try_clone().ok()?));
         if let Some(known) = self.complete.lock().ok()?.get(&stem) {
-            return clone(known);
+            return Some(known.clone());
         }
         let (path, record) = store_paths(&self.dir, key);
         let file = private::open_trusted(&path).ok()?;
@@ -270,8 +273,8 @@ impl ChunkLocator {
             return None;
         }
         let quiet = (self.quiet)(&file).ok()?;
-        let found = (file, quiet);
-        let out = clone(&found);
+        let found = (Arc::new(file), Arc::new(quiet));
+        let out = Some(found.clone());
         let mut complete = self.complete.lock().ok()?;
         if complete.len() >= OPEN_FILES {
             complete.clear();
@@ -363,9 +366,9 @@ pub struct Found {
     /// The cache file's path (what keeps it from garbage collection).
     pub path: PathBuf,
     /// The file itself, opened before its bytes were checked.
-    pub file: File,
+    pub file: Arc<File>,
     /// A quiet fd of it (reads raise no pre-content event).
-    pub quiet: File,
+    pub quiet: Arc<File>,
     /// Where the chunk starts in it.
     pub cache_offset: u64,
     /// The chunk's size.
@@ -583,11 +586,13 @@ mod tests {
             "no record"
         );
         record(dir.path(), &theirs, 1, true);
-        let found = fresh()
-            .find_named(&sha256(&small), len, &ours)
-            .expect("found");
-        assert_eq!((found.path, found.cache_offset), (cache, 4096));
         let l = fresh();
+        let found = l.find_named(&sha256(&small), len, &ours).expect("found");
+        // Every find in one file shares its fds: two per file, not per find.
+        let again = l.find_named(&sha256(&small), len, &ours).expect("found");
+        assert!(Arc::ptr_eq(&found.file, &again.file));
+        assert!(Arc::ptr_eq(&found.quiet, &again.quiet));
+        assert_eq!((found.path, found.cache_offset), (cache, 4096));
         assert!(
             l.find_named(&sha256(&small), len, &theirs).is_none(),
             "our own"

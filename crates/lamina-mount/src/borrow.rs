@@ -10,6 +10,7 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use lamina_fetch::locator::{ChunkLocator, Found};
 use lamina_fetch::store::{BlobStore, EntryKey};
@@ -29,7 +30,7 @@ const BLOCK: u64 = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct Borrowed {
     /// (path, the file, opened).
-    pub(crate) files: Vec<(PathBuf, fs::File)>,
+    pub(crate) files: Vec<(PathBuf, Arc<fs::File>)>,
     /// (image device, stored chunk's cache offset) → (index in `files`,
     /// where the chunk starts there).
     chunks: HashMap<(u16, u64), (usize, u64)>,
@@ -121,7 +122,7 @@ impl Borrowed {
         let blob = store.blob().clone();
         let key = EntryKey::of(&blob);
         let path = store.cache_path().to_path_buf();
-        let (mut skipped, mut places) = (Vec::new(), Vec::new());
+        let mut skipped = Vec::new();
         crate::cache::decode_stream(&blob, need, reader, |i, data| {
             let start = blob.chunks[i].cache_offset.get();
             let end = start + data.len() as u64;
@@ -137,7 +138,13 @@ impl Borrowed {
                     continue;
                 };
                 at.drop_pages();
-                places.push(((packs.device, offset, len), at));
+                // One fd per borrowed file, not per range (a pack holds
+                // hundreds): a file that cannot be kept open is not borrowed.
+                let Ok(file) = self.file_index(at.path, at.file) else {
+                    continue;
+                };
+                self.ranges
+                    .insert((packs.device, offset, len), (file, at.cache_offset));
                 // To its block's end where no other file starts and the
                 // bytes are zeros (a hole reads as what was there).
                 let next = inside.get(k + 1).map_or(end, |n| n.0);
@@ -163,10 +170,6 @@ impl Borrowed {
             })
         })?;
         store.save().map_err(io_err(&path))?;
-        for (range, at) in places {
-            let file = self.file_index(at.path, at.file)?;
-            self.ranges.insert(range, (file, at.cache_offset));
-        }
         Ok(skipped)
     }
 
@@ -278,7 +281,7 @@ impl Borrowed {
     }
 
     /// The index of `file` in `files`, added unless the same inode is there.
-    fn file_index(&mut self, path: PathBuf, file: fs::File) -> Result<usize, MountError> {
+    fn file_index(&mut self, path: PathBuf, file: Arc<fs::File>) -> Result<usize, MountError> {
         let ino = |f: &fs::File| f.metadata().map(|m| (m.dev(), m.ino()));
         let this = ino(&file).map_err(io_err(&path))?;
         if let Some(i) = self
