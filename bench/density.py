@@ -41,14 +41,15 @@ Systems, each on a fresh cache after `drop_caches`, A and B mounted:
 Every regular file of A is read (`find -type f -exec cat`) by a process in
 a memory cgroup of its own, then every file of the second image. Page cache is the rise of
 the node's `Cached` (/proc/meminfo) since the mounts were made, less what
-`fincore` finds resident of the layouts' blobs (a lazy mount reads the
+`cachestat` finds resident of the layouts' blobs (a lazy mount reads the
 converted image's blobs, as it would a registry's answers): what the node
 holds for the images. Beside it: what the reader's cgroup was charged (`cache` in its
-memory.stat), and what `fincore` finds of the lamina cache files (the
+memory.stat), and what `cachestat` finds of the lamina cache files (the
 cache file's own copy of each page).
 
 Options (--set): runs (default 1; each run measures every system in a
-rotating order).
+rotating order); systems and scenarios (comma-separated subsets of
+`SYSTEMS` and `SCENARIOS`; all by default).
 """
 
 import fcntl
@@ -67,7 +68,7 @@ from pathlib import Path
 from .harness import report
 from .harness.core import ROOT, log, run
 from .harness.rebuild import rebuild
-from .harness.measure import ANOMALIES, drop_caches, is_mountpoint, machine_info, procs_of, sys_umount, wait_gone
+from .harness.measure import ANOMALIES, drop_caches, resident_bytes, is_mountpoint, machine_info, procs_of, sys_umount, wait_gone
 
 SOURCE = Path("/var/cache/lamina-test/debian-oci")
 SYSTEMS = ("overlayfs", "lamina-eager", "lamina-lazy", "lamina-fuse", "lamina-fuse-eager", "lamina-shared",
@@ -92,13 +93,8 @@ def meminfo_cached():
 
 
 def resident(paths):
-    """Bytes of `paths` in the page cache (fincore)."""
-    paths = [str(p) for p in paths if Path(p).is_file()]
-    total = 0
-    for i in range(0, len(paths), 200):
-        out = run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", *paths[i:i + 200]]).stdout
-        total += sum(int(x) for x in out.split())
-    return total
+    """Bytes of the regular files `paths` in the page cache (`cachestat`)."""
+    return resident_bytes([p for p in paths if Path(p).is_file()])
 
 
 def files_under(d):
@@ -322,7 +318,7 @@ def cgroup_cache(cgroup):
 def read_in_turn(cgroup, views, layouts, cached, label, extra=lambda image: {}):
     """After `drop_caches`, reads every regular file of each of `views` (A,
     then the second image) from a process in the memory cgroup `cgroup`
-    (made here). Per image: the rise of `cached()` less what `fincore` finds
+    (made here). Per image: the rise of `cached()` less what `cachestat` finds
     resident of the `layouts`' blobs (a lazy mount reads the converted
     image's as it would a registry's answers), the cgroup's charge, the
     read's time and errors, and `extra(image)`."""
@@ -376,12 +372,14 @@ def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
 
 
 def measure(results, lamina, work, quick, options):
-    unknown = set(options) - {"runs"}
+    unknown = set(options) - {"runs", "systems", "scenarios"}
     if unknown:
-        raise SystemExit(f"bench density: unknown option(s) {', '.join(sorted(unknown))} (runs)")
+        raise SystemExit(f"bench density: unknown option(s) {', '.join(sorted(unknown))} (runs, systems, scenarios)")
     runs = int(options.get("runs", 1))
-    results.doc["config"].update(runs=runs, systems=list(SYSTEMS), top_file_bytes=TOP_FILE_BYTES,
-                                 source=str(SOURCE))
+    systems = chosen(options, "systems", SYSTEMS)
+    scenarios = chosen(options, "scenarios", tuple(SCENARIOS))
+    results.doc["config"].update(runs=runs, systems=list(systems), scenarios=list(scenarios),
+                                 top_file_bytes=TOP_FILE_BYTES, source=str(SOURCE))
     results.doc["machine"].update(machine_info(lamina.path, packages=("umoci", "fuse3")))
     # Disk figures depend on it (reflinks: XFS, btrfs).
     results.doc["machine"]["work_fs"] = run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(work)],
@@ -390,12 +388,25 @@ def measure(results, lamina, work, quick, options):
         raise SystemExit(f"bench density: no cgroup v1 memory controller at {CGROUP}")
     src, conv = prepare(work, lamina)
     for r in range(runs):
-        order = SYSTEMS[r % len(SYSTEMS):] + SYSTEMS[:r % len(SYSTEMS)]
-        for scenario in SCENARIOS:
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        for scenario in scenarios:
             for system in order:
                 measure_system(results, scenario, system, lamina, work, src, conv, r)
     results.doc["anomalies"] = list(ANOMALIES)
     derive(results.doc)
+
+
+def chosen(options, name, known):
+    """The comma-separated subset of `known` option `name` names (all by
+    default), in `known`'s order."""
+    wanted = options.get(name)
+    if wanted is None:
+        return tuple(known)
+    names = [n for n in wanted.split(",") if n]
+    bad = sorted(set(names) - set(known))
+    if bad or not names:
+        raise SystemExit(f"bench density: {name} must name some of {', '.join(known)}; not {', '.join(bad)}")
+    return tuple(n for n in known if n in names)
 
 
 def median(xs):
@@ -521,7 +532,7 @@ BENCHMARK = {
     "out": ROOT / "docs" / "density-results.json",
     "plot": ROOT / "docs" / "density.png",
     "tables_in": None,
-    "needs": ["umoci", "fincore", "find"],
+    "needs": ["umoci", "find"],
     "measure": measure,
     "derive": derive,
     "render": render,

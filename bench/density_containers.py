@@ -24,7 +24,7 @@ cache is dropped; then the 50 containers start one after another (`ctr run
 A start is the time from `ctr run` to `ready`; every container must print
 it. Page cache is the rise of the node's `Cached` (and, beside it, of
 `Buffers`, where ext4 keeps overlayfs's directories and inodes) over the
-50 starts, less what `fincore` finds resident of the registry's blobs (a
+50 starts, less what `cachestat` finds resident of the registry's blobs (a
 lazy mount reads them as it would a remote registry's answers).
 
 Options (--set): runs (default 1), per_image (default 10).
@@ -244,7 +244,7 @@ BENCHMARK = {
     "out": ROOT / "docs" / "density-containers-results.json",
     "plot": ROOT / "docs" / "density-containers.png",
     "tables_in": None,
-    "needs": ["containerd", "ctr", "ctr-remote", "skopeo", "fincore"],
+    "needs": ["containerd", "ctr", "ctr-remote", "skopeo"],
     "measure": measure,
     "derive": derive,
     "render": render,

@@ -37,7 +37,7 @@ For each design and scenario (A with B, A with R), after `drop_caches`, a
 process in a memory cgroup of its own reads every regular file of A, then of
 the second image: page cache is the rise of the node's `Cached` and
 `Buffers` (ext4 keeps its metadata in `Buffers`, EROFS over a file in
-`Cached`) less what `fincore` finds resident of the layouts' blobs. Every
+`Cached`) less what `cachestat` finds resident of the layouts' blobs. Every
 file's bytes read through each view are hashed and compared with the
 unpacked tree. Metadata cost: `ls -lR` of A's view, cold (after
 `drop_caches`) and warm, and the cold read of every file, against `merged`.
@@ -459,7 +459,7 @@ BENCHMARK = {
     "out": ROOT / "docs" / "density-designs-results.json",
     "plot": ROOT / "docs" / "density-designs.png",
     "tables_in": None,
-    "needs": ["umoci", "fincore", "find", "chroot", "cp"],
+    "needs": ["umoci", "find", "chroot", "cp"],
     "measure": measure,
     "derive": derive,
     "render": render,
