@@ -67,10 +67,14 @@ pub struct BlobSpec {
     /// a cache dir whose filesystem keeps no birth time).
     #[serde(default)]
     pub file: Option<CacheFileId>,
-    /// Chunks a `--share-files` shard reads from another image's complete
-    /// cache file ([`DaemonConfig::borrowed`]): never fetched ahead.
-    #[serde(default)]
-    pub borrowed_chunks: Vec<u32>,
+    /// Chunks a `--share-files` mount's reads never ask of this cache file:
+    /// those its shard reads from another image's complete cache file
+    /// ([`DaemonConfig::borrowed`]), and those only its objects that
+    /// another shard serves read (a view takes an object from the first
+    /// shard stacked that has it). Never fetched ahead; a miss on one is
+    /// still answered.
+    #[serde(default, alias = "borrowed_chunks")]
+    pub served_elsewhere: Vec<u32>,
 }
 
 /// Another image's cache file that a `--share-files` shard reads chunks
@@ -451,7 +455,7 @@ mod tests {
             cache_path: path.clone(),
             complete: false,
             file: Some(id.into()),
-            borrowed_chunks: Vec::new(),
+            served_elsewhere: Vec::new(),
         };
         spec.open_checked().unwrap();
         let other = dir.path().join("other");
@@ -475,7 +479,7 @@ mod tests {
             cache_path: path,
             complete: false,
             file: None,
-            borrowed_chunks: Vec::new(),
+            served_elsewhere: Vec::new(),
         };
         let err = spec.open_checked().unwrap_err();
         assert!(err.to_string().contains("no identity"), "{err}");

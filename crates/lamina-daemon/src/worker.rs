@@ -128,6 +128,9 @@ struct Shared {
     /// `started`: misses wait for an opening stream until a bound past it.
     stream_asked_ms: Vec<AtomicU64>,
     boot_set: Vec<(u32, u32)>,
+    /// Chunks this mount's reads never ask of its cache files
+    /// (`BlobSpec::served_elsewhere`): never fetched ahead or streamed.
+    served_elsewhere: HashSet<(u32, usize)>,
     /// The boot set, to look up: a miss on one of these chunks waits for
     /// the boot pages still on their way instead of fetching it.
     boot_chunks: HashSet<(u32, u32)>,
@@ -285,6 +288,13 @@ fn build_shared(
         None => None,
     };
     let n = stores.len();
+    let served_elsewhere = (config.blobs.iter().enumerate())
+        .flat_map(|(b, spec)| {
+            spec.served_elsewhere
+                .iter()
+                .map(move |&i| (b as u32, i as usize))
+        })
+        .collect();
     let hedging = Arc::new(Hedging::default());
     // A few windows queued are plenty: each is up to `fill_ahead` bytes.
     let (ahead_tx, ahead_rx) = mpsc::sync_channel(8);
@@ -337,6 +347,7 @@ fn build_shared(
         stream_asked_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
         boot_chunks: boot_set.iter().copied().collect(),
         boot_set,
+        served_elsewhere,
         boot_frames: AtomicUsize::new(0),
         boot_pending: AtomicUsize::new(0),
         sock,

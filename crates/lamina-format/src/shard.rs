@@ -74,6 +74,11 @@ pub struct Split {
     /// reads them: for the chunk locator to note, so that an image whose
     /// pack changed around them finds them by content.
     pub named: Vec<NamedRange>,
+    /// Which stored chunks of the image's own devices each object reads
+    /// (not those [`Moved`] places elsewhere): (object, image device,
+    /// stored chunk's cache offset), sorted, each once. A chunk that only
+    /// objects another shard serves read is never read through this one.
+    pub reads: Vec<(Fingerprint, u16, u64)>,
 }
 
 /// A file's bytes, named by their sha256, at `offset` of shard device
@@ -120,6 +125,9 @@ impl Moved {
         }
     }
 }
+
+/// A stored chunk of the image's own devices: (device, cache offset).
+type StoredChunk = (u16, u64);
 
 /// Why an image cannot be split.
 #[derive(Debug, thiserror::Error)]
@@ -270,12 +278,16 @@ pub fn split(
     let mut named = shard.named;
     named.sort_by_key(|n| (n.device, n.offset, n.len));
     named.dedup();
+    let mut reads = shard.reads;
+    reads.sort_unstable();
+    reads.dedup();
     let (shard, _) = write_image(&shard.tree, &devices)?;
     Ok(Split {
         view,
         shard,
         objects,
         named,
+        reads,
     })
 }
 
@@ -388,9 +400,12 @@ fn view_node(
             if addrs.iter().any(|c| matches!(c, Chunk::Data { .. })) {
                 let refs = verified(inode, &addrs, bits, source.tables)?;
                 let span = (size, bits, image.block_bits());
-                let placed = placed(&addrs, &refs, source.moved, span)?;
+                let (placed, own) = placed(&addrs, &refs, source.moved, span)?;
                 let (fp, named) = file_fingerprint(inode, &addrs, &refs, bits, source)?;
                 shard.add(fp, size, bits, placed);
+                shard
+                    .reads
+                    .extend(own.into_iter().map(|(device, at)| (fp, device, at)));
                 shard.named.extend(named);
                 meta.xattrs.insert(METACOPY_XATTR.to_vec(), Vec::new());
                 meta.xattrs
@@ -430,16 +445,22 @@ fn placed(
     refs: &[ChunkRef],
     moved: &Moved,
     span: (u64, u8, u8),
-) -> Result<Vec<ChunkAddr>, SplitError> {
+) -> Result<(Vec<ChunkAddr>, Vec<StoredChunk>), SplitError> {
     let (size, chunk_bits, block_bits) = span;
     let mut out = Vec::with_capacity(addrs.len());
+    // The stored chunks of the image's own devices read: (device, start).
+    let mut own = Vec::new();
     for (i, (chunk, chunk_ref)) in addrs.iter().zip(refs).enumerate() {
         let (Chunk::Data { device, offset }, Some((_, at))) = (*chunk, chunk_ref) else {
             out.push(ChunkAddr::Hole);
             continue;
         };
         let len = (size - ((i as u64) << chunk_bits)).min(1 << chunk_bits);
+        let image_place = (device, offset);
         let (device, offset) = moved.place(device, offset, *at, len);
+        if (device, offset) == image_place {
+            own.push((device, offset - at));
+        }
         let blkaddr = u32::try_from(offset >> block_bits)
             .ok()
             .filter(|_| offset % (1 << block_bits) == 0)
@@ -448,7 +469,7 @@ fn placed(
             })?;
         out.push(ChunkAddr::Data { device, blkaddr });
     }
-    Ok(out)
+    Ok((out, own))
 }
 
 /// A file's fingerprint: by content for a file of one chunk, else by its
@@ -533,6 +554,7 @@ struct ShardTree {
     dirs: HashMap<u8, NodeId>,
     objects: BTreeMap<Fingerprint, NodeId>,
     named: Vec<NamedRange>,
+    reads: Vec<(Fingerprint, u16, u64)>,
 }
 
 impl Default for ShardTree {
@@ -542,6 +564,7 @@ impl Default for ShardTree {
             dirs: HashMap::new(),
             objects: BTreeMap::new(),
             named: Vec::new(),
+            reads: Vec::new(),
         }
     }
 }
@@ -695,6 +718,10 @@ mod tests {
         .unwrap();
         // a and b share one object; c and packed one each; holes none.
         assert_eq!(split.objects.len(), 3);
+        // Each object reads its stored chunk: block 0, block 1, the pack.
+        let mut chunks: Vec<(u16, u64)> = split.reads.iter().map(|r| (r.1, r.2)).collect();
+        chunks.sort();
+        assert_eq!(chunks, vec![(1, 0), (1, 4096), (1, 2 * 4096)]);
         let view = Image::new(&split.view).unwrap();
         assert!(view.devices().is_empty());
         let redirect = |name: &[u8]| xattr(&view, name, REDIRECT_XATTR);
@@ -762,6 +789,9 @@ mod tests {
         // the bytes where the shard reads them.
         reads.sort();
         assert_eq!(reads, vec![(1, 4096), (2, 11 * 4096)]);
+        // Of the image's own stored chunks, only c's is read here.
+        let own: Vec<(u16, u64)> = parts.reads.iter().map(|r| (r.1, r.2)).collect();
+        assert_eq!(own, vec![(1, 4096)]);
         let shard = Image::new(&parts.shard).unwrap();
         assert_eq!(shard.devices().len(), 2);
         let view = Image::new(&parts.view).unwrap();

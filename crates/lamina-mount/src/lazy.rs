@@ -502,7 +502,7 @@ pub(crate) fn blob_spec(digest: &lamina_oci::Digest, prepared: Prepared) -> Blob
         cache_path: prepared.cache_path,
         complete: prepared.complete,
         file: prepared.identity.map(CacheFileId::from),
-        borrowed_chunks: Vec::new(),
+        served_elsewhere: Vec::new(),
     }
 }
 

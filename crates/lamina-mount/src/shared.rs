@@ -29,6 +29,7 @@
 //! images' complete cache files it borrows chunks and packed files from
 //! ([`Borrowed`]), so the node keeps one copy of them, not one per image.
 
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
@@ -113,7 +114,8 @@ pub(crate) fn mount_view(
         xattrs: info.xattrs,
         privileges: opts.privileges,
     };
-    stack_view(view, &split, shards_dir, own).inspect_err(|_| {
+    let others = other_shards(shards_dir, &own, &split.objects);
+    stack_view(view, &split, shards_dir, (others, own)).inspect_err(|_| {
         if fresh {
             drop_shard(&dir);
         }
@@ -160,7 +162,7 @@ pub(crate) fn mount_lazy_view(
         for (i, (table, spec)) in tables.iter().zip(&mut config.blobs).enumerate() {
             if !spec.complete && locator.may_hold_any() {
                 let device = u16::try_from(i + 1).map_err(|_| too_many())?;
-                spec.borrowed_chunks = borrowed.borrow(&locator, device, table)?;
+                spec.served_elsewhere = borrowed.borrow(&locator, device, table)?;
             }
         }
     }
@@ -185,11 +187,19 @@ pub(crate) fn mount_lazy_view(
         fetched_bytes: 0,
     };
     let fresh = !is_mounted(&dir.join("mnt"));
+    let others = other_shards(shards_dir, &own, &split.objects);
     if fresh {
         let mut paths = blob_paths.clone();
         paths.extend(borrowed.files.iter().map(|(p, _)| p.clone()));
         write_shard(&dir, &split, &paths)?;
         config.borrowed = borrowed.specs()?;
+        let elsewhere = objects_of(shards_dir, &others);
+        let shadowed = shadowed(&split, &elsewhere, &tables);
+        for (spec, chunks) in config.blobs.iter_mut().zip(shadowed) {
+            spec.served_elsewhere.extend(chunks);
+            spec.served_elsewhere.sort_unstable();
+            spec.served_elsewhere.dedup();
+        }
         // Who answers the shard's reads, for views of it that start none.
         let holder = dir.join("holder");
         private::write_atomic(&holder, lazy.run.as_os_str().as_encoded_bytes(), false)
@@ -210,7 +220,7 @@ pub(crate) fn mount_lazy_view(
         privileges: opts.privileges,
     };
     // The holder leaves with the shard's superblock.
-    stack_view(view, &split, shards_dir, own).inspect_err(|_| {
+    stack_view(view, &split, shards_dir, (others, own)).inspect_err(|_| {
         if fresh {
             drop_shard(&dir);
         }
@@ -305,9 +315,9 @@ fn stack_view(
     view: View<'_>,
     split: &shard::Split,
     shards_dir: &Path,
-    own: String,
+    (others, own): (Vec<String>, String),
 ) -> Result<(), MountError> {
-    let mut order = other_shards(shards_dir, &own, &split.objects);
+    let mut order = others;
     order.push(own);
     let run = view.run;
     private::private_dir(run).map_err(io_err(run))?;
@@ -479,6 +489,44 @@ fn other_shards(shards_dir: &Path, own: &str, objects: &[Fingerprint]) -> Vec<St
     found.sort();
     found.truncate(MAX_OTHER_SHARDS);
     found.into_iter().map(|(_, id)| id).collect()
+}
+
+/// The objects the shards `ids` hold.
+fn objects_of(shards_dir: &Path, ids: &[String]) -> HashSet<Fingerprint> {
+    ids.iter()
+        .filter_map(|id| fs::read(shards_dir.join(id).join("objects")).ok())
+        .filter_map(|bytes| shard::parse_objects(&bytes))
+        .flatten()
+        .collect()
+}
+
+/// Per blob of `tables`, the chunks (indexes) that only objects in
+/// `elsewhere` read through `split`'s shard: a view stacking the shards
+/// that hold those takes them from there, so they are never read here.
+fn shadowed(
+    split: &shard::Split,
+    elsewhere: &HashSet<Fingerprint>,
+    tables: &[IndexBlob],
+) -> Vec<Vec<u32>> {
+    // (device, chunk start) → whether every object reading it is elsewhere.
+    let mut only_elsewhere: HashMap<(u16, u64), bool> = HashMap::new();
+    for (fp, device, start) in &split.reads {
+        *only_elsewhere.entry((*device, *start)).or_insert(true) &= elsewhere.contains(fp);
+    }
+    let mut out = vec![Vec::new(); tables.len()];
+    for ((device, start), _) in only_elsewhere.into_iter().filter(|(_, only)| *only) {
+        let Some(table) = tables.get(usize::from(device).wrapping_sub(1)) else {
+            continue;
+        };
+        let found = table
+            .chunks
+            .binary_search_by_key(&start, |c| c.cache_offset.get());
+        if let Ok(i) = found {
+            out[usize::from(device) - 1].extend(u32::try_from(i));
+        }
+    }
+    out.iter_mut().for_each(|chunks| chunks.sort_unstable());
+    out
 }
 
 /// How many fingerprints two sorted lists have in common.
@@ -705,5 +753,48 @@ mod tests {
             2
         );
         assert_eq!(common_count(&[], &[fp(1)]), 0);
+    }
+
+    /// A chunk is shadowed only when every object reading it is served
+    /// by another shard.
+    #[test]
+    fn chunks_only_other_shards_serve_are_shadowed() {
+        use lamina_format::index::ChunkEntry;
+        let fp = |b: u8| [b; 32];
+        let entry = |block: u64| ChunkEntry {
+            cache_offset: (block * 4096).into(),
+            compressed_offset: (block * 100).into(),
+            compressed_size: 4096.into(),
+            size: 4096.into(),
+            flags: 0.into(),
+            reserved: 0.into(),
+            digest: [block as u8; 32],
+        };
+        let table = IndexBlob {
+            digest: [9; 32],
+            compressed_size: 300,
+            cache_size: 3 * 4096,
+            chunks: vec![entry(0), entry(1), entry(2)],
+        };
+        // Chunk 0: objects 1 and 2; chunk 1: object 3; chunk 2: object 1.
+        let split = shard::Split {
+            view: Vec::new(),
+            shard: Vec::new(),
+            objects: vec![fp(1), fp(2), fp(3)],
+            named: Vec::new(),
+            reads: vec![
+                (fp(1), 1, 0),
+                (fp(1), 1, 8192),
+                (fp(2), 1, 0),
+                (fp(3), 1, 4096),
+            ],
+        };
+        let elsewhere = HashSet::from([fp(1), fp(3)]);
+        assert_eq!(
+            shadowed(&split, &elsewhere, std::slice::from_ref(&table)),
+            vec![vec![1, 2]]
+        );
+        let none = HashSet::new();
+        assert_eq!(shadowed(&split, &none, &[table]), vec![Vec::<u32>::new()]);
     }
 }

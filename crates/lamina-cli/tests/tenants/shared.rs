@@ -491,6 +491,73 @@ fn lazy_views_borrow_chunks_the_node_holds() {
     assert_no_shards(&cache);
 }
 
+/// A lazy view does not fetch ahead what another shard serves it: b
+/// mounted lazily (`--prefetch none`, nothing borrowable: its cache files
+/// are not complete), then h (a rebuild) lazily with `--prefetch all`. h's
+/// view takes the files it shares with b from b's shard, so h's worker
+/// fetches only the chunks its own objects read (it fetched all of h
+/// before), and h reads the image's bytes, b's holder fetching the rest.
+#[test]
+fn lazy_views_fetch_ahead_only_what_they_serve() {
+    let Some((_time, t, src)) = begin("lazy_views_fetch_ahead_only_what_they_serve", "shared-own")
+    else {
+        return;
+    };
+    let cache = t.join("cache");
+    let lazy = |prefetch| {
+        [
+            "--lazy",
+            "--prefetch",
+            prefetch,
+            "--mode",
+            "kernel",
+            "--share-files",
+        ]
+    };
+    let mut refs = BTreeMap::new();
+    let mut mount = |tag: &str, args: &[&str]| {
+        let image = oci_ref(&t.join("conv"), tag);
+        convert(&oci_ref(&src, tag), &image);
+        refs.insert(tag.to_string(), reference(&t, &src, tag));
+        Mount::with_args(&image, &t.join(&format!("mnt-{tag}")), &cache, args)
+    };
+    let b = mount("b", &lazy("none"));
+    let h = mount("h", &lazy("all"));
+    let h_own = shards_of(&h).pop().unwrap();
+    let h_blobs = shard_devices(&h_own);
+    let started = std::time::Instant::now();
+    let status = loop {
+        let status = shard_status(&cache, &h_own)["status"].clone();
+        let (done, total) = (&status["prefetch_done"], &status["prefetch_total"]);
+        if total.as_u64() > Some(0) && done == total {
+            break status;
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "h's prefetch did not end: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let total = status["total_bytes"].as_u64().unwrap();
+    let h_disk = allocated(&h_blobs);
+    eprintln!("h's cache files: {h_disk} B on disk of {total} B");
+    assert!(
+        h_disk * 2 < total,
+        "h fetched ahead what b's shard serves it: {h_disk} B of {total} B"
+    );
+    treecmp(&[], &refs["h"], &h.path);
+    assert_eq!(
+        allocated(&h_blobs),
+        h_disk,
+        "reading h filled its own cache files further"
+    );
+    drop(b);
+    drop_caches();
+    treecmp(&[], &refs["h"], &h.path);
+    drop(h);
+    assert_no_shards(&cache);
+}
+
 /// An image converted without packing (each small file a chunk of its
 /// own) borrows those chunks from the packs of an image converted with
 /// it: found by their bytes, through b's named ranges lists. Its cache

@@ -193,7 +193,8 @@ impl Shared {
         if !self.room_for_background() {
             return; // the reader's own misses fetch what it reads
         }
-        let Ok(mine) = self.claim(blob, chunks, None, false) else {
+        let wanted = chunks.filter(|&i| !self.served_elsewhere.contains(&(blob, i)));
+        let Ok(mine) = self.claim(blob, wanted, None, false) else {
             return;
         };
         if mine.is_empty() {

@@ -120,14 +120,8 @@ impl Shared {
         while self.boot_pending.load(Ordering::SeqCst) > 0 {
             let _ = self.wait_landed(Duration::from_millis(10));
         }
-        // Chunks a --share-files shard reads from another image's files.
-        let mut planned: HashSet<(u32, usize)> = (self.config.blobs.iter().enumerate())
-            .flat_map(|(b, spec)| {
-                spec.borrowed_chunks
-                    .iter()
-                    .map(move |&i| (b as u32, i as usize))
-            })
-            .collect();
+        // Chunks a --share-files mount's reads never ask of its files.
+        let mut planned: HashSet<(u32, usize)> = self.served_elsewhere.clone();
         let mut boot: Vec<(u32, usize)> = Vec::new();
         // With boot pages the boot set is already in; its chunks only lead
         // the order of --prefetch-all.

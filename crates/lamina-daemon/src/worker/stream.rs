@@ -200,7 +200,9 @@ impl Shared {
             .name("blob-stream".into())
             .spawn(move || {
                 let count = me.stores[blob as usize].summary.chunk_count;
-                let chunks: Vec<usize> = (0..count).collect();
+                let chunks: Vec<usize> = (0..count)
+                    .filter(|&i| !me.served_elsewhere.contains(&(blob, i)))
+                    .collect();
                 tracing::debug!(
                     blob,
                     "read in order: the whole blob streamed through the P2P host"
