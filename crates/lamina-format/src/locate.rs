@@ -208,6 +208,21 @@ pub struct ContentRange {
     pub sha256: [u8; 32],
 }
 
+/// For (offset, length) ranges sorted by offset, whether each overlaps
+/// neither neighbour. Files that overlap (two at one offset, one a prefix
+/// of the other) are neither named nor skipped alone: each holds bytes of
+/// the other.
+pub fn apart(ranges: &[(u64, u64)]) -> Vec<bool> {
+    let overlaps = |a: (u64, u64), b: (u64, u64)| a.0 + a.1 > b.0;
+    (0..ranges.len())
+        .map(|k| {
+            let after = ranges.get(k + 1).is_some_and(|&n| overlaps(ranges[k], n));
+            let before = k > 0 && overlaps(ranges[k - 1], ranges[k]);
+            !after && !before
+        })
+        .collect()
+}
+
 /// Bytes of one record of a ranges list.
 const RANGE_LEN: usize = 48;
 
@@ -249,6 +264,15 @@ pub fn parse_ranges(bytes: &[u8]) -> Option<Vec<ContentRange>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_apart_overlap_no_neighbour() {
+        // The second and third start at one offset; the last touches the
+        // one before it without overlapping.
+        let ranges = [(0, 10), (4096, 100), (4096, 50), (8192, 10), (8202, 5)];
+        assert_eq!(apart(&ranges), vec![true, false, false, true, true]);
+        assert!(apart(&[]).is_empty());
+    }
 
     #[test]
     fn ranges_lists_read_back_and_refuse_overlaps() {

@@ -39,6 +39,14 @@ pub(crate) struct Borrowed {
     ranges: HashMap<(u16, u64, u64), (usize, u64)>,
 }
 
+/// What an earlier fill of a cache file skipped: its `.skipped` list and
+/// the file, opened without a pre-content event (none when there are no
+/// hints or it does not open).
+struct Skipped<'a> {
+    own: Option<&'a fs::File>,
+    hints: &'a [ContentRange],
+}
+
 /// A blob an eager mount fills: its device in the image, its verified
 /// chunk table and the packed files' ranges in it (offset, length, sorted).
 pub(crate) struct BlobToFill<'a> {
@@ -79,8 +87,16 @@ impl Borrowed {
         let blob = store.blob().clone();
         let open_chunks: Vec<usize> = (0..found.len()).filter(|&i| !store.is_filled(i)).collect();
         let (mut skipped, mut need) = (Vec::new(), Vec::new());
+        // Opened once for every chunk the hints name (a pack each).
+        let own = (!hints.is_empty())
+            .then(|| lamina_sys::open_quiet(store.cache_file()).ok())
+            .flatten();
+        let earlier = Skipped {
+            own: own.as_ref(),
+            hints: &hints,
+        };
         for &i in open_chunks.iter().filter(|&&i| found[i].is_none()) {
-            match self.composed(locator, &store, device, i, &hints)? {
+            match self.composed(locator, &store, (device, i), &earlier)? {
                 Some(ranges) => skipped.extend(ranges),
                 None => need.push(i),
             }
@@ -181,24 +197,21 @@ impl Borrowed {
         &mut self,
         locator: &ChunkLocator,
         store: &BlobStore,
-        device: u16,
-        i: usize,
-        hints: &[ContentRange],
+        (device, i): (u16, usize),
+        earlier: &Skipped<'_>,
     ) -> Result<Option<Vec<ContentRange>>, MountError> {
         let chunk = &store.blob().chunks[i];
         let (start, size) = (chunk.cache_offset.get(), u64::from(chunk.size.get()));
-        let ranges: Vec<ContentRange> = hints
+        let ranges: Vec<ContentRange> = earlier
+            .hints
             .iter()
             .filter(|r| r.offset >= start && r.offset + r.len <= start + size)
             .copied()
             .collect();
-        if ranges.is_empty() {
-            return Ok(None);
-        }
-        let key = EntryKey::of(store.blob());
-        let Ok(own) = lamina_sys::open_quiet(store.cache_file()) else {
+        let (false, Some(own)) = (ranges.is_empty(), earlier.own) else {
             return Ok(None);
         };
+        let key = EntryKey::of(store.blob());
         let mut bytes = vec![0; size as usize];
         if own.read_exact_at(&mut bytes, start).is_err() {
             return Ok(None);
@@ -216,7 +229,7 @@ impl Borrowed {
             places.push(at);
         }
         let _ = rustix::fs::fadvise(
-            &own,
+            own,
             start,
             std::num::NonZeroU64::new(size),
             rustix::fs::Advice::DontNeed,
@@ -357,14 +370,9 @@ impl Packs<'_> {
             .take_while(|&&(o, l)| o + l <= end)
             .copied()
             .collect();
-        let overlaps = |a: (u64, u64), b: (u64, u64)| a.0 + a.1 > b.0;
-        (0..ranges.len())
-            .map(|k| {
-                let after = ranges.get(k + 1).is_some_and(|&n| overlaps(ranges[k], n));
-                let before = k > 0 && overlaps(ranges[k - 1], ranges[k]);
-                let (offset, len) = ranges[k];
-                (offset, len, offset % BLOCK == 0 && !after && !before)
-            })
+        let apart = lamina_format::locate::apart(&ranges);
+        (ranges.iter().zip(apart))
+            .map(|(&(offset, len), apart)| (offset, len, offset % BLOCK == 0 && apart))
             .collect()
     }
 }

@@ -8,7 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use lamina_format::index::{BlobSummary, ChunkIndex};
+use lamina_format::index::{BlobSummary, ChunkIndex, IndexBlob};
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef};
 use rustix::mount::UnmountFlags;
@@ -177,15 +177,22 @@ fn fill_cache_borrowing(
         let locator = lamina_fetch::locator::ChunkLocator::open(blob_dir).ok();
         let on_node = locator.as_ref().filter(|l| l.may_hold_any());
         // A source that cannot read a table alone: that blob fetched whole.
-        let table = |i: usize| match index.inline.get(i) {
-            Some(blob) => Some(blob.clone()),
-            None => {
-                let (desc, summary) = (&layers.blobs[i], &index.blobs[i]);
-                let bits = index.chunk_bits;
-                crate::shared::chunk_table(source.as_ref(), desc, summary, bits, blob_dir)
-                    .inspect_err(|e| tracing::debug!("{}: {e}", desc.digest))
-                    .ok()
-            }
+        // Each table is had once (the packed ranges' walk wants them all).
+        let tables: Vec<std::cell::OnceCell<Option<IndexBlob>>> =
+            (0..table.len()).map(|_| Default::default()).collect();
+        let table = |i: usize| {
+            let cell = tables.get(i)?;
+            cell.get_or_init(|| match index.inline.get(i) {
+                Some(blob) => Some(blob.clone()),
+                None => {
+                    let (desc, summary) = (&layers.blobs[i], &index.blobs[i]);
+                    let bits = index.chunk_bits;
+                    crate::shared::chunk_table(source.as_ref(), desc, summary, bits, blob_dir)
+                        .inspect_err(|e| tracing::debug!("{}: {e}", desc.digest))
+                        .ok()
+                }
+            })
+            .clone()
         };
         let packed = match (on_node, &borrow) {
             (Some(_), Some(_)) => crate::borrow::packed_ranges(&meta_path, &table),

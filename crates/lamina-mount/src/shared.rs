@@ -426,15 +426,10 @@ fn note_named(
                 sha256: n.sha256,
             })
             .collect();
-        // Two files at one offset (one a prefix of the other) name neither.
-        let overlaps = |a: &ContentRange, b: &ContentRange| a.offset + a.len > b.offset;
-        let ranges: Vec<ContentRange> = (0..ranges.len())
-            .filter(|&k| {
-                let after = ranges.get(k + 1).is_some_and(|n| overlaps(&ranges[k], n));
-                let before = k > 0 && overlaps(&ranges[k - 1], &ranges[k]);
-                !after && !before
-            })
-            .map(|k| ranges[k])
+        let spans: Vec<(u64, u64)> = ranges.iter().map(|r| (r.offset, r.len)).collect();
+        let apart = lamina_format::locate::apart(&spans);
+        let ranges: Vec<ContentRange> = (ranges.into_iter().zip(apart))
+            .filter_map(|(range, apart)| apart.then_some(range))
             .collect();
         let complete = || {
             lamina_fetch::store::BlobStore::recorded_complete(dir, &key, summary).unwrap_or(false)
