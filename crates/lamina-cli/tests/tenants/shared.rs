@@ -601,6 +601,17 @@ fn a_chunk_packed_elsewhere_is_borrowed_by_its_bytes() {
     drop_caches();
     treecmp(&[], &reference, &u.path);
     drop(u);
+    // A plain lazy mount's worker copies them from b's pack too.
+    let args = ["--lazy", "--prefetch", "all", "--mode", "kernel"];
+    let plain = Mount::with_args(&unpacked, &t.join("mnt-u-lazy"), &cache, &args);
+    plain.wait_complete(TIMEOUT);
+    let status = plain.status().expect("a lazy mount has a status")["status"].clone();
+    assert_eq!(
+        status["fetched_bytes"], 0,
+        "a plain lazy mount fetched what b's cache files hold: {status}"
+    );
+    treecmp(&[], &reference, &plain.path);
+    drop(plain);
     drop(b);
     assert_no_shards(&cache);
 }

@@ -1,7 +1,8 @@
 //! Chunks copied from elsewhere on the node instead of fetched, through
 //! the cache's chunk locator (`lamina_fetch::locator`): before a fetch, each
-//! chunk whose digest the locator knows is read from the other entry's
-//! cache file, checked against this blob's own table, and filled as a
+//! chunk whose digest the locator knows (or, a chunk that is one small
+//! file, whose bytes another image's named ranges list holds) is read from
+//! the other entry's cache file, checked against this blob's own table, and filled as a
 //! fetched chunk would be; after a fill, the chunk is noted there for
 //! later images. From a complete cache file (whose bytes never change) the
 //! fill is a `copy_file_range`, which shares the extents on a filesystem
@@ -34,8 +35,12 @@ impl Shared {
             let entry = &entries[i];
             let size = u64::from(entry.size.get());
             // From a complete file: its extents shared where the filesystem
-            // can; from one still filling, its bytes copied.
-            if let Some(found) = locator.find(&entry.digest, entry.size.get(), key) {
+            // can (a chunk that is one small file also where another image
+            // packed it); from one still filling, its bytes copied.
+            let complete = locator
+                .find(&entry.digest, entry.size.get(), key)
+                .or_else(|| locator.find_named(&entry.digest, size, key));
+            if let Some(found) = complete {
                 self.lock_store(blob)?
                     .fill_copied(i, &found.quiet, found.cache_offset, via)?;
                 found.drop_pages();
