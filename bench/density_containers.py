@@ -27,7 +27,9 @@ it. Page cache is the rise of the node's `Cached` (and, beside it, of
 50 starts, less what `cachestat` finds resident of the registry's blobs (a
 lazy mount reads them as it would a remote registry's answers).
 
-Options (--set): runs (default 1), per_image (default 10).
+Options (--set): runs (default 1), per_image (default 10), containerd (a
+containerd binary to measure instead of the one on PATH, e.g. the 2.x
+that scripts/setup.sh builds; its directory goes first on PATH).
 """
 
 import os
@@ -38,7 +40,7 @@ import time
 
 from . import density
 from .harness import report
-from .harness.containerd import Containerd, start_snapshotter, stop_snapshotter
+from .harness.containerd import Containerd, start_snapshotter, stop_snapshotter, use_binary
 from .harness.core import ROOT, log, run
 from .harness.measure import ANOMALIES, drop_caches, machine_info
 from .harness.registry import Registry
@@ -144,14 +146,17 @@ def measure_system(results, system, lamina, work, reg, run_no, per_image):
 
 
 def measure(results, lamina, work, quick, options):
-    unknown = set(options) - {"runs", "per_image"}
+    unknown = set(options) - {"runs", "per_image", "containerd"}
     if unknown:
         raise SystemExit(f"bench density_containers: unknown option(s) {', '.join(sorted(unknown))}")
+    if options.get("containerd"):
+        use_binary(options["containerd"])
     runs = int(options.get("runs", 1))
     per_image = int(options.get("per_image", 3 if quick else 10))
     results.doc["config"].update(runs=runs, per_image=per_image, systems=list(SYSTEMS),
                                  images={t: v[2] for t, v in IMAGES.items()}, data_bytes=DATA_BYTES)
     results.doc["machine"].update(machine_info(lamina.path, packages=("containerd", "skopeo")))
+    results.doc["machine"]["containerd_measured"] = run(["containerd", "--version"]).stdout.strip()
     reg = Registry(work / "registry")
     try:
         prepare(work, lamina, reg)
