@@ -402,10 +402,10 @@ fn view_node(
                 let span = (size, bits, image.block_bits());
                 let (placed, own) = placed(&addrs, &refs, source.moved, span)?;
                 let (fp, named) = file_fingerprint(inode, &addrs, &refs, bits, source)?;
-                shard.add(fp, size, bits, placed);
-                shard
-                    .reads
-                    .extend(own.into_iter().map(|(device, at)| (fp, device, at)));
+                if shard.add(fp, size, bits, placed) {
+                    let reads = own.into_iter().map(|(device, at)| (fp, device, at));
+                    shard.reads.extend(reads);
+                }
                 shard.named.extend(named);
                 meta.xattrs.insert(METACOPY_XATTR.to_vec(), Vec::new());
                 meta.xattrs
@@ -570,9 +570,11 @@ impl Default for ShardTree {
 }
 
 impl ShardTree {
-    fn add(&mut self, fp: Fingerprint, size: u64, chunk_bits: u8, chunks: Vec<ChunkAddr>) {
+    /// Adds object `fp` reading `chunks`; false when the shard has it (it
+    /// reads the first file's chunks).
+    fn add(&mut self, fp: Fingerprint, size: u64, chunk_bits: u8, chunks: Vec<ChunkAddr>) -> bool {
         if self.objects.contains_key(&fp) {
-            return;
+            return false;
         }
         let fixed = |mode| Metadata {
             mode,
@@ -598,6 +600,7 @@ impl ShardTree {
         });
         link(tree, dir, hex::encode(&fp[1..]).as_bytes(), file);
         self.objects.insert(fp, file);
+        true
     }
 }
 

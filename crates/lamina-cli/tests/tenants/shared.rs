@@ -424,6 +424,53 @@ fn shard_status(cache: &Path, shard: &Path) -> Value {
         .clone()
 }
 
+/// `lamina mount` arguments of a lazy `--share-files` kernel mount.
+fn lazy_share(prefetch: &str) -> [&str; 6] {
+    [
+        "--lazy",
+        "--prefetch",
+        prefetch,
+        "--mode",
+        "kernel",
+        "--share-files",
+    ]
+}
+
+/// The fixture's image `tag` converted into `t/conv` and mounted at
+/// `t/mnt-<tag>` with `args`; its `umoci unpack` goes in `refs`.
+#[track_caller]
+fn mount_tag(
+    t: &TestDir,
+    src: &Path,
+    cache: &Path,
+    refs: &mut BTreeMap<String, PathBuf>,
+    (tag, args): (&str, &[&str]),
+) -> Mount {
+    let image = oci_ref(&t.join("conv"), tag);
+    convert(&oci_ref(src, tag), &image);
+    refs.insert(tag.to_string(), reference(t, src, tag));
+    Mount::with_args(&image, &t.join(&format!("mnt-{tag}")), cache, args)
+}
+
+/// Waits until the prefetch of lazy shard `shard` has ended; its status.
+#[track_caller]
+fn prefetched(cache: &Path, shard: &Path) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let status = shard_status(cache, shard)["status"].clone();
+        let (done, total) = (&status["prefetch_done"], &status["prefetch_total"]);
+        if total.as_u64() > Some(0) && done == total {
+            return status;
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "the prefetch of {} did not end: {status}",
+            shard.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A lazy view borrows what the node's complete cache files hold: b
 /// mounted eagerly, then h (a rebuild) lazily with `--prefetch all`. h's
 /// shard reads b's cache files for the chunks they hold, h's worker
@@ -436,23 +483,9 @@ fn lazy_views_borrow_chunks_the_node_holds() {
         return;
     };
     let cache = t.join("cache");
-    let lazy = [
-        "--lazy",
-        "--prefetch",
-        "all",
-        "--mode",
-        "kernel",
-        "--share-files",
-    ];
     let mut refs = BTreeMap::new();
-    let mut mount = |tag: &str, args: &[&str]| {
-        let image = oci_ref(&t.join("conv"), tag);
-        convert(&oci_ref(&src, tag), &image);
-        refs.insert(tag.to_string(), reference(&t, &src, tag));
-        Mount::with_args(&image, &t.join(&format!("mnt-{tag}")), &cache, args)
-    };
-    let b = mount("b", SHARE);
-    let h = mount("h", &lazy);
+    let b = mount_tag(&t, &src, &cache, &mut refs, ("b", SHARE));
+    let h = mount_tag(&t, &src, &cache, &mut refs, ("h", &lazy_share("all")));
     let h_own = shards_of(&h).pop().unwrap();
     let b_blobs = b.blob_paths();
     let h_devices = shard_devices(&h_own);
@@ -460,19 +493,7 @@ fn lazy_views_borrow_chunks_the_node_holds() {
         b_blobs.iter().all(|p| h_devices.contains(p)),
         "h's shard does not read b's cache files: {h_devices:?}"
     );
-    let started = std::time::Instant::now();
-    loop {
-        let status = shard_status(&cache, &h_own)["status"].clone();
-        let (done, total) = (&status["prefetch_done"], &status["prefetch_total"]);
-        if total.as_u64() > Some(0) && done == total {
-            break;
-        }
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "h's prefetch did not end: {status}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    prefetched(&cache, &h_own);
     treecmp(&[], &refs["h"], &h.path);
     let h_blobs: Vec<PathBuf> = h_devices[..h_devices.len() - b_blobs.len()].to_vec();
     let (b_disk, h_disk) = (allocated(&b_blobs), allocated(&h_blobs));
@@ -504,40 +525,12 @@ fn lazy_views_fetch_ahead_only_what_they_serve() {
         return;
     };
     let cache = t.join("cache");
-    let lazy = |prefetch| {
-        [
-            "--lazy",
-            "--prefetch",
-            prefetch,
-            "--mode",
-            "kernel",
-            "--share-files",
-        ]
-    };
     let mut refs = BTreeMap::new();
-    let mut mount = |tag: &str, args: &[&str]| {
-        let image = oci_ref(&t.join("conv"), tag);
-        convert(&oci_ref(&src, tag), &image);
-        refs.insert(tag.to_string(), reference(&t, &src, tag));
-        Mount::with_args(&image, &t.join(&format!("mnt-{tag}")), &cache, args)
-    };
-    let b = mount("b", &lazy("none"));
-    let h = mount("h", &lazy("all"));
+    let b = mount_tag(&t, &src, &cache, &mut refs, ("b", &lazy_share("none")));
+    let h = mount_tag(&t, &src, &cache, &mut refs, ("h", &lazy_share("all")));
     let h_own = shards_of(&h).pop().unwrap();
     let h_blobs = shard_devices(&h_own);
-    let started = std::time::Instant::now();
-    let status = loop {
-        let status = shard_status(&cache, &h_own)["status"].clone();
-        let (done, total) = (&status["prefetch_done"], &status["prefetch_total"]);
-        if total.as_u64() > Some(0) && done == total {
-            break status;
-        }
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "h's prefetch did not end: {status}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let status = prefetched(&cache, &h_own);
     let total = status["total_bytes"].as_u64().unwrap();
     let h_disk = allocated(&h_blobs);
     eprintln!("h's cache files: {h_disk} B on disk of {total} B");

@@ -2,11 +2,11 @@
 //! the cache's chunk locator (`lamina_fetch::locator`): before a fetch, each
 //! chunk whose digest the locator knows (or, a chunk that is one small
 //! file, whose bytes another image's named ranges list holds) is read from
-//! the other entry's cache file, checked against this blob's own table, and filled as a
-//! fetched chunk would be; after a fill, the chunk is noted there for
-//! later images. From a complete cache file (whose bytes never change) the
-//! fill is a `copy_file_range`, which shares the extents on a filesystem
-//! with reflinks.
+//! the other entry's cache file, checked against this blob's own table,
+//! and filled as a fetched chunk would be; after a fill, the chunk is
+//! noted there for later images. From a complete cache file (whose bytes
+//! never change) the fill is a `copy_file_range`, which shares the extents
+//! on a filesystem with reflinks.
 
 use std::fs::File;
 use std::io;
