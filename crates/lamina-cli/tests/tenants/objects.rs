@@ -83,14 +83,12 @@ fn passed_through(m: &Mount, path: &str, want: &[u8], new: bool) -> u64 {
     object
 }
 
-/// Bytes of `file` in the page cache (`fincore`).
+/// Bytes of `file` in the page cache (`cachestat(2)`: `fincore` maps the
+/// file, and mapping a lazy mount's cache file fills it).
 pub(crate) fn resident(file: &Path) -> u64 {
-    let mut cmd = command("fincore", ["--bytes", "--noheadings", "--raw", "-o", "RES"]);
-    cmd.arg(file);
-    let out = run(&mut cmd, TIMEOUT).ok();
-    let text = out.stdout.trim().to_string();
-    text.parse()
-        .unwrap_or_else(|_| panic!("fincore of {}: {text:?}", file.display()))
+    let opened = fs::File::open(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    lamina_sys::resident_bytes(&opened)
+        .unwrap_or_else(|e| panic!("cachestat of {}: {e}", file.display()))
 }
 
 /// [`objects_dir_of`] once the first object made it.
