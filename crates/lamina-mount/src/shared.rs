@@ -114,7 +114,7 @@ pub(crate) fn mount_view(
         xattrs: info.xattrs,
         privileges: opts.privileges,
     };
-    let others = other_shards(shards_dir, &own, &split.objects);
+    let (others, _) = other_shards(shards_dir, &own, &split.objects);
     stack_view(view, &split, shards_dir, (others, own)).inspect_err(|_| {
         if fresh {
             drop_shard(&dir);
@@ -187,13 +187,12 @@ pub(crate) fn mount_lazy_view(
         fetched_bytes: 0,
     };
     let fresh = !is_mounted(&dir.join("mnt"));
-    let others = other_shards(shards_dir, &own, &split.objects);
+    let (others, elsewhere) = other_shards(shards_dir, &own, &split.objects);
     if fresh {
         let mut paths = blob_paths.clone();
         paths.extend(borrowed.files.iter().map(|(p, _)| p.clone()));
         write_shard(&dir, &split, &paths)?;
         config.borrowed = borrowed.specs()?;
-        let elsewhere = objects_of(shards_dir, &others);
         let shadowed = shadowed(&split, &elsewhere, &tables);
         for (spec, chunks) in config.blobs.iter_mut().zip(shadowed) {
             spec.served_elsewhere.extend(chunks);
@@ -459,10 +458,16 @@ fn split_with(
 /// whichever view reads it, so every view of it shares one inode (had
 /// each view preferred the shard it shares most with, an image and its
 /// rebuild could each take the base from a different image's shard).
-fn other_shards(shards_dir: &Path, own: &str, objects: &[Fingerprint]) -> Vec<String> {
-    let mut found: Vec<(std::time::SystemTime, String)> = Vec::new();
+/// Each list is read once: with the shards' ids come the objects of
+/// `objects` they hold (what a view of them takes from those shards).
+fn other_shards(
+    shards_dir: &Path,
+    own: &str,
+    objects: &[Fingerprint],
+) -> (Vec<String>, HashSet<Fingerprint>) {
+    let mut found: Vec<(std::time::SystemTime, String, Vec<Fingerprint>)> = Vec::new();
     let Ok(dir) = fs::read_dir(shards_dir) else {
-        return Vec::new();
+        return Default::default();
     };
     for entry in dir.flatten() {
         let id = entry.file_name().to_string_lossy().into_owned();
@@ -477,22 +482,15 @@ fn other_shards(shards_dir: &Path, own: &str, objects: &[Fingerprint]) -> Vec<St
         else {
             continue;
         };
-        if common_count(objects, &theirs) > 0 {
-            found.push((made, id));
+        let shared = common(objects, &theirs);
+        if !shared.is_empty() {
+            found.push((made, id, shared));
         }
     }
-    found.sort();
+    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     found.truncate(MAX_OTHER_SHARDS);
-    found.into_iter().map(|(_, id)| id).collect()
-}
-
-/// The objects the shards `ids` hold.
-fn objects_of(shards_dir: &Path, ids: &[String]) -> HashSet<Fingerprint> {
-    ids.iter()
-        .filter_map(|id| fs::read(shards_dir.join(id).join("objects")).ok())
-        .filter_map(|bytes| shard::parse_objects(&bytes))
-        .flatten()
-        .collect()
+    let elsewhere = found.iter().flat_map(|f| f.2.iter().copied()).collect();
+    (found.into_iter().map(|(_, id, _)| id).collect(), elsewhere)
 }
 
 /// Per blob of `tables`, the chunks (indexes) that only objects in
@@ -524,17 +522,20 @@ fn shadowed(
     out
 }
 
-/// How many fingerprints two sorted lists have in common.
-fn common_count(a: &[Fingerprint], b: &[Fingerprint]) -> usize {
-    let (mut i, mut j, mut n) = (0, 0, 0);
+/// The fingerprints two sorted lists have in common.
+fn common(a: &[Fingerprint], b: &[Fingerprint]) -> Vec<Fingerprint> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
     while i < a.len() && j < b.len() {
         match a[i].cmp(&b[j]) {
             std::cmp::Ordering::Less => i += 1,
             std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => (i, j, n) = (i + 1, j + 1, n + 1),
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                (i, j) = (i + 1, j + 1);
+            }
         }
     }
-    n
+    out
 }
 
 /// After the view at the mount whose run dir is `run` was unmounted: its
@@ -741,13 +742,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn common_count_counts_shared_fingerprints() {
+    fn common_lists_shared_fingerprints() {
         let fp = |b: u8| [b; 32];
         assert_eq!(
-            common_count(&[fp(1), fp(3), fp(5)], &[fp(2), fp(3), fp(5)]),
-            2
+            common(&[fp(1), fp(3), fp(5)], &[fp(2), fp(3), fp(5)]),
+            vec![fp(3), fp(5)]
         );
-        assert_eq!(common_count(&[], &[fp(1)]), 0);
+        assert!(common(&[], &[fp(1)]).is_empty());
     }
 
     /// A chunk is shadowed only when every object reading it is served
