@@ -664,6 +664,39 @@ fn a_view_that_cannot_be_made_leaves_no_shard() {
     treecmp(&[], &reference(&t, &src, "b"), &m.path);
 }
 
+/// `lamina umount` from a cache dir the mount was not made with refuses
+/// and unmounts nothing: it used to unmount the view and leave its
+/// holder, worker, shard and metadata view mounted for good, with no
+/// record left to find them by.
+#[test]
+fn an_unmount_from_another_cache_dir_is_refused() {
+    let Some((_time, t, src)) = begin(
+        "an_unmount_from_another_cache_dir_is_refused",
+        "shared-umount",
+    ) else {
+        return;
+    };
+    let cache = t.join("cache");
+    let mut refs = BTreeMap::new();
+    let m = mount_tag(&t, &src, &cache, &mut refs, ("b", &lazy_share("none")));
+    let other = t.mkdir("other-cache");
+    let refused = lamina_cmd(["umount"])
+        .arg(&m.path)
+        .arg("--cache-dir")
+        .arg(&other)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(stderr.contains("--cache-dir"), "{stderr}");
+    assert!(is_mountpoint(&m.path), "unmounted from the wrong cache dir");
+    treecmp(&[], &refs["b"], &m.path);
+    drop(m);
+    let mounted = mounts_under(&cache);
+    assert!(mounted.is_empty(), "left mounted: {mounted:?}");
+    assert_no_shards(&cache);
+}
+
 /// Sharing stays inside a trust domain: the same image from two layouts
 /// (two domains) mounted with `--share-files` on one cache gets a shard
 /// in each domain, and each view stacks only its own: a file both have
