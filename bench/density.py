@@ -315,16 +315,19 @@ def cgroup_cache(cgroup):
     raise RuntimeError(f"no cache in {cgroup}/memory.stat")
 
 
-def read_in_turn(cgroup, views, layouts, cached, label, extra=lambda image: {}):
+def read_in_turn(cgroup, views, layouts, cached, label, extra=lambda image: {}, code=None):
     """After `drop_caches`, reads every regular file of each of `views` (A,
     then the second image) from a process in the memory cgroup `cgroup`
     (made here). Per image: the rise of `cached()` less what `cachestat` finds
     resident of the `layouts`' blobs (a lazy mount reads the converted
     image's as it would a registry's answers), the cgroup's charge, the
-    read's time and errors, and `extra(image)`."""
+    read's time and errors, `extra(image)`, and how much of the rise is the
+    executable `code` (a lazy mount's daemons run lamina: its pages are in
+    the page cache too, once per node whatever the number of mounts)."""
     drop_caches()
     time.sleep(1)
     base, base_buffers = cached(), meminfo("Buffers")
+    base_code = resident([code]) if code else 0
     cgroup.mkdir()
     figures = {}
     for image, view in zip("AB", views):
@@ -335,7 +338,8 @@ def read_in_turn(cgroup, views, layouts, cached, label, extra=lambda image: {}):
                           "read_s": round(seconds, 3), "read_errors": errors[:5],
                           "read_error_count": len(errors),
                           # ext4 keeps directories and inodes there: overlayfs's metadata
-                          "buffers": meminfo("Buffers") - base_buffers, **extra(image)}
+                          "buffers": meminfo("Buffers") - base_buffers,
+                          "lamina_code": resident([code]) - base_code if code else 0, **extra(image)}
         log(f"{label}, after {image}: page cache {node / MiB:.1f} MiB (reader's cgroup "
             f"{figures[image]['reader_cgroup'] / MiB:.1f}), {len(errors)} read errors")
     return figures
@@ -362,7 +366,7 @@ def measure_system(results, scenario, system, lamina, work, src, conv, run_no):
 
     try:
         figures = read_in_turn(cgroup, mnts, (src, conv), meminfo_cached,
-                               f"{scenario}: {system} run {run_no}", lamina_figures)
+                               f"{scenario}: {system} run {run_no}", lamina_figures, lamina.path)
         results.add_run(scenario=scenario, system=system, run=run_no, **figures)
     finally:
         unmount_system(system, lamina, mnts, cache)
@@ -419,7 +423,9 @@ def derive(doc):
     per = {}
     for r in doc["runs"]:
         v = per.setdefault(r.get("scenario", "shared_base"), {}).setdefault(
-            r["system"], {"A": [], "B": [], "disk_A": [], "disk_B": [], "errors": 0, "buf_A": [], "buf_B": []})
+            r["system"], {"A": [], "B": [], "disk_A": [], "disk_B": [], "errors": 0, "buf_A": [], "buf_B": [],
+                          "code_B": []})
+        v["code_B"].append(r["B"].get("lamina_code", 0))
         for img in "AB":
             v[img].append(r[img]["node_page_cache"])
             if r[img].get("buffers") is not None:
@@ -435,7 +441,8 @@ def derive(doc):
                         "disk_A": median(v["disk_A"]) if v["disk_A"] else None,
                         "disk_B": median(v["disk_B"]) if v["disk_B"] else None,
                         "after_A_with_buffers": median(v["buf_A"]) if v["buf_A"] else None,
-                        "after_B_with_buffers": median(v["buf_B"]) if v["buf_B"] else None}
+                        "after_B_with_buffers": median(v["buf_B"]) if v["buf_B"] else None,
+                        "lamina_code_B": median(v["code_B"])}
         ref = out.get("overlayfs")
         for v in out.values():
             v["B_adds_of_A"] = (v["after_B"] - v["after_A"]) / v["after_A"] if v["after_A"] else None
@@ -443,6 +450,7 @@ def derive(doc):
             if ref:
                 v["after_A_vs_overlayfs"] = v["after_A"] / ref["after_A"]
                 v["after_B_vs_overlayfs"] = v["after_B"] / ref["after_B"]
+                v["after_B_less_code_vs_overlayfs"] = (v["after_B"] - v["lamina_code_B"]) / ref["after_B"]
                 if v["after_B_with_buffers"] and ref["after_B_with_buffers"]:
                     v["after_B_with_buffers_vs_overlayfs"] = (v["after_B_with_buffers"]
                                                               / ref["after_B_with_buffers"])
@@ -481,13 +489,17 @@ def render(doc, plot_path):
                  "" if v["disk_A"] is None else f"{v['disk_A'] / MiB:.1f}",
                  "" if v["disk_B"] is None else f"{v['disk_B'] / MiB:.1f}",
                  f"{v['after_B_with_buffers_vs_overlayfs']:.2f}" if v.get("after_B_with_buffers_vs_overlayfs")
-                 else "", v["read_errors"])
+                 else "", f"{v.get('lamina_code_B', 0) / MiB:.1f}",
+                 f"{v['after_B_less_code_vs_overlayfs']:.2f}" if "after_B_less_code_vs_overlayfs" in v else "",
+                 v["read_errors"])
                 for sys, v in systems.items()]
         out += ["", f"{scenario.replace('_', ' ')} (A, then {second}):", "",
                 report.table(("system", "page cache after A, MiB", f"after A and {second}, MiB",
                               f"after A and {second} / overlayfs", f"{second} adds (of A)", "disk after A, MiB",
                               f"disk after A and {second}, MiB",
-                              f"with Buffers: after A and {second} / overlayfs", "read errors"), rows)]
+                              f"with Buffers: after A and {second} / overlayfs",
+                              "of which lamina's executable, MiB",
+                              f"less the executable: after A and {second} / overlayfs", "read errors"), rows)]
     out += ["", report.targets(doc)]
     detail = [(r.get("scenario", "shared_base"), r["system"], r["run"], img,
                f"{r[img]['node_page_cache'] / MiB:.1f}", f"{r[img]['reader_cgroup'] / MiB:.1f}",

@@ -13,6 +13,8 @@ shaped link (docs/coldstart.md; moved from scripts/coldstart.sh), with
   local             the heavy images' limit: the start from the image unpacked on local disk
   index(-boot)      `lamina mount` of the unmodified tag through its tar index (`lamina
                     index`), without and with boot pages
+  lamina-nopredict  `lamina` with `--predict-max 0` (no predicted misses), to weigh
+                    what predictions cost and save in the same run
   docker-index      dockerd (containerd image store, storage driver lamina) pulls and
                     runs the unmodified tag (python only)
 
@@ -77,7 +79,8 @@ from .tables import tables
 from .workloads import HEAVY, HEAVY_LAYOUT, HEAVY_VARIANTS, READALL_MIN_BPS, WORKLOADS, rate_bps
 
 VARIANTS = ("containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
-            "proxy", "faults", "faults-nohedge", "local", "index", "index-boot", "docker-index")
+            "proxy", "faults", "faults-nohedge", "local", "index", "index-boot", "docker-index",
+            "lamina-nopredict")
 DEFAULTS = {"links": "1gbit,100mbit,10mbit", "runs": "3", "slow_runs": "1",
             "workloads": "python,nginx,redis,readall", "readall_runs": "1", "variants": ",".join(VARIANTS[:11]),
             "idle_images": "20", "max_minutes": "60", "containerd": "", "keep_logs": ""}
@@ -289,6 +292,8 @@ def start(b, v, w, local):
         return docker_run(b, w)
     if v == "index-boot":
         return lamina_run(b, v, w, ref=b.ref("bookworm"), mount_args=["--index", b.boot_indexes[w]])
+    if v == "lamina-nopredict":
+        return lamina_run(b, tag, w, mount_args=["--predict-max", "0"])
     return lamina_run(b, tag, w)
 
 

@@ -106,6 +106,15 @@ def time_targets(ratios, agg, compared):
                 if snap in per_v and own in per_v:
                     got = per_v[snap]["time_s"]["median"] / per_v[own]["time_s"]["median"]
                     targets.append(target(f"time {snap} / {own}", w, link, got, "<=", SNAPSHOTTER_OVER_RUN_MAX, "x"))
+            if "lamina" in per_v and "lamina-nopredict" in per_v:
+                # issue 44: predictions must pay for themselves
+                plain, without = per_v["lamina"], per_v["lamina-nopredict"]
+                got = plain["time_s"]["median"] / without["time_s"]["median"]
+                targets.append(target("time lamina / lamina --predict-max 0", w, link, got, "<=", 1.0, "x"))
+                fetched = [(v.get("fetched_bytes_ready") or {}).get("median") for v in (plain, without)]
+                if all(fetched):
+                    targets.append(target("bytes fetched by lamina / lamina --predict-max 0", w, link,
+                                          fetched[0] / fetched[1], "<=", 1.0, "x"))
             if "faults" in per_v and "proxy" in per_v:
                 got = per_v["faults"]["time_s"]["median"] / per_v["proxy"]["time_s"]["median"]
                 targets.append(target("time through the fault mix / through the same proxy, clean", w, link, got,
@@ -152,7 +161,7 @@ def bytes_targets(doc):
     targets = []
     img_bytes = doc["image"]["layer_bytes"]
     for w in [w for w in doc["config"]["workloads"] if w not in ("readall",) + HEAVY]:
-        for v in ("lamina", "lamina-boot"):
+        for v in ("lamina", "lamina-boot", "lamina-nopredict"):
             fetched = [r["fetched_bytes_ready"] for r in doc["runs"]
                        if r["workload"] == w and r["variant"] == v and r.get("fetched_bytes_ready") is not None]
             wire = [r["wire_bytes_ready"] for r in doc["runs"] if r["workload"] == w and r["variant"] == v]
