@@ -20,30 +20,9 @@ FIO_LABEL = {
 }
 
 
-def tables(r):
-    out = []
-    w = out.append
-    m, cfg, rt = r["machine"], r["config"], r["ratios"]
-    w(f"Measured {m['date']} on {m['nproc']} vCPUs ({m.get('cpu', '?')}), kernel {m['kernel']}, "
-      f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}. Medians of {cfg['runs']} runs of mounts "
-      f"and lookup_bench, {cfg.get('fio_runs', cfg['runs'])} of fio, {cfg['warm_runs']} warm and {cfg['cold_runs']} cold runs of `ls -lR` and stat+open. "
-      f"While the bench ran ({r['bench_seconds']:.0f} s), other processes on the machine used "
-      f"{m.get('other_cpu_s_during_bench')} CPU-seconds (load {' '.join(m.get('loadavg_at_start', []))} → "
-      f"{' '.join(m.get('loadavg_at_end', []))}).")
-    w("")
-    w(report_binary(m))
-    w("")
-    w("### Targets")
-    w("")
-    w("| figure | value | target | met |")
-    w("|---|---:|---:|---|")
-    for k, x in rt.items():
-        if x["target"]:
-            w(f"| `{k}` | {x['value']:.3f} | {x['target']} | {met_cell(x)} |")
-    w("")
-    w("Ratios are FUSE / reference for times (lower is better) and for throughputs "
-      "(MB/s, paths/s: higher is better).")
-
+def debian_tables(r, w):
+    """The Debian part's tables: `ls -lR` and stat+open."""
+    rt = r["ratios"]
     d = r["debian"]
     w("")
     w("### `ls -lR` of the Debian tree (ms; median, min–max in parentheses)")
@@ -83,6 +62,34 @@ def tables(r):
               f"{cv / so['cold']['erofs']['paths_per_s']:.3f} |")
         else:
             w(f"| {FS_LABEL.get(n, n)} | – | {cv:,.0f} | – | {cv / so['cold']['erofs']['paths_per_s']:.3f} |")
+
+
+def tables(r):
+    out = []
+    w = out.append
+    m, cfg, rt = r["machine"], r["config"], r["ratios"]
+    w(f"Measured {m['date']} on {m['nproc']} vCPUs ({m.get('cpu', '?')}), kernel {m['kernel']}, "
+      f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}. Medians of {cfg['runs']} runs of mounts "
+      f"and lookup_bench, {cfg.get('fio_runs', cfg['runs'])} of fio, {cfg['warm_runs']} warm and {cfg['cold_runs']} cold runs of `ls -lR` and stat+open. "
+      f"While the bench ran ({r['bench_seconds']:.0f} s), other processes on the machine used "
+      f"{m.get('other_cpu_s_during_bench')} CPU-seconds (load {' '.join(m.get('loadavg_at_start', []))} → "
+      f"{' '.join(m.get('loadavg_at_end', []))}).")
+    w("")
+    w(report_binary(m))
+    w("")
+    w("### Targets")
+    w("")
+    w("| figure | value | target | met |")
+    w("|---|---:|---:|---|")
+    for k, x in rt.items():
+        if x["target"]:
+            w(f"| `{k}` | {x['value']:.3f} | {x['target']} | {met_cell(x)} |")
+    w("")
+    w("Ratios are FUSE / reference for times (lower is better) and for throughputs "
+      "(MB/s, paths/s: higher is better).")
+
+    if "debian" in r:  # parts= may leave it out
+        debian_tables(r, w)
 
     f = r.get("fio")
     if f:
@@ -182,15 +189,9 @@ def pair_panel(ax, names, a, b, la, lb, ylabel, title, fmt):
     ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
 
 
-def plot(r, path):
-    """ls -lR and stat+open warm/cold per filesystem; fio MB/s; the FUSE
-    daemon's RSS per image size (medians, labelled)."""
-    plt = report.pyplot()
-    if plt is None:
-        return
+def debian_panels(axes, r):
+    """`ls -lR` and stat+open, warm and cold, on the first two of `axes`."""
     rt = r["ratios"]
-    panels = 2 + ("fio" in r) + ("big" in r)
-    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 5.4))
     ls = r["ls_lR"]
     names = list(ls["cold"])
     nan = float("nan")
@@ -206,7 +207,25 @@ def plot(r, path):
                f"stat+open+close, {so['paths']} deepest files\nlamina FUSE / EROFS: warm "
                f"{rt['stat_open_warm_lamina-fuse_vs_erofs']['value']:.2f}, cold "
                f"{rt['stat_open_cold_lamina-fuse_vs_erofs']['value']:.2f}", "{:.1f}")
-    i = 2
+
+
+def plot(r, path):
+    """ls -lR and stat+open warm/cold per filesystem; fio MB/s; the FUSE
+    daemon's RSS per image size (medians, labelled)."""
+    plt = report.pyplot()
+    if plt is None:
+        return
+    rt = r["ratios"]
+    debian = "ls_lR" in r  # parts= may leave it out
+    panels = 2 * debian + ("fio" in r) + ("big" in r)
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 5.4), squeeze=False)
+    axes = axes[0]
+    i = 0
+    if debian:
+        debian_panels(axes, r)
+        i = 2
     if "fio" in r:
         f = r["fio"]
         fn = ["ext4", "lamina-fuse", "lamina-kernel"]
