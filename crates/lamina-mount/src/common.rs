@@ -123,6 +123,42 @@ pub fn run_dir(cache_dir: &Path, mountpoint: &Path) -> PathBuf {
     cache_dir.join("mounts").join(hex::encode(&digest[..8]))
 }
 
+/// The cache dir a lamina mount at `mountpoint` was made with, found from
+/// the mount itself: a kernel-path mount's source is its metadata in the
+/// cache, a `--share-files` view's overlay names its metadata view there.
+/// The cache dir is the nearest ancestor of one of those paths that holds
+/// this mountpoint's run dir. `None` for a FUSE mount (its source names no
+/// path) or anything else.
+pub fn cache_dir_of(mountpoint: &Path) -> Option<PathBuf> {
+    let want = fs::canonicalize(mountpoint).ok()?;
+    let mounts = lamina_sys::mountinfo::mounts().ok()?;
+    let top = mounts.iter().rev().find(|m| m.mount_point == want)?;
+    let mut paths: Vec<PathBuf> = Vec::new();
+    match top.fs_type.as_str() {
+        "erofs" => paths.push(PathBuf::from(&top.source)),
+        "overlay" => {
+            for option in &top.super_options {
+                let lower = ["lowerdir+=", "lowerdir="]
+                    .iter()
+                    .find_map(|key| option.strip_prefix(key));
+                paths.extend(
+                    lower
+                        .into_iter()
+                        .flat_map(|l| l.split(':'))
+                        .map(PathBuf::from),
+                );
+            }
+        }
+        _ => {}
+    }
+    paths
+        .iter()
+        .filter(|p| p.is_absolute())
+        .flat_map(|p| p.ancestors().skip(1))
+        .find(|dir| run_dir(dir, mountpoint).is_dir())
+        .map(Path::to_path_buf)
+}
+
 /// Where the cache keeps what a mount of an image reads, in the dirs of
 /// the image's trust domain ([`domain_id`]).
 #[derive(Debug, Clone)]

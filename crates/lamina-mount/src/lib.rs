@@ -56,7 +56,7 @@ mod shared;
 mod tar_index;
 
 pub use cache::{materialize_blob, store_metadata, CacheError};
-pub use common::{run_dir, MountError, MountInfo, MountOptions};
+pub use common::{cache_dir_of, run_dir, MountError, MountInfo, MountOptions};
 pub use daemons::reap_daemons;
 pub use fuse::{mount_fuse, FUSE_STATUS, FUSE_THREADS};
 pub use gc::{gc, EagerRecord, GcReport};

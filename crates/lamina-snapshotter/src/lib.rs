@@ -519,40 +519,11 @@ impl Images for RegistryImages {
     }
 }
 
-/// Whether `path` is a mount point (in this process's mount namespace).
-/// mountinfo names mount points by their resolved paths: a root reached
-/// through a symlink must still find its mounts (else a restart would
-/// mount an image again on top of its live mount).
+/// Whether `path` is a mount point (in this process's mount namespace),
+/// also through a symlink (else a restart would mount an image again on
+/// top of its live mount).
 fn is_mountpoint(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let want = resolved.to_string_lossy();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| unescape_mountinfo(m) == want)
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let mut out = Vec::with_capacity(s.len());
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    lamina_sys::mountinfo::is_mount_point(path)
 }
 
 /// Runs the snapshotter until SIGTERM or SIGINT. Lamina mounts and their
@@ -868,14 +839,12 @@ mod tests {
     }
 
     #[test]
-    fn mount_points_are_found_through_symlinks_and_escapes() {
+    fn mount_points_are_found_through_symlinks() {
         assert!(is_mountpoint(Path::new("/proc")));
         let dir = tempfile::tempdir().unwrap();
         let link = dir.path().join("proc-link");
         std::os::unix::fs::symlink("/proc", &link).unwrap();
         assert!(is_mountpoint(&link), "a symlink to /proc is a mount point");
         assert!(!is_mountpoint(dir.path()));
-        assert_eq!(unescape_mountinfo(r"/a\040b\134c"), r"/a b\c");
-        assert_eq!(unescape_mountinfo(r"/tail\04"), r"/tail\04");
     }
 }

@@ -18,6 +18,7 @@ use std::path::Path;
 
 pub mod cgroup;
 pub mod idmap;
+pub mod mountinfo;
 mod quiet;
 /// The path of `file`'s own fd, `/proc/self/fd/N`: opening it, marking it
 /// or mounting it reaches that very inode, whatever its name now names.

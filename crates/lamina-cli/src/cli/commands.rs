@@ -1,7 +1,6 @@
 //! The commands, one function each, as `run` hands them their arguments:
 //! each calls the library and prints what it did.
 
-use std::fs;
 use std::io::IsTerminal;
 use std::path::Path;
 
@@ -312,8 +311,7 @@ pub(super) fn unmount(command: Command, json: bool) -> Result<()> {
     else {
         unreachable!("run hands unmount only Command::Umount");
     };
-    let cache_dir = absolute(&cache_dir)?;
-    refuse_unrecorded_mount(&cache_dir, &mountpoint)?;
+    let cache_dir = cache_dir_for_unmount(absolute(&cache_dir)?, &mountpoint);
     // A holder removes its run dir (and status) as soon as it sees
     // the unmount, which may be before we look: keep what it last
     // wrote before unmounting.
@@ -346,27 +344,25 @@ pub(super) fn unmount(command: Command, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Every lamina mount leaves a record in its cache dir's `mounts/`: one
-/// without it here was made with another cache dir, whose daemons and
-/// shard or view mounts an unmount from this one would leave running
-/// forever, or is no lamina mount at all.
-fn refuse_unrecorded_mount(cache_dir: &Path, mountpoint: &Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let resolved = fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    let is_mountpoint = match (fs::metadata(&resolved), resolved.parent().map(fs::metadata)) {
-        (Ok(m), Some(Ok(parent))) => m.dev() != parent.dev(),
-        _ => false, // not there: the unmount says so
-    };
-    if is_mountpoint && !lamina_mount::run_dir(cache_dir, mountpoint).exists() {
-        return Err(ConfigError::Invalid(format!(
-            "{} was not mounted with the cache dir {} (nothing unmounted): pass the --cache-dir \
-             it was mounted with, or use umount(8) if it is not a lamina mount",
-            mountpoint.display(),
-            cache_dir.display()
-        ))
-        .into());
+/// The cache dir whose records describe the mount at `mountpoint`:
+/// `given` when it has them, else the one the mount was made with (found
+/// from the mount). Without its records an unmount of a `--share-files`
+/// view would leave its holder, worker, shard and metadata view mounted.
+fn cache_dir_for_unmount(given: PathBuf, mountpoint: &Path) -> PathBuf {
+    if lamina_mount::run_dir(&given, mountpoint).is_dir() {
+        return given;
     }
-    Ok(())
+    match lamina_mount::cache_dir_of(mountpoint) {
+        Some(found) => {
+            tracing::info!(
+                "{} was mounted with the cache dir {}",
+                mountpoint.display(),
+                found.display()
+            );
+            found
+        }
+        None => given,
+    }
 }
 
 /// `lamina gc`.
