@@ -9,7 +9,9 @@
 //! (and a filesystem may escape commas in its options the same way), so
 //! fields split on spaces and options on commas before they are unescaped.
 
+use std::ffi::OsString;
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 /// One mount: the fields lamina reads.
@@ -21,7 +23,7 @@ pub struct Mount {
     pub fs_type: String,
     /// The mount source as the filesystem shows it (a path for a
     /// file-backed EROFS; whatever its mounter named it otherwise).
-    pub source: String,
+    pub source: OsString,
     /// The superblock's options, each unescaped (`lowerdir+=/a/b`).
     pub super_options: Vec<String>,
 }
@@ -50,9 +52,10 @@ fn parse_line(line: &str) -> Option<Mount> {
         .map(unescape)
         .collect();
     Some(Mount {
-        mount_point: PathBuf::from(unescape(mount_point)),
+        // Paths as their bytes: a name need not be UTF-8.
+        mount_point: PathBuf::from(OsString::from_vec(unescape_bytes(mount_point))),
         fs_type: unescape(fs_type),
-        source: unescape(source),
+        source: OsString::from_vec(unescape_bytes(source)),
         super_options,
     })
 }
@@ -65,8 +68,14 @@ pub fn is_mount_point(path: &Path) -> bool {
     mounts().is_ok_and(|all| all.iter().any(|m| m.mount_point == resolved))
 }
 
-/// `\ooo` (three octal digits) back to its byte; anything else as it is.
+/// `\ooo` (three octal digits) back to its byte; anything else as it is
+/// (bytes that are not UTF-8 replaced: for names, not paths).
 pub fn unescape(s: &str) -> String {
+    String::from_utf8_lossy(&unescape_bytes(s)).into_owned()
+}
+
+/// `\ooo` (three octal digits) back to its byte; anything else as it is.
+pub fn unescape_bytes(s: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len());
     let b = s.as_bytes();
     let mut i = 0;
@@ -83,7 +92,7 @@ pub fn unescape(s: &str) -> String {
             i += 1;
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 #[cfg(test)]
@@ -100,8 +109,8 @@ not a mountinfo line";
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].mount_point, PathBuf::from("/var/tmp/a b"));
         assert_eq!(
-            (m[0].fs_type.as_str(), m[0].source.as_str()),
-            ("erofs", "/c/meta/d/x.erofs")
+            (m[0].fs_type.as_str(), m[0].source.to_str()),
+            ("erofs", Some("/c/meta/d/x.erofs"))
         );
         assert_eq!(m[0].super_options, ["ro", "user_xattr", "directio"]);
         assert_eq!(
@@ -111,6 +120,15 @@ not a mountinfo line";
                 "lowerdir+=/c/mounts/1f/view",
                 "datadir+=/c/shards/d/9,x"
             ]
+        );
+    }
+
+    #[test]
+    fn a_mount_point_that_is_not_utf8_keeps_its_bytes() {
+        let m = parse("43 27 0:39 / /mnt/\\377x ro - tmpfs none rw");
+        assert_eq!(
+            m[0].mount_point,
+            PathBuf::from(OsString::from_vec(b"/mnt/\xffx".to_vec()))
         );
     }
 
