@@ -22,7 +22,6 @@ FIO_LABEL = {
 
 def debian_tables(r, w):
     """The Debian part's tables: `ls -lR` and stat+open."""
-    rt = r["ratios"]
     d = r["debian"]
     w("")
     w("### `ls -lR` of the Debian tree (ms; median, min–max in parentheses)")
