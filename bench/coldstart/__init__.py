@@ -80,7 +80,7 @@ from .workloads import HEAVY, HEAVY_LAYOUT, HEAVY_VARIANTS, READALL_MIN_BPS, WOR
 
 VARIANTS = ("containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
             "proxy", "faults", "faults-nohedge", "local", "index", "index-boot", "docker-index",
-            "lamina-nopredict")
+            "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128")
 DEFAULTS = {"links": "1gbit,100mbit,10mbit", "runs": "3", "slow_runs": "1",
             "workloads": "python,nginx,redis,readall", "readall_runs": "1", "variants": ",".join(VARIANTS[:11]),
             "idle_images": "20", "max_minutes": "60", "containerd": "", "keep_logs": ""}
@@ -273,7 +273,7 @@ def skipped(v, w, i, link, o, cd_runs):
 
 def start(b, v, w, local):
     """One cold start (and its second container) of variant v: its record."""
-    tag = b.tags(w)[2] if v.endswith("-boot") else b.tags(w)[1]
+    tag = b.tags(w)[2] if v.endswith("-boot") or v.startswith("lamina-boot-") else b.tags(w)[1]
     if v == "local":
         return local_run(b, w, local[w])
     if v == "containerd":
@@ -294,6 +294,8 @@ def start(b, v, w, local):
         return lamina_run(b, v, w, ref=b.ref("bookworm"), mount_args=["--index", b.boot_indexes[w]])
     if v == "lamina-nopredict":
         return lamina_run(b, tag, w, mount_args=["--predict-max", "0"])
+    if v.startswith("lamina-boot-ra"):
+        return lamina_run(b, tag, w, mount_args=["--readahead", v.removeprefix("lamina-boot-ra")])
     return lamina_run(b, tag, w)
 
 

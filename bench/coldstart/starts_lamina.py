@@ -46,6 +46,14 @@ def rss_of(st):
     return {"holder": hw, "worker": ww, "sum": (hw or 0) + (ww or 0) if hw and ww else None}
 
 
+def events(st):
+    """A mount's pre-content events so far: those its worker answered
+    (misses) and those its holder answered within boot pages."""
+    if st.get("misses") is None:
+        return None
+    return st["misses"] + (st.get("ready_events") or 0)
+
+
 def fresh_status(b, cache, mnt):
     """Status after the worker's next write (it rewrites status.json every 200 ms)."""
     time.sleep(0.25)
@@ -197,7 +205,7 @@ def lamina_run(b, tag, workload, record_trace=None, second=True, ref=None, mount
         # With boot pages the boot set's whole chunks follow in the
         # background once misses stop; those count only in the totals.
         rec.update(fetched_bytes_ready=st.get("fetched_bytes"), requests_ready=st.get("requests"),
-                   misses_ready=st.get("misses"))
+                   misses_ready=st.get("misses"), events_ready=events(st))
         st = wait_prefetch(lambda: lamina_status(b.lamina, cache, mnt), st)
         rec.update(wire_bytes=b.tx_bytes() - tx0, **{k: st.get(k) for k in MOUNT_STATUS_KEYS})
         if second:
@@ -372,7 +380,7 @@ def lamina_run_cmd(b, tag, workload):
             st = watch.at(t_ready)
         rec.update(time_s=t_ready - t0, wire_bytes_ready=tx_ready - tx0, wire_bytes=tx_ready - tx0,
                    fetched_bytes_ready=st.get("fetched_bytes"), requests_ready=st.get("requests"),
-                   misses_ready=st.get("misses"), rss_kib=watch.rss(), **{k: st.get(k) for k in STATUS_KEYS})
+                   misses_ready=st.get("misses"), events_ready=events(st), rss_kib=watch.rss(), **{k: st.get(k) for k in STATUS_KEYS})
         tx1 = b.tx_bytes()
         with MountWatch(cache) as watch:
             t1 = time.perf_counter()

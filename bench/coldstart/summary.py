@@ -29,7 +29,7 @@ BASELINES = ("containerd", "local")
 # per-variant figures summarised over runs, when the runs have them
 SUMMARY_KEYS = ("pull_s", "mount_s", "overlay_s", "container_s", "wire_bytes_pull", "wire_bytes_mount",
                 "wire_bytes_ready", "fetched_bytes", "requests", "misses", "prefetch_total", "fetched_bytes_ready",
-                "requests_ready", "misses_ready", "content_blobs", "ahead_chunk_bytes", "ahead_used_bytes",
+                "requests_ready", "misses_ready", "events_ready", "content_blobs", "ahead_chunk_bytes", "ahead_used_bytes",
                 "predictions", "predicted_requests")
 # what a schema-1 results file keeps beside its runs (raw figures of the set-up)
 MEASURED = ("image", "images", "lamina_image", "setup", "links", "idle", "incomplete")

@@ -275,11 +275,12 @@ def heavy(w, r):
       "cache dropped, same overlay + runc. *limit*: the larger of *local* and the boot set's bytes (fetched to "
       "first output) at the link's measured rate. Median seconds; × = that / limit (containerd: that / lamina). "
       "*ahead*: chunk bytes (uncompressed) lamina fetched ahead of readers (predicted or in order) by the end of "
-      "the run, and of those never read.")
+      "the run, and of those never read. *events*: pre-content events (reads of cache files not yet complete) to "
+      "first output, those the worker answered and those the holder answered within boot pages.")
     w("")
     w("| link | workload | containerd | local | limit | lamina | × | lamina + boot set | × | MB to first output "
-      "(lamina / boot set) | requests (lamina / boot set) | ahead, MB (not read) |")
-    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "(lamina / boot set) | requests (lamina / boot set) | events (lamina / boot set) | ahead, MB (not read) |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for link, wl, per_v in rows:
         limit = (limits.get(link) or {}).get(wl)
 
@@ -299,12 +300,15 @@ def heavy(w, r):
                         for v in ("lamina", "lamina-boot"))
         rq = " / ".join(f"{ready(v, 'requests_ready'):.0f}" if ready(v, "requests_ready") else "–"
                         for v in ("lamina", "lamina-boot"))
+        # results from before the holder answered boot pages: every event was a miss
+        ev = " / ".join(f"{n:,.0f}" if (n := ready(v, "events_ready") or ready(v, "misses_ready")) else "–"
+                        for v in ("lamina", "lamina-boot"))
         ahead, used = ready("lamina", "ahead_chunk_bytes"), ready("lamina", "ahead_used_bytes")
         ah = f"{ahead / 1e6:.1f} ({(ahead - used) / 1e6:.1f})" if ahead is not None and used is not None else "–"
         cd = f"{cell('containerd')}" + (f" ({t('containerd') / t('lamina'):.1f}×)" if t("containerd") and t("lamina")
                                          else "")
         w(f"| {link} | {WLABEL.get(wl, wl)} | {cd} | {cell('local')} | {f'{limit:.2f}' if limit else '–'} | "
-          f"{cell('lamina')} | {over('lamina')} | {cell('lamina-boot')} | {over('lamina-boot')} | {mb} | {rq} | {ah} |")
+          f"{cell('lamina')} | {over('lamina')} | {cell('lamina-boot')} | {over('lamina-boot')} | {mb} | {rq} | {ev} | {ah} |")
 
 
 def faults(w, r):

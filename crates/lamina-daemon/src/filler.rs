@@ -20,7 +20,7 @@ use std::time::Duration;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
 
 use crate::config::DaemonConfig;
-use crate::relay::{Miss, Relay, Reply, Worker};
+use crate::relay::{Miss, News, Relay, Reply, Worker};
 
 /// Answers a FUSE read's miss by waking its thread with the errno.
 struct ChannelReply(mpsc::SyncSender<i32>);
@@ -191,7 +191,10 @@ fn run_relay(
         if worker_ready {
             relay.on_worker(
                 |_| {},
-                |blob| {
+                |news| {
+                    // Ready ranges are a fast path of the kernel path's
+                    // holder; here reads ask the worker until completion.
+                    let News::Complete(blob) = news else { return };
                     if let Some(c) = complete.get(blob as usize) {
                         tracing::info!(blob, "blob complete: reads no longer ask the worker");
                         c.store(true, Ordering::Release);

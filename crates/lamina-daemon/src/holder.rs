@@ -23,7 +23,8 @@ use rustix::event::{poll, PollFd, PollFlags};
 use crate::bdi::BdiReadahead;
 use crate::config::{write_atomic, DaemonConfig, Privileges};
 use crate::protocol::{self, Message};
-use crate::relay::{Miss, Relay, Reply, Worker};
+use crate::ready::ReadyRanges;
+use crate::relay::{Miss, News, Relay, Reply, Worker};
 
 /// Written to `<run_dir>/ready` once the mount is usable (or failed).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -391,6 +392,8 @@ fn serve(
     let mut buf = Vec::new();
     // Unwatched through the files the mount was made with.
     let paths: Vec<PathBuf> = files.iter().map(lamina_sys::fd_path).collect();
+    let mut ready = ReadyRanges::default();
+    let mut reported = (0, std::time::Instant::now());
 
     loop {
         let wait = relay.poll_wait(Duration::from_millis(200));
@@ -419,28 +422,38 @@ fn serve(
         let unmounted = !fds[2].revents().is_empty() && superblock_gone(&superblock);
 
         if group_ready {
-            take_events(&group, &mut buf, &watched, &mut relay);
+            take_events(&group, &mut buf, (&watched, &mut ready), &mut relay);
         }
         if worker_ready {
             relay.on_worker(
                 |sock| hand_over(sock, &group, &superblock),
-                |blob| {
-                    let Some(path) = paths.get(blob as usize) else {
-                        return;
-                    };
-                    match group.unwatch(path) {
-                        Ok(()) => watched.retain(|_, b| *b != blob),
-                        Err(e) => tracing::warn!("unwatch {}: {e}", path.display()),
-                    }
-                    if watched.is_empty() {
-                        if let Some(r) = readahead.take() {
-                            r.restore();
+                |news| match news {
+                    News::Ready { blob, range } => ready.add(blob, range),
+                    News::Complete(blob) => {
+                        ready.forget(blob);
+                        let Some(path) = paths.get(blob as usize) else {
+                            return;
+                        };
+                        match group.unwatch(path) {
+                            Ok(()) => watched.retain(|_, b| *b != blob),
+                            Err(e) => tracing::warn!("unwatch {}: {e}", path.display()),
+                        }
+                        if watched.is_empty() {
+                            if let Some(r) = readahead.take() {
+                                r.restore();
+                            }
                         }
                     }
                 },
             );
         }
         relay.expire();
+        if ready.answered != reported.0
+            && (unmounted || reported.1.elapsed() >= Duration::from_millis(100))
+        {
+            report_answered(&relay, ready.answered);
+            reported = (ready.answered, std::time::Instant::now());
+        }
 
         if unmounted {
             tracing::info!("the filesystem is gone; exiting");
@@ -452,12 +465,21 @@ fn serve(
     }
 }
 
-/// Reads the group's events: reads of watched cache files become misses;
-/// everything else (the worker's own fills, other files) is allowed.
+/// Tells the worker how many events the holder answered itself (its
+/// status reports them); a lost report is made good by the next.
+fn report_answered(relay: &Relay<EventReply>, count: u64) {
+    if let Err(e) = protocol::send(relay.worker_sock(), Message::Answered { count }, None) {
+        tracing::debug!("reporting answered events: {e}");
+    }
+}
+
+/// Reads the group's events: reads of watched cache files become misses,
+/// unless their range is known ready; everything else (the worker's own
+/// fills, other files) is allowed.
 fn take_events(
     group: &Rc<FanotifyGroup>,
     buf: &mut Vec<u8>,
-    watched: &HashMap<(u64, u64), u32>,
+    (watched, ready): (&HashMap<(u64, u64), u32>, &mut ReadyRanges),
     relay: &mut Relay<EventReply>,
 ) {
     let worker_pid = relay.worker_pid();
@@ -489,6 +511,11 @@ fn take_events(
             continue;
         };
         let (offset, count) = ev.range.unwrap_or((0, stat.st_size as u64));
+        if ready.covers(blob, offset, count) {
+            ready.answered += 1;
+            answer(group, ev.response_fd, Response::Allow);
+            continue;
+        }
         relay.submit(Miss {
             blob,
             offset,

@@ -20,6 +20,7 @@ pub mod pool;
 pub mod predict;
 pub mod protocol;
 pub mod readahead;
+mod ready;
 mod relay;
 mod sources;
 mod windows;

@@ -5,11 +5,11 @@
 //!
 //! ```text
 //! byte 0      kind (1 hello, 2 miss, 3 done, 4 complete, 5 group fd, 6 superblock fd,
-//!             7 shutdown)
-//! bytes 4-8   blob (miss, complete) or errno (done), u32 LE
-//! bytes 8-16  request id (miss, done), u64 LE
-//! bytes 16-24 cache offset (miss), u64 LE
-//! bytes 24-32 byte count (miss), u64 LE
+//!             7 shutdown, 8 ready, 9 answered)
+//! bytes 4-8   blob (miss, complete, ready) or errno (done), u32 LE
+//! bytes 8-16  request id (miss, done) or event count (answered), u64 LE
+//! bytes 16-24 cache offset (miss, ready), u64 LE
+//! bytes 24-32 byte count (miss, ready), u64 LE
 //! bytes 32-36 the event's fd number in the holder (miss), i32 LE
 //! ```
 
@@ -65,6 +65,23 @@ pub enum Message {
     /// Holder -> worker: the mount is gone; save and exit (the socket
     /// closing without this means the holder died).
     Shutdown,
+    /// Worker -> holder: `[offset, offset + len)` of blob `blob` holds
+    /// verified boot pages, so the holder answers later reads within it
+    /// itself, without a trip to the worker.
+    Ready {
+        /// Blob index.
+        blob: u32,
+        /// Cache file offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Holder -> worker: how many events the holder has answered itself
+    /// so far (reads within ranges announced [`Message::Ready`]).
+    Answered {
+        /// Events, since the mount.
+        count: u64,
+    },
 }
 
 impl Message {
@@ -98,6 +115,16 @@ impl Message {
             Message::GroupFd => b[0] = 5,
             Message::SuperblockFd => b[0] = 6,
             Message::Shutdown => b[0] = 7,
+            Message::Ready { blob, offset, len } => {
+                b[0] = 8;
+                b[4..8].copy_from_slice(&blob.to_le_bytes());
+                b[16..24].copy_from_slice(&offset.to_le_bytes());
+                b[24..32].copy_from_slice(&len.to_le_bytes());
+            }
+            Message::Answered { count } => {
+                b[0] = 9;
+                b[8..16].copy_from_slice(&count.to_le_bytes());
+            }
         }
         b
     }
@@ -132,6 +159,12 @@ impl Message {
             5 => Message::GroupFd,
             6 => Message::SuperblockFd,
             7 => Message::Shutdown,
+            8 => Message::Ready {
+                blob: u32_at(4),
+                offset: u64_at(16),
+                len: u64_at(24),
+            },
+            9 => Message::Answered { count: u64_at(8) },
             _ => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -258,6 +291,17 @@ mod tests {
             recv(a.as_fd()).unwrap().unwrap().0,
             Message::Done { id: 7, errno: 5 }
         );
+        for msg in [
+            Message::Ready {
+                blob: 3,
+                offset: 1 << 33,
+                len: 12 << 12,
+            },
+            Message::Answered { count: 1 << 40 },
+        ] {
+            send(b.as_fd(), msg, None).unwrap();
+            assert_eq!(recv(a.as_fd()).unwrap().unwrap().0, msg);
+        }
         drop(b);
         assert!(recv(a.as_fd()).unwrap().is_none());
     }

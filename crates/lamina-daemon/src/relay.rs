@@ -123,6 +123,18 @@ pub(crate) trait Reply {
     fn answer(self, errno: i32);
 }
 
+/// What a worker tells about its blobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum News {
+    /// The blob is complete: its reads need no answer any more.
+    Complete(u32),
+    /// These bytes of the blob hold verified boot pages.
+    Ready {
+        blob: u32,
+        range: std::ops::Range<u64>,
+    },
+}
+
 /// A read that needs bytes of blob `blob` at `[offset, offset + count)`.
 pub(crate) struct Miss<R> {
     pub blob: u32,
@@ -233,11 +245,11 @@ impl<R: Reply> Relay<R> {
 
     /// Handles what the worker sent (or its death). `on_hello` runs when
     /// a worker has just become ready, before pending misses go to it;
-    /// `on_complete` for each blob the worker completed.
+    /// `on_news` for what it says of its blobs.
     pub(crate) fn on_worker(
         &mut self,
         on_hello: impl FnOnce(BorrowedFd<'_>),
-        mut on_complete: impl FnMut(u32),
+        mut on_news: impl FnMut(News),
     ) {
         match protocol::recv(self.worker.sock.as_fd()) {
             Ok(Some((Message::Hello, _))) => {
@@ -256,7 +268,11 @@ impl<R: Reply> Relay<R> {
                     p.miss.reply.answer(errno);
                 }
             }
-            Ok(Some((Message::Complete { blob }, _))) => on_complete(blob),
+            Ok(Some((Message::Complete { blob }, _))) => on_news(News::Complete(blob)),
+            Ok(Some((Message::Ready { blob, offset, len }, _))) => on_news(News::Ready {
+                blob,
+                range: offset..offset.saturating_add(len),
+            }),
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => self.replace_worker(),
         }
@@ -469,8 +485,8 @@ mod tests {
 
         let mut completed = Vec::new();
         protocol::send_owned(&worker, Message::Complete { blob: 3 }, None).unwrap();
-        relay.on_worker(|_| {}, |b| completed.push(b));
-        assert_eq!(completed, [3]);
+        relay.on_worker(|_| {}, |n| completed.push(n));
+        assert_eq!(completed, [News::Complete(3)]);
         relay.shutdown();
         assert_eq!(pending_message(&worker), Some(Message::Shutdown));
     }

@@ -116,6 +116,8 @@ struct Shared {
     inflight: Mutex<HashSet<(u32, usize)>>,
     landed: Condvar,
     misses: AtomicU64,
+    /// Events the holder answered itself, within announced boot pages.
+    ready_events: AtomicU64,
     failed: AtomicU64,
     miss_latency: Recorder,
     active_misses: AtomicU64,
@@ -337,6 +339,7 @@ fn build_shared(
         inflight: Mutex::new(HashSet::new()),
         landed: Condvar::new(),
         misses: AtomicU64::new(0),
+        ready_events: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         miss_latency: Recorder::default(),
         active_misses: AtomicU64::new(0),
@@ -585,6 +588,16 @@ fn serve_holder(shared: &Shared, jobs: &MissPool<Job>) -> io::Result<()> {
             Some((Message::SuperblockFd, Some(fd))) => {
                 let _ = shared.superblock.set(fd);
             }
+            Some((Message::Answered { count }, _)) => {
+                // Reads answered by the holder are the start going on too:
+                // what waits for its end (the boot set's whole chunks) waits.
+                if shared.ready_events.fetch_max(count, Ordering::Relaxed) < count {
+                    shared.last_miss_ms.store(
+                        shared.started.elapsed().as_millis() as u64,
+                        Ordering::Relaxed,
+                    );
+                }
+            }
             Some((
                 Message::Miss {
                     id,
@@ -676,6 +689,21 @@ impl Shared {
             if let Err(e) = group.respond(response_fd, response) {
                 tracing::error!("answering event {response_fd} for the dead holder: {e}");
             }
+        }
+    }
+
+    /// Tells the holder that `[offset, offset + len)` of `blob` may be read,
+    /// so that it answers reads there without asking. Only for boot pages:
+    /// reads of chunks fetched ahead must still reach this worker, which
+    /// follows readers through them (streams, `ahead_used_bytes`). A lost
+    /// announcement costs trips here, nothing else.
+    fn announce_ready(&self, blob: u32, offset: u64, len: u64) {
+        if self.holder_gone.load(Ordering::SeqCst) {
+            return;
+        }
+        let ready = Message::Ready { blob, offset, len };
+        if let Err(e) = protocol::send_owned(&self.sock, ready, None) {
+            tracing::debug!("announcing ready pages: {e}");
         }
     }
 

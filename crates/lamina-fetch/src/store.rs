@@ -927,6 +927,23 @@ impl BlobStore {
         placed
     }
 
+    /// The runs of pages of `[offset, offset + len)` that may be read
+    /// ([`Self::range_ready`] page by page), in order.
+    pub fn ready_runs(&self, offset: u64, len: u64) -> Vec<std::ops::Range<u64>> {
+        let end = offset.saturating_add(len).min(self.blob.cache_size);
+        let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
+        for p in offset / PAGE..end.div_ceil(PAGE) {
+            if !self.page_ready(p) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if run.end == p * PAGE => run.end += PAGE,
+                _ => runs.push(p * PAGE..(p + 1) * PAGE),
+            }
+        }
+        runs
+    }
+
     /// Bytes filled from boot pages by this process.
     pub fn boot_bytes(&self) -> u64 {
         self.boot_bytes
@@ -1201,6 +1218,10 @@ mod tests {
         assert!(s.range_ready(3 * 4096, 100));
         // Pages of filled chunks are not written again.
         assert_eq!(s.fill_pages(3 * 4096, &[9u8; 4096]).unwrap(), 0);
+        assert_eq!(
+            s.ready_runs(0, 8 * 4096),
+            [4096..2 * 4096, 3 * 4096..4 * 4096]
+        );
         assert!(s.fill_pages(100, &[0u8; 4096]).is_err());
         let mut back = vec![0u8; 4096];
         File::open(&s.cache_path)

@@ -222,9 +222,14 @@ impl Shared {
         }
         let mut written = 0;
         for (extent, bytes) in boot.iter() {
-            written += self
-                .lock_store(extent.blob.get())?
-                .fill_pages(extent.cache_offset.get(), bytes)?;
+            let (blob, offset) = (extent.blob.get(), extent.cache_offset.get());
+            let mut store = self.lock_store(blob)?;
+            written += store.fill_pages(offset, bytes)?;
+            let ready = store.ready_runs(offset, bytes.len() as u64);
+            drop(store);
+            for run in ready {
+                self.announce_ready(blob, run.start, run.end - run.start);
+            }
         }
         tracing::debug!(
             "boot pages frame {k}: {} runs, {written} bytes written {:.0} ms after the worker started",

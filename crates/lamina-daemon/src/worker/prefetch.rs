@@ -255,12 +255,15 @@ impl Shared {
     }
 
     /// Returns once the start the mount was made for seems over: its first
-    /// miss came and then none for [`START_QUIET`], or no miss came for
+    /// miss came and then none for [`START_QUIET`] (reads the holder
+    /// answered within boot pages count as misses here), or no miss came for
     /// [`START_AT_MOST`]. Layers no reader waits for (the FUSE lookup table:
     /// 8.5 MB of a million-file image) go on the wire after it, not
     /// before the first read or beside the start's misses.
     pub(super) fn wait_start_over(&self) {
-        while self.misses.load(Ordering::Relaxed) == 0 && self.started.elapsed() < START_AT_MOST {
+        let reads =
+            || self.misses.load(Ordering::Relaxed) + self.ready_events.load(Ordering::Relaxed);
+        while reads() == 0 && self.started.elapsed() < START_AT_MOST {
             std::thread::sleep(Duration::from_millis(20));
         }
         self.wait_quiet(START_QUIET);

@@ -16,8 +16,15 @@ pub struct Status {
     pub fetched_bytes: u64,
     /// Range requests sent.
     pub requests: u64,
-    /// Misses served.
+    /// Misses served: reads of watched cache files (pre-content events,
+    /// kernel path) or of chunks not yet local (FUSE) that the worker
+    /// answered.
     pub misses: u64,
+    /// Reads of watched cache files the holder answered itself, within
+    /// boot pages the worker had announced. With `misses`, the mount's
+    /// pre-content events.
+    #[serde(default)]
+    pub ready_events: u64,
     /// Misses that failed (reader got EIO).
     pub failed_misses: u64,
     /// Chunks that failed verification and were fetched again.
@@ -134,6 +141,7 @@ impl Shared {
             ahead_chunk_bytes: self.ahead_chunk_bytes.load(Ordering::Relaxed),
             ahead_used_bytes: self.ahead_used_bytes.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+            ready_events: self.ready_events.load(Ordering::Relaxed),
             failed_misses: self.failed.load(Ordering::Relaxed),
             bad_chunks: self.stats.bad_chunks.load(Ordering::Relaxed),
             prefetch_done: self.prefetch_done.load(Ordering::Relaxed),
