@@ -37,7 +37,8 @@ FAULT_MIX = ["mix", "--every", "5", "--stall", "3"]
 FETCH_KEYS = ("fetched_bytes", "requests", "misses", "failed_misses", "bad_chunks", "cached_bytes")
 STATUS_KEYS = FETCH_KEYS + ("prefetch_done", "prefetch_total")
 MOUNT_STATUS_KEYS = STATUS_KEYS + ("hedges", "hedge_wins", "boot_frames", "ahead_chunk_bytes", "ahead_used_bytes",
-                                   "predictions", "predicted_requests", "predicted_fetched_bytes")
+                                   "predictions", "predicted_requests", "predicted_fetched_bytes", "ready_events",
+                                   "worker_events", "warmed_bytes")
 
 
 def rss_of(st):

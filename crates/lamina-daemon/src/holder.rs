@@ -229,7 +229,7 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
     }
     let config = DaemonConfig::load(config_path)?;
     match setup(&config, config_path) {
-        Ok((group, worker, watched, superblock, files)) => {
+        Ok((group, worker, watched, root, files)) => {
             let readahead = if watched.is_empty() {
                 None
             } else {
@@ -260,7 +260,7 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
             serve(
                 &config,
                 config_path,
-                (group, worker, watched, superblock, files),
+                (group, worker, watched, root, files),
                 readahead,
             )
         }
@@ -273,12 +273,12 @@ pub fn run_holder(config_path: &Path) -> io::Result<()> {
 }
 
 /// The group, the worker, the watched cache files (by device and inode:
-/// blob), the watch on the mount's root, and the mount's cache files.
+/// blob), the mount's root, and the mount's cache files.
 type Setup = (
     FanotifyGroup,
     Worker,
     HashMap<(u64, u64), u32>,
-    OwnedFd,
+    Root,
     Vec<std::fs::File>,
 );
 
@@ -339,18 +339,29 @@ fn setup(config: &DaemonConfig, config_path: &Path) -> io::Result<Setup> {
             config.mountpoint.display()
         )));
     }
-    let superblock = watch_superblock(&config.mountpoint).inspect_err(|_| {
-        let _ = rustix::mount::unmount(
-            config.mountpoint.as_path(),
-            rustix::mount::UnmountFlags::DETACH,
-        );
-    })?;
+    let root = watch_superblock(&config.mountpoint)
+        .and_then(|watch| {
+            let dev = rustix::fs::stat(&config.mountpoint)?.st_dev;
+            Ok(Root { watch, dev })
+        })
+        .inspect_err(|_| {
+            let _ = rustix::mount::unmount(
+                config.mountpoint.as_path(),
+                rustix::mount::UnmountFlags::DETACH,
+            );
+        })?;
     // The worker gets the group before the mount is reported ready, not
     // only when it says hello: a holder killed in between would leave
     // nobody to answer the group, and reads would see the cache files'
     // holes as zeros. It gets them again at hello (that copy is dropped).
-    hand_over(worker.sock(), &group, &superblock);
-    Ok((group, worker, watched, superblock, files))
+    hand_over(worker.sock(), &group, &root);
+    Ok((group, worker, watched, root, files))
+}
+
+/// The root of the mount just made: a watch on it, and its device.
+pub(crate) struct Root {
+    watch: OwnedFd,
+    dev: u64,
 }
 
 /// An inotify watch on the root of the mount just made. It reports
@@ -382,7 +393,7 @@ pub(crate) fn superblock_gone(fd: &OwnedFd) -> bool {
 fn serve(
     config: &DaemonConfig,
     config_path: &Path,
-    (group, worker, mut watched, superblock, files): Setup,
+    (group, worker, mut watched, root, files): Setup,
     mut readahead: Option<BdiReadahead>,
 ) -> io::Result<()> {
     let group = Rc::new(group);
@@ -393,7 +404,7 @@ fn serve(
     // Unwatched through the files the mount was made with.
     let paths: Vec<PathBuf> = files.iter().map(lamina_sys::fd_path).collect();
     let mut ready = ReadyRanges::default();
-    let mut reported = (0, std::time::Instant::now());
+    let mut reported = ((0, 0), std::time::Instant::now());
 
     loop {
         let wait = relay.poll_wait(Duration::from_millis(200));
@@ -402,7 +413,7 @@ fn serve(
         let mut fds = [
             PollFd::new(&group_fd, PollFlags::IN),
             PollFd::new(&worker_fd, PollFlags::IN),
-            PollFd::new(&superblock, PollFlags::IN),
+            PollFd::new(&root.watch, PollFlags::IN),
         ];
         let ts = rustix::event::Timespec {
             tv_sec: wait.as_secs() as i64,
@@ -419,14 +430,14 @@ fn serve(
         }
         let group_ready = fds[0].revents().contains(PollFlags::IN);
         let worker_ready = !fds[1].revents().is_empty();
-        let unmounted = !fds[2].revents().is_empty() && superblock_gone(&superblock);
+        let unmounted = !fds[2].revents().is_empty() && superblock_gone(&root.watch);
 
         if group_ready {
             take_events(&group, &mut buf, (&watched, &mut ready), &mut relay);
         }
         if worker_ready {
             relay.on_worker(
-                |sock| hand_over(sock, &group, &superblock),
+                |sock| hand_over(sock, &group, &root),
                 |news| match news {
                     News::Ready { blob, range } => ready.add(blob, range),
                     News::Complete(blob) => {
@@ -448,11 +459,11 @@ fn serve(
             );
         }
         relay.expire();
-        if ready.answered != reported.0
-            && (unmounted || reported.1.elapsed() >= Duration::from_millis(100))
+        let counts = (ready.answered, ready.worker_events);
+        if counts != reported.0 && (unmounted || reported.1.elapsed() >= Duration::from_millis(100))
         {
-            report_answered(&relay, ready.answered);
-            reported = (ready.answered, std::time::Instant::now());
+            report_answered(&relay, counts);
+            reported = (counts, std::time::Instant::now());
         }
 
         if unmounted {
@@ -467,8 +478,9 @@ fn serve(
 
 /// Tells the worker how many events the holder answered itself (its
 /// status reports them); a lost report is made good by the next.
-fn report_answered(relay: &Relay<EventReply>, count: u64) {
-    if let Err(e) = protocol::send(relay.worker_sock(), Message::Answered { count }, None) {
+fn report_answered(relay: &Relay<EventReply>, (readers, worker): (u64, u64)) {
+    let answered = Message::Answered { readers, worker };
+    if let Err(e) = protocol::send(relay.worker_sock(), answered, None) {
         tracing::debug!("reporting answered events: {e}");
     }
 }
@@ -495,6 +507,7 @@ fn take_events(
         };
         // The worker's own prefetch writes are verified data: let them through.
         if ev.pid == worker_pid {
+            ready.worker_events += 1;
             answer(group, ev.response_fd, Response::Allow);
             continue;
         }
@@ -533,10 +546,12 @@ fn take_events(
 /// Gives the worker copies of the group and of the superblock watch: if the
 /// holder is killed, the group stays open in the worker, which finishes the
 /// misses in hand and fails later reads with EIO, instead of the kernel
-/// letting reads see zeros.
-fn hand_over(sock: BorrowedFd<'_>, group: &FanotifyGroup, superblock: &OwnedFd) {
+/// letting reads see zeros. And the mount's device, by which the worker
+/// knows the mount it warms boot pages through (`crate::warm`).
+fn hand_over(sock: BorrowedFd<'_>, group: &FanotifyGroup, root: &Root) {
     let sent = protocol::send(sock, Message::GroupFd, Some(group.as_fd()))
-        .and_then(|()| protocol::send(sock, Message::SuperblockFd, Some(superblock.as_fd())));
+        .and_then(|()| protocol::send(sock, Message::SuperblockFd, Some(root.watch.as_fd())))
+        .and_then(|()| protocol::send(sock, Message::RootDev { dev: root.dev }, None));
     if let Err(e) = sent {
         tracing::warn!("handing the group to the worker: {e}");
     }

@@ -23,5 +23,6 @@ pub mod readahead;
 mod ready;
 mod relay;
 mod sources;
+pub mod warm;
 mod windows;
 pub mod worker;

@@ -5,10 +5,11 @@
 //!
 //! ```text
 //! byte 0      kind (1 hello, 2 miss, 3 done, 4 complete, 5 group fd, 6 superblock fd,
-//!             7 shutdown, 8 ready, 9 answered)
+//!             7 shutdown, 8 ready, 9 answered, 10 root dev)
 //! bytes 4-8   blob (miss, complete, ready) or errno (done), u32 LE
-//! bytes 8-16  request id (miss, done) or event count (answered), u64 LE
-//! bytes 16-24 cache offset (miss, ready), u64 LE
+//! bytes 8-16  request id (miss, done), readers' events (answered) or
+//!             st_dev (root dev), u64 LE
+//! bytes 16-24 cache offset (miss, ready) or the worker's events (answered), u64 LE
 //! bytes 24-32 byte count (miss, ready), u64 LE
 //! bytes 32-36 the event's fd number in the holder (miss), i32 LE
 //! ```
@@ -77,10 +78,19 @@ pub enum Message {
         len: u64,
     },
     /// Holder -> worker: how many events the holder has answered itself
-    /// so far (reads within ranges announced [`Message::Ready`]).
+    /// so far, since the mount.
     Answered {
-        /// Events, since the mount.
-        count: u64,
+        /// Readers' reads within ranges announced [`Message::Ready`].
+        readers: u64,
+        /// The worker's own writes and reads.
+        worker: u64,
+    },
+    /// Holder -> worker: the `st_dev` of the filesystem the holder mounted,
+    /// by which the worker knows the mount it reads boot pages through
+    /// (`crate::warm`).
+    RootDev {
+        /// `st_dev` of the mount's root.
+        dev: u64,
     },
 }
 
@@ -121,9 +131,14 @@ impl Message {
                 b[16..24].copy_from_slice(&offset.to_le_bytes());
                 b[24..32].copy_from_slice(&len.to_le_bytes());
             }
-            Message::Answered { count } => {
+            Message::Answered { readers, worker } => {
                 b[0] = 9;
-                b[8..16].copy_from_slice(&count.to_le_bytes());
+                b[8..16].copy_from_slice(&readers.to_le_bytes());
+                b[16..24].copy_from_slice(&worker.to_le_bytes());
+            }
+            Message::RootDev { dev } => {
+                b[0] = 10;
+                b[8..16].copy_from_slice(&dev.to_le_bytes());
             }
         }
         b
@@ -164,7 +179,11 @@ impl Message {
                 offset: u64_at(16),
                 len: u64_at(24),
             },
-            9 => Message::Answered { count: u64_at(8) },
+            9 => Message::Answered {
+                readers: u64_at(8),
+                worker: u64_at(16),
+            },
+            10 => Message::RootDev { dev: u64_at(8) },
             _ => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -297,7 +316,11 @@ mod tests {
                 offset: 1 << 33,
                 len: 12 << 12,
             },
-            Message::Answered { count: 1 << 40 },
+            Message::Answered {
+                readers: 1 << 40,
+                worker: 7,
+            },
+            Message::RootDev { dev: 0xfd_0001 },
         ] {
             send(b.as_fd(), msg, None).unwrap();
             assert_eq!(recv(a.as_fd()).unwrap().unwrap().0, msg);

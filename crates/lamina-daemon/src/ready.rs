@@ -21,6 +21,8 @@ pub(crate) struct ReadyRanges {
     blobs: HashMap<u32, RangeSet<u64>>,
     /// Events answered from this map, since the mount.
     pub(crate) answered: u64,
+    /// Events of the worker's own writes and reads, since the mount.
+    pub(crate) worker_events: u64,
 }
 
 impl ReadyRanges {

@@ -46,6 +46,7 @@ mod status;
 mod stream;
 mod tables;
 mod takeover;
+mod warm;
 
 use ahead::serve_ahead;
 use prefetch::adopt_in_background;
@@ -118,6 +119,17 @@ struct Shared {
     misses: AtomicU64,
     /// Events the holder answered itself, within announced boot pages.
     ready_events: AtomicU64,
+    /// Events of this worker's own writes and reads (the holder's count).
+    worker_events: AtomicU64,
+    /// The device of the mount the holder made (kernel path), through
+    /// which boot pages are warmed (`crate::warm`).
+    root_dev: OnceLock<u64>,
+    /// The map warming reads by, once built (`None`: no warming).
+    warm_map: OnceLock<Option<crate::warm::WarmMap>>,
+    /// Bytes of boot pages read into the mount's page cache.
+    warmed_bytes: AtomicU64,
+    /// Runs to warm once the holder names its mount (`None` after).
+    warm_backlog: Mutex<Option<Vec<warm::Run>>>,
     failed: AtomicU64,
     miss_latency: Recorder,
     active_misses: AtomicU64,
@@ -340,6 +352,11 @@ fn build_shared(
         landed: Condvar::new(),
         misses: AtomicU64::new(0),
         ready_events: AtomicU64::new(0),
+        worker_events: AtomicU64::new(0),
+        root_dev: OnceLock::new(),
+        warm_map: OnceLock::new(),
+        warmed_bytes: AtomicU64::new(0),
+        warm_backlog: Mutex::new(Some(Vec::new())),
         failed: AtomicU64::new(0),
         miss_latency: Recorder::default(),
         active_misses: AtomicU64::new(0),
@@ -588,10 +605,12 @@ fn serve_holder(shared: &Shared, jobs: &MissPool<Job>) -> io::Result<()> {
             Some((Message::SuperblockFd, Some(fd))) => {
                 let _ = shared.superblock.set(fd);
             }
-            Some((Message::Answered { count }, _)) => {
+            Some((Message::RootDev { dev }, _)) => shared.take_root_dev(dev),
+            Some((Message::Answered { readers, worker }, _)) => {
+                shared.worker_events.fetch_max(worker, Ordering::Relaxed);
                 // Reads answered by the holder are the start going on too:
                 // what waits for its end (the boot set's whole chunks) waits.
-                if shared.ready_events.fetch_max(count, Ordering::Relaxed) < count {
+                if shared.ready_events.fetch_max(readers, Ordering::Relaxed) < readers {
                     shared.last_miss_ms.store(
                         shared.started.elapsed().as_millis() as u64,
                         Ordering::Relaxed,

@@ -221,16 +221,19 @@ impl Shared {
             self.take_table(*blob, table)?;
         }
         let mut written = 0;
+        let mut ready = Vec::new();
         for (extent, bytes) in boot.iter() {
             let (blob, offset) = (extent.blob.get(), extent.cache_offset.get());
             let mut store = self.lock_store(blob)?;
             written += store.fill_pages(offset, bytes)?;
-            let ready = store.ready_runs(offset, bytes.len() as u64);
+            let runs = store.ready_runs(offset, bytes.len() as u64);
             drop(store);
-            for run in ready {
+            for run in runs {
                 self.announce_ready(blob, run.start, run.end - run.start);
+                ready.push((blob, run));
             }
         }
+        self.warm(ready);
         tracing::debug!(
             "boot pages frame {k}: {} runs, {written} bytes written {:.0} ms after the worker started",
             boot.extents.len(),

@@ -25,6 +25,14 @@ pub struct Status {
     /// pre-content events.
     #[serde(default)]
     pub ready_events: u64,
+    /// Events of the worker's own writes (fills) and reads (warming),
+    /// which the holder lets through at once.
+    #[serde(default)]
+    pub worker_events: u64,
+    /// Bytes of boot pages read ahead into the mount's page cache as they
+    /// landed (`lamina_daemon::warm`): reads of them raise no event.
+    #[serde(default)]
+    pub warmed_bytes: u64,
     /// Misses that failed (reader got EIO).
     pub failed_misses: u64,
     /// Chunks that failed verification and were fetched again.
@@ -142,6 +150,8 @@ impl Shared {
             ahead_used_bytes: self.ahead_used_bytes.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             ready_events: self.ready_events.load(Ordering::Relaxed),
+            worker_events: self.worker_events.load(Ordering::Relaxed),
+            warmed_bytes: self.warmed_bytes.load(Ordering::Relaxed),
             failed_misses: self.failed.load(Ordering::Relaxed),
             bad_chunks: self.stats.bad_chunks.load(Ordering::Relaxed),
             prefetch_done: self.prefetch_done.load(Ordering::Relaxed),
