@@ -24,6 +24,10 @@ use lamina_format::erofs::{Chunk, Image, Kind, ReadError};
 /// Directory entries walked at most (as for predictions).
 pub const MAX_ENTRIES: usize = crate::predict::MAX_ENTRIES;
 
+/// Bytes of names kept at most: a hostile image's long names cost the
+/// worker no more than this (a large real image's are a few MB).
+pub const MAX_NAME_BYTES: usize = 32 << 20;
+
 /// One chunk of a regular file: where it lies in its blob's cache file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Piece {
@@ -51,6 +55,8 @@ pub struct WarmMap {
     nodes: Vec<Node>,
     /// Per file (`Piece::file`), its node.
     files: Vec<u32>,
+    /// Bytes of all names in `nodes`.
+    name_bytes: usize,
 }
 
 /// A range of one file to read ahead, by its path under the mount.
@@ -97,6 +103,11 @@ impl WarmMap {
                         "more than {MAX_ENTRIES} entries"
                     )));
                 }
+                if map.name_bytes > MAX_NAME_BYTES {
+                    return Err(ReadError::Unsupported(format!(
+                        "more than {MAX_NAME_BYTES} bytes of names"
+                    )));
+                }
                 match entry.kind() {
                     Some(Kind::Directory) if seen_dirs.insert(entry.nid) => {
                         dirs.push((entry.nid, map.node(node, entry.name)));
@@ -119,6 +130,7 @@ impl WarmMap {
     }
 
     fn node(&mut self, parent: u32, name: &[u8]) -> u32 {
+        self.name_bytes += name.len();
         self.nodes.push(Node {
             parent,
             name: name.into(),

@@ -124,8 +124,10 @@ struct Shared {
     /// The device of the mount the holder made (kernel path), through
     /// which boot pages are warmed (`crate::warm`).
     root_dev: OnceLock<u64>,
-    /// The map warming reads by, once built (`None`: no warming).
-    warm_map: OnceLock<Option<crate::warm::WarmMap>>,
+    /// The map warming reads by.
+    warm_map: Mutex<warm::MapState>,
+    /// Threads warming runs that waited for the mount's name.
+    warm_backlog_users: AtomicUsize,
     /// Bytes of boot pages read into the mount's page cache.
     warmed_bytes: AtomicU64,
     /// Runs to warm once the holder names its mount (`None` after).
@@ -354,7 +356,8 @@ fn build_shared(
         ready_events: AtomicU64::new(0),
         worker_events: AtomicU64::new(0),
         root_dev: OnceLock::new(),
-        warm_map: OnceLock::new(),
+        warm_map: Mutex::new(warm::MapState::default()),
+        warm_backlog_users: AtomicUsize::new(0),
         warmed_bytes: AtomicU64::new(0),
         warm_backlog: Mutex::new(Some(Vec::new())),
         failed: AtomicU64::new(0),

@@ -121,6 +121,7 @@ impl Shared {
                 });
             }
         });
+        self.forget_warm_map_when_done();
     }
 
     /// Whether this node already held every chunk of the boot set (the

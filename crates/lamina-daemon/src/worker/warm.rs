@@ -16,6 +16,24 @@ pub(super) type Run = (u32, Range<u64>);
 /// does at once; a FUSE daemon never does).
 const BACKLOG_MAX: usize = 1 << 16;
 
+/// Bytes asked for per `posix_fadvise` call: the kernel reads at most the
+/// larger of the mount's readahead (0 here) and its device's largest I/O
+/// (128 KiB by default) per call.
+const WARM_STEP: u64 = 128 << 10;
+
+/// The map warming reads by.
+#[derive(Default)]
+pub(super) enum MapState {
+    /// Not needed yet.
+    #[default]
+    NotBuilt,
+    /// Built, while boot pages are coming.
+    Built(Arc<WarmMap>),
+    /// Not to be had (FUSE, a shard, a hostile or huge image), or dropped
+    /// once every frame was applied and warmed.
+    Gone,
+}
+
 /// EROFS's superblock magic (`statfs` f_type).
 const EROFS_MAGIC: u64 = 0xE0F5_E1E2;
 
@@ -43,14 +61,24 @@ impl Shared {
         };
         for (blob, run) in runs {
             for FileRange { path, range } in map.ranges(blob, run) {
-                match warm_file(&root, &path, range.clone()) {
-                    Ok(()) => {
-                        let len = range.end - range.start;
-                        self.warmed_bytes.fetch_add(len, Ordering::Relaxed);
+                match warm_file(&root, &path, range) {
+                    Ok(bytes) => {
+                        self.warmed_bytes.fetch_add(bytes, Ordering::Relaxed);
                     }
                     Err(e) => tracing::debug!("warming {}: {e}", path.display()),
                 }
             }
+        }
+    }
+
+    /// Drops the map once nothing is left to warm: every frame applied,
+    /// the runs that waited for the mount's name warmed.
+    pub(super) fn forget_warm_map_when_done(&self) {
+        let done = self.boot_pending.load(Ordering::SeqCst) == 0
+            && self.warm_backlog_users.load(Ordering::SeqCst) == 0
+            && self.root_dev.get().is_some();
+        if done {
+            *self.warm_map.lock().unwrap_or_else(|p| p.into_inner()) = MapState::Gone;
         }
     }
 
@@ -61,12 +89,23 @@ impl Shared {
             if self.root_dev.set(dev).is_err() {
                 return; // named again, to a worker started again
             }
-            backlog.take().unwrap_or_default()
+            let backlog = backlog.take().unwrap_or_default();
+            if !backlog.is_empty() {
+                self.warm_backlog_users.fetch_add(1, Ordering::SeqCst);
+            }
+            backlog
         };
-        let me = self.me.get().and_then(std::sync::Weak::upgrade);
-        if let (Some(me), false) = (me, backlog.is_empty()) {
-            std::thread::spawn(move || me.warm(backlog));
+        if backlog.is_empty() {
+            return;
         }
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return;
+        };
+        std::thread::spawn(move || {
+            me.warm(backlog);
+            me.warm_backlog_users.fetch_sub(1, Ordering::SeqCst);
+            me.forget_warm_map_when_done();
+        });
     }
 
     /// A private clone of the mount at the mountpoint, if it is still the
@@ -88,16 +127,21 @@ impl Shared {
         ours.then_some(clone)
     }
 
-    fn warm_map(&self) -> Option<&WarmMap> {
-        self.warm_map
-            .get_or_init(|| {
-                let map = self.build_warm_map();
-                if let Err(e) = &map {
+    fn warm_map(&self) -> Option<Arc<WarmMap>> {
+        let mut state = self.warm_map.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*state, MapState::NotBuilt) {
+            *state = match self.build_warm_map() {
+                Ok(map) => MapState::Built(Arc::new(map)),
+                Err(e) => {
                     tracing::info!("boot pages not warmed: {e}");
+                    MapState::Gone
                 }
-                map.ok()
-            })
-            .as_ref()
+            };
+        }
+        match &*state {
+            MapState::Built(map) => Some(map.clone()),
+            _ => None,
+        }
     }
 
     fn build_warm_map(&self) -> io::Result<WarmMap> {
@@ -118,17 +162,19 @@ impl Shared {
 }
 
 /// Asks the kernel to read `range` of the file at `path` under `root`
-/// into its page cache (it does so at once, through the mount).
-fn warm_file(root: &OwnedFd, path: &Path, range: Range<u64>) -> io::Result<()> {
+/// into its page cache (it does so at once, through the mount); the bytes
+/// asked for.
+fn warm_file(root: &OwnedFd, path: &Path, range: Range<u64>) -> io::Result<u64> {
     let resolve = ResolveFlags::BENEATH
         | ResolveFlags::NO_SYMLINKS
         | ResolveFlags::NO_MAGICLINKS
         | ResolveFlags::NO_XDEV;
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let file = rustix::fs::openat2(root, path, flags, Mode::empty(), resolve)?;
-    let Some(len) = NonZeroU64::new(range.end - range.start) else {
-        return Ok(());
-    };
-    rustix::fs::fadvise(&file, range.start, Some(len), Advice::WillNeed)?;
-    Ok(())
+    let mut at = range.start;
+    while let Some(len) = NonZeroU64::new(range.end.saturating_sub(at).min(WARM_STEP)) {
+        rustix::fs::fadvise(&file, at, Some(len), Advice::WillNeed)?;
+        at += len.get();
+    }
+    Ok(at - range.start)
 }
