@@ -177,6 +177,10 @@ const HEDGE_AFTER: Duration = Duration::from_secs(1);
 
 /// No miss for this long after the first one: the start is over.
 const START_QUIET: Duration = Duration::from_millis(500);
+/// The same for a start served from warmed boot pages, whose reads raise
+/// no miss at all: long enough for the heavy starts measured (5-6 s in
+/// all), after which the chunks are only for later starts.
+const WARMED_START_QUIET: Duration = Duration::from_secs(5);
 /// No miss at all for this long after the worker started: the mount is
 /// idle, or walked without reads (lookups only); later layers go now.
 const START_AT_MOST: Duration = Duration::from_secs(10);

@@ -200,7 +200,7 @@ impl Shared {
         // (`stream_blobs`), after the start too: its seed peer takes the
         // registry's link for as long as the image takes.
         if boot_chunks_later || self.streams_whole_blobs() {
-            self.wait_quiet(Duration::from_millis(500));
+            self.wait_quiet(self.start_quiet());
         }
         self.prefetch_rest(&rest);
     }
@@ -267,6 +267,18 @@ impl Shared {
             std::thread::sleep(Duration::from_millis(20));
         }
         self.wait_quiet(START_QUIET);
+    }
+
+    /// How long without a miss ends the start. Reads of warmed boot pages
+    /// raise none (`crate::warm`): a start served from them looks quiet
+    /// long before it is over, and the boot set's whole chunks fetched
+    /// then came in the middle of the data-science start at 1gbit.
+    fn start_quiet(&self) -> Duration {
+        if self.warmed_bytes.load(Ordering::Relaxed) > 0 {
+            WARMED_START_QUIET
+        } else {
+            START_QUIET
+        }
     }
 
     /// Returns once no miss has arrived for `quiet` and none is in progress.
