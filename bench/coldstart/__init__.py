@@ -15,6 +15,8 @@ shaped link (docs/coldstart.md; moved from scripts/coldstart.sh), with
                     index`), without and with boot pages
   lamina-nopredict  `lamina` with `--predict-max 0` (no predicted misses), to weigh
                     what predictions cost and save in the same run
+  lamina-boot-ra32, lamina-boot-ra128  `lamina-boot` with `--readahead 32` / `128`
+                    (the boot set still recorded at 0): what readahead costs a boot-set start
   docker-index      dockerd (containerd image store, storage driver lamina) pulls and
                     runs the unmodified tag (python only)
 
