@@ -37,7 +37,7 @@ struct Piece {
     file_offset: u64,
 }
 
-/// A regular file: its parent directory and its name.
+/// A directory or a regular file: its parent directory and its name.
 #[derive(Debug)]
 struct Node {
     parent: u32,

@@ -71,18 +71,13 @@ impl Shared {
             },
             None => return,
         };
-        let map = file.map_err(MapError::from).and_then(|mut file| {
-            let len = file.metadata()?.len();
-            if len > PREDICT_METADATA_MAX {
-                return Err(MapError::Io(io::Error::other(format!(
-                    "{len} bytes, too large"
-                ))));
-            }
-            let mut bytes = Vec::with_capacity(len as usize);
-            io::Read::read_to_end(&mut file, &mut bytes)?;
-            let image = Image::new(&bytes)?;
-            FileMap::build(&image, self.stores.len(), self.config.predict_max)
-        });
+        let map = file
+            .and_then(read_metadata)
+            .map_err(MapError::from)
+            .and_then(|bytes| {
+                let image = Image::new(&bytes)?;
+                FileMap::build(&image, self.stores.len(), self.config.predict_max)
+            });
         match map {
             Ok(map) => {
                 tracing::info!(
@@ -233,4 +228,17 @@ impl Shared {
             }
         }
     }
+}
+
+/// The whole of a metadata file, for the worker's maps of it (predictions,
+/// warming); refused over [`PREDICT_METADATA_MAX`] before anything is
+/// allocated, and never more than the length it had when checked.
+pub(super) fn read_metadata(file: File) -> io::Result<Vec<u8>> {
+    let len = file.metadata()?.len();
+    if len > PREDICT_METADATA_MAX {
+        return Err(io::Error::other(format!("{len} bytes, too large")));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    io::Read::read_to_end(&mut io::Read::take(file, len), &mut bytes)?;
+    Ok(bytes)
 }

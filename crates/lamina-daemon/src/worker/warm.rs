@@ -149,13 +149,7 @@ impl Shared {
         if self.config.mount_metadata.is_some() {
             return Err(io::Error::other("a shard is mounted"));
         }
-        let file = File::open(&self.config.metadata_path)?;
-        let len = file.metadata()?.len();
-        if len > PREDICT_METADATA_MAX {
-            return Err(io::Error::other(format!("metadata of {len} bytes")));
-        }
-        let mut bytes = Vec::with_capacity(len as usize);
-        io::Read::read_to_end(&mut io::Read::take(file, len), &mut bytes)?;
+        let bytes = super::ahead::read_metadata(File::open(&self.config.metadata_path)?)?;
         let image = Image::new(&bytes).map_err(io::Error::other)?;
         WarmMap::build(&image, self.stores.len()).map_err(io::Error::other)
     }
