@@ -129,9 +129,8 @@ fn check_bound(reg: &Registry, repo: &str, tag: &str, report: &Value) {
 }
 
 /// The Debian image through its index, kernel and FUSE, equals umoci's
-/// unpack; what a mount fetches of the index before its first read (all
-/// but the windows, which come with their spans) is under 3% of the
-/// image's layers.
+/// unpack (every span decoded with its narrowed window); the whole index,
+/// windows included, is at most 3% of the image's layers (issue 44).
 #[test]
 fn index_of_debian_mounts_like_umoci_kernel_and_fuse() {
     if !require(TOOLS) {
@@ -142,7 +141,7 @@ fn index_of_debian_mounts_like_umoci_kernel_and_fuse() {
     reg.push(&debian_source(), "bookworm", "deb:orig");
     let report = index_and_check(&reg, "deb", "orig");
     let (artifact, layers) = (
-        report["artifact_bytes"].as_u64().unwrap() - report["window_bytes"].as_u64().unwrap(),
+        report["artifact_bytes"].as_u64().unwrap(),
         report["image_layer_bytes"].as_u64().unwrap(),
     );
     assert!(

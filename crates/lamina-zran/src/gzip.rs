@@ -10,6 +10,7 @@ use crate::raw::{
     InflateFlush, RawInflate, ReturnCode, AT_BLOCK_BOUNDARY, BUFFERED_BITS, LAST_BLOCK_SEEN,
 };
 use crate::record::Recorder;
+use crate::sparse::Probe;
 use crate::{SpanKind, ZranError, WINDOW_SIZE};
 
 /// Longest FNAME or FCOMMENT accepted (FEXTRA is bounded by its u16 length).
@@ -177,6 +178,8 @@ pub(crate) struct GzipIndexer {
     member_out: u64,
     history: History,
     stalls: u32,
+    /// The open span's start, while its window is being narrowed.
+    probe: Option<Probe>,
 }
 
 fn inflate_init_error(rc: ReturnCode) -> ZranError {
@@ -196,6 +199,7 @@ impl GzipIndexer {
             member_out: 0,
             history: History::new(),
             stalls: 0,
+            probe: None,
         })
     }
 
@@ -283,6 +287,13 @@ impl GzipIndexer {
             });
         }
         let (used, produced, rc) = self.raw.inflate(avail, out, InflateFlush::Block);
+        if self
+            .probe
+            .as_mut()
+            .is_some_and(|p| p.feed(&avail[..used], produced))
+        {
+            self.finish_probe(rec);
+        }
         input.consume(used);
         let data = &out[..produced];
         self.crc = crc32(self.crc, data);
@@ -329,13 +340,21 @@ impl GzipIndexer {
         if !rec.due(bit / 8) {
             return;
         }
+        self.finish_probe(rec);
         rec.close(bit.div_ceil(8));
-        rec.open(
-            bit / 8,
-            (bit % 8) as u8,
-            self.history.window(),
-            SpanKind::GzipInside,
-        );
+        let (skip_bits, window) = ((bit % 8) as u8, self.history.window());
+        let consumed = (input.position() - bit / 8) as usize;
+        self.probe = input
+            .behind(consumed)
+            .map(|first| Probe::new(first, skip_bits, window.clone()));
+        rec.open(bit / 8, skip_bits, window, SpanKind::GzipInside);
+    }
+
+    /// Narrows the open span's window, if it is being probed.
+    fn finish_probe(&mut self, rec: &mut Recorder) {
+        if let Some(window) = self.probe.take().and_then(Probe::finish) {
+            rec.narrow_window(window);
+        }
     }
 
     /// The deflate data ended: close the member's last span where it ends and
@@ -343,6 +362,7 @@ impl GzipIndexer {
     fn end_deflate<R: Read>(&mut self, input: &mut Input<R>, rec: &mut Recorder) {
         let end = self.bit_position(input).div_ceil(8);
         input.unread((input.position() - end) as usize);
+        self.finish_probe(rec);
         rec.close(end);
         self.phase = Phase::Trailer;
     }

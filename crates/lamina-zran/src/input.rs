@@ -53,6 +53,12 @@ impl<R: Read> Input<R> {
         self.pos += n;
     }
 
+    /// The last `n` consumed bytes, while still buffered (at least
+    /// [`KEEP_BEHIND`] are).
+    pub(crate) fn behind(&self, n: usize) -> Option<&[u8]> {
+        (n <= self.pos).then(|| &self.buf[self.pos - n..self.pos])
+    }
+
     /// Gives back the last `n` (at most [`KEEP_BEHIND`]) consumed bytes.
     pub(crate) fn unread(&mut self, n: usize) {
         assert!(

@@ -19,6 +19,7 @@ mod input;
 #[allow(unsafe_code)]
 mod raw;
 mod record;
+mod sparse;
 mod zst;
 
 use std::fmt;

@@ -69,6 +69,14 @@ impl Recorder {
         self.out_pos += data.len() as u64;
     }
 
+    /// Replaces the open span's window with a narrower one that decodes it
+    /// the same (`sparse::narrow_window`).
+    pub(crate) fn narrow_window(&mut self, window: Vec<u8>) {
+        if let Some(open) = self.open.as_mut() {
+            open.window = window;
+        }
+    }
+
     /// Uncompressed bytes in the open span so far.
     pub(crate) fn open_len(&self) -> u64 {
         self.open
