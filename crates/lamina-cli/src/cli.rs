@@ -140,8 +140,9 @@ pub(crate) enum Command {
         /// (then name it with --index when mounting).
         dst: Option<String>,
         /// Compressed bytes between random-access points: a miss fetches
-        /// about this much, and the window of a gzip point (32 KiB, about
-        /// 16 KiB stored, fetched only with its span).
+        /// about this much, and the window of a gzip point (the part of the
+        /// 32 KiB of history its span reads, about 2 KiB stored, fetched only
+        /// with its span).
         #[arg(long, default_value = "64K", value_parser = parse_size)]
         span_size: u64,
         /// A trace recorded through a mount of this image's index (`lamina

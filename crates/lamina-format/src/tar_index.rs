@@ -21,11 +21,16 @@
 //! the compressed bytes to fetch (`compressed_offset`, `compressed_size`),
 //! how to decode them (`flags`: [`SPAN_PLAIN`], [`SPAN_ZSTD`], [`SPAN_GZIP`])
 //! and, for gzip, in `reserved`: the bits of the first fetched byte already
-//! consumed (low 3 bits) and [`SPAN_WINDOW`] when the span needs the 32 KiB
-//! of history before it (a checkpoint inside a gzip member).
+//! consumed (low 3 bits) and [`SPAN_WINDOW`] when the span needs history
+//! before it (a checkpoint inside a gzip member). Its window is the last
+//! `size` bytes of that history (at most 32 KiB, at least 1): from the first
+//! byte the span's copies read, with the bytes they do not read zeroed
+//! (the indexer narrows each window so, and checks the narrowed one decodes
+//! the span's start alike).
 //!
-//! Windows are most of an index's bytes (32 KiB per checkpoint against 64
-//! bytes of entry), and a start needs those of the spans it reads only; so
+//! Windows are most of an index's bytes (about 2 KiB stored per checkpoint
+//! once narrowed, against 64 bytes of entry), and a start needs those of
+//! the spans it reads only; so
 //! they live in a blob of their own beside the table (the artifact's windows
 //! layer), each one zstd frame, fetched with the spans that need them. A
 //! window's entry says where: `compressed_offset` and `compressed_size` in
