@@ -410,6 +410,7 @@ impl<D: Fn(usize, Vec<u8>) -> io::Result<()> + Sync> SpanRun<'_, D> {
                     Ok(b) => b,
                     Err(e) => {
                         last_err = e.to_string();
+                        answers.answer_failed();
                         continue;
                     }
                 };
@@ -431,6 +432,7 @@ impl<D: Fn(usize, Vec<u8>) -> io::Result<()> + Sync> SpanRun<'_, D> {
                 if pending.is_empty() {
                     break;
                 }
+                answers.answer_failed();
             }
         }
         Ok(())
@@ -504,6 +506,7 @@ fn extent(chunks: &[ChunkEntry], span: &[usize]) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
     use std::sync::mpsc;
 
     #[derive(Debug)]
@@ -692,6 +695,111 @@ mod tests {
         assert_eq!(hedging.hedges.load(Ordering::Relaxed), 2);
         assert_eq!(hedging.wins.load(Ordering::Relaxed), 2);
         drop(release);
+    }
+
+    /// The first copy stalls (until released, or 20 s); the first
+    /// `bad_hedges` hedges answer with a flipped byte, later ones with the
+    /// true bytes.
+    #[derive(Debug)]
+    struct StallThenBadHedge {
+        blob: Vec<u8>,
+        release: Mutex<mpsc::Receiver<()>>,
+        bad_hedges: usize,
+        hedges: AtomicUsize,
+        answered: AtomicBool,
+    }
+
+    impl StallThenBadHedge {
+        fn new(blob: Vec<u8>, bad_hedges: usize) -> (Arc<Self>, mpsc::Sender<()>) {
+            let (release, stalled) = mpsc::channel();
+            let source = StallThenBadHedge {
+                blob,
+                release: Mutex::new(stalled),
+                bad_hedges,
+                hedges: AtomicUsize::new(0),
+                answered: AtomicBool::new(false),
+            };
+            (Arc::new(source), release)
+        }
+    }
+
+    impl RangeSource for StallThenBadHedge {
+        fn read_range(&self, _: &Digest, _: u64, _: u64) -> io::Result<Vec<u8>> {
+            let _ = self
+                .release
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(20));
+            self.answered.store(true, Ordering::SeqCst);
+            Err(io::Error::other("stalled"))
+        }
+
+        fn read_range_again(&self, _: &Digest, _: u64, _: u64) -> io::Result<Vec<u8>> {
+            Err(io::Error::other("a retry"))
+        }
+
+        fn read_range_beside(&self, _: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+            let mut bytes = self.blob[offset as usize..(offset + len) as usize].to_vec();
+            if self.hedges.fetch_add(1, Ordering::SeqCst) < self.bad_hedges {
+                bytes[len as usize / 2] ^= 1;
+            }
+            Ok(bytes)
+        }
+    }
+
+    /// A hedge that answers with bad bytes while the first copy stalls is
+    /// followed by another hedge, not by a wait for the stalled copy.
+    #[test]
+    fn a_bad_hedge_of_a_stalled_request_is_hedged_again() {
+        let parts: Vec<Vec<u8>> = vec![vec![7; 50_000]];
+        let (blob, chunks) = make(&parts);
+        let (source, release) = StallThenBadHedge::new(blob, 1);
+        let src: Arc<dyn RangeSource> = source.clone();
+        let hedging = Arc::new(Hedging::default());
+        let opts = FetchOptions {
+            hedging: Some(hedging.clone()),
+            ..FetchOptions::default()
+        };
+        let got = fetched(&src, &parts, &chunks, &[0], &opts).unwrap();
+        assert_eq!(got, vec![0]);
+        assert_eq!(hedging.hedges.load(Ordering::Relaxed), 2);
+        assert_eq!(hedging.wins.load(Ordering::Relaxed), 1);
+        // The stalled copy had not answered (nor timed out) by then.
+        assert!(!source.answered.load(Ordering::SeqCst));
+        drop(release);
+    }
+
+    /// A stalled request whose hedge the cap refused (the burst was spent)
+    /// is hedged once the requests sent meanwhile allow one, not left to
+    /// its stall.
+    #[test]
+    fn a_hedge_the_cap_refused_is_asked_for_again() {
+        let parts: Vec<Vec<u8>> = vec![vec![9; 50_000]];
+        let (blob, chunks) = make(&parts);
+        let (source, release) = StallThenBadHedge::new(blob, 0);
+        let src: Arc<dyn RangeSource> = source.clone();
+        let hedging = Arc::new(Hedging::default());
+        hedging
+            .hedges
+            .store(crate::hedge::HEDGE_BURST, Ordering::Relaxed);
+        // Well after the first bound (250 ms): other requests went out.
+        let others = {
+            let hedging = hedging.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(600));
+                hedging.requests.fetch_add(100, Ordering::Relaxed);
+            })
+        };
+        let opts = FetchOptions {
+            hedging: Some(hedging.clone()),
+            ..FetchOptions::default()
+        };
+        let got = fetched(&src, &parts, &chunks, &[0], &opts).unwrap();
+        assert_eq!(got, vec![0]);
+        assert_eq!(hedging.wins.load(Ordering::Relaxed), 1);
+        assert!(!source.answered.load(Ordering::SeqCst));
+        drop(release);
+        others.join().unwrap();
     }
 
     /// A span whose window cannot be had fails after one request: fetching

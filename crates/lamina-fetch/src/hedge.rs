@@ -11,6 +11,12 @@
 //! are capped at a few percent of requests. The copy that loses is not
 //! waited for: its answer is dropped when it comes (its thread ends at the
 //! request timeout at the latest).
+//!
+//! A hedge the cap refuses is asked for again a bound later (the cap grows
+//! with the requests sent meanwhile). A copy that answers with bad bytes or
+//! an error while another is still out allows one more copy a bound after
+//! the last one went: the one still out may be stalled too, and waiting for
+//! it would cost the stall.
 
 use std::collections::VecDeque;
 use std::io;
@@ -125,8 +131,13 @@ pub(crate) struct Answers<'a> {
     tx: mpsc::Sender<Answer>,
     rx: mpsc::Receiver<Answer>,
     outstanding: usize,
+    /// When the last copy went out.
     sent: Instant,
-    hedged: bool,
+    /// Whether another copy may go once the last is a bound old: not while
+    /// a hedge is out and every answer so far was good.
+    may_hedge: bool,
+    /// When to ask a cap that refused a hedge again.
+    ask_again: Option<Instant>,
 }
 
 impl<'a> Answers<'a> {
@@ -151,7 +162,8 @@ impl<'a> Answers<'a> {
             rx,
             outstanding: 0,
             sent: Instant::now(),
-            hedged: false,
+            may_hedge: true,
+            ask_again: None,
         };
         match hedging {
             Some(h) => {
@@ -204,15 +216,10 @@ impl<'a> Answers<'a> {
     /// when every copy sent has answered.
     pub(crate) fn next(&mut self) -> Option<(bool, io::Result<Vec<u8>>)> {
         while self.outstanding > 0 {
-            let bound = match self.hedging {
-                Some(h) if !self.hedged => Some(h.bound(self.len)),
-                _ => None,
-            };
-            let received = match bound {
-                Some(bound) => {
-                    let left = bound.saturating_sub(self.sent.elapsed());
-                    self.rx.recv_timeout(left)
-                }
+            let received = match self.hedge_at() {
+                Some(at) => self
+                    .rx
+                    .recv_timeout(at.saturating_duration_since(Instant::now())),
                 None => self
                     .rx
                     .recv()
@@ -226,16 +233,48 @@ impl<'a> Answers<'a> {
                     }
                     return Some((answer.hedge, answer.result));
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    self.hedged = true;
-                    if self.hedging.is_some_and(Hedging::try_hedge) {
-                        self.spawn(true, true);
-                    }
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => self.hedge(),
                 Err(mpsc::RecvTimeoutError::Disconnected) => return None,
             }
         }
         None
+    }
+
+    /// When to send the next copy if no answer comes: `None` for never.
+    fn hedge_at(&self) -> Option<Instant> {
+        let h = self.hedging.filter(|_| self.may_hedge)?;
+        Some(
+            self.ask_again
+                .unwrap_or_else(|| self.sent + h.bound(self.len)),
+        )
+    }
+
+    /// The last copy is a bound old: a hedge, if the cap allows one.
+    fn hedge(&mut self) {
+        let Some(h) = self.hedging else { return };
+        let allowed = h.try_hedge();
+        tracing::debug!(
+            blob = %self.blob, offset = self.offset, len = self.len,
+            after_ms = self.sent.elapsed().as_millis() as u64, hedged = allowed,
+            "a request is slow"
+        );
+        if allowed {
+            self.spawn(true, true);
+            self.sent = Instant::now();
+            self.may_hedge = false;
+            self.ask_again = None;
+        } else {
+            self.ask_again = Some(Instant::now() + h.bound(self.len));
+        }
+    }
+
+    /// The answer just taken was bad (an error, or bytes that did not
+    /// verify). A copy still out may be stalled as well: another may go a
+    /// bound after the last was sent.
+    pub(crate) fn answer_failed(&mut self) {
+        if self.outstanding > 0 {
+            self.may_hedge = true;
+        }
     }
 
     /// Counts a hedge whose answer was the one used.
@@ -265,7 +304,10 @@ pub fn read_first_answer(
                 }
                 return Ok(bytes);
             }
-            Err(e) => last = e,
+            Err(e) => {
+                last = e;
+                answers.answer_failed();
+            }
         }
     }
     Err(last)

@@ -157,6 +157,65 @@ fn stalled_answers_are_hedged(test: &'static str, mode: &str) {
     m.unmount();
 }
 
+/// Issue 44 (the fault mix at 2.2x): a data blob's chunk table, fetched at
+/// the blob's first read, is hedged like a miss: every miss of the blob
+/// waits for it. The proxy holds the first range answer (that table) for
+/// 10 minutes and answers every later one. Before, the table's request had
+/// no hedge: the read took 10.0 s (the request given up, then retried), and
+/// no hedge won; now 0.3 s, its hedge the answer used.
+#[test]
+fn a_stalled_chunk_table_is_hedged() {
+    let Some(Lazy { _time, deb, reg, t }) =
+        start("a_stalled_chunk_table_is_hedged", "lazy-table-stall")
+    else {
+        return;
+    };
+    let mut schedule = vec!["stall"];
+    schedule.extend(std::iter::repeat_n("ok", 10_000));
+    let proxy = FaultProxy::start(
+        t.path(),
+        "proxy",
+        0,
+        reg.port,
+        &schedule.join(","),
+        &["--stall", "600"],
+    );
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    let args = ["--timeout", "90", "--prefetch", "none"];
+    let m = Mount::with_args(&image, &t.join("mnt"), &t.join("cache"), &args);
+    let file = &eio_sample(deb, 3)[1];
+    let started = Instant::now();
+    let got = sha256_file(&m.path.join(file));
+    let secs = started.elapsed().as_secs_f64();
+    let mut f = Failures::default();
+    f.check(got == deb.hashes[file], || {
+        format!("{file}: not the image's bytes")
+    });
+    f.check(secs < 10.0, || {
+        format!("{file}: read in {secs:.1} s: its chunk table's stalled request was waited out")
+    });
+    let stats = proxy.stats();
+    f.check(stats["faults"]["stall"].as_u64() == Some(1), || {
+        format!("the proxy did not stall exactly the first range answer: {stats}")
+    });
+    let s = settled_status(&m);
+    f.check(num(&s, "hedge_wins") > 0, || {
+        format!("no hedge answered first: {s}")
+    });
+    eprintln!(
+        "figures: stalled chunk table: {file} read in {secs:.2} s, {} hedges, {} won",
+        num(&s, "hedges"),
+        num(&s, "hedge_wins")
+    );
+    finish_with_logs(
+        f,
+        &run_dir(&m),
+        || proxy.bg.describe(),
+        "stalled chunk table",
+    );
+    m.unmount();
+}
+
 /// Issue 29 point 4: a lazy FUSE mount fetches no more than the kernel
 /// needs before its first read. The lookup table (only the FUSE daemon's
 /// speed-up; 8.5 MB of the million-file image) is fetched once the start

@@ -168,7 +168,7 @@ impl Shared {
                     .spawn(move || {
                         let sources = me.other_mounts.sources(&me.config, blob as usize);
                         for source in &sources {
-                            match me.fetch_table_from(blob, source.as_ref()) {
+                            match me.fetch_table_from(blob, source) {
                                 Ok(_) => break,
                                 Err(e) => tracing::warn!(blob, "another mount's registry: {e}"),
                             }
@@ -201,18 +201,19 @@ impl Shared {
     }
 
     /// Fetches the chunk table at the end of `blob` (paged index): one
-    /// range request, checked against the digest the index gives, retried
-    /// on a fresh connection; kept beside the cache file for later mounts.
+    /// range request, hedged like a miss's (every miss of the blob waits
+    /// for it), checked against the digest the index gives, retried on a
+    /// fresh connection; kept beside the cache file for later mounts.
     pub(super) fn fetch_table(&self, blob: u32) -> io::Result<IndexBlob> {
         // Wanted by a miss, and small: never through a bulk-only host.
-        self.fetch_table_from(blob, self.miss_source.as_ref())
+        self.fetch_table_from(blob, &self.miss_source)
     }
 
     /// [`fetch_table`](Self::fetch_table) from `source`.
     pub(super) fn fetch_table_from(
         &self,
         blob: u32,
-        source: &dyn RangeSource,
+        source: &Arc<dyn RangeSource>,
     ) -> io::Result<IndexBlob> {
         let summary = &self.stores[blob as usize].summary;
         let Some((at, len)) = summary.table_range() else {
@@ -221,11 +222,9 @@ impl Shared {
         let digest = &self.digests[blob as usize];
         let what = format!("chunk table of blob {blob}");
         let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
+        let hedging = self.config.hedge.then_some(self.hedging.as_ref());
         let fetched = self.retried(&what, Some(deadline), |fresh| {
-            let bytes = match fresh {
-                false => source.read_range(digest, at, len),
-                true => source.read_range_again(digest, at, len),
-            }?;
+            let bytes = read_first_answer(source, hedging, digest, (at, len), fresh)?;
             self.stats
                 .bytes
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
