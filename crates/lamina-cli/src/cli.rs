@@ -142,7 +142,8 @@ pub(crate) enum Command {
         /// Compressed bytes between random-access points: a miss fetches
         /// about this much, and the window of a gzip point (the part of the
         /// 32 KiB of history its span reads, about 2 KiB stored, fetched only
-        /// with its span).
+        /// with its span). Spans grow where windows would cost more than 2%
+        /// of the layer.
         #[arg(long, default_value = "64K", value_parser = parse_size)]
         span_size: u64,
         /// A trace recorded through a mount of this image's index (`lamina

@@ -44,6 +44,14 @@ pub const MIN_SPAN_SIZE: u64 = 64 << 10;
 /// cannot be split, so it bounds zstd spans only at frame boundaries.
 pub const MAX_SPAN_EXPANSION: u64 = 16;
 
+/// Windows are kept to about 1/`WINDOW_BUDGET` of the compressed bytes
+/// (their non-zero bytes, about what they cost to store once narrowed): no
+/// point is placed while the windows so far are over that share of the
+/// compressed bytes read, so a stretch whose windows cost more gets longer
+/// spans. The windows then cost a registry at most about 2% of the layer,
+/// whatever it holds (plus one window).
+pub const WINDOW_BUDGET: u64 = 50;
+
 /// The deflate history a gzip point inside a member carries.
 pub const WINDOW_SIZE: usize = 32 << 10;
 

@@ -3,7 +3,7 @@
 
 use ring::digest;
 
-use crate::{Span, SpanKind, MAX_SPAN_EXPANSION};
+use crate::{Span, SpanKind, MAX_SPAN_EXPANSION, WINDOW_BUDGET};
 
 struct Open {
     compressed_start: u64,
@@ -20,6 +20,14 @@ pub(crate) struct Recorder {
     open: Option<Open>,
     /// Uncompressed bytes produced so far.
     out_pos: u64,
+    /// What the closed spans' windows cost to store: their non-zero bytes
+    /// (the zeros of a narrowed window compress to almost nothing).
+    window_cost: u64,
+}
+
+/// What a window costs to store, about: its non-zero bytes.
+fn window_cost(window: &[u8]) -> u64 {
+    window.iter().filter(|&&b| b != 0).count() as u64
 }
 
 impl Recorder {
@@ -29,6 +37,7 @@ impl Recorder {
             spans: Vec::new(),
             open: None,
             out_pos: 0,
+            window_cost: 0,
         }
     }
 
@@ -85,11 +94,15 @@ impl Recorder {
     }
 
     /// Whether a point at `compressed_at` would close a big enough span:
-    /// `span_size` compressed bytes, or `MAX_SPAN_EXPANSION` times that
-    /// uncompressed.
+    /// `span_size` compressed bytes while the windows so far are within
+    /// [`WINDOW_BUDGET`] of the compressed bytes read (a stretch whose
+    /// windows cost more gets longer spans), or `MAX_SPAN_EXPANSION` times
+    /// `span_size` uncompressed whatever the windows cost.
     pub(crate) fn due(&self, compressed_at: u64) -> bool {
         self.open.as_ref().is_some_and(|open| {
-            compressed_at.saturating_sub(open.compressed_start) >= self.span_size
+            let cost = self.window_cost + window_cost(&open.window);
+            let within = cost.saturating_mul(WINDOW_BUDGET) <= compressed_at;
+            (within && compressed_at.saturating_sub(open.compressed_start) >= self.span_size)
                 || self.open_len() >= self.span_size.saturating_mul(MAX_SPAN_EXPANSION)
         })
     }
@@ -101,6 +114,7 @@ impl Recorder {
         if self.out_pos == open.uncompressed_start {
             return;
         }
+        self.window_cost += window_cost(&open.window);
         let digest = open.hasher.finish();
         self.spans.push(Span {
             uncompressed: open.uncompressed_start..self.out_pos,

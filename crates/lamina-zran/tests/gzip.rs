@@ -436,3 +436,57 @@ fn wrong_length_window_or_bits_are_caught() {
         Err(ZranError::InvalidSpan(_))
     ));
 }
+
+/// `len` bytes of 40-byte words drawn from a pool of 2,000 random ones (80
+/// KB, more than a window): most copies reach far back into the window.
+fn words(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let pool: Vec<Vec<u8>> = (0..2_000)
+        .map(|_| (0..40).map(|_| next() as u8).collect())
+        .collect();
+    let mut out = Vec::with_capacity(len + 40);
+    while out.len() < len {
+        out.extend_from_slice(&pool[(next() % 2_000) as usize]);
+    }
+    out.truncate(len);
+    out
+}
+
+/// Windows that the spans read all over (random words from a pool larger
+/// than the window) cost what `WINDOW_BUDGET` allows and no more: the
+/// spans grow instead, and each still decodes.
+#[test]
+fn costly_windows_stay_within_the_budget() {
+    let data = words(6_000_000);
+    let blob = gzip(&data, 6);
+    let (out, layer) = index(&blob, Codec::Gzip, lamina_zran::MIN_SPAN_SIZE).unwrap();
+    assert!(out == data, "indexer output differs from the original");
+    check_layer(&blob, &data, &layer);
+    let cost: u64 = layer
+        .spans
+        .iter()
+        .map(|s| s.window.iter().filter(|&&b| b != 0).count() as u64)
+        .sum();
+    let (budget, size) = (lamina_zran::WINDOW_BUDGET, layer.compressed_size);
+    let one_window = lamina_zran::WINDOW_SIZE as u64;
+    assert!(
+        cost * budget <= size + one_window * budget,
+        "windows cost {cost} bytes for {size} compressed"
+    );
+    let inside = layer
+        .spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::GzipInside)
+        .count() as u64;
+    assert!(inside >= 2, "{inside} points inside the member");
+    assert!(
+        size / (inside + 1) > 2 * lamina_zran::MIN_SPAN_SIZE,
+        "{inside} points in {size} bytes: the budget did not lengthen the spans"
+    );
+}
