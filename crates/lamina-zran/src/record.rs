@@ -100,9 +100,12 @@ impl Recorder {
     /// `span_size` uncompressed whatever the windows cost.
     pub(crate) fn due(&self, compressed_at: u64) -> bool {
         self.open.as_ref().is_some_and(|open| {
-            let cost = self.window_cost + window_cost(&open.window);
-            let within = cost.saturating_mul(WINDOW_BUDGET) <= compressed_at;
-            (within && compressed_at.saturating_sub(open.compressed_start) >= self.span_size)
+            let within_budget = || {
+                let cost = self.window_cost + window_cost(&open.window);
+                cost.saturating_mul(WINDOW_BUDGET) <= compressed_at
+            };
+            (compressed_at.saturating_sub(open.compressed_start) >= self.span_size
+                && within_budget())
                 || self.open_len() >= self.span_size.saturating_mul(MAX_SPAN_EXPANSION)
         })
     }
