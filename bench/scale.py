@@ -26,7 +26,8 @@ status` before and after (bytes and requests fetched).
 
 Options (--set): sizes (10000,100000,1000000), runs (3: convert and mounts),
 warm_runs (3*runs), cold_runs (2*runs), py_runs (5), python=no, settle
-(1.0 s), tmpfs_size (12g). --quick: 10,000 and 100,000 files, one run, 3
+(1.0 s), tmpfs_size (12g), metadata (regular; varied: every file a name of
+its own and an mtime spread over a year, see synthetic.py). --quick: 10,000 and 100,000 files, one run, 3
 warm / 2 cold, 3 python3 starts. Moved from scripts/bench_scale.sh;
 docs/bench-scale.md carries its tables and plot.
 """
@@ -165,7 +166,8 @@ def tmpfs_mount(path, size):
 # ------------------------------------------------------------------ per size
 def part_size(a, lamina, work, n_files):
     """Everything measured on the image of `n_files` files (steps 1-4)."""
-    layout = os.path.join(a.images_dir, f"small-files-{n_files}")
+    varied = a.metadata == "varied"
+    layout = os.path.join(a.images_dir, f"small-files-{n_files}" + ("-varied" if varied else ""))
     d = types.SimpleNamespace(n=n_files, layout=layout, dir=os.path.join(work, f"files-{n_files}"))
     d.path = lambda *x: os.path.join(d.dir, *x)
     os.makedirs(d.dir, exist_ok=True)
@@ -180,6 +182,9 @@ def part_size(a, lamina, work, n_files):
     shutil.rmtree(d.rootfs)  # frees the tmpfs; the trees are compared through the images from here on
     layers = manifest_layers(d.out_oci)
     one = "d%06d/f500.bin" % (n_files // 2000)  # a file in the middle of the tree
+    if varied:  # the same place; its name is the generator's
+        with open(os.path.join(layout, "probe")) as f:
+            one = f.read().strip()
     r["one_file"] = one
     r["lazy"] = measure_lazy_mounts(a, lamina, d, one, layers)
     r["lamina_layers"] = layers
@@ -194,7 +199,7 @@ def extract_tree(a, d, r):
     """The synthetic image (made once per machine) and its layer extracted into a tmpfs."""
     log(f"{d.n:,} files: image {d.layout}")
     run([sys.executable, str(ROOT / "bench" / "harness" / "synthetic.py"), "small-files",
-         "--files", str(d.n), "--out", d.layout], stdout=None)
+         "--files", str(d.n), "--out", d.layout, "--metadata", a.metadata], stdout=None)
     src = image_info(d.layout, "bench")
     if len(src["layers"]) != 1:
         raise RuntimeError(f"{d.layout}: expected one layer")
@@ -453,7 +458,7 @@ def options(quick, given):
     """The run's options: defaults, --quick, then --set KEY=VALUE."""
     o = types.SimpleNamespace(sizes="10000,100000" if quick else "10000,100000,1000000", runs=1 if quick else 3,
                               warm_runs=None, cold_runs=None, py_runs=3 if quick else 5, python="yes",
-                              settle=1.0, tmpfs_size="12g")
+                              settle=1.0, tmpfs_size="12g", metadata="regular")
     for key, value in given.items():
         if not hasattr(o, key):
             raise SystemExit(f"bench scale: no option {key} (see python3 -m bench scale --help)")
@@ -465,6 +470,8 @@ def options(quick, given):
     o.warm_runs = o.warm_runs or (3 if quick else 3 * o.runs)
     o.cold_runs = o.cold_runs or (2 if quick else 2 * o.runs)
     o.sizes = [int(x) for x in str(o.sizes).split(",") if x]
+    if o.metadata not in ("regular", "varied"):
+        raise SystemExit("bench scale: metadata is regular or varied")
     o.images_dir = IMAGES_DIR
     return o
 
@@ -475,7 +482,7 @@ def measure(results, lamina, work, quick, given):
     doc = results.doc
     doc["machine"] = machine_info(lamina, packages=("erofs-utils", "fuse3", "tar"))
     doc["config"].update(sizes=a.sizes, runs=a.runs, warm_runs=a.warm_runs, cold_runs=a.cold_runs,
-                         py_runs=a.py_runs, settle_s=a.settle, statistic="median")
+                         py_runs=a.py_runs, settle_s=a.settle, statistic="median", metadata=a.metadata)
     doc["not_measured"] = {"python_start_time_at_100mbit": "`bench coldstart` shapes a link for the registry it "
                            "starts; this bench mounts from a local layout, so it records bytes and requests, "
                            "not time on a link"}

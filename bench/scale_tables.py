@@ -46,7 +46,10 @@ def heading(r, w):
     w(("**Quick run** (`--quick`): " if r.get("quick") else "")
       + f"measured {m['date']} on {m['nproc']} vCPUs ({m.get('cpu', '?')}), kernel {m['kernel']}, "
       f"{m.get('os', '')}, work dir on {m.get('work_fs', '?')}. Image sizes: "
-      f"{', '.join(f'{int(s):,}' for s in sizes)} files. Medians of {cfg['runs']} run(s) of convert and "
+      f"{', '.join(f'{int(s):,}' for s in sizes)} files"
+      + (" with varied metadata (every file a name of its own, mtimes spread over a year)"
+         if cfg.get("metadata") == "varied" else "")
+      + f". Medians of {cfg['runs']} run(s) of convert and "
       f"mounts, {cfg['warm_runs']} warm and {cfg['cold_runs']} cold runs of `ls -lR`, {cfg['py_runs']} python3 "
       f"starts per variant. While the bench ran ({r['bench_seconds']:.0f} s), other processes on the machine "
       f"used {m.get('other_cpu_s_during_bench')} CPU-seconds (load {' '.join(m.get('loadavg_at_start', []))} → "

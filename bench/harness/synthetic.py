@@ -2,13 +2,20 @@
 """Synthetic one-layer OCI images for the benchmarks (`bench/fuse.py`,
 scripts/bench_scale.sh; standard library only; run as a script).
 
-Usage: synthetic.py small-files --files N --out LAYOUT [--tag TAG] [--seed S]
+Usage: synthetic.py small-files --files N --out LAYOUT [--tag TAG] [--seed S] [--metadata varied]
        synthetic.py big-file --mib M --out LAYOUT [--tag TAG] [--seed S]
 
 small-files: N regular files of 100-3,000 bytes (uniform, seeded), 1,000 per
   directory (d000000/f000.bin, ...); every file starts with its own index, the
   rest is a slice of a 64 KiB random pool, so no two files are equal (lamina
-  dedups identical chunks) while gzip still finds some repeats.
+  dedups identical chunks) while gzip still finds some repeats. Every file
+  has the same mtime, and every directory the same 1,000 names: metadata
+  that compresses about 12x. `--metadata varied` gives each file a name of
+  its own (`NNN-` and 6-14 seeded random lowercase letters, one of 8
+  extensions) and an mtime spread over a year, as files built at different
+  times have: metadata that repeats less (issue 44 found a check's
+  1M-file image sent twice the bytes before its first read). LAYOUT/probe
+  then names the file at the place of d{N/2000}/f500.bin.
 big-file: one file data/random.bin of M MiB of seeded random bytes
   (incompressible, so zstd and gzip cannot shortcut the reads).
 
@@ -88,10 +95,22 @@ def tarinfo(name, size=0, is_dir=False):
     return ti
 
 
-def write_small_files(tf, n, seed):
+EXTENSIONS = ("py", "pyc", "so", "h", "js", "json", "txt", "md")
+
+
+def varied_name(rng, k):
+    """A name of its own: `NNN-` (unique in the directory) and a random stem."""
+    stem = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(6, 14)))
+    return f"{k:03d}-{stem}.{rng.choice(EXTENSIONS)}"
+
+
+def write_small_files(tf, n, seed, varied=False):
+    """Returns the path of the file at the place of d{n/2000}/f500.bin."""
     rng = random.Random(seed)
+    names = random.Random(seed + 1)  # its own stream: the regular image's bytes stay as they were
     pool = rng.randbytes(65536)
     per_dir = 1000
+    probe = None
     for d in range((n + per_dir - 1) // per_dir):
         tf.addfile(tarinfo(f"d{d:06d}", is_dir=True))
         for k in range(min(per_dir, n - d * per_dir)):
@@ -100,9 +119,15 @@ def write_small_files(tf, n, seed):
             off = rng.randrange(0, len(pool) - size)
             head = i.to_bytes(8, "little")
             data = head + pool[off:off + size - len(head)]
-            tf.addfile(tarinfo(f"d{d:06d}/f{k:03d}.bin", size), _Bytes(data))
+            ti = tarinfo(f"d{d:06d}/{varied_name(names, k) if varied else f'f{k:03d}.bin'}", size)
+            if varied:
+                ti.mtime = MTIME - names.randrange(365 * 86400)
+            if d == n // 2000 and k == 500:
+                probe = ti.name
+            tf.addfile(ti, _Bytes(data))
         if d % 100 == 99:
             print(f"[image] {(d + 1) * per_dir} files", file=sys.stderr, flush=True)
+    return probe
 
 
 class _Bytes:
@@ -135,9 +160,11 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--tag", default="bench")
     ap.add_argument("--seed", type=int, default=9)
+    ap.add_argument("--metadata", choices=["regular", "varied"], default="regular")
     a = ap.parse_args()
     params = {"kind": a.kind, "tag": a.tag, "seed": a.seed, "version": 1,
-              **({"files": a.files} if a.kind == "small-files" else {"mib": a.mib})}
+              **({"files": a.files} if a.kind == "small-files" else {"mib": a.mib}),
+              **({"metadata": "varied"} if a.metadata == "varied" else {})}
     out = os.path.abspath(a.out)
     pfile = os.path.join(out, "bench-params.json")
     try:
@@ -154,7 +181,10 @@ def main():
     w = GzipHashWriter(layer_tmp)
     with tarfile.open(fileobj=w, mode="w|", format=tarfile.GNU_FORMAT) as tf:
         if a.kind == "small-files":
-            write_small_files(tf, a.files, a.seed)
+            probe = write_small_files(tf, a.files, a.seed, a.metadata == "varied")
+            if probe:
+                with open(os.path.join(tmp, "probe"), "w") as f:
+                    f.write(probe)
         else:
             write_big_file(tf, a.mib, a.seed)
     w.close()
