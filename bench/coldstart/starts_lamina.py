@@ -146,11 +146,11 @@ def runc_container(d, cid, workload, port, linger=0.0):
 
 
 def lamina_faults(b, workload, hedge, mode=FAULT_MIX):
-    """`lamina_run` of the plain image through a fault proxy in the namespace."""
+    """`lamina_run` of the workload's lamina image (no boot set) through a fault proxy in the namespace."""
     d = os.path.join(b.work, "proxies", f"{b.next_seq():03d}")
     reg_port = b.reg.rsplit(":", 1)[1]
     with fault_proxy(d, reg_port, mode, prefix=b.ns.argv([])) as (port, stats):
-        rec = lamina_run(b, "lamina", workload, ref=f"docker://127.0.0.1:{port}/debian:lamina",
+        rec = lamina_run(b, "lamina", workload, ref=f"docker://127.0.0.1:{port}/debian:{b.tags(workload)[1]}",
                          mount_args=[] if hedge else ["--no-hedge"])
         with open(stats) as f:
             st = json.load(f)

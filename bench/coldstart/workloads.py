@@ -16,7 +16,8 @@ STDOUT_WORKLOADS = ("python", "readall", "datasci", "node")
 # is the limit: the same start from the source image unpacked on local disk
 # (umoci), page cache dropped.
 HEAVY = ("datasci", "node")
-HEAVY_VARIANTS = ("containerd", "lamina", "lamina-boot", "local", "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128")
+HEAVY_VARIANTS = ("containerd", "lamina", "lamina-boot", "local", "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128",
+                  "proxy", "faults", "faults-nohedge")
 HEAVY_LAYOUT = "/var/cache/lamina-test/heavy-oci"
 DATASCI_IMPORTS = "numpy, pandas, scipy.stats, sklearn.linear_model, pyarrow, statsmodels.api, matplotlib.pyplot"
 NODE_REQUIRES = ["express", "lodash", "moment", "axios", "@babel/core", "rxjs", "date-fns", "typescript"]

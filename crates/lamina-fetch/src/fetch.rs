@@ -802,6 +802,33 @@ mod tests {
         others.join().unwrap();
     }
 
+    /// A request stalled for two bounds gets its copy even when the cap
+    /// never allows another hedge (it was spent, and no other request
+    /// goes out): it is not left to its stall.
+    #[test]
+    fn a_stalled_request_gets_a_copy_the_cap_would_refuse() {
+        let parts: Vec<Vec<u8>> = vec![vec![5; 50_000]];
+        let (blob, chunks) = make(&parts);
+        let (source, release) = StallThenBadHedge::new(blob, 0);
+        let src: Arc<dyn RangeSource> = source.clone();
+        let hedging = Arc::new(Hedging::default());
+        hedging
+            .hedges
+            .store(crate::hedge::HEDGE_BURST, Ordering::Relaxed);
+        let opts = FetchOptions {
+            hedging: Some(hedging.clone()),
+            ..FetchOptions::default()
+        };
+        let got = fetched(&src, &parts, &chunks, &[0], &opts).unwrap();
+        assert_eq!(got, vec![0]);
+        assert_eq!(hedging.wins.load(Ordering::Relaxed), 1);
+        assert!(
+            !source.answered.load(Ordering::SeqCst),
+            "the stall was waited out"
+        );
+        drop(release);
+    }
+
     /// A span whose window cannot be had fails after one request: fetching
     /// its bytes again would not bring the window.
     #[test]
