@@ -158,6 +158,101 @@ fn fuse_a_first_miss_in_a_module_fetches_its_directorys_modules() {
     );
 }
 
+/// Issue 44: a group is fetched ahead only once the start has missed four
+/// times its bytes (`lamina_daemon::predict::worth_fetching`). On a fresh
+/// mount, after a few small misses (enough to time the link), a first miss
+/// in the standard library's top-level modules (a group of up to 4 MiB)
+/// fetches nothing ahead: the next modules of the group miss. Before, the
+/// whole group came on that first miss (python3's start fetched 1.59x its
+/// bytes).
+#[test]
+fn a_group_larger_than_the_start_has_missed_waits() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_group_larger_than_the_start_has_missed_waits",
+        "lazy-predict-cost",
+    ) else {
+        return;
+    };
+    let dir = "usr/lib/python3.11/";
+    let top_level = |p: &&String| p.starts_with(dir) && !p[dir.len()..].contains('/');
+    // Small files spread over the image, outside the group's directory:
+    // each a miss of its own chunk, timed for the rate predictions wait for.
+    let small: Vec<String> = deb
+        .files
+        .iter()
+        .filter(|p| !top_level(p) && (1..=16 << 10).contains(&deb.sizes[*p]))
+        .cloned()
+        .collect();
+    let spread: Vec<String> = small
+        .iter()
+        .step_by(small.len() / 16)
+        .take(16)
+        .cloned()
+        .collect();
+    let modules: Vec<String> = deb
+        .files
+        .iter()
+        .filter(|p| top_level(p) && p.ends_with(".py"))
+        .cloned()
+        .collect();
+    // The group's first modules: well within its first 4 MiB.
+    let mut group = Vec::new();
+    let mut bytes = 0;
+    for m in &modules {
+        if bytes > 1 << 20 {
+            break;
+        }
+        bytes += deb.sizes[m];
+        group.push(m.clone());
+    }
+    let (first, rest) = group
+        .split_first()
+        .expect("python3.11's modules in the image");
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &[
+            "--mode",
+            "kernel",
+            "--prefetch",
+            "none",
+            "--predict-max",
+            "8M",
+        ],
+    );
+    let mut f = Failures::default();
+    for (label, files) in [
+        ("small", &spread[..]),
+        ("first", std::slice::from_ref(first)),
+    ] {
+        let got = hash_files(&m.path, files, t.path(), label, TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+        check_reads(&mut f, label, deb, files, &got);
+    }
+    let before = settled_status(&m);
+    let got = hash_files(&m.path, rest, t.path(), "rest", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    check_reads(&mut f, "rest", deb, rest, &got);
+    let after = settled_status(&m);
+    let new = num(&after, "miss_requests") - num(&before, "miss_requests");
+    eprintln!(
+        "figures: {} small files ({} misses, {} bytes missed), then {} of {dir}: {} modules after \
+         the first took {new} miss requests; predictions {}",
+        spread.len(),
+        num(&before, "misses"),
+        num(&before, "miss_fetched_bytes"),
+        first,
+        rest.len(),
+        num(&after, "predictions"),
+    );
+    f.check(new > 0, || {
+        format!("the group was fetched ahead on its first miss: {after}")
+    });
+    finish_with_logs(f, &run_dir(&m), String::new, "predict-cost");
+    m.unmount();
+}
+
 fn predicted_module_reads(test: &'static str, mode: &str) {
     let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-predict-{mode}")) else {
         return;

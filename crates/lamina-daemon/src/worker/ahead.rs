@@ -116,7 +116,9 @@ impl Shared {
     }
 
     /// On the first miss in a mapped file or a group of small files
-    /// (`crate::predict`), queues the rest of it, from the miss on.
+    /// (`crate::predict`) once the link proved fast, decides whether the
+    /// rest of it is worth fetching ahead ([`crate::predict::worth_fetching`])
+    /// and if so queues it, from the miss on.
     pub(super) fn predict_from(&self, blob: u32, offset: u64, needed: &std::ops::Range<usize>) {
         let (Some(tx), Some(map)) = (&self.predict, self.file_map.get()) else {
             return;
@@ -127,15 +129,19 @@ impl Shared {
         let Some(group) = map.group_at(blob, offset) else {
             return;
         };
-        // Not marked as queued: a later miss asks again, once the link
-        // proved fast.
+        // Not decided yet: a later miss asks again, once the link proved
+        // fast.
         if !self.miss_rate.fast_enough() {
             return;
         }
+        // Decided once: a group asked again later would qualify only when
+        // the start has read most of what it wanted of it (python3's
+        // binary, predicted at its last misses, brought only what the
+        // start did not read).
         let first = self
             .predicted
             .lock()
-            .is_ok_and(|mut queued| queued.insert((blob, group)));
+            .is_ok_and(|mut decided| decided.insert((blob, group)));
         if !first {
             return;
         }
@@ -146,11 +152,30 @@ impl Shared {
             .ranges(group, blob)
             .flat_map(|r| store.chunks_covering(r.start, r.end - r.start))
             .collect();
-        drop(store);
         chunks.sort_unstable();
         chunks.dedup();
+        let cost = unfilled_compressed_bytes(&store, &chunks);
+        drop(store);
+        let missed = self.miss_stats.bytes.load(Ordering::Relaxed);
+        if !crate::predict::worth_fetching(cost, missed) {
+            tracing::debug!(
+                blob,
+                group,
+                cost,
+                missed,
+                "a file group not worth fetching ahead"
+            );
+            return;
+        }
         self.predictions.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(blob, group, chunks = chunks.len(), "fetching a file group");
+        tracing::debug!(
+            blob,
+            group,
+            chunks = chunks.len(),
+            cost,
+            missed,
+            "fetching a file group"
+        );
         for batch in crate::predict::batches(&chunks, needed, PREDICT_BATCH) {
             let _ = tx.send((blob, batch));
         }
@@ -241,4 +266,15 @@ pub(super) fn read_metadata(file: File) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::with_capacity(len as usize);
     io::Read::read_to_end(&mut io::Read::take(file, len), &mut bytes)?;
     Ok(bytes)
+}
+
+/// What fetching `chunks` would put on the wire: the compressed bytes of
+/// those not filled yet.
+fn unfilled_compressed_bytes(store: &BlobStore, chunks: &[usize]) -> u64 {
+    chunks
+        .iter()
+        .filter(|&&i| !store.is_filled(i))
+        .filter_map(|&i| store.blob.chunks.get(i))
+        .map(|c| u64::from(c.compressed_size.get()))
+        .sum()
 }
