@@ -15,7 +15,9 @@
 //!
 //! Both turn a chain of dependent round trips into a few requests in
 //! flight at once, at the cost of what is fetched and never read
-//! (`ahead_chunk_bytes - ahead_used_bytes` in status). The map is built
+//! (`ahead_chunk_bytes - ahead_used_bytes` in status). So a group is
+//! fetched only when the start has shown it is large enough to read most
+//! of it ([`worth_fetching`]). The map is built
 //! from the image's EROFS metadata (names, modes and chunk addresses: no
 //! data is read) and is only a hint: what it fetches is verified and
 //! recorded like every other fill.
