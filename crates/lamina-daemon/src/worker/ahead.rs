@@ -135,9 +135,8 @@ impl Shared {
             return;
         }
         // Decided once: a group asked again later would qualify only when
-        // the start has read most of what it wanted of it (python3's
-        // binary, predicted at its last misses, brought only what the
-        // start did not read).
+        // the start has read most of what it wanted of it (in a trial, the
+        // rest of python3's binary came at the start's last misses).
         let first = self
             .predicted
             .lock()
