@@ -185,7 +185,7 @@ fn a_group_larger_than_the_start_has_missed_waits() {
         .collect();
     let spread: Vec<String> = small
         .iter()
-        .step_by(small.len() / 16)
+        .step_by((small.len() / 16).max(1))
         .take(16)
         .cloned()
         .collect();
