@@ -122,6 +122,14 @@ pub(crate) enum Command {
         /// fetched first, in order, when the image is mounted lazily.
         #[arg(long, value_name = "TRACE")]
         prefetch: Option<PathBuf>,
+        /// Boot set without a recorded start: the pages every start of this
+        /// program reads, known from the image (its ELF headers, symbol and
+        /// relocation tables, writable data and constructors, the same of
+        /// the libraries it needs, the dynamic loader; a CPython
+        /// interpreter's own start-up modules). A name is searched on the
+        /// image's PATH. Repeat for more; not with --prefetch.
+        #[arg(long, value_name = "PROGRAM", conflicts_with = "prefetch")]
+        boot_exec: Vec<String>,
         /// Bytes of metadata per zstd frame (4 KiB..64 MiB; default 4M): a
         /// lazy FUSE mount decompresses the frames as they are needed.
         #[arg(long, hide = true, value_parser = parse_frame_size)]

@@ -341,6 +341,10 @@ pub struct BootPagesSpec {
     /// whole layer is one frame.
     #[serde(default)]
     pub frames: Vec<BootFrameSpec>,
+    /// Known from the image, not recorded (`lamina convert --boot-exec`):
+    /// the mount keeps its readahead.
+    #[serde(default)]
+    pub from_image: bool,
 }
 
 /// One frame of a boot-pages layer (see `lamina_image::artifact::BootFrame`).

@@ -80,6 +80,14 @@ pub const ANNOTATION_UNCOMPRESSED_SIZE: &str = "dev.lamina.uncompressed.size";
 /// frame>"]`. Each frame decompresses to a boot-pages segment of its own.
 /// Without it the layer is one frame (images before frames).
 pub const ANNOTATION_BOOT_FRAMES: &str = "dev.lamina.boot.frames";
+/// Annotation on a boot-pages layer made from the image alone (`lamina
+/// convert --boot-exec`), value [`BOOT_SOURCE_IMAGE`]; absent on pages a
+/// recorded start read. A mount keeps its readahead for such pages: they
+/// were not recorded at readahead 0 and hold only part of what a start
+/// reads.
+pub const ANNOTATION_BOOT_SOURCE: &str = "dev.lamina.boot.source";
+/// [`ANNOTATION_BOOT_SOURCE`]'s value for boot pages known from the image.
+pub const BOOT_SOURCE_IMAGE: &str = "image";
 
 /// The format version this build writes and reads.
 pub const FORMAT_VERSION: &str = "1";

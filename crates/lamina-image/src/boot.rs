@@ -78,27 +78,63 @@ pub fn boot_chunks(trace: &[TraceEntry]) -> Vec<[u8; 32]> {
         .collect()
 }
 
-/// Packs the pages the trace read (lines with a range) into boot pages, in
-/// the order they were first read. Chunk bytes are read back from the built
-/// blobs and checked against their digests. Trace lines naming chunks this
-/// image does not store are skipped.
-pub fn build_boot_pages(image: &BuiltImage, trace: &[TraceEntry]) -> io::Result<BootPages> {
+/// A read a boot set serves: `len` bytes from `offset` of chunk `chunk` of
+/// blob `blob` (positions in the built image).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRead {
+    /// Blob (device order).
+    pub blob: usize,
+    /// Chunk within the blob.
+    pub chunk: usize,
+    /// Offset of the read inside the chunk.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+/// The reads of a trace (lines with a range) in this image, in order.
+/// Trace lines naming chunks this image does not store are skipped.
+pub fn trace_reads(image: &BuiltImage, trace: &[TraceEntry]) -> Vec<ChunkRead> {
+    trace
+        .iter()
+        .filter_map(|entry| {
+            let (blob, chunk, within) = image.locate(&entry.digest)?;
+            let (offset, len) = entry.range?;
+            // A packed file's digest names content inside its pack.
+            Some(ChunkRead {
+                blob,
+                chunk,
+                offset: within.saturating_add(offset),
+                len,
+            })
+        })
+        .collect()
+}
+
+/// The chunks of `reads`, each once, in the order they were first read.
+pub fn read_chunks(reads: &[ChunkRead]) -> Vec<(usize, usize)> {
+    let mut seen = HashSet::new();
+    reads
+        .iter()
+        .map(|r| (r.blob, r.chunk))
+        .filter(|c| seen.insert(*c))
+        .collect()
+}
+
+/// Packs the pages `reads` read into boot pages, in the order they were
+/// first read. Chunk bytes are read back from the built blobs and checked
+/// against their digests.
+pub fn build_boot_pages(image: &BuiltImage, reads: &[ChunkRead]) -> io::Result<BootPages> {
     // (blob, page, chunk) in first-read order.
     let mut pages: Vec<(usize, u64, usize)> = Vec::new();
     let mut seen = HashSet::new();
-    for entry in trace {
-        let (Some((b, i, within)), Some((offset, len))) =
-            (image.locate(&entry.digest), entry.range)
-        else {
-            continue;
-        };
-        // A packed file's digest names content inside its pack.
-        let offset = within.saturating_add(offset);
+    for read in reads {
+        let (b, i) = (read.blob, read.chunk);
         let chunk = &image.blobs[b].chunks[i];
         let base = chunk.cache_offset.get();
         let size = u64::from(chunk.size.get());
-        let start = base + offset.min(size);
-        let end = base + offset.saturating_add(len).min(size);
+        let start = base + read.offset.min(size);
+        let end = base + read.offset.saturating_add(read.len).min(size);
         for page in start / BOOT_PAGE..end.div_ceil(BOOT_PAGE) {
             if seen.insert((b, page)) {
                 pages.push((b, page, i));
@@ -142,7 +178,10 @@ pub fn build_boot_pages(image: &BuiltImage, trace: &[TraceEntry]) -> io::Result<
     Ok(boot)
 }
 
-fn read_chunk(file: &File, chunk: &lamina_format::index::ChunkEntry) -> io::Result<Vec<u8>> {
+pub(crate) fn read_chunk(
+    file: &File,
+    chunk: &lamina_format::index::ChunkEntry,
+) -> io::Result<Vec<u8>> {
     let mut stored = vec![0u8; chunk.compressed_size.get() as usize];
     file.read_exact_at(&mut stored, chunk.compressed_offset.get())?;
     let size = chunk.size.get() as usize;
@@ -211,7 +250,7 @@ pub(crate) mod tests {
                 range: Some((0, 1)),
             },
         ];
-        let boot = build_boot_pages(&img, &trace).unwrap();
+        let boot = build_boot_pages(&img, &trace_reads(&img, &trace)).unwrap();
         let runs: Vec<(u64, u32)> = boot
             .extents
             .iter()

@@ -154,6 +154,29 @@ impl BuiltImage {
     pub fn locate(&self, digest: &[u8; 32]) -> Option<(usize, usize, u64)> {
         locate(&self.blobs, &self.addresses, digest)
     }
+
+    /// Makes `chunks` ((blob, chunk) positions, each kept once, in order)
+    /// the boot set: the prefetch list of the index.
+    pub fn set_boot_set(&mut self, chunks: &[(usize, usize)]) {
+        let mut seen = std::collections::HashSet::new();
+        self.index.prefetch = chunks
+            .iter()
+            .map(|&(b, i)| (b as u32, i as u32))
+            .filter(|p| seen.insert(*p))
+            .collect();
+        self.stats.boot_set_chunks = self.index.prefetch.len() as u64;
+    }
+
+    /// The chunk holding byte `offset` of blob `blob`'s cache file, and the
+    /// offset inside it.
+    pub fn chunk_at(&self, blob: usize, offset: u64) -> Option<(usize, u64)> {
+        let chunks = &self.blobs.get(blob)?.chunks;
+        let i = chunks
+            .partition_point(|c| c.cache_offset.get() <= offset)
+            .checked_sub(1)?;
+        let within = offset - chunks[i].cache_offset.get();
+        (within < u64::from(chunks[i].size.get())).then_some((i, within))
+    }
 }
 
 fn locate(
@@ -602,16 +625,13 @@ impl<'a> ImageBuilder<'a> {
                 });
             }
         }
-        let mut seen = std::collections::HashSet::new();
-        let prefetch: Vec<(u32, u32)> = boot_set
+        let boot_set: Vec<(usize, usize)> = boot_set
             .iter()
             .filter_map(|d| locate(&self.store.finished, &self.store.dedup, d))
-            .map(|(b, i, _)| (b as u32, i as u32))
-            .filter(|p| seen.insert(*p))
+            .map(|(b, i, _)| (b, i))
             .collect();
-        stats.boot_set_chunks = prefetch.len() as u64;
         let index = ChunkIndex {
-            prefetch,
+            prefetch: Vec::new(),
             chunk_bits: self.store.opts.chunk_bits,
             blobs: self
                 .store
@@ -625,14 +645,16 @@ impl<'a> ImageBuilder<'a> {
                 })
                 .collect(),
         };
-        Ok(BuiltImage {
+        let mut image = BuiltImage {
             metadata,
             index,
             blobs: self.store.finished,
             stats,
             paged: self.store.opts.paged,
             addresses: self.store.dedup,
-        })
+        };
+        image.set_boot_set(&boot_set);
+        Ok(image)
     }
 }
 
@@ -865,7 +887,8 @@ pub(crate) mod tests {
         assert_eq!(img.index.prefetch, vec![(0, 0)], "one pack holds both");
         let text = format!("{} 4096 100\n", hex::encode(sha256(&c)));
         let trace = crate::boot::parse_trace(Path::new("t"), &text).unwrap();
-        let boot = crate::boot::build_boot_pages(&img, &trace).unwrap();
+        let boot =
+            crate::boot::build_boot_pages(&img, &crate::boot::trace_reads(&img, &trace)).unwrap();
         // c starts at block 3 of the pack; its bytes 4096.. are block 4.
         assert_eq!(boot.extents.len(), 1);
         assert_eq!(boot.extents[0].cache_offset.get(), 4 * 4096);

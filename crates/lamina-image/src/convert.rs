@@ -13,8 +13,11 @@ use lamina_oci::{
 };
 
 use crate::artifact::*;
-use crate::boot::{boot_chunks, build_boot_pages, parse_trace, TraceEntry};
+use crate::boot::{
+    boot_chunks, build_boot_pages, parse_trace, read_chunks, trace_reads, TraceEntry,
+};
 use crate::build::{BuildError, BuildOptions, BuildStats, BuiltImage, ImageBuilder};
+use crate::static_boot::{static_reads, ExecEnv};
 
 /// Conversion settings.
 #[derive(Debug, Clone, Default)]
@@ -27,6 +30,9 @@ pub struct ConvertOptions {
     pub work_dir: Option<PathBuf>,
     /// A trace from `lamina mount --record-trace`: its chunks become the boot set.
     pub prefetch_trace: Option<PathBuf>,
+    /// Programs whose start-up pages become the boot set when there is no
+    /// trace ([`crate::static_boot`]).
+    pub boot_execs: Vec<String>,
     /// Bytes of metadata per zstd frame (default [`METADATA_FRAME_SIZE`]):
     /// the unit a lazy FUSE mount decompresses on demand. Tests make small
     /// images span several frames with it.
@@ -140,8 +146,11 @@ pub enum BootLayerError {
 /// mount fetches the frames as ranges, several at once, and applies each
 /// as soon as it is verified). Fetched at every cold mount and written
 /// once: worth zstd's strongest level. `None` when there are no pages.
+/// `from_image`: the pages were known from the image, not recorded
+/// ([`ANNOTATION_BOOT_SOURCE`]).
 pub fn boot_pages_layer(
     boot: &lamina_format::boot::BootPages,
+    from_image: bool,
 ) -> Result<Option<BootPagesLayer>, BootLayerError> {
     if boot.extents.is_empty() {
         return Ok(None);
@@ -168,6 +177,12 @@ pub fn boot_pages_layer(
         ANNOTATION_BOOT_FRAMES.to_string(),
         boot_frames_annotation(&sizes),
     );
+    if from_image {
+        annotations.insert(
+            ANNOTATION_BOOT_SOURCE.to_string(),
+            BOOT_SOURCE_IMAGE.to_string(),
+        );
+    }
     let compressed = frames.concat();
     let descriptor = Descriptor {
         media_type: MEDIA_TYPE_BOOT.to_string(),
@@ -232,7 +247,14 @@ pub fn convert(
     let lookup_bytes = tables.lookup_raw.len() as u64;
 
     let (mut layers, blob_reports) = adopt_blobs(&mut *sink, &built)?;
-    let boot_report = put_small_layers(&mut *sink, &built, &tables, &boot, &mut layers)?;
+    let boot_report = put_small_layers(
+        &mut *sink,
+        &built,
+        &tables,
+        &boot,
+        !opts.boot_execs.is_empty(),
+        &mut layers,
+    )?;
     let config_desc = put_config(&mut *sink, image, &layers)?;
     let manifest = lamina_manifest(config_desc, layers, &built, image, opts);
     let manifest_bytes =
@@ -288,9 +310,17 @@ fn build_image(
         Some(path) => read_trace(path)?,
         None => Vec::new(),
     };
-    let built = builder.finish(&boot_chunks(&trace))?;
+    let mut built = builder.finish(&boot_chunks(&trace))?;
     progress(Progress::Writing);
-    let boot = build_boot_pages(&built, &trace)?;
+    let reads = if opts.boot_execs.is_empty() {
+        trace_reads(&built, &trace)
+    } else {
+        let env = ExecEnv::from_config(&image.config);
+        let reads = static_reads(&built, &opts.boot_execs, &env);
+        built.set_boot_set(&read_chunks(&reads));
+        reads
+    };
+    let boot = build_boot_pages(&built, &reads)?;
     Ok((built, boot))
 }
 
@@ -379,6 +409,7 @@ fn put_small_layers(
     built: &BuiltImage,
     tables: &Tables,
     boot: &BootPages,
+    from_image: bool,
     layers: &mut Vec<Descriptor>,
 ) -> Result<Option<BootReport>, ConvertError> {
     let small_layers: [(&[u8], &[u8], &str); 3] = [
@@ -386,7 +417,7 @@ fn put_small_layers(
         (&built.metadata, &tables.metadata_z, MEDIA_TYPE_METADATA),
         (&tables.lookup_raw, &tables.lookup_z, MEDIA_TYPE_LOOKUP),
     ];
-    let boot_layer = boot_pages_layer(boot).map_err(|e| match e {
+    let boot_layer = boot_pages_layer(boot, from_image).map_err(|e| match e {
         BootLayerError::TooLarge(why) => ConvertError::Config(why),
         BootLayerError::Io(e) => e.into(),
     })?;

@@ -209,7 +209,7 @@ fn index_one(
             let trace =
                 parse_trace(path, &text).map_err(|e| IndexError::Prefetch(e.to_string()))?;
             let pages = boot_pages(source.as_ref(), &mut built.index, &trace)?;
-            boot_pages_layer(&pages).map_err(|e| IndexError::Prefetch(e.to_string()))?
+            boot_pages_layer(&pages, false).map_err(|e| IndexError::Prefetch(e.to_string()))?
         }
         None => None,
     };

@@ -1,5 +1,6 @@
 //! lamina images: building them from layer tars ([`build`]), their layout as
-//! OCI artifacts ([`artifact`]), boot sets from traces ([`boot`]) and the
+//! OCI artifacts ([`artifact`]), boot sets from traces ([`boot`]) and from the image
+//! alone ([`static_boot`]) and the
 //! whole conversion ([`convert`]); tar indexes of unmodified images
 //! ([`tar_index`]) and `lamina index` ([`index`]).
 #![forbid(unsafe_code)]
@@ -10,4 +11,5 @@ pub mod boot;
 pub mod build;
 pub mod convert;
 pub mod index;
+pub mod static_boot;
 pub mod tar_index;

@@ -26,6 +26,7 @@ pub(super) fn convert_image(command: Command, source: SourceOptions, json: bool)
         format_version,
         work_dir,
         prefetch,
+        boot_exec,
         metadata_frame_size,
     } = command
     else {
@@ -41,6 +42,7 @@ pub(super) fn convert_image(command: Command, source: SourceOptions, json: bool)
         source,
         work_dir,
         prefetch_trace: prefetch,
+        boot_execs: boot_exec,
         metadata_frame_size: metadata_frame_size.map(|n| n as usize),
     };
     let (src, dst) = (parse_ref(&src)?, parse_ref(&dst)?);

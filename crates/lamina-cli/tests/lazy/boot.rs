@@ -270,10 +270,7 @@ fn boot_frames_do_not_hold_other_reads(
         || format!("python3's first page did not come from the first frame alone: {s}"),
     );
     drop(python);
-    let nginx = fs::File::open(m.path.join("usr/sbin/nginx")).unwrap();
-    let middle = nginx.metadata().unwrap().len() / 2 / 4096 * 4096;
-    let mut page = vec![0u8; 4096];
-    std::os::unix::fs::FileExt::read_exact_at(&nginx, &mut page, middle).unwrap();
+    read_middle_page(&m.path.join("usr/sbin/nginx"));
     let s = settled_status(&m);
     // The first frame holds exactly 64 pages; more would be a later one.
     f.check(num(&s, "boot_page_bytes") <= 64 * 4096, || {
@@ -282,7 +279,6 @@ fn boot_frames_do_not_hold_other_reads(
     f.check(num(&s, "miss_fetched_bytes") > 0, || {
         format!("nginx's page was not fetched as a chunk: {s}")
     });
-    drop(nginx);
     m.unmount();
     boot_pages_match_reference(&t.join("cache-segments"), &t.join("cache-eager"), f);
 }
@@ -327,4 +323,106 @@ fn boot_pages_match_reference(cache: &Path, reference: &Path, f: &mut Failures) 
     }
     f.check(pages > 0, || "no boot pages in the cache".to_string());
     pages
+}
+
+/// Issue 44: a boot set known from the image alone (`convert --boot-exec
+/// python3`), no start recorded. Its boot pages hold the dynamic loader
+/// whole and python3's first `encodings` module: once applied, reading them
+/// fetches nothing, while a page outside them (the middle of nginx) still
+/// does. The mount keeps its readahead (the layer says its pages came from
+/// the image), python3 runs, and the lazy tree equals the eager one.
+#[test]
+fn a_boot_set_from_the_image_needs_no_recorded_start() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_boot_set_from_the_image_needs_no_recorded_start",
+        "lazy-static-boot",
+    ) else {
+        return;
+    };
+    let static_ref = reg.reference("deb:bookworm-static");
+    let report = lamina_timeout(
+        [
+            "convert",
+            "--json",
+            "--boot-exec",
+            "python3",
+            &oci_ref(&deb.source, SRC_TAG),
+            &static_ref,
+        ],
+        Duration::from_secs(1200),
+    )
+    .ok()
+    .json();
+    let segments = report["boot_pages"]["segments"].as_u64().unwrap_or(0);
+    assert!(
+        segments > 0 && report["stats"]["boot_set_chunks"].as_u64().unwrap_or(0) > 0,
+        "convert --boot-exec python3 made no boot set: {report}"
+    );
+    // Boot pages only: no whole chunk comes in the background, so what a
+    // read fetches is its own.
+    let m = Mount::with_args(
+        &static_ref,
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--prefetch", "pages"],
+    );
+    let rd = run_dir(&m);
+    let config: Value = serde_json::from_slice(&fs::read(rd.join("config.json")).unwrap()).unwrap();
+    let mut f = Failures::default();
+    f.check(config["boot_pages"][0]["from_image"] == true, || {
+        format!("the boot pages are not marked as known from the image: {config}")
+    });
+    f.check(config["readahead_kb"].is_null(), || {
+        format!("boot pages from the image turned readahead off: {config}")
+    });
+    wait_status(&m, "boot pages applied", Duration::from_secs(60), |s| {
+        num(s, "boot_frames_done") == segments
+    });
+    let before = settled_status(&m);
+    for path in [
+        "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        "usr/lib/python3.11/encodings/__pycache__/__init__.cpython-311.pyc",
+    ] {
+        let bytes = fs::read(m.path.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(!bytes.is_empty(), "{path} is empty");
+    }
+    let read = settled_status(&m);
+    f.check(
+        num(&read, "miss_requests") == num(&before, "miss_requests"),
+        || {
+            format!(
+                "reading the loader and a start-up module fetched: before {before}, after {read}"
+            )
+        },
+    );
+    read_middle_page(&m.path.join("usr/sbin/nginx"));
+    let outside = settled_status(&m);
+    f.check(
+        num(&outside, "miss_requests") > num(&read, "miss_requests"),
+        || format!("a page of nginx, not in the boot set, was not fetched: {outside}"),
+    );
+    chroot_python(&m.path);
+    let s = settled_status(&m);
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    let eager = Mount::with_args(
+        &static_ref,
+        &t.join("mnt-eager"),
+        &t.join("cache-eager"),
+        &["--eager"],
+    );
+    treecmp(&[], &eager.path, &m.path);
+    eager.unmount();
+    m.unmount();
+    f.finish("boot set from the image");
+}
+
+/// Reads the page in the middle of a file (closed after: a mount must be
+/// able to go).
+fn read_middle_page(path: &Path) {
+    let file = fs::File::open(path).unwrap();
+    let middle = file.metadata().unwrap().len() / 2 / 4096 * 4096;
+    let mut page = [0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut page, middle).unwrap();
 }

@@ -17,6 +17,9 @@ pub struct BootLayer {
     pub digest: Digest,
     /// Its zstd frames, in read order.
     pub frames: Vec<BootFrame>,
+    /// Whether its pages were known from the image, not recorded
+    /// ([`ANNOTATION_BOOT_SOURCE`]).
+    pub from_image: bool,
 }
 
 /// One zstd frame of a boot-pages layer: one segment.
@@ -178,5 +181,10 @@ pub fn boot_layer(desc: &Descriptor, index: &[BlobSummary]) -> Result<BootLayer,
         size,
         digest,
         frames,
+        from_image: desc
+            .annotations
+            .get(ANNOTATION_BOOT_SOURCE)
+            .map(String::as_str)
+            == Some(BOOT_SOURCE_IMAGE),
     })
 }
