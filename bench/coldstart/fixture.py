@@ -108,15 +108,22 @@ class Fixture:
             return workload, f"{workload}-lamina", f"{workload}-lamina-boot"
         return "bookworm", "lamina", f"lamina-boot-{workload}"
 
+    @staticmethod
+    def static_tag(workload):
+        """The tag of a workload's image converted with a boot set known from
+        the image alone (`convert --boot-exec`, variant lamina-static)."""
+        return f"{workload}-lamina-static"
+
     def push(self, layout_ref, dst):
         """skopeo copy of an image into the registry, digests kept."""
         self.ns.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--preserve-digests",
                      layout_ref, dst])
 
-    def convert(self, dst_tag, prefetch=None, src_tag="bookworm"):
+    def convert(self, dst_tag, prefetch=None, src_tag="bookworm", boot_execs=()):
         t = time.perf_counter()
         # convert_args (COLDSTART_CONVERT_ARGS): more `lamina convert` options (to try a setting)
-        args = (["convert"] + (["--prefetch", prefetch] if prefetch else []) + self.convert_args
+        args = (["convert"] + (["--prefetch", prefetch] if prefetch else [])
+                + [a for e in boot_execs for a in ("--boot-exec", e)] + self.convert_args
                 + [self.ref(src_tag), self.ref(dst_tag)])
         doc = self.lamina_json(*args)
         secs = time.perf_counter() - t

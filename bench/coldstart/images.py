@@ -20,7 +20,7 @@ from ..harness.core import log, run
 from ..harness.measure import image_info
 from .starts_containerd import DOCKER_DIR, docker_bins
 from .starts_lamina import lamina_run
-from .workloads import HEAVY
+from .workloads import HEAVY, workload_programs
 
 
 def prepare(b, doc, layout, tag, heavy_layout):
@@ -56,6 +56,9 @@ def prepare(b, doc, layout, tag, heavy_layout):
         owners[w], local[w] = heavy_image(b, doc, heavy_layout, w, chunk_size, "local" in variants)
     for w in [w for w in wls if w != "readall"]:
         boot_set(b, doc, w, owners[w], "index-boot" in variants and w not in HEAVY)
+        if "lamina-static" in variants:
+            setup["convert"][b.static_tag(w)] = b.convert(b.static_tag(w), src_tag=b.tags(w)[0],
+                                                          boot_execs=workload_programs(w))
     return local
 
 

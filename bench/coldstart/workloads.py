@@ -17,6 +17,7 @@ STDOUT_WORKLOADS = ("python", "readall", "datasci", "node")
 # (umoci), page cache dropped.
 HEAVY = ("datasci", "node")
 HEAVY_VARIANTS = ("containerd", "lamina", "lamina-boot", "local", "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128",
+                  "lamina-static",
                   "proxy", "faults", "faults-nohedge")
 HEAVY_LAYOUT = "/var/cache/lamina-test/heavy-oci"
 DATASCI_IMPORTS = "numpy, pandas, scipy.stats, sklearn.linear_model, pyarrow, statsmodels.api, matplotlib.pyplot"
@@ -59,6 +60,12 @@ def args(workload, port):
         return ["nginx", "-c", NGINX_CONF_IN]
     return ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--protected-mode", "no"]
+
+
+def workload_programs(workload):
+    """The programs a workload's container starts (`lamina convert --boot-exec`)."""
+    return {"python": ["python3"], "datasci": ["python3"], "node": ["sh", "/opt/node/bin/node"],
+            "nginx": ["nginx"], "redis": ["redis-server"]}.get(workload, [])
 
 
 def nginx_conf(path, port):
