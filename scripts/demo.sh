@@ -18,6 +18,10 @@
 #      them, as frames of one layer (four in flight), each written as it lands
 #      and read into the mount's page cache (warmed), so the start finds its
 #      pages there and raises next to no pre-content event
+#      Then without a recording: `lamina convert --boot-exec python3` (tag
+#      bookworm-static) takes the pages every python3 start reads from the
+#      image's ELF headers (the loader, libraries' tables and data, python3's
+#      first modules), and the same start runs on it
 #   8. faults: the same start through a proxy (tests/tools/faultproxy.py) that spoils
 #      every fifth range request in turn (flipped bytes, truncated body, reset, 500, 503,
 #      3 s stall): the container starts anyway, with the image's bytes; a stalled
@@ -321,6 +325,27 @@ if [ "$LAZY" = 1 ]; then
     settled_status >"$TMP/status-boot.json"
     jq -r '"  fetched for the start: \(.fetched_bytes) bytes in \(.requests) requests (boot pages in \(.boot_frames) frames, streamed in read order; \(.miss_fetched_bytes) bytes of chunks for readers), \(.misses) misses; \(.warmed_bytes // 0) bytes of boot pages read into the page cache as they landed, \(.ready_events // 0) reads answered by the holder"' \
         "$TMP/status-boot.json" >&2
+
+    # No recording: the pages every python3 start reads, found in the image's
+    # ELF headers (the loader, libraries' tables and data, python3's first
+    # modules; docs/lazy.md, "Boot sets known from the image").
+    teardown
+    t=$(now)
+    log "lamina convert --boot-exec python3 docker://$R/debian:bookworm docker://$R/debian:bookworm-static"
+    "$LAMINA" convert --json --boot-exec python3 "docker://$R/debian:bookworm" \
+        "docker://$R/debian:bookworm-static" >"$TMP/convert-static.json"
+    step "lamina convert --boot-exec python3" "$t" "$(now)"
+    jq -r '"  boot pages from the image: \(.boot_pages.extents) runs, \(.boot_pages.bytes) B -> \(.boot_pages.compressed_bytes) B compressed, \(.stats.boot_set_chunks) chunks"' \
+        "$TMP/convert-static.json" >&2
+    CACHE="$TMP/cache-static"
+    t=$(now)
+    log "lamina mount docker://$R/debian:bookworm-static $MNT (fresh cache)"
+    "$LAMINA" mount "docker://$R/debian:bookworm-static" "$MNT" --cache-dir "$CACHE" >/dev/null
+    step "lamina mount (boot pages from the image)" "$t" "$(now)"
+    run_container static
+    settled_status >"$TMP/status-static.json"
+    jq -r '"  fetched for the start: \(.fetched_bytes) bytes in \(.requests) requests, \(.miss_requests) of them for misses (\(.boot_frames) boot frames)"' \
+        "$TMP/status-static.json" >&2
 fi
 
 # ---- 8. faults: the same start through a proxy that spoils every fifth range request --------
@@ -603,6 +628,10 @@ if [ "$BOOT" = 1 ]; then
     printf '  %-36s %8s  (chunks for readers: %s)\n' "fetched for the boot-image start" \
         "$(human "$(jq -r .fetched_bytes "$TMP/status-boot.json")")" \
         "$(human "$(jq -r .miss_fetched_bytes "$TMP/status-boot.json")")"
+    printf '  %-36s %8s  (%s requests; boot pages %s, from the image)\n' "fetched, boot set without recording" \
+        "$(human "$(jq -r .fetched_bytes "$TMP/status-static.json")")" \
+        "$(jq -r .requests "$TMP/status-static.json")" \
+        "$(human "$(jq -r .boot_pages.compressed_bytes "$TMP/convert-static.json")")"
 fi
 if [ "$FAULTS" = 1 ]; then
     printf '  %-36s %8s  (%s corrupt chunks refetched, %s failed reads, %s hedged)\n' "range requests spoilt by the proxy" \
