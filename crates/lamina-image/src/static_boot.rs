@@ -39,6 +39,9 @@ use crate::build::BuiltImage;
 /// The largest read-only segment before the code taken whole (see the
 /// module doc).
 pub const MAX_SYMBOL_SEGMENT: u64 = 512 << 10;
+/// The most bytes a boot set known from the image takes (python3's is
+/// 2.2 MB); a hostile image's claims stop here.
+const MAX_TAKEN: u64 = 64 << 20;
 /// The largest file (a dynamic loader, a cache, a module) taken whole.
 const MAX_WHOLE_FILE: u64 = 1 << 20;
 /// The bytes of an ELF file read for its headers.
@@ -139,6 +142,7 @@ pub fn static_reads(image: &BuiltImage, execs: &[String], env: &ExecEnv) -> Vec<
         done: HashSet::new(),
         blob_files: HashMap::new(),
         library_dirs: Vec::new(),
+        taken: 0,
     };
     walk.library_dirs = walk.ld_so_conf();
     for exec in execs {
@@ -159,6 +163,8 @@ struct Walk<'a> {
     blob_files: HashMap<usize, File>,
     /// Directories of `/etc/ld.so.conf` (and what it includes).
     library_dirs: Vec<Vec<u8>>,
+    /// Bytes taken so far (at most [`MAX_TAKEN`]).
+    taken: u64,
 }
 
 impl<'a> Walk<'a> {
@@ -223,22 +229,28 @@ impl<'a> Walk<'a> {
 
     /// The files `DIR/*.conf` names (the only pattern `ld.so.conf` uses).
     fn glob_conf(&self, pattern: &[u8]) -> Vec<Vec<u8>> {
-        let Some(dir) = pattern.strip_suffix(b"/*.conf") else {
-            return Vec::new();
-        };
+        match pattern.strip_suffix(b"/*.conf") {
+            Some(dir) => self.paths_in(dir, |name| name.ends_with(b".conf")),
+            None => Vec::new(),
+        }
+    }
+
+    /// The paths of the entries of directory `dir` whose names `keep`
+    /// takes, sorted.
+    fn paths_in(&self, dir: &[u8], keep: impl Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
         let Some(inode) = self.resolve_dir(dir) else {
             return Vec::new();
         };
-        let mut names: Vec<Vec<u8>> = self
+        let mut paths: Vec<Vec<u8>> = self
             .erofs
             .entries(&inode)
             .unwrap_or_default()
             .iter()
-            .filter(|e| e.name.ends_with(b".conf"))
+            .filter(|e| keep(e.name))
             .map(|e| [dir, b"/", e.name].concat())
             .collect();
-        names.sort();
-        names
+        paths.sort();
+        paths
     }
 
     fn resolve_dir(&self, path: &[u8]) -> Option<Inode<'a>> {
@@ -524,20 +536,9 @@ impl<'a> Walk<'a> {
             let pyc = format!("/{package}/__pycache__/{name}.{tag}");
             self.whole_file(&[lib.as_slice(), pyc.replace("//", "/").as_bytes()].concat());
         }
-        if let Some(dir) = self.resolve_dir(b"/usr/lib/locale/C.utf8") {
-            let mut names: Vec<Vec<u8>> = self
-                .erofs
-                .entries(&dir)
-                .unwrap_or_default()
-                .iter()
-                .filter(|e| e.name.starts_with(b"LC_"))
-                .map(|e| [b"/usr/lib/locale/C.utf8/".as_slice(), e.name].concat::<u8>())
-                .collect();
-            names.sort();
-            for name in names {
-                if let Some((_, inode)) = self.resolve(&name) {
-                    self.take(&inode, 0, PAGE);
-                }
+        for path in self.paths_in(b"/usr/lib/locale/C.utf8", |name| name.starts_with(b"LC_")) {
+            if let Some((_, inode)) = self.resolve(&path) {
+                self.take(&inode, 0, PAGE);
             }
         }
     }
@@ -569,7 +570,11 @@ impl<'a> Walk<'a> {
         let Ok(chunks) = self.erofs.chunks(inode) else {
             return;
         };
-        let end = offset.saturating_add(len).min(inode.size);
+        let end = offset
+            .saturating_add(len)
+            .min(inode.size)
+            .min(offset.saturating_add(MAX_TAKEN - self.taken));
+        self.taken += end.saturating_sub(offset);
         let chunk_size = 1u64 << chunks.chunk_bits;
         let mut at = offset;
         while at < end {
@@ -941,6 +946,32 @@ mod tests {
         // `..` stops at the root, as the kernel's lookup does in a container.
         let pages = taken(&items, &["/usr/bin/up"], &env);
         assert!(pages["/usr/bin/prog"].contains(&0));
+    }
+
+    /// An ELF header whose one writable segment claims 1 TiB.
+    fn boastful_elf(len: usize) -> Vec<u8> {
+        let mut f = b"\x7fELF\x02\x01\x01".to_vec();
+        f.resize(16, 0);
+        for (v, n) in [(2u64, 2), (62, 2), (1, 4), (0, 8), (64, 8), (0, 8), (0, 4)] {
+            f.extend_from_slice(&v.to_le_bytes()[..n]);
+        }
+        for v in [64u16, 56, 1, 64, 0, 0] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.extend_from_slice(&elf::PT_LOAD.to_le_bytes());
+        f.extend_from_slice(&(elf::PF_R | elf::PF_W).to_le_bytes());
+        for v in [0u64, 0, 0, 1 << 40, 1 << 40, 4096] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.resize(len, 0);
+        f
+    }
+
+    #[test]
+    fn what_a_header_claims_is_bounded_by_the_file() {
+        let items = vec![Item::File("/usr/bin/boast", boastful_elf(10_000))];
+        let pages = taken(&items, &["/usr/bin/boast"], &ExecEnv::default());
+        assert_eq!(pages["/usr/bin/boast"], BTreeSet::from([0, 1, 2]));
     }
 
     #[test]
