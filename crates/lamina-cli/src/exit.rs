@@ -48,7 +48,7 @@ fn inner<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'stati
             ConvertError::Oci(e) => Some(e),
             ConvertError::Build(e) => Some(e),
             ConvertError::Io(e) => Some(e),
-            ConvertError::Config(_) | ConvertError::Lookup(_) => None,
+            ConvertError::Config(_) | ConvertError::Lookup(_) | ConvertError::BootSet(_) => None,
         };
     }
     if let Some(e) = cause.downcast_ref::<BuildError>() {

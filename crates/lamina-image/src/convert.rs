@@ -75,6 +75,9 @@ pub enum ConvertError {
     /// Building the lookup table over the metadata image.
     #[error("lookup table: {0}")]
     Lookup(#[from] lamina_format::lookup::BuildError),
+    /// A boot set from the image (`--boot-exec`) could not be made.
+    #[error(transparent)]
+    BootSet(#[from] crate::static_boot::StaticBootError),
 }
 
 /// What a conversion produced.
@@ -316,7 +319,7 @@ fn build_image(
         trace_reads(&built, &trace)
     } else {
         let env = ExecEnv::from_config(&image.config);
-        let reads = static_reads(&built, &opts.boot_execs, &env);
+        let reads = static_reads(&built, &opts.boot_execs, &env)?;
         built.set_boot_set(&read_chunks(&reads));
         reads
     };

@@ -129,12 +129,27 @@ pub fn command_executables(argv: &[String]) -> Vec<String> {
     out
 }
 
+/// Why no boot set could be made from the image.
+#[derive(Debug, thiserror::Error)]
+pub enum StaticBootError {
+    /// A program named is not in the image (a typo would otherwise give
+    /// an image without the boot set asked for).
+    #[error("--boot-exec {0}: no such program in the image (searched {1})")]
+    NotFound(String, String),
+    /// The image's own metadata did not read back.
+    #[error("reading the built metadata: {0}")]
+    Metadata(String),
+}
+
 /// The reads every start of `execs` makes (see the module doc), in the order
 /// a start makes them, as chunk reads of `image`.
-pub fn static_reads(image: &BuiltImage, execs: &[String], env: &ExecEnv) -> Vec<ChunkRead> {
-    let Ok(erofs) = Image::new(&image.metadata) else {
-        return Vec::new();
-    };
+pub fn static_reads(
+    image: &BuiltImage,
+    execs: &[String],
+    env: &ExecEnv,
+) -> Result<Vec<ChunkRead>, StaticBootError> {
+    let erofs =
+        Image::new(&image.metadata).map_err(|e| StaticBootError::Metadata(e.to_string()))?;
     let mut walk = Walk {
         image,
         erofs,
@@ -146,11 +161,16 @@ pub fn static_reads(image: &BuiltImage, execs: &[String], env: &ExecEnv) -> Vec<
     };
     walk.library_dirs = walk.ld_so_conf();
     for exec in execs {
-        if let Some(path) = walk.find_program(exec, env) {
-            walk.program(&path, env, 0);
-        }
+        let Some(path) = walk.find_program(exec, env) else {
+            let searched = match exec.contains('/') {
+                true => env.working_dir.clone().unwrap_or_else(|| "/".into()),
+                false => format!("PATH={}", env.path.as_deref().unwrap_or(DEFAULT_PATH)),
+            };
+            return Err(StaticBootError::NotFound(exec.clone(), searched));
+        };
+        walk.program(&path, env, 0);
     }
-    walk.reads
+    Ok(walk.reads)
 }
 
 /// The state of one walk over an image.
@@ -811,15 +831,7 @@ mod tests {
     /// The pages of each file `execs` take, by path.
     fn taken(items: &[Item], execs: &[&str], env: &ExecEnv) -> HashMap<String, BTreeSet<u64>> {
         let dir = tempfile::tempdir().unwrap();
-        let opts = BuildOptions {
-            chunk_bits: 18,
-            zstd_level: 1,
-            pack_limit: 0,
-            paged: true,
-        };
-        let mut b = ImageBuilder::new(&opts, dir.path()).unwrap();
-        b.add_layer(&layer(items)[..]).unwrap();
-        let image = b.finish(&[]).unwrap();
+        let image = built(items, dir.path());
         // Chunk digests of each file, to name what a read is of.
         let mut owner: HashMap<[u8; 32], Vec<(&str, u64)>> = HashMap::new();
         for item in items {
@@ -834,7 +846,7 @@ mod tests {
         }
         let execs: Vec<String> = execs.iter().map(|s| s.to_string()).collect();
         let mut pages: HashMap<String, BTreeSet<u64>> = HashMap::new();
-        for read in static_reads(&image, &execs, env) {
+        for read in static_reads(&image, &execs, env).unwrap() {
             let digest = image.blobs[read.blob].chunks[read.chunk].digest;
             for &(path, i) in &owner[&digest] {
                 let start = (i << 18) + read.offset;
@@ -843,6 +855,19 @@ mod tests {
             }
         }
         pages
+    }
+
+    /// An image of `items`, its blobs in `dir`.
+    fn built(items: &[Item], dir: &std::path::Path) -> BuiltImage {
+        let opts = BuildOptions {
+            chunk_bits: 18,
+            zstd_level: 1,
+            pack_limit: 0,
+            paged: true,
+        };
+        let mut b = ImageBuilder::new(&opts, dir).unwrap();
+        b.add_layer(&layer(items)[..]).unwrap();
+        b.finish(&[]).unwrap()
     }
 
     fn all_pages(data: &[u8]) -> BTreeSet<u64> {
@@ -932,7 +957,7 @@ mod tests {
     }
 
     #[test]
-    fn loops_and_garbage_give_what_is_there() {
+    fn loops_garbage_and_missing_programs() {
         let mut junk = b"\x7fELF\x02\x01\x01".to_vec();
         junk.resize(5000, 0xff);
         let items = system(vec![
@@ -942,7 +967,15 @@ mod tests {
             Item::File("/usr/bin/junk", junk),
         ]);
         let env = ExecEnv::default();
-        assert!(taken(&items, &["loop", "junk", "missing"], &env).is_empty());
+        // Not ELF after its magic: nothing but what it is.
+        assert!(taken(&items, &["junk"], &env).is_empty());
+        // A program that does not resolve is named in an error.
+        let dir = tempfile::tempdir().unwrap();
+        let image = built(&items, dir.path());
+        for missing in ["loop", "missing", "./missing"] {
+            let err = static_reads(&image, &[missing.to_string()], &env).unwrap_err();
+            assert!(err.to_string().contains(missing), "{err}");
+        }
         // `..` stops at the root, as the kernel's lookup does in a container.
         let pages = taken(&items, &["/usr/bin/up"], &env);
         assert!(pages["/usr/bin/prog"].contains(&0));

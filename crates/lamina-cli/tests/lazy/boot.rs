@@ -358,6 +358,31 @@ fn a_boot_set_from_the_image_needs_no_recorded_start() {
         segments > 0 && report["stats"]["boot_set_chunks"].as_u64().unwrap_or(0) > 0,
         "convert --boot-exec python3 made no boot set: {report}"
     );
+    // A program the image does not have is an error that names it, and
+    // nothing is written at the destination.
+    let typo = t.join("typo");
+    let out = lamina_timeout(
+        [
+            "convert",
+            "--boot-exec",
+            "pyhton3",
+            &oci_ref(&deb.source, SRC_TAG),
+            &format!("oci:{}:x", typo.display()),
+        ],
+        Duration::from_secs(1200),
+    )
+    .failed();
+    assert!(
+        out.stderr
+            .contains("--boot-exec pyhton3: no such program in the image"),
+        "{}",
+        out.describe()
+    );
+    assert!(
+        !typo.join("index.json").exists(),
+        "a failed convert left an image at {}",
+        typo.display()
+    );
     // Boot pages only: no whole chunk comes in the background, so what a
     // read fetches is its own.
     let m = Mount::with_args(
