@@ -108,6 +108,10 @@ struct Shared {
     miss_rate: RateMeter,
     /// Groups queued so far, by (blob, group).
     predicted: Mutex<HashSet<(u32, u32)>>,
+    /// Compressed bytes of boot pages known from the image applied so far:
+    /// bytes the start needed, as its misses' are, when a group's cost is
+    /// weighed.
+    image_boot_bytes: AtomicU64,
     predictions: AtomicU64,
     /// Batches of predicted chunks, for the prediction threads (None: off).
     predict: Option<mpsc::Sender<(u32, std::ops::Range<usize>)>>,
@@ -328,6 +332,7 @@ fn build_shared(
         reserve_reached: AtomicBool::new(false),
         file_map: OnceLock::new(),
         predicted: Mutex::new(HashSet::new()),
+        image_boot_bytes: AtomicU64::new(0),
         miss_rate: RateMeter::default(),
         predictions: AtomicU64::new(0),
         predict: predicting.then_some(predict_tx),

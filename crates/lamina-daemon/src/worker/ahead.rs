@@ -155,7 +155,11 @@ impl Shared {
         chunks.dedup();
         let cost = unfilled_compressed_bytes(&store, &chunks);
         drop(store);
-        let missed = self.miss_stats.bytes.load(Ordering::Relaxed);
+        // Boot pages known from the image stand for misses the start would
+        // otherwise have had; recorded ones hold nearly all of a start, and
+        // groups are for what they did not see.
+        let missed = self.miss_stats.bytes.load(Ordering::Relaxed)
+            + self.image_boot_bytes.load(Ordering::Relaxed);
         if !crate::predict::worth_fetching(cost, missed) {
             tracing::debug!(
                 blob,

@@ -211,6 +211,10 @@ impl Shared {
             None => self.fetch_boot_frame(spec, frame, &digest)?,
         };
         let raw = decompress_exactly(&compressed, frame.size)?;
+        if spec.from_image {
+            self.image_boot_bytes
+                .fetch_add(compressed.len() as u64, Ordering::Relaxed);
+        }
         let sizes: Vec<u64> = self.stores.iter().map(|s| s.summary.cache_size).collect();
         let table_lens: Vec<u64> = self
             .stores
