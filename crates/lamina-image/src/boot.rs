@@ -143,21 +143,9 @@ pub fn build_boot_pages(image: &BuiltImage, reads: &[ChunkRead]) -> io::Result<B
     }
 
     let mut boot = BootPages::default();
-    let mut files: HashMap<usize, File> = HashMap::new();
-    let mut chunk_bytes: HashMap<(usize, usize), Vec<u8>> = HashMap::new();
+    let mut reader = ChunkReader::default();
     for (b, page, i) in pages {
-        let data = match chunk_bytes.entry((b, i)) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let file = match files.entry(b) {
-                    std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(f) => {
-                        f.insert(File::open(&image.blobs[b].path)?)
-                    }
-                };
-                e.insert(read_chunk(file, &image.blobs[b].chunks[i])?)
-            }
-        };
+        let data = reader.chunk(image, b, i)?;
         let chunk = &image.blobs[b].chunks[i];
         let from = (page * BOOT_PAGE - chunk.cache_offset.get()) as usize;
         let to = (from + BOOT_PAGE as usize).min(data.len());
@@ -178,10 +166,37 @@ pub fn build_boot_pages(image: &BuiltImage, reads: &[ChunkRead]) -> io::Result<B
     Ok(boot)
 }
 
-pub(crate) fn read_chunk(
-    file: &File,
-    chunk: &lamina_format::index::ChunkEntry,
-) -> io::Result<Vec<u8>> {
+/// Chunks of a built image read back from its blobs, each checked against
+/// its digest once and kept.
+#[derive(Debug, Default)]
+pub(crate) struct ChunkReader {
+    files: HashMap<usize, File>,
+    chunks: HashMap<(usize, usize), Vec<u8>>,
+}
+
+impl ChunkReader {
+    /// Chunk `chunk` of blob `blob`, uncompressed.
+    pub(crate) fn chunk(
+        &mut self,
+        image: &BuiltImage,
+        blob: usize,
+        chunk: usize,
+    ) -> io::Result<&[u8]> {
+        if !self.chunks.contains_key(&(blob, chunk)) {
+            let file = match self.files.entry(blob) {
+                std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
+                std::collections::hash_map::Entry::Vacant(f) => {
+                    f.insert(File::open(&image.blobs[blob].path)?)
+                }
+            };
+            let data = read_chunk(file, &image.blobs[blob].chunks[chunk])?;
+            self.chunks.insert((blob, chunk), data);
+        }
+        Ok(&self.chunks[&(blob, chunk)])
+    }
+}
+
+fn read_chunk(file: &File, chunk: &lamina_format::index::ChunkEntry) -> io::Result<Vec<u8>> {
     let mut stored = vec![0u8; chunk.compressed_size.get() as usize];
     file.read_exact_at(&mut stored, chunk.compressed_offset.get())?;
     let size = chunk.size.get() as usize;

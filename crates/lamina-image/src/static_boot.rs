@@ -25,15 +25,14 @@
 //! Every path is resolved inside the image (symlinks included); what is
 //! missing or malformed is skipped, since a boot set is only a hint.
 
-use std::collections::{HashMap, HashSet};
-use std::fs::File;
+use std::collections::HashSet;
 use std::io;
 
 use lamina_format::erofs::{Chunk, Image, Inode, Kind};
 use object::elf;
 use object::read::elf::{Dyn, FileHeader, ProgramHeader};
 
-use crate::boot::{read_chunk, ChunkRead};
+use crate::boot::{ChunkRead, ChunkReader};
 use crate::build::BuiltImage;
 
 /// The largest read-only segment before the code taken whole (see the
@@ -155,7 +154,7 @@ pub fn static_reads(
         erofs,
         reads: Vec::new(),
         done: HashSet::new(),
-        blob_files: HashMap::new(),
+        chunks: ChunkReader::default(),
         library_dirs: Vec::new(),
         taken: 0,
     };
@@ -180,7 +179,8 @@ struct Walk<'a> {
     reads: Vec<ChunkRead>,
     /// Files already taken (resolved paths).
     done: HashSet<Vec<u8>>,
-    blob_files: HashMap<usize, File>,
+    /// The chunks read so far (headers, dynamic sections, strings).
+    chunks: ChunkReader,
     /// Directories of `/etc/ld.so.conf` (and what it includes).
     library_dirs: Vec<Vec<u8>>,
     /// Bytes taken so far (at most [`MAX_TAKEN`]).
@@ -644,13 +644,7 @@ impl<'a> Walk<'a> {
                         .image
                         .chunk_at(blob, addr)
                         .ok_or_else(|| io::Error::other("a chunk outside its blob"))?;
-                    let file = match self.blob_files.entry(blob) {
-                        std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(f) => {
-                            f.insert(File::open(&self.image.blobs[blob].path)?)
-                        }
-                    };
-                    let data = read_chunk(file, &self.image.blobs[blob].chunks[chunk])?;
+                    let data = self.chunks.chunk(self.image, blob, chunk)?;
                     let within = within as usize;
                     let bytes = data
                         .get(within + from..within + to)
@@ -760,7 +754,7 @@ fn python_version(path: &[u8]) -> Option<(u32, u32)> {
 mod tests {
     use super::*;
     use crate::build::{BuildOptions, ImageBuilder};
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeSet, HashMap};
 
     const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
     const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
