@@ -17,6 +17,7 @@ shaped link (docs/coldstart.md; moved from scripts/coldstart.sh), with
                     what predictions cost and save in the same run
   lamina-static     `lamina` on the image converted with `--boot-exec` (the workload's programs):
                     a boot set known from the image alone, no recorded start
+  index-static      `index` through a tar index made with `--boot-exec` (python only)
   lamina-boot-ra32, lamina-boot-ra128  `lamina-boot` with `--readahead 32` / `128`
                     (the boot set still recorded at 0): what readahead costs a boot-set start
   docker-index      dockerd (containerd image store, storage driver lamina) pulls and
@@ -84,7 +85,7 @@ from .workloads import HEAVY, HEAVY_LAYOUT, HEAVY_VARIANTS, READALL_MIN_BPS, WOR
 
 VARIANTS = ("containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
             "proxy", "faults", "faults-nohedge", "local", "index", "index-boot", "docker-index",
-            "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128", "lamina-static")
+            "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128", "lamina-static", "index-static")
 DEFAULTS = {"links": "1gbit,100mbit,10mbit", "runs": "3", "slow_runs": "1",
             "workloads": "python,nginx,redis,readall", "readall_runs": "1", "variants": ",".join(VARIANTS[:11]),
             "idle_images": "20", "max_minutes": "60", "containerd": "", "keep_logs": ""}
@@ -296,6 +297,8 @@ def start(b, v, w, local):
         return docker_run(b, w)
     if v == "index-boot":
         return lamina_run(b, v, w, ref=b.ref("bookworm"), mount_args=["--index", b.boot_indexes[w]])
+    if v == "index-static":
+        return lamina_run(b, v, w, ref=b.ref("bookworm"), mount_args=["--index", b.static_indexes[w]])
     if v == "lamina-nopredict":
         return lamina_run(b, tag, w, mount_args=["--predict-max", "0"])
     if v == "lamina-static":

@@ -39,6 +39,7 @@ class Fixture:
         self.mount_args = list(mount_args)
         # Per workload: the tar index with its boot pages, by digest.
         self.boot_indexes = {}
+        self.static_indexes = {}
         self.convert_args = list(convert_args)
         self.seq = 0
         self.max_seconds = max_seconds

@@ -35,7 +35,7 @@ def prepare(b, doc, layout, tag, heavy_layout):
     setup["push_source_s"] = time.perf_counter() - t
     if "docker-index" in variants and not docker_bins():
         log(f"docker-index: no dockerd and docker in {DOCKER_DIR} or on PATH: not measured")
-    if {"index", "index-boot", "docker-index"} & set(variants):
+    if {"index", "index-boot", "index-static", "docker-index"} & set(variants):
         t = time.perf_counter()
         report = b.lamina_json("index", b.ref("bookworm"))
         setup["index"] = dict(report[0], wall_s=time.perf_counter() - t)
@@ -59,6 +59,11 @@ def prepare(b, doc, layout, tag, heavy_layout):
         if "lamina-static" in variants:
             setup["convert"][b.static_tag(w)] = b.convert(b.static_tag(w), src_tag=b.tags(w)[0],
                                                           boot_execs=workload_programs(w))
+        if "index-static" in variants and w not in HEAVY:
+            args = [a for p in workload_programs(w) for a in ("--boot-exec", p)]
+            report = b.lamina_json("index", *args, b.ref("bookworm"), b.ref(f"index-static-{w}"))
+            setup.setdefault("index_static", {})[w] = report[0]
+            b.static_indexes[w] = b.pinned(report[0]["manifest_digest"])
     return local
 
 

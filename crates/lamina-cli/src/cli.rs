@@ -159,6 +159,12 @@ pub(crate) enum Command {
         /// the pages it read boot pages in the index.
         #[arg(long, value_name = "TRACE")]
         prefetch: Option<PathBuf>,
+        /// Boot set without a recorded start, as `lamina convert
+        /// --boot-exec`: the pages every start of this program reads, known
+        /// from the image (read back from its layers as ranges: an oci: or
+        /// docker:// source). Repeat for more; not with --prefetch.
+        #[arg(long, value_name = "PROGRAM", conflicts_with = "prefetch")]
+        boot_exec: Vec<String>,
         /// Leave the image's tag as it is: the index is only a referrer,
         /// which a mount uses only where the node's policy pins it
         /// (`--index REPO@DIGEST`, `[index] pinned`) or is in audit mode.

@@ -572,6 +572,93 @@ fn boot_pages_from_a_trace_serve_the_start() {
     m.unmount();
 }
 
+/// Boot pages known from the image (`lamina index --boot-exec python3`,
+/// issue 44): the walk reads the image's files back from its gzip layers
+/// as spans; a mount through that index applies the pages, keeps its
+/// readahead, reads the loader and a start-up module without a miss, and
+/// starts python3. A program the image does not have is an error naming it.
+#[test]
+fn boot_pages_known_from_the_image_serve_the_loader() {
+    if !require(&["umoci", "skopeo", "docker-registry", "curl", "chroot"]) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-static-boot");
+    reg.push(&debian_source(), "bookworm", "deb:orig");
+    let image = reg.reference("deb:orig");
+    let out = lamina([
+        "index",
+        "--boot-exec",
+        "pyhton3",
+        &image,
+        &reg.reference("deb:typo"),
+    ])
+    .failed();
+    assert!(
+        out.stderr
+            .contains("--boot-exec pyhton3: no such program in the image"),
+        "{}",
+        out.describe()
+    );
+    assert!(!tags(&reg, "deb").contains(&"typo".to_string()));
+    let report = lamina([
+        "index",
+        "--json",
+        "--boot-exec",
+        "python3",
+        &image,
+        &reg.reference("deb:orig-static"),
+    ])
+    .ok()
+    .json();
+    let segments = report[0]["boot_pages"]["segments"].as_u64().unwrap_or(0);
+    assert!(
+        segments > 0 && report[0]["boot_set"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    let index = reg.reference(&format!(
+        "deb@{}",
+        report[0]["manifest_digest"].as_str().unwrap()
+    ));
+    let m = Mount::with_args(
+        &image,
+        &t.join("mnt"),
+        &t.join("cache"),
+        &["--mode", "kernel", "--index", &index, "--prefetch", "pages"],
+    );
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(run_dir(&m).join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["boot_pages"][0]["from_image"], true, "{config}");
+    assert!(config["readahead_kb"].is_null(), "{config}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let applied = loop {
+        let s = settled_status(&m);
+        if s["boot_frames_done"].as_u64() == Some(segments) {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "frames not applied: {s}"
+        );
+    };
+    for path in [
+        "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        "usr/lib/python3.11/encodings/__pycache__/__init__.cpython-311.pyc",
+    ] {
+        let bytes = std::fs::read(m.path.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(!bytes.is_empty(), "{path} is empty");
+    }
+    let read = settled_status(&m);
+    assert_eq!(
+        read["miss_requests"], applied["miss_requests"],
+        "reading the loader and a start-up module fetched a span"
+    );
+    python3_prints_ok(&m.path, START);
+    let s = settled_status(&m);
+    assert_eq!(s["failed_misses"], 0, "{s}");
+    m.unmount();
+}
+
 /// `lamina run` of the original tag finds its index too, and runs the
 /// container from a lazy mount of it.
 #[test]

@@ -19,7 +19,10 @@ use lamina_oci::{
 use crate::artifact::*;
 use crate::boot::parse_trace;
 use crate::convert::{boot_pages_layer, compress_frames, BootReport};
-use crate::tar_index::{boot_pages, build, BuiltTarIndex, TarIndexError};
+use crate::static_boot::{static_unit_reads, ExecEnv};
+use crate::tar_index::{
+    boot_pages, build, trace_span_reads, BuiltTarIndex, SpanUnits, TarIndexError,
+};
 
 /// Manifest annotation: compressed bytes between random-access points.
 pub const ANNOTATION_SPAN_SIZE: &str = "dev.lamina.span-size";
@@ -40,6 +43,10 @@ pub struct IndexOptions {
     /// mount --record-trace`): its spans become the boot set and the pages
     /// it read the boot pages.
     pub prefetch_trace: Option<std::path::PathBuf>,
+    /// Boot set without a recorded start: the programs whose start-up
+    /// reads are known from the image (`crate::static_boot`). Not with
+    /// `prefetch_trace`.
+    pub boot_execs: Vec<String>,
     /// Without a destination: also bind the index to the image, in an
     /// image index pushed under the source's tag (see [`crate::artifact::bind`]),
     /// so that the image's digest covers it. Off (`--no-bind`), the index
@@ -108,6 +115,9 @@ pub enum IndexError {
     /// The `--prefetch` trace, or the boot pages made from it.
     #[error("{0}")]
     Prefetch(String),
+    /// The `--boot-exec` programs.
+    #[error(transparent)]
+    BootSet(#[from] crate::static_boot::StaticBootError),
 }
 
 /// Indexes `src` and stores the artifact: by default (no `dst`) as a
@@ -191,6 +201,32 @@ fn bind_to_image(src: &ImageRef, opts: &IndexOptions, made: &[Made]) -> Result<S
     Ok(format!("{}/{}@{digest}", reg.host, reg.repository))
 }
 
+/// The boot pages `opts` asks for (a trace's, or the `--boot-exec`
+/// programs'), as a layer; the boot set goes into `built`'s index.
+fn boot_layer(
+    source: &dyn lamina_oci::ImageSource,
+    built: &mut BuiltTarIndex,
+    opts: &IndexOptions,
+) -> Result<Option<crate::convert::BootPagesLayer>, IndexError> {
+    let (reads, from_image) = match &opts.prefetch_trace {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)?;
+            let trace =
+                parse_trace(path, &text).map_err(|e| IndexError::Prefetch(e.to_string()))?;
+            (trace_span_reads(&built.index, &trace), false)
+        }
+        None if !opts.boot_execs.is_empty() => {
+            let env = ExecEnv::from_config(&source.image().config);
+            let mut units = SpanUnits::new(source, built);
+            let reads = static_unit_reads(&built.metadata, &mut units, &opts.boot_execs, &env)?;
+            (reads, true)
+        }
+        None => return Ok(None),
+    };
+    let pages = boot_pages(source, &mut built.index, &reads)?;
+    boot_pages_layer(&pages, from_image).map_err(|e| IndexError::Prefetch(e.to_string()))
+}
+
 /// Indexes the one manifest of `src` that `opts` selects.
 fn index_one(
     src: &ImageRef,
@@ -203,16 +239,7 @@ fn index_one(
     let source = open_source(src, &opts.source)?;
     let image = source.image();
     let mut built = build(source.as_ref(), opts.span_size, progress)?;
-    let boot = match &opts.prefetch_trace {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)?;
-            let trace =
-                parse_trace(path, &text).map_err(|e| IndexError::Prefetch(e.to_string()))?;
-            let pages = boot_pages(source.as_ref(), &mut built.index, &trace)?;
-            boot_pages_layer(&pages, false).map_err(|e| IndexError::Prefetch(e.to_string()))?
-        }
-        None => None,
-    };
+    let boot = boot_layer(source.as_ref(), &mut built, opts)?;
     let subject = Descriptor::new(
         image.manifest_media_type(),
         image.manifest_digest.clone(),

@@ -1,6 +1,6 @@
 //! Boot sets without a recorded start: the reads every start of an
 //! executable makes, known from the image alone (`lamina convert
-//! --boot-exec`, by default the image's entrypoint).
+//! --boot-exec`, `lamina index --boot-exec`).
 //!
 //! For each executable, each shared object it needs (`DT_NEEDED`, searched
 //! as the dynamic loader does) and each script interpreter (`#!`):
@@ -24,6 +24,11 @@
 //!
 //! Every path is resolved inside the image (symlinks included); what is
 //! missing or malformed is skipped, since a boot set is only a hint.
+//!
+//! The walk reads the image's EROFS metadata and its files' bytes through
+//! [`Units`]: a converted image's chunks ([`BuiltUnits`]) or an indexed
+//! image's spans (`crate::tar_index`), every one checked against its digest
+//! before a byte of it is parsed.
 
 use std::collections::HashSet;
 use std::io;
@@ -34,6 +39,47 @@ use object::read::elf::{Dyn, FileHeader, ProgramHeader};
 
 use crate::boot::{ChunkRead, ChunkReader};
 use crate::build::BuiltImage;
+
+/// Where a walk finds the bytes of the image's files: the stored units
+/// (chunks of a converted image, spans of a tar index) of blob `b`, which
+/// is EROFS device `b + 1`.
+pub trait Units {
+    /// The unit of blob `blob` holding byte `offset` of its device: its
+    /// number, the offset inside it and the unit's bytes from there on.
+    fn unit_at(&self, blob: usize, offset: u64) -> Option<(usize, u64, u64)>;
+    /// Unit `unit` of blob `blob`, uncompressed and checked against its
+    /// digest.
+    fn unit(&mut self, blob: usize, unit: usize) -> io::Result<&[u8]>;
+}
+
+/// A converted image's chunks, read back from its built blobs.
+#[derive(Debug)]
+pub struct BuiltUnits<'a> {
+    image: &'a BuiltImage,
+    reader: ChunkReader,
+}
+
+impl<'a> BuiltUnits<'a> {
+    /// The chunks of `image`.
+    pub fn new(image: &'a BuiltImage) -> Self {
+        BuiltUnits {
+            image,
+            reader: ChunkReader::default(),
+        }
+    }
+}
+
+impl Units for BuiltUnits<'_> {
+    fn unit_at(&self, blob: usize, offset: u64) -> Option<(usize, u64, u64)> {
+        let (chunk, within) = self.image.chunk_at(blob, offset)?;
+        let size = u64::from(self.image.blobs[blob].chunks[chunk].size.get());
+        Some((chunk, within, size - within))
+    }
+
+    fn unit(&mut self, blob: usize, unit: usize) -> io::Result<&[u8]> {
+        self.reader.chunk(self.image, blob, unit)
+    }
+}
 
 /// The largest read-only segment before the code taken whole (see the
 /// module doc).
@@ -138,6 +184,9 @@ pub enum StaticBootError {
     /// The image's own metadata did not read back.
     #[error("reading the built metadata: {0}")]
     Metadata(String),
+    /// A file's bytes could not be read or did not match their digest.
+    #[error("reading the image's files for --boot-exec: {0}")]
+    Read(io::Error),
 }
 
 /// The reads every start of `execs` makes (see the module doc), in the order
@@ -147,16 +196,26 @@ pub fn static_reads(
     execs: &[String],
     env: &ExecEnv,
 ) -> Result<Vec<ChunkRead>, StaticBootError> {
-    let erofs =
-        Image::new(&image.metadata).map_err(|e| StaticBootError::Metadata(e.to_string()))?;
+    static_unit_reads(&image.metadata, &mut BuiltUnits::new(image), execs, env)
+}
+
+/// [`static_reads`] of any image: its EROFS `metadata` and the units its
+/// files are stored in. The reads name units (`ChunkRead::chunk`).
+pub fn static_unit_reads(
+    metadata: &[u8],
+    units: &mut dyn Units,
+    execs: &[String],
+    env: &ExecEnv,
+) -> Result<Vec<ChunkRead>, StaticBootError> {
+    let erofs = Image::new(metadata).map_err(|e| StaticBootError::Metadata(e.to_string()))?;
     let mut walk = Walk {
-        image,
+        units,
         erofs,
         reads: Vec::new(),
         done: HashSet::new(),
-        chunks: ChunkReader::default(),
         library_dirs: Vec::new(),
         taken: 0,
+        failed: None,
     };
     walk.library_dirs = walk.ld_so_conf();
     for exec in execs {
@@ -169,25 +228,30 @@ pub fn static_reads(
         };
         walk.program(&path, env, 0);
     }
-    Ok(walk.reads)
+    match walk.failed {
+        Some(e) => Err(StaticBootError::Read(e)),
+        None => Ok(walk.reads),
+    }
 }
 
 /// The state of one walk over an image.
-struct Walk<'a> {
-    image: &'a BuiltImage,
+struct Walk<'a, 'u> {
+    /// Where the files' bytes are.
+    units: &'u mut dyn Units,
     erofs: Image<'a>,
     reads: Vec<ChunkRead>,
     /// Files already taken (resolved paths).
     done: HashSet<Vec<u8>>,
-    /// The chunks read so far (headers, dynamic sections, strings).
-    chunks: ChunkReader,
     /// Directories of `/etc/ld.so.conf` (and what it includes).
     library_dirs: Vec<Vec<u8>>,
     /// Bytes taken so far (at most [`MAX_TAKEN`]).
     taken: u64,
+    /// The first unit that could not be read: the walk goes on (what it
+    /// reads is a hint), the set is refused at its end.
+    failed: Option<io::Error>,
 }
 
-impl<'a> Walk<'a> {
+impl<'a> Walk<'a, '_> {
     /// Resolves `path` inside the image, following symlinks: the resolved
     /// path and its inode, when it is a regular file.
     fn resolve(&self, path: &[u8]) -> Option<(Vec<u8>, Inode<'a>)> {
@@ -585,45 +649,63 @@ impl<'a> Walk<'a> {
         }
     }
 
-    /// Adds the chunk reads of bytes `offset..offset + len` of a file.
+    /// Adds the unit reads of bytes `offset..offset + len` of a file.
     fn take(&mut self, inode: &Inode<'a>, offset: u64, len: u64) {
-        let Ok(chunks) = self.erofs.chunks(inode) else {
+        let len = len.min(MAX_TAKEN - self.taken);
+        let Ok(pieces) = self.device_ranges(inode, offset, len) else {
             return;
         };
-        let end = offset
-            .saturating_add(len)
-            .min(inode.size)
-            .min(offset.saturating_add(MAX_TAKEN - self.taken));
-        self.taken += end.saturating_sub(offset);
-        let chunk_size = 1u64 << chunks.chunk_bits;
-        let mut at = offset;
-        while at < end {
-            let i = at >> chunks.chunk_bits;
-            let upto = ((i + 1) * chunk_size).min(end);
-            if let Some(Chunk::Data {
-                device,
-                offset: addr,
-            }) = chunks.get(i as usize)
-            {
-                let blob = usize::from(device) - 1;
-                if let Some((chunk, within)) =
-                    self.image.chunk_at(blob, addr + (at - i * chunk_size))
-                {
-                    self.reads.push(ChunkRead {
-                        blob,
-                        chunk,
-                        offset: within,
-                        len: upto - at,
-                    });
-                }
-            }
-            at = upto;
+        for piece in pieces {
+            let DeviceRange::Data { blob, at, len } = piece else {
+                continue;
+            };
+            self.taken += len;
+            self.reads.extend(unit_reads(&*self.units, blob, at, len));
         }
     }
 
     /// Bytes `offset..offset + len` of a file (fewer at its end), read back
-    /// from the built blobs and checked against their chunk digests.
+    /// from their units, each checked against its digest.
     fn read(&mut self, inode: &Inode<'a>, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for piece in self.device_ranges(inode, offset, len)? {
+            let (blob, at, len) = match piece {
+                DeviceRange::Hole(len) => {
+                    out.resize(out.len() + len as usize, 0);
+                    continue;
+                }
+                DeviceRange::Data { blob, at, len } => (blob, at, len),
+            };
+            let reads = unit_reads(&*self.units, blob, at, len);
+            if reads.iter().map(|r| r.len).sum::<u64>() != len {
+                return Err(io::Error::other("a file's bytes outside the stored units"));
+            }
+            for read in reads {
+                let data = match self.units.unit(read.blob, read.chunk) {
+                    Ok(data) => data,
+                    Err(e) => {
+                        let why = e.to_string();
+                        self.failed.get_or_insert(e);
+                        return Err(io::Error::other(why));
+                    }
+                };
+                let bytes = data
+                    .get(read.offset as usize..(read.offset + read.len) as usize)
+                    .ok_or_else(|| io::Error::other("a unit shorter than its entry"))?;
+                out.extend_from_slice(bytes);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where bytes `offset..offset + len` of a file are (fewer at its end),
+    /// in file order.
+    fn device_ranges(
+        &self,
+        inode: &Inode<'a>,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Vec<DeviceRange>> {
         let chunks = self.erofs.chunks(inode).map_err(io::Error::other)?;
         let end = offset.saturating_add(len).min(inode.size);
         let chunk_size = 1u64 << chunks.chunk_bits;
@@ -631,32 +713,53 @@ impl<'a> Walk<'a> {
         let mut at = offset;
         while at < end {
             let i = at >> chunks.chunk_bits;
-            let upto = ((i + 1) * chunk_size).min(end);
-            let from = (at - i * chunk_size) as usize;
-            let to = (upto - i * chunk_size) as usize;
-            match chunks.get(i as usize) {
+            let upto = (i + 1).saturating_mul(chunk_size).min(end);
+            out.push(match chunks.get(i as usize) {
                 Some(Chunk::Data {
                     device,
                     offset: addr,
-                }) => {
-                    let blob = usize::from(device) - 1;
-                    let (chunk, within) = self
-                        .image
-                        .chunk_at(blob, addr)
-                        .ok_or_else(|| io::Error::other("a chunk outside its blob"))?;
-                    let data = self.chunks.chunk(self.image, blob, chunk)?;
-                    let within = within as usize;
-                    let bytes = data
-                        .get(within + from..within + to)
-                        .ok_or_else(|| io::Error::other("a file's bytes past its chunk"))?;
-                    out.extend_from_slice(bytes);
-                }
-                _ => out.resize(out.len() + (to - from), 0),
-            }
+                }) => DeviceRange::Data {
+                    blob: usize::from(device) - 1,
+                    at: addr + (at - i * chunk_size),
+                    len: upto - at,
+                },
+                _ => DeviceRange::Hole(upto - at),
+            });
             at = upto;
         }
         Ok(out)
     }
+}
+
+/// A piece of a file's bytes: on a device (blob `blob`, from byte `at`) or
+/// a hole.
+enum DeviceRange {
+    Data { blob: usize, at: u64, len: u64 },
+    Hole(u64),
+}
+
+/// Bytes `at..at + len` of blob `blob`'s device as reads of its units; a
+/// byte in no unit ends them.
+fn unit_reads(units: &dyn Units, blob: usize, at: u64, len: u64) -> Vec<ChunkRead> {
+    let mut out = Vec::new();
+    let (mut at, end) = (at, at.saturating_add(len));
+    while at < end {
+        let Some((unit, within, left)) = units.unit_at(blob, at) else {
+            break;
+        };
+        let n = left.min(end - at);
+        if n == 0 {
+            break;
+        }
+        out.push(ChunkRead {
+            blob,
+            chunk: unit,
+            offset: within,
+            len: n,
+        });
+        at += n;
+    }
+    out
 }
 
 /// What the walk needs from an ELF file beyond the pages it takes.
@@ -1017,5 +1120,70 @@ mod tests {
         assert_eq!(env.library_path.as_deref(), Some("/opt/lib"));
         assert_eq!(env.working_dir.as_deref(), Some("/srv"));
         assert!(config_command(&serde_json::json!({"config": {}})).is_empty());
+    }
+
+    /// `items` as an image of one gzip layer, its tar beside it.
+    fn gzip_image(items: &[Item]) -> (Vec<u8>, crate::tar_index::tests::Layers) {
+        let tar = layer(items);
+        let blob = crate::tar_index::tests::gzip(&tar);
+        let media_type = lamina_oci::media_types::OCI_LAYER_GZIP;
+        let src = crate::tar_index::tests::image(vec![(tar.clone(), blob, media_type)]);
+        (tar, src)
+    }
+
+    /// `lamina index --boot-exec`: the walk over an indexed image (files
+    /// in the layer's tar, read as gzip spans with their windows) takes
+    /// the pages it takes of the converted image.
+    #[test]
+    fn an_indexed_image_gives_the_converted_images_set() {
+        let items = system(Vec::new());
+        let env = ExecEnv {
+            path: Some("/bin".into()),
+            ..ExecEnv::default()
+        };
+        let (tar, src) = gzip_image(&items);
+        let built = crate::tar_index::build(&src, 64 << 10, &|_| {}).unwrap();
+        assert!(built.index.layers[0].windows.iter().any(Option::is_some));
+        let mut units = crate::tar_index::SpanUnits::new(&src, &built);
+        let execs = ["prog".to_string()];
+        let reads = static_unit_reads(&built.metadata, &mut units, &execs, &env).unwrap();
+        // Where each file's bytes are in the tar.
+        let mut files = Vec::new();
+        for entry in tar::Archive::new(&tar[..]).entries().unwrap() {
+            let entry = entry.unwrap();
+            let path = format!("/{}", entry.path().unwrap().display());
+            files.push((path, entry.raw_file_position(), entry.size()));
+        }
+        let mut pages: HashMap<String, BTreeSet<u64>> = HashMap::new();
+        for read in reads {
+            let span = &built.index.layers[read.blob].blob.chunks[read.chunk];
+            let start = span.cache_offset.get() + read.offset;
+            let end = start + read.len;
+            for (path, at, size) in &files {
+                if start < at + size && end > *at {
+                    let (from, to) = (start.max(*at) - at, end.min(at + size) - at);
+                    let set = pages.entry(path.clone()).or_default();
+                    set.extend(from / PAGE..to.div_ceil(PAGE));
+                }
+            }
+        }
+        assert!(pages.contains_key(LIBC) && pages.contains_key(LOADER));
+        assert_eq!(pages, taken(&items, &["prog"], &env));
+    }
+
+    /// A source that reads layers whole only (docker-archive) cannot give
+    /// an indexed image's files: an error, not an index without the boot
+    /// set asked for.
+    #[test]
+    fn an_index_source_without_ranges_is_an_error() {
+        let (_, mut src) = gzip_image(&system(Vec::new()));
+        src.ranges = false;
+        let built = crate::tar_index::build(&src, 64 << 10, &|_| {}).unwrap();
+        let mut units = crate::tar_index::SpanUnits::new(&src, &built);
+        let env = ExecEnv::default();
+        let execs = ["/usr/bin/prog".to_string()];
+        let err = static_unit_reads(&built.metadata, &mut units, &execs, &env).unwrap_err();
+        assert!(matches!(err, StaticBootError::Read(_)), "{err}");
+        assert!(err.to_string().contains("whole only"), "{err}");
     }
 }

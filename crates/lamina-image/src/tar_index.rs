@@ -17,7 +17,8 @@ use lamina_oci::{Compression, DigestReader, ImageSource, SourceLayer};
 use lamina_tree::{apply_layer, Tree};
 use lamina_zran::{Codec, LayerSpans, Span, SpanIndexer, SpanKind};
 
-use crate::boot::TraceEntry;
+use crate::boot::{read_chunks, ChunkRead, TraceEntry};
+use crate::static_boot::Units;
 
 /// Span size (compressed bytes between random-access points) when not
 /// told otherwise: the smallest the indexer takes, since a start fetches
@@ -157,47 +158,60 @@ pub fn build(
     })
 }
 
-/// The boot pages and boot set of a trace recorded through a mount of this
-/// index (`lamina mount --record-trace`: its lines name spans by digest and
-/// give offsets inside them). The boot set becomes `index.prefetch`, the
-/// spans in the order first read; the pages the trace read are read back
-/// from the layers' tars (each layer that has any streamed once more, every
-/// span holding a page checked against its digest). Lines naming spans this
-/// index does not have are skipped.
-pub fn boot_pages(
-    source: &dyn ImageSource,
-    index: &mut TarIndex,
-    trace: &[TraceEntry],
-) -> Result<BootPages, TarIndexError> {
+/// The reads of a trace recorded through a mount of this index (`lamina
+/// mount --record-trace`: its lines name spans by digest and give offsets
+/// inside them), as (layer, span) reads. Lines naming spans this index does
+/// not have are skipped.
+pub fn trace_span_reads(index: &TarIndex, trace: &[TraceEntry]) -> Vec<ChunkRead> {
     let mut at: HashMap<[u8; 32], (usize, usize)> = HashMap::new();
     for (l, layer) in index.layers.iter().enumerate() {
         for (k, span) in layer.blob.chunks.iter().enumerate() {
             at.entry(span.digest).or_insert((l, k));
         }
     }
-    let (mut boot_set, mut in_set) = (Vec::new(), HashSet::new());
+    trace
+        .iter()
+        .filter_map(|entry| {
+            let &(blob, chunk) = at.get(&entry.digest)?;
+            // A line without a range puts its span in the boot set, no page.
+            let (offset, len) = entry.range.unwrap_or((0, 0));
+            Some(ChunkRead {
+                blob,
+                chunk,
+                offset,
+                len,
+            })
+        })
+        .collect()
+}
+
+/// The boot pages and boot set of `reads` (spans of this index, in the
+/// order a start reads them). The boot set becomes `index.prefetch`, the
+/// spans in the order first read; the pages read are read back from the
+/// layers' tars (each layer that has any streamed once more, every span
+/// holding a page checked against its digest).
+pub fn boot_pages(
+    source: &dyn ImageSource,
+    index: &mut TarIndex,
+    reads: &[ChunkRead],
+) -> Result<BootPages, TarIndexError> {
     let (mut pages, mut seen) = (Vec::new(), HashSet::new());
-    for entry in trace {
-        let Some(&(l, k)) = at.get(&entry.digest) else {
-            continue;
-        };
-        if in_set.insert((l, k)) {
-            boot_set.push((l as u32, k as u32));
-        }
-        let Some((offset, len)) = entry.range else {
-            continue;
-        };
+    for read in reads {
+        let (l, k) = (read.blob, read.chunk);
         let span = &index.layers[l].blob.chunks[k];
         let (base, size) = (span.cache_offset.get(), u64::from(span.size.get()));
-        let start = base + offset.min(size);
-        let end = base + offset.saturating_add(len).min(size);
+        let start = base + read.offset.min(size);
+        let end = base + read.offset.saturating_add(read.len).min(size);
         for page in start / BOOT_PAGE..end.div_ceil(BOOT_PAGE) {
             if seen.insert((l, page)) {
                 pages.push((l, page));
             }
         }
     }
-    index.prefetch = boot_set;
+    index.prefetch = read_chunks(reads)
+        .into_iter()
+        .map(|(l, k)| (l as u32, k as u32))
+        .collect();
     let mut bytes: HashMap<(usize, u64), Vec<u8>> = HashMap::new();
     for (l, layer) in index.layers.iter().enumerate() {
         let wanted: BTreeSet<u64> = pages.iter().filter(|p| p.0 == l).map(|p| p.1).collect();
@@ -214,6 +228,105 @@ pub fn boot_pages(
         boot.push_page(l as u32, page, &data);
     }
     Ok(boot)
+}
+
+/// The largest span [`SpanUnits`] decodes: a walk reads headers and
+/// tables, and a zstd layer of one frame is one span of the whole tar.
+const MAX_WALK_SPAN: u64 = 64 << 20;
+
+/// An indexed image's spans for a walk over its files
+/// ([`crate::static_boot`]): each fetched from its layer's compressed blob
+/// as a range, decoded alone with its window and checked against its
+/// digest, then kept.
+pub struct SpanUnits<'a> {
+    source: &'a dyn ImageSource,
+    index: &'a TarIndex,
+    /// The windows blob the index's window entries point into.
+    windows: &'a [u8],
+    spans: HashMap<(usize, usize), Vec<u8>>,
+}
+
+impl std::fmt::Debug for SpanUnits<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpanUnits")
+            .field("spans", &self.spans.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> SpanUnits<'a> {
+    /// The spans of `built`, read from `source` (the image it indexes).
+    pub fn new(source: &'a dyn ImageSource, built: &'a BuiltTarIndex) -> Self {
+        SpanUnits {
+            source,
+            index: &built.index,
+            windows: &built.windows,
+            spans: HashMap::new(),
+        }
+    }
+
+    /// Span `k` of layer `l`, decoded and checked.
+    fn decode(&self, l: usize, k: usize) -> io::Result<Vec<u8>> {
+        let layer = &self.index.layers[l];
+        let span = &layer.blob.chunks[k];
+        if u64::from(span.size.get()) > MAX_WALK_SPAN {
+            return Err(io::Error::other("a span too large to read for a boot set"));
+        }
+        let window = match &layer.windows[k] {
+            Some(entry) => Some(self.window(entry)?),
+            None => None,
+        };
+        let descriptor = &self.source.image().layers[l].descriptor;
+        let stored = self
+            .source
+            .read_blob_range(
+                descriptor,
+                span.compressed_offset.get(),
+                u64::from(span.compressed_size.get()),
+            )
+            .map_err(io::Error::other)?
+            .ok_or_else(|| {
+                io::Error::other(
+                    "this source reads layers whole only: index from oci: or docker:// \
+                     for --boot-exec",
+                )
+            })?;
+        lamina_zran::decode_entry(span, window.as_deref(), &stored).map_err(io::Error::other)
+    }
+
+    /// A window, from the windows blob, checked against its digest.
+    fn window(&self, entry: &ChunkEntry) -> io::Result<Vec<u8>> {
+        let at = entry.compressed_offset.get() as usize;
+        let stored = self
+            .windows
+            .get(at..at + entry.compressed_size.get() as usize)
+            .ok_or_else(|| io::Error::other("a window outside the windows blob"))?;
+        let window = zstd::bulk::decompress(stored, entry.size.get() as usize)?;
+        if lamina_oci::sha256(&window) != entry.digest {
+            return Err(io::Error::other("a window does not match its digest"));
+        }
+        Ok(window)
+    }
+}
+
+impl Units for SpanUnits<'_> {
+    fn unit_at(&self, blob: usize, offset: u64) -> Option<(usize, u64, u64)> {
+        let spans = &self.index.layers.get(blob)?.blob.chunks;
+        let k = spans
+            .partition_point(|s| s.cache_offset.get() <= offset)
+            .checked_sub(1)?;
+        let within = offset - spans[k].cache_offset.get();
+        let size = u64::from(spans[k].size.get());
+        (within < size).then_some((k, within, size - within))
+    }
+
+    fn unit(&mut self, blob: usize, unit: usize) -> io::Result<&[u8]> {
+        if !self.spans.contains_key(&(blob, unit)) {
+            let data = self.decode(blob, unit)?;
+            self.spans.insert((blob, unit), data);
+        }
+        Ok(&self.spans[&(blob, unit)])
+    }
 }
 
 /// The `wanted` pages of layer `l`'s tar (each [`BOOT_PAGE`] bytes, the
@@ -475,7 +588,7 @@ fn span_entry(span: &Span) -> Result<(ChunkEntry, Option<Vec<u8>>), TarIndexErro
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::build::tests::{layer, noise};
     use lamina_format::erofs::{Chunk, Image};
@@ -485,9 +598,23 @@ mod tests {
 
     /// An image of in-memory layers.
     #[derive(Debug)]
-    struct Layers {
+    pub(crate) struct Layers {
         image: SourceImage,
         blobs: Vec<Vec<u8>>,
+        /// Whether it reads blob ranges (a docker-archive source does not).
+        pub(crate) ranges: bool,
+    }
+
+    impl Layers {
+        fn blob(&self, desc: &Descriptor) -> &[u8] {
+            let i = self
+                .image
+                .layers
+                .iter()
+                .position(|l| l.descriptor.digest == desc.digest)
+                .expect("a layer");
+            &self.blobs[i]
+        }
     }
 
     impl ImageSource for Layers {
@@ -498,23 +625,28 @@ mod tests {
             unreachable!("a tar index reads compressed blobs")
         }
         fn open_blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>, OciError> {
-            let i = self
-                .image
-                .layers
-                .iter()
-                .position(|l| l.descriptor.digest == desc.digest)
-                .expect("a layer");
-            Ok(Box::new(&self.blobs[i][..]))
+            Ok(Box::new(self.blob(desc)))
+        }
+        fn read_blob_range(
+            &self,
+            desc: &Descriptor,
+            offset: u64,
+            len: u64,
+        ) -> Result<Option<Vec<u8>>, OciError> {
+            let blob = self.blob(desc);
+            Ok(self
+                .ranges
+                .then(|| blob[offset as usize..(offset + len) as usize].to_vec()))
         }
     }
 
-    fn gzip(tar: &[u8]) -> Vec<u8> {
+    pub(crate) fn gzip(tar: &[u8]) -> Vec<u8> {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         e.write_all(tar).unwrap();
         e.finish().unwrap()
     }
 
-    fn image(layers: Vec<(Vec<u8>, Vec<u8>, &str)>) -> Layers {
+    pub(crate) fn image(layers: Vec<(Vec<u8>, Vec<u8>, &str)>) -> Layers {
         let mut descs = Vec::new();
         let mut diff_ids = Vec::new();
         let mut blobs = Vec::new();
@@ -551,7 +683,11 @@ mod tests {
         let bytes = serde_json::to_vec(&manifest).unwrap();
         let digest = Digest::of_bytes(&bytes);
         let image = SourceImage::from_parts(manifest, bytes, digest, config).unwrap();
-        Layers { image, blobs }
+        Layers {
+            image,
+            blobs,
+            ranges: true,
+        }
     }
 
     /// Each file of the merged tree reads, through its chunk in the EROFS

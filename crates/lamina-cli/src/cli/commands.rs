@@ -97,6 +97,7 @@ pub(super) fn index_image(command: Command, source: SourceOptions, json: bool) -
         dst,
         span_size,
         prefetch,
+        boot_exec,
         no_bind,
     } = command
     else {
@@ -108,6 +109,7 @@ pub(super) fn index_image(command: Command, source: SourceOptions, json: bool) -
         source,
         span_size,
         prefetch_trace: prefetch,
+        boot_execs: boot_exec,
         bind: !no_bind,
     };
     let bar = progress_bar(json);
