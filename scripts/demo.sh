@@ -40,9 +40,10 @@
 #      lazily inside podman's user namespace (`podman unshare lamina mount`: FUSE, the
 #      cache in nobody's home) and `podman run --rootfs MNT:O` runs the hello command
 #      from it without root (skipped, and said so, when podman is not installed)
-#  13. the unmodified image: `lamina index docker://127.0.0.1:PORT/debian:bookworm` stores
-#      a small index beside it (about 2% of the layers: windows narrowed to what each
-#      span reads, issue 44) and binds it to the image (the tag becomes an image index
+#  13. the unmodified image: `lamina index --boot-exec python3 docker://127.0.0.1:PORT/debian:bookworm`
+#      stores a small index beside it (about 3% of the layers: windows narrowed to what
+#      each span reads, and the boot pages every python3 start reads, found in the image
+#      with no recorded start, issue 44) and binds it to the image (the tag becomes an image index
 #      listing the unchanged manifest and the index, so the tag's digest covers it);
 #      `lamina mount` of the image's own tag finds it and mounts the image lazily: the
 #      hello container runs on it while only the spans of the tars it reads are fetched
@@ -493,16 +494,17 @@ teardown
 CACHE="$TMP/cache-index"
 log "lamina index docker://$R/debian:bookworm (no conversion: an index bound to the image under its tag)"
 t=$(now)
-"$LAMINA" index --json "docker://$R/debian:bookworm" >"$TMP/index.json"
-step "lamina index" "$t" "$(now)"
-jq -r '.[0] | "  index \(.artifact_bytes) bytes (\(.window_bytes) of them narrowed windows, fetched with their spans; \(.spans) spans), \(.artifact_bytes * 10000 / .image_layer_bytes | round / 100)% of \(.image_layer_bytes) bytes of layers: \(.stored)"' "$TMP/index.json" >&2
+"$LAMINA" index --json --boot-exec python3 "docker://$R/debian:bookworm" >"$TMP/index.json"
+step "lamina index --boot-exec python3" "$t" "$(now)"
+jq -r '.[0] | "  index \(.artifact_bytes) bytes (\(.window_bytes) of them narrowed windows, fetched with their spans; \(.boot_pages.compressed_bytes) of boot pages from the image, \(.boot_pages.bytes) raw; \(.spans) spans), \(.artifact_bytes * 10000 / .image_layer_bytes | round / 100)% of \(.image_layer_bytes) bytes of layers: \(.stored)"' "$TMP/index.json" >&2
+[ "$(jq -r '.[0].boot_pages.bytes // 0' "$TMP/index.json")" -gt 0 ] || die "lamina index --boot-exec python3 made no boot pages"
 log "lamina mount docker://$R/debian:bookworm $MNT (the image as it is, found through its index)"
 t=$(now)
 "$LAMINA" mount --json "docker://$R/debian:bookworm" "$MNT" --cache-dir "$CACHE" 2>/dev/null >"$TMP/mount-index.json"
 step "lamina mount (through its index)" "$t" "$(now)"
 run_container index
 settled_status >"$TMP/status-index.json"
-jq -r '"  fetched \(.fetched_bytes) bytes (spans and their windows) in \(.requests) range requests of the original layers, \(.cached_bytes) of \(.total_bytes) tar bytes cached"' \
+jq -r '"  fetched \(.fetched_bytes) bytes (boot pages, spans and their windows) in \(.requests) range requests of the original layers (\(.boot_page_bytes) bytes of boot pages applied), \(.cached_bytes) of \(.total_bytes) tar bytes cached"' \
     "$TMP/status-index.json" >&2
 teardown
 SUBJECT=$(jq -r '.[0].subject' "$TMP/index.json")
