@@ -157,6 +157,9 @@ struct Shared {
     /// Boot-pages frames to load, and those not yet applied (or given up on).
     boot_frames: AtomicUsize,
     boot_pending: AtomicUsize,
+    /// The pages the boot frames bring, from the first frame's directory:
+    /// a miss outside them does not wait for the frames.
+    boot_directory: OnceLock<boot::BootDirectory>,
     sock: OwnedFd,
     trace: Option<Mutex<File>>,
     /// A copy of the holder's group: it stays open if the holder dies.
@@ -382,6 +385,7 @@ fn build_shared(
         served_elsewhere,
         boot_frames: AtomicUsize::new(0),
         boot_pending: AtomicUsize::new(0),
+        boot_directory: OnceLock::new(),
         sock,
         trace,
         group: OnceLock::new(),

@@ -3,6 +3,7 @@
 //! recording mount writes.
 
 use super::*;
+use lamina_format::boot::{BootExtent, BOOT_PAGE};
 
 /// Decompresses zstd `compressed` to exactly `size` bytes (bounded at
 /// mount: nothing is allocated for what a frame header claims).
@@ -19,11 +20,54 @@ pub(super) fn decompress_exactly(compressed: &[u8], size: u64) -> io::Result<Vec
     Ok(raw)
 }
 
+/// The pages the boot frames bring (the first frame's directory), per
+/// blob: byte ranges of the cache file, sorted, adjacent ones merged.
+#[derive(Debug, Default)]
+pub(super) struct BootDirectory(HashMap<u32, Vec<(u64, u64)>>);
+
+impl BootDirectory {
+    pub(super) fn new(extents: &[BootExtent]) -> Self {
+        let mut by_blob: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        for e in extents {
+            let start = e.cache_offset.get();
+            let end = start + u64::from(e.pages.get()) * BOOT_PAGE;
+            by_blob.entry(e.blob.get()).or_default().push((start, end));
+        }
+        for ranges in by_blob.values_mut() {
+            ranges.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+            for &(start, end) in ranges.iter() {
+                match merged.last_mut() {
+                    Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                    _ => merged.push((start, end)),
+                }
+            }
+            *ranges = merged;
+        }
+        BootDirectory(by_blob)
+    }
+
+    /// Whether every page of bytes `offset..offset + count` of blob
+    /// `blob` comes with a frame.
+    pub(super) fn covers(&self, blob: u32, offset: u64, count: u64) -> bool {
+        let start = offset / BOOT_PAGE * BOOT_PAGE;
+        let end = offset.saturating_add(count.max(1)).div_ceil(BOOT_PAGE) * BOOT_PAGE;
+        let Some(ranges) = self.0.get(&blob) else {
+            return false;
+        };
+        let at = ranges.partition_point(|r| r.1 <= start);
+        ranges.get(at).is_some_and(|r| r.0 <= start && end <= r.1)
+    }
+}
+
 impl Shared {
     /// While boot pages are still coming and the range lies in boot-set
     /// chunks, waits for them. Returns whether the range is ready (false:
     /// fetch its chunks). Bounded by the miss timeout; a segment that
-    /// failed counts as done, so its chunks are fetched instead.
+    /// failed counts as done, so its chunks are fetched instead. Once the
+    /// first frame's directory says the range is not all in the boot
+    /// pages, it is not waited for: those pages would come only after every
+    /// frame, as a fetch.
     pub(super) fn wait_boot_pages(
         &self,
         blob: u32,
@@ -38,13 +82,26 @@ impl Shared {
             return Ok(false);
         }
         let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
-        while self.boot_pending.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-            self.wait_landed(Duration::from_millis(10))?;
+        loop {
             if self.lock_store(blob)?.range_ready(offset, count) {
                 return Ok(true);
             }
+            if self.boot_pending.load(Ordering::SeqCst) == 0 || Instant::now() >= deadline {
+                return Ok(false);
+            }
+            if let Some(directory) = self.boot_directory.get() {
+                if !directory.covers(blob, offset, count) {
+                    tracing::debug!(
+                        blob,
+                        offset,
+                        count,
+                        "a read of boot-set chunks outside the boot pages: fetched now"
+                    );
+                    return Ok(false);
+                }
+            }
+            self.wait_landed(Duration::from_millis(10))?;
         }
-        Ok(self.lock_store(blob)?.range_ready(offset, count))
     }
 
     /// Appends a miss to the trace: the part of each chunk it reads.
@@ -222,6 +279,11 @@ impl Shared {
             .map(|s| s.summary.table_range().map_or(0, |(_, len)| len))
             .collect();
         let boot = BootPages::from_bytes(&raw, &sizes, &table_lens).map_err(io::Error::other)?;
+        // One layer of boot pages (older images split them into layers of
+        // their own, without a directory): its directory is the whole set.
+        if !boot.directory.is_empty() && self.config.boot_pages.len() == 1 {
+            let _ = self.boot_directory.set(BootDirectory::new(&boot.directory));
+        }
         for (blob, table) in &boot.tables {
             self.take_table(*blob, table)?;
         }
@@ -278,5 +340,37 @@ impl Shared {
             }
         })?;
         Ok(z)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(blob: u32, page: u64, pages: u32) -> BootExtent {
+        BootExtent {
+            cache_offset: (page * BOOT_PAGE).into(),
+            blob: blob.into(),
+            pages: pages.into(),
+        }
+    }
+
+    /// A read is waited for only when every page of it comes with a frame;
+    /// extents that meet count as one run.
+    #[test]
+    fn the_directory_covers_whole_reads_only() {
+        let d = BootDirectory::new(&[extent(0, 4, 2), extent(1, 0, 1), extent(0, 6, 1)]);
+        let page = BOOT_PAGE;
+        assert!(d.covers(0, 4 * page, page));
+        assert!(
+            d.covers(0, 4 * page + 100, 3 * page - 200),
+            "pages 4-6, met"
+        );
+        assert!(!d.covers(0, 4 * page, 4 * page), "page 7 is not in");
+        assert!(!d.covers(0, 3 * page + 4000, 200), "starts in page 3");
+        assert!(!d.covers(0, 0, page));
+        assert!(d.covers(1, 10, 1));
+        assert!(!d.covers(1, page, 1));
+        assert!(!d.covers(2, 0, 1), "no pages of blob 2");
     }
 }
