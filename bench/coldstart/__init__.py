@@ -45,8 +45,9 @@ Options (--set KEY=VALUE; defaults as scripts/coldstart.sh had them):
   proxy,faults,faults-nohedge,local  idle_images=20 (0: skip)  max_minutes=60 (the
   measurements stop there: the results are written, marked incomplete, and the
   command fails)  containerd=BIN (a containerd to measure: its directory goes
-  first on PATH)  keep_logs=DIR (containerd at debug level, the snapshotter and
-  its mounts' daemons at LAMINA_LOG=debug; their logs copied to DIR)
+  first on PATH)  keep_logs=DIR (containerd at debug level, the snapshotter,
+  its mounts' daemons and `lamina mount`'s at LAMINA_LOG=debug; their logs
+  copied to DIR, a directory per start)
   mount_args=... / convert_args=... (more `lamina mount` / `lamina convert`
   options, to try a setting; default: $COLDSTART_MOUNT_ARGS / $COLDSTART_CONVERT_ARGS)
 --quick: links=100mbit runs=1 workloads=python variants=containerd,lamina,lamina-boot

@@ -140,11 +140,12 @@ class Fixture:
     # -- a run's files -----------------------------------------------------------------------
     def keep_logs(self, d, name):
         """With keep_logs: the snapshotter's log in `d` and its mounts' daemon
-        logs (ROOT/cache/mounts/*/) to KEEP/name."""
+        logs (ROOT/cache/mounts/*/, or a lamina_run's cache/mounts/*/) to KEEP/name."""
         if not self.keep:
             return
         dst = os.path.join(self.keep, name)
         os.makedirs(dst, exist_ok=True)
-        logs = glob.glob(os.path.join(d, "*.log")) + glob.glob(os.path.join(d, "root", "cache", "mounts", "*", "*.log"))
+        logs = (glob.glob(os.path.join(d, "*.log")) + glob.glob(os.path.join(d, "root", "cache", "mounts", "*", "*.log"))
+                + glob.glob(os.path.join(d, "cache", "mounts", "*", "*.log")))
         for src in logs:
             shutil.copy(src, os.path.join(dst, os.path.basename(src)))

@@ -185,10 +185,14 @@ def lamina_run(b, tag, workload, record_trace=None, second=True, ref=None, mount
     rec = {"tag": tag}
     try:
         drop_caches()
+        # keep_logs: the mount's daemons at debug level, their logs kept (below)
+        log_env = ["env", "LAMINA_LOG=debug"] if b.keep else []
         tx0 = b.tx_bytes()
         t0 = time.perf_counter()
-        run_quiet(b.ns.argv([b.lamina, "mount", ref, mnt, "--cache-dir", cache] + extra), stdin=subprocess.DEVNULL,
-                  timeout=120)
+        if b.keep:
+            rec["started_unix"] = time.time()
+        run_quiet(b.ns.argv(log_env + [b.lamina, "mount", ref, mnt, "--cache-dir", cache] + extra),
+                  stdin=subprocess.DEVNULL, timeout=120)
         t_mount = time.perf_counter()
         tx_mount = b.tx_bytes()
         overlay(mnt, c1)
@@ -214,6 +218,7 @@ def lamina_run(b, tag, workload, record_trace=None, second=True, ref=None, mount
         rec["rss_kib"] = rss_of(st)
         if st.get("failed_misses") or st.get("bad_chunks"):
             rec["daemon_logs"] = worker_log(cache)
+        b.keep_logs(rd, f"{seq}-{tag}-{workload}")
         return rec
     finally:
         umount_rootfs(rd)
