@@ -714,8 +714,9 @@ mod tests {
             assert!(matches!(err, ArtifactError::TooLarge { .. }), "{err}");
         };
         too_large(&layer(MEDIA_TYPE_BOOT, &raw, &z, Some(1 << 40)), &index);
-        // More than the cache files' pages with their extents could be.
-        let most = 16 + 2048 * (4096 + 16);
+        // More than the cache files' pages with their extents (and those in
+        // the directory, with its record) could be.
+        let most = 16 + 2048 * (4096 + 32) + 16;
         assert!(boot_layer(&layer(MEDIA_TYPE_BOOT, &raw, &z, Some(most)), &index).is_ok());
         too_large(&layer(MEDIA_TYPE_BOOT, &raw, &z, Some(most + 1)), &index);
         // The fixed cap, whatever the cache files.
@@ -799,8 +800,9 @@ mod tests {
         let raw = vec![7u8; 64];
         let z = zstd::bulk::compress(&raw, 3).unwrap();
         let index = index_with_cache(8 << 20);
-        // The cache files' 2048 pages with an extent each, in two halves.
-        let half = 1024 * (4096 + 16) + 16;
+        // The cache files' 2048 pages with an extent each and each in the
+        // directory, with its record, in two halves (a header each).
+        let half = 1024 * (4096 + 32) + 8 + 16;
         let seg = layer(MEDIA_TYPE_BOOT, &raw, &z, Some(half));
         assert_eq!(
             boot_layers(&[seg.clone(), seg.clone()], &index)

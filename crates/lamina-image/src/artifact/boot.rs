@@ -125,13 +125,15 @@ pub fn boot_layers(
 }
 
 /// The most boot-pages bytes, uncompressed, without the header, the image's
-/// cache files allow: one extent per page at most, each page once.
+/// cache files allow: one extent per page at most, each page once, and
+/// once more in the directory.
 fn boot_pages_bound(index: &[BlobSummary]) -> u64 {
     let pages: u64 = index
         .iter()
         .map(|b| b.cache_size / BOOT_PAGE)
         .fold(0, u64::saturating_add);
-    let per_page = BOOT_PAGE + size_of::<BootExtent>() as u64;
+    let per_page = BOOT_PAGE + 2 * size_of::<BootExtent>() as u64;
+    let directory = size_of::<BootTable>() as u64;
     // And each blob's chunk table at most once (paged index).
     let tables: u64 = index
         .iter()
@@ -141,6 +143,7 @@ fn boot_pages_bound(index: &[BlobSummary]) -> u64 {
     pages
         .saturating_mul(per_page)
         .saturating_add(tables)
+        .saturating_add(directory)
         .min(MAX_BOOT_PAGES_SIZE)
 }
 
