@@ -667,6 +667,11 @@ impl<'a> Walk<'a, '_> {
     /// Bytes `offset..offset + len` of a file (fewer at its end), read back
     /// from their units, each checked against its digest.
     fn read(&mut self, inode: &Inode<'a>, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        if self.failed.is_some() {
+            // Refused at the end anyway: no more fetches from a source
+            // that failed (each would wait out its deadline).
+            return Err(io::Error::other("an earlier read failed"));
+        }
         let mut out = Vec::new();
         for piece in self.device_ranges(inode, offset, len)? {
             let (blob, at, len) = match piece {
