@@ -206,7 +206,10 @@ impl BootPages {
         let extents = read_extents(table)?;
         let total = check_extents(&extents, cache_sizes)?;
         let bad = |m: String| Err(BootError::Inconsistent(m));
-        let table_bytes: u64 = records.iter().map(|r| r.len.get()).sum();
+        let table_bytes = records
+            .iter()
+            .try_fold(0u64, |sum, r| sum.checked_add(r.len.get()))
+            .ok_or_else(|| BootError::Inconsistent("records overflow".into()))?;
         if total.checked_add(table_bytes) != Some(data.len() as u64) {
             return bad(format!(
                 "extents cover {total} bytes and tables {table_bytes}, data has {}",
@@ -380,13 +383,26 @@ fn split_table_records<'a>(
     let mut seen = vec![false; table_lens.len()];
     let mut directory = false;
     let mut records = Vec::with_capacity(count as usize);
-    for raw in raw.chunks_exact(size_of::<BootTable>()) {
+    let last = count as usize;
+    for (n, raw) in raw.chunks_exact(size_of::<BootTable>()).enumerate() {
         let r = BootTable::read_from_bytes(raw).map_err(|_| BootError::Truncated)?;
         let blob = r.blob.get() as usize;
         match r.kind.get() {
-            BOOT_RECORD_DIRECTORY if !directory && blob == 0 => directory = true,
+            // One form only (the last record, not empty), as written: what
+            // parses writes back to the same bytes. Its length is bounded
+            // by the input, which must hold it.
+            BOOT_RECORD_DIRECTORY
+                if !directory
+                    && blob == 0
+                    && n + 1 == last
+                    && (1..=rest.len() as u64).contains(&r.len.get()) =>
+            {
+                directory = true
+            }
             BOOT_RECORD_DIRECTORY => {
-                return Err(BootError::Inconsistent("a second directory".into()));
+                return Err(BootError::Inconsistent(
+                    "a directory not last, empty or a second".into(),
+                ));
             }
             BOOT_RECORD_TABLE => {
                 let want = table_lens.get(blob).copied().unwrap_or(0);
@@ -565,6 +581,22 @@ mod tests {
             BootPages::from_bytes(&b.to_bytes(), &[u64::MAX], &[]),
             Err(BootError::Inconsistent(_))
         ));
+        // A directory record claiming 2^64-1 bytes: refused, not summed.
+        let mut claim = BootPages::default().to_bytes();
+        claim[12] = 1;
+        claim.extend_from_slice(
+            BootTable {
+                blob: 0.into(),
+                kind: BOOT_RECORD_DIRECTORY.into(),
+                len: u64::MAX.into(),
+            }
+            .as_bytes(),
+        );
+        claim.extend_from_slice(&[0; 64]);
+        assert!(matches!(
+            BootPages::from_bytes(&claim, &[u64::MAX], &[]),
+            Err(BootError::Inconsistent(_))
+        ));
         // Overlapping extents of 2^32-1 pages each: their sum passes 2^64.
         let b = BootPages {
             extents: vec![extent(0, 0, u32::MAX); (1 << 20) + 1],
@@ -677,6 +709,16 @@ mod tests {
         twice.splice(records..records, bytes[records..records + 16].to_vec());
         twice.extend_from_slice(&bytes[bytes.len() - 48..]);
         assert!(BootPages::from_bytes(&twice, &sizes, &[]).is_err());
+        // An empty directory would write back as none: refused.
+        let mut empty = BootPages {
+            extents: Vec::new(),
+            data: Vec::new(),
+            ..BootPages::default()
+        }
+        .to_bytes();
+        empty[12] = 1;
+        empty.extend_from_slice(record(0, BOOT_RECORD_DIRECTORY, &[]).as_bytes());
+        assert!(BootPages::from_bytes(&empty, &sizes, &[]).is_err());
         let mut unknown = bytes.clone();
         unknown[records + 4] = 7;
         assert!(matches!(
