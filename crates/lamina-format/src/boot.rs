@@ -83,7 +83,8 @@ pub struct BootTable {
     /// [`BOOT_RECORD_TABLE`] or [`BOOT_RECORD_DIRECTORY`] (this field was
     /// reserved, zero, before the directory).
     pub kind: U32,
-    /// Length in bytes: the blob's table length in the index.
+    /// Length in bytes (a chunk table: the blob's table length in the
+    /// index; the directory: 16 per extent).
     pub len: U64,
 }
 
@@ -302,9 +303,6 @@ impl BootPages {
     }
 }
 
-/// Reads `count` table records from the front of `rest`: each for a blob
-/// with a table (`table_lens`, by blob), once, of that table's length.
-/// Returns them and the bytes after them.
 /// A record's header for `bytes`.
 fn record(blob: u32, kind: u32, bytes: &[u8]) -> BootTable {
     BootTable {
@@ -362,6 +360,9 @@ fn check_extents(extents: &[BootExtent], cache_sizes: &[u64]) -> Result<u64, Boo
     Ok(total)
 }
 
+/// Reads `count` records from the front of `rest`: a chunk table for a
+/// blob with one (`table_lens`, by blob), once, of that table's length; at
+/// most one directory, last. Returns them and the bytes after them.
 fn split_table_records<'a>(
     rest: &'a [u8],
     count: u32,
