@@ -28,10 +28,7 @@ use crate::config::{DaemonConfig, SourceSpec};
 
 /// The source `spec` names, each request given a third of `timeout_secs`
 /// (see [`attempt_timeout`]).
-pub(crate) fn range_source(
-    spec: &SourceSpec,
-    timeout_secs: u64,
-) -> io::Result<Arc<dyn RangeSource>> {
+pub fn range_source(spec: &SourceSpec, timeout_secs: u64) -> io::Result<Arc<dyn RangeSource>> {
     Ok(match spec {
         SourceSpec::Registry { repository, .. } => Arc::new(RegistrySource {
             client: registry_client(spec, timeout_secs)?,

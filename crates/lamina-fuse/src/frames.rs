@@ -1,18 +1,25 @@
 //! A lazy FUSE mount's metadata, filled a zstd frame at a time.
 //!
 //! The metadata layer is a run of independent zstd frames: 64 KiB of
-//! content first (superblock, device table, root), then 4 MiB each. A lazy
-//! mount fetches the layer whole and checks it against
-//! its digest (the manifest's), but leaves the frames compressed: the
-//! daemon maps the metadata file while it is still sparse and decompresses
-//! into it, as they are needed, only the frames a request reads (the
-//! reader asks through [`Gate`] before it reads a byte), and the rest on
-//! threads in the background. A million-file image's 85 MB are then not
-//! decompressed before the mount returns, only the 64 KiB of its first frame.
+//! content first (superblock, device table, root), then 4 MiB each. The
+//! manifest lists them with their content digests
+//! (`dev.lamina.metadata.frames`): a lazy mount fetches only the first
+//! frame and checks it, and the daemon maps the metadata file while it is
+//! still sparse and writes into it, as they are needed, only the frames a
+//! request reads (the reader asks through [`Gate`] before it reads a
+//! byte): each fetched by range from the image's source, checked against
+//! its digest as it is decompressed, written. The rest follow on a thread
+//! in the background. A million-file image's metadata (7 to 27 MB
+//! compressed) is then not on the link before the mount returns, only its
+//! first frame. Images from before the list: the mount fetches the layer
+//! whole and checks it against its digest, and the daemon decompresses its
+//! frames as they are needed from that copy.
 //!
 //! A frame is written once, before anything reads it: the mapping never
-//! shows a byte that changes later. A frame that does not decompress to the
-//! size its header names fails every read that needs it (EIO), and is never
+//! shows a byte that changes later. A frame that could not be fetched or
+//! checked fails the reads that need it (EIO) and is fetched again by the
+//! next one. A frame of a layer fetched whole that does not decompress to
+//! the size its header names fails every read that needs it, and is never
 //! retried: the layer matched its digest, so the image itself is bad. Once
 //! every frame is written the file is hashed against the content digest and
 //! only then recorded, so later mounts trust it
@@ -23,14 +30,21 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
+use lamina_daemon::config::SourceSpec;
+use lamina_fetch::fetch::{
+    decode_chunk, fetch_chunks, BlobChunks, ChunkCodec, FetchOptions, FetchStats, RangeSource,
+};
 use lamina_format::erofs::Gate;
+use lamina_format::index::{ChunkEntry, CHUNK_ZSTD};
+use lamina_oci::Digest;
 use serde::{Deserialize, Serialize};
 
 /// The metadata's frames, as the mount hands them to the daemon.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MetadataFrames {
     /// The layer's bytes, checked against its digest by the mount.
     pub compressed_path: PathBuf,
@@ -39,6 +53,53 @@ pub struct MetadataFrames {
     /// The content digest (`sha256:<hex>`) the whole file must hash to
     /// before it is recorded.
     pub digest: String,
+    /// When the frames are fetched as they are needed: from where, and
+    /// their digests. `None`: the whole layer is at `compressed_path`.
+    #[serde(default)]
+    pub remote: Option<RemoteFrames>,
+}
+
+/// Where a layer's frames are fetched from, one by one by range.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RemoteFrames {
+    /// The image's source.
+    pub source: SourceSpec,
+    /// The layer's digest (what is fetched).
+    pub layer: String,
+    /// Each frame's content digest (`sha256:<hex>`), in order, from the
+    /// manifest.
+    pub digests: Vec<String>,
+    /// How many frames, from the first, the mount fetched and wrote at
+    /// `compressed_path` (checked again before use).
+    pub local: usize,
+    /// How long a reader waits for a frame, seconds.
+    pub timeout_secs: u64,
+}
+
+/// The fetching side of [`RemoteFrames`].
+struct Remote {
+    source: Arc<dyn RangeSource>,
+    layer: Digest,
+    digests: Vec<[u8; 32]>,
+    local: usize,
+    opts: FetchOptions,
+    stats: FetchStats,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("layer", &self.layer)
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a frame is not written: `retry` when a later read may fetch it
+/// again (the network), not when the image itself is bad.
+struct FrameError {
+    why: String,
+    retry: bool,
 }
 
 /// One zstd frame: where it lies in the layer and in the content.
@@ -78,7 +139,19 @@ pub struct FrameFill {
     writing: Mutex<()>,
     /// Frames decompressed so far (each exactly once).
     decompressed: AtomicUsize,
+    /// Where frames not at `compressed` come from.
+    remote: Option<Remote>,
+    /// When the fill began, and when a read last needed the metadata
+    /// (milliseconds after).
+    born: Instant,
+    last_read_ms: AtomicU64,
 }
+
+/// Frames fetched in the background wait until no read has needed the
+/// metadata for this long...
+const QUIET: Duration = Duration::from_secs(1);
+/// ...or this long at most.
+const QUIET_AT_MOST: Duration = Duration::from_secs(10);
 
 /// What a thread decompressing frames keeps between them.
 #[derive(Default)]
@@ -91,15 +164,36 @@ struct Buffers {
 impl FrameFill {
     /// The frames of `spec`, to be written into `out` (open for writing,
     /// as long as the frames' content) from the file at
-    /// `spec.compressed_path`. The spans must lie in that file and cover
-    /// `out` back to back.
+    /// `spec.compressed_path`, or fetched from `spec.remote`'s source. The
+    /// spans must cover `out` back to back, and those at the file lie in
+    /// it.
     pub fn new(spec: &MetadataFrames, out: File) -> std::io::Result<FrameFill> {
+        let source = match &spec.remote {
+            Some(r) => Some(lamina_daemon::range_source(&r.source, r.timeout_secs)?),
+            None => None,
+        };
+        FrameFill::with_source(spec, out, source)
+    }
+
+    /// [`FrameFill::new`], remote frames fetched from `source`.
+    fn with_source(
+        spec: &MetadataFrames,
+        out: File,
+        source: Option<Arc<dyn RangeSource>>,
+    ) -> std::io::Result<FrameFill> {
         let compressed = File::open(&spec.compressed_path)?;
         let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
         let (zlen, olen) = (compressed.metadata()?.len(), out.metadata()?.len());
+        let local = spec.remote.as_ref().map_or(spec.frames.len(), |r| r.local);
         let mut offset = 0u64;
         for (i, f) in spec.frames.iter().enumerate() {
-            if f.offset != offset || f.start.checked_add(f.len).is_none_or(|e| e > zlen) {
+            let end = f.start.checked_add(f.len);
+            let outside = match i < local {
+                true => end.is_none_or(|e| e > zlen),
+                // Fetched alone: a chunk of the layer, sizes in 32 bits.
+                false => end.is_none() || u32::try_from(f.len.max(f.size)).is_err(),
+            };
+            if f.offset != offset || outside {
                 return Err(bad(format!("metadata frame {i}: {f:?} out of place")));
             }
             offset = offset.saturating_add(f.size);
@@ -109,6 +203,11 @@ impl FrameFill {
                 "metadata frames cover {offset} bytes, the file has {olen}"
             )));
         }
+        let remote = match (&spec.remote, source) {
+            (Some(r), Some(source)) => Some(Remote::new(r, spec.frames.len(), source)?),
+            (Some(_), None) => return Err(bad("remote metadata frames without a source".into())),
+            (None, _) => None,
+        };
         let n = spec.frames.len();
         Ok(FrameFill {
             spec: spec.clone(),
@@ -120,6 +219,9 @@ impl FrameFill {
             settled: (Mutex::new(()), Condvar::new()),
             writing: Mutex::new(()),
             decompressed: AtomicUsize::new(0),
+            remote,
+            born: Instant::now(),
+            last_read_ms: AtomicU64::new(0),
         })
     }
 
@@ -144,6 +246,8 @@ impl FrameFill {
         if self.complete() || range.is_empty() {
             return Ok(());
         }
+        self.last_read_ms
+            .store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
         let frames = &self.spec.frames;
         let first = frames.partition_point(|f| f.offset + f.size <= range.start);
         let mut buffers = Buffers::default();
@@ -167,10 +271,35 @@ impl FrameFill {
                 return first_error;
             }
             if self.state[i].load(Ordering::Acquire) == PENDING {
+                if self.remote.is_some() {
+                    self.wait_for_quiet();
+                }
                 let done = self.frame(i, &mut buffers);
                 first_error = first_error.and(done);
             }
         }
+    }
+
+    /// Returns once no read has needed the metadata for [`QUIET`], or
+    /// after [`QUIET_AT_MOST`]: frames fetched in the background wait for
+    /// the start's own to be answered first (the link is the start's).
+    fn wait_for_quiet(&self) {
+        let began = Instant::now();
+        loop {
+            let last = Duration::from_millis(self.last_read_ms.load(Ordering::Relaxed));
+            let quiet = self.born.elapsed().saturating_sub(last);
+            if quiet >= QUIET || began.elapsed() >= QUIET_AT_MOST {
+                return;
+            }
+            std::thread::sleep(QUIET - quiet);
+        }
+    }
+
+    /// Whether a frame can never be written (the image is bad).
+    fn failed_for_good(&self) -> bool {
+        self.state
+            .iter()
+            .any(|s| s.load(Ordering::Acquire) == FAILED)
     }
 
     /// Frame `i`, written: by this thread if nobody has started it.
@@ -188,20 +317,22 @@ impl FrameFill {
                         continue;
                     }
                     let written = self.write_frame(i, buffers);
+                    let next = match &written {
+                        Ok(()) => DONE,
+                        Err(e) if e.retry => PENDING,
+                        Err(_) => FAILED,
+                    };
                     if let Err(e) = &written {
-                        tracing::error!("{e}");
-                        self.errors().insert(i, e.clone());
+                        tracing::error!("{}", e.why);
+                        self.errors().insert(i, e.why.clone());
                     }
-                    state.store(
-                        if written.is_ok() { DONE } else { FAILED },
-                        Ordering::Release,
-                    );
+                    state.store(next, Ordering::Release);
                     if written.is_ok() {
                         self.left.fetch_sub(1, Ordering::AcqRel);
                     }
                     let _lock = self.settled.0.lock().unwrap_or_else(|e| e.into_inner());
                     self.settled.1.notify_all();
-                    return written;
+                    return written.map_err(|e| e.why);
                 }
                 _ => {
                     let lock = self.settled.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -222,9 +353,21 @@ impl FrameFill {
     }
 
     /// Decompresses frame `i` and writes it in place.
-    fn write_frame(&self, i: usize, b: &mut Buffers) -> Result<(), String> {
+    fn write_frame(&self, i: usize, b: &mut Buffers) -> Result<(), FrameError> {
         let f = self.spec.frames[i];
-        let fail = |why: String| format!("metadata frame {i} (layer byte {}): {why}", f.start);
+        let fail = |why: String, retry: bool| FrameError {
+            why: format!("metadata frame {i} (layer byte {}): {why}", f.start),
+            retry,
+        };
+        if let Some(remote) = &self.remote {
+            let content = remote
+                .frame(i, &f, &self.compressed)
+                .map_err(|(why, retry)| fail(why, retry))?;
+            return self
+                .write_content(&content, f.offset)
+                .map_err(|e| fail(e, true));
+        }
+        let fail = |why: String| fail(why, false);
         b.compressed.resize(f.len as usize, 0);
         self.compressed
             .read_exact_at(&mut b.compressed, f.start)
@@ -246,10 +389,108 @@ impl FrameFill {
                 f.size
             )));
         }
+        let content = std::mem::take(&mut b.content);
+        let written = self.write_content(&content, f.offset).map_err(fail);
+        b.content = content;
+        written
+    }
+
+    /// Writes a frame's checked content at `offset`.
+    fn write_content(&self, content: &[u8], offset: u64) -> Result<(), String> {
         self.decompressed.fetch_add(1, Ordering::Relaxed);
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        lamina_sys::write_all_at_in_pieces(&self.out, &b.content, f.offset)
-            .map_err(|e| fail(format!("writing: {e}")))
+        lamina_sys::write_all_at_in_pieces(&self.out, content, offset)
+            .map_err(|e| format!("writing: {e}"))
+    }
+
+    /// For remote frames so far: compressed bytes fetched, requests, and
+    /// answers that failed their digest (fetched again).
+    pub fn fetched(&self) -> (u64, u64, u64) {
+        self.remote.as_ref().map_or((0, 0, 0), |r| {
+            (
+                r.stats.bytes.load(Ordering::Relaxed),
+                r.stats.requests.load(Ordering::Relaxed),
+                r.stats.bad_chunks.load(Ordering::Relaxed),
+            )
+        })
+    }
+}
+
+impl Remote {
+    fn new(
+        spec: &RemoteFrames,
+        frames: usize,
+        source: Arc<dyn RangeSource>,
+    ) -> std::io::Result<Remote> {
+        let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        if spec.digests.len() != frames || spec.local > frames {
+            return Err(bad(format!(
+                "{} digests and {} frames at hand for {frames} metadata frames",
+                spec.digests.len(),
+                spec.local
+            )));
+        }
+        let sha256 = |d: &String| -> std::io::Result<[u8; 32]> {
+            crate::sha256_digest(d).ok_or_else(|| bad(format!("bad frame digest {d}")))
+        };
+        let timeout = std::time::Duration::from_secs(spec.timeout_secs.max(1));
+        Ok(Remote {
+            source,
+            layer: Digest::parse(&spec.layer).map_err(|e| bad(e.to_string()))?,
+            digests: spec.digests.iter().map(sha256).collect::<Result<_, _>>()?,
+            local: spec.local,
+            // A frame is one request; a reader waits at most the timeout.
+            opts: FetchOptions {
+                deadline: timeout,
+                parallel: 1,
+                ..FetchOptions::default()
+            },
+            stats: FetchStats::default(),
+        })
+    }
+
+    /// Frame `i`'s content, checked against its digest: from `compressed`
+    /// when the mount put it there, else fetched. The error says whether
+    /// a later read may try again.
+    fn frame(&self, i: usize, f: &FrameSpan, compressed: &File) -> Result<Vec<u8>, (String, bool)> {
+        let entry = ChunkEntry {
+            cache_offset: f.offset.into(),
+            compressed_offset: f.start.into(),
+            compressed_size: (f.len as u32).into(), // checked in `with_source`
+            size: (f.size as u32).into(),
+            flags: CHUNK_ZSTD.into(),
+            reserved: 0.into(),
+            digest: self.digests[i],
+        };
+        if i < self.local {
+            let mut stored = vec![0; f.len as usize];
+            compressed
+                .read_exact_at(&mut stored, f.start)
+                .map_err(|e| (e.to_string(), true))?;
+            let mut dctx = zstd::bulk::Decompressor::new().map_err(|e| (e.to_string(), true))?;
+            return decode_chunk(&mut dctx, &entry, &stored).map_err(|e| (e, false));
+        }
+        let got = Mutex::new(None);
+        let blob = BlobChunks {
+            digest: &self.layer,
+            chunks: std::slice::from_ref(&entry),
+            codec: ChunkCodec::Lamina,
+        };
+        fetch_chunks(
+            &self.source,
+            blob,
+            &[0],
+            &self.opts,
+            &self.stats,
+            |_, bytes| {
+                *got.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes);
+                Ok(())
+            },
+        )
+        .map_err(|e| (e.to_string(), true))?;
+        got.into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .ok_or_else(|| ("fetched, not delivered".to_string(), true))
     }
 }
 
@@ -278,23 +519,39 @@ pub fn fill_in_background(fill: Arc<FrameFill>, path: PathBuf, threads: usize) {
             if let Err(e) = lamina_sys::run_this_thread_when_idle() {
                 tracing::debug!("metadata frames at the daemon's priority: {e}");
             }
-            let next = AtomicUsize::new(0);
-            let filled = std::thread::scope(|scope| {
-                let workers: Vec<_> = (0..threads.max(1))
-                    .map(|_| scope.spawn(|| fill.fill_rest(&next)))
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|w| w.join().unwrap_or_else(|_| Err("a thread panicked".into())))
-                    .fold(Ok(()), Result::and)
-            });
-            if let Err(e) = filled {
-                tracing::error!("metadata left incomplete, never recorded: {e}");
-                return;
+            // Frames fetched by range may fail for a while (the registry):
+            // they are tried again, a few times, a while later.
+            let rounds = if fill.remote.is_some() { 4 } else { 1 };
+            for round in 1..=rounds {
+                let next = AtomicUsize::new(0);
+                let filled = std::thread::scope(|scope| {
+                    let workers: Vec<_> = (0..threads.max(1))
+                        .map(|_| scope.spawn(|| fill.fill_rest(&next)))
+                        .collect();
+                    workers
+                        .into_iter()
+                        .map(|w| w.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+                        .fold(Ok(()), Result::and)
+                });
+                match filled {
+                    Ok(()) => break,
+                    Err(e) if round < rounds && !fill.failed_for_good() => {
+                        tracing::warn!("metadata frames: {e}; trying again in 10 s");
+                        std::thread::sleep(Duration::from_secs(10));
+                    }
+                    Err(e) => {
+                        tracing::error!("metadata left incomplete, never recorded: {e}");
+                        return;
+                    }
+                }
             }
+            let (fetched_bytes, requests, bad_answers) = fill.fetched();
             tracing::info!(
                 frames = fill.spec.frames.len(),
                 decompressed = fill.decompressed(),
+                fetched_bytes,
+                requests,
+                bad_answers,
                 ms = started.elapsed().as_millis() as u64,
                 "metadata frames all written"
             );
@@ -369,8 +626,162 @@ mod tests {
             compressed_path,
             frames: spans,
             digest,
+            remote: None,
         };
         (content, spec)
+    }
+
+    /// A layer's bytes served by range, corrupted in the next `bad`
+    /// answers; counts the requests.
+    #[derive(Debug, Default)]
+    struct Served {
+        bytes: Vec<u8>,
+        bad: AtomicUsize,
+        requests: AtomicUsize,
+    }
+
+    impl RangeSource for Served {
+        fn read_range(&self, _: &Digest, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            let mut out = self.bytes[offset as usize..(offset + len) as usize].to_vec();
+            let bad = self.bad.load(Ordering::SeqCst);
+            if bad > 0 {
+                self.bad.store(bad - 1, Ordering::SeqCst);
+                out.iter_mut().for_each(|b| *b ^= 0x5a);
+            }
+            Ok(out)
+        }
+    }
+
+    /// `layer`'s frames listed for fetching from `served`: the compressed
+    /// file holds only the first frame, as the mount leaves it.
+    fn listed(dir: &Path, frame: usize, frames: usize) -> (Vec<u8>, MetadataFrames, Arc<Served>) {
+        let (content, mut spec) = layer(dir, frame, frames);
+        let whole = std::fs::read(&spec.compressed_path).unwrap();
+        let first = spec.frames[0];
+        std::fs::write(&spec.compressed_path, &whole[..first.len as usize]).unwrap();
+        let digests = spec
+            .frames
+            .iter()
+            .map(|f| {
+                let piece = &content[f.offset as usize..(f.offset + f.size) as usize];
+                format!("sha256:{}", hex::encode(sha256(piece)))
+            })
+            .collect();
+        spec.remote = Some(RemoteFrames {
+            source: SourceSpec::Layout { dir: dir.into() },
+            layer: format!("sha256:{}", hex::encode(sha256(&whole))),
+            digests,
+            local: 1,
+            timeout_secs: 2,
+        });
+        let served = Arc::new(Served {
+            bytes: whole,
+            ..Served::default()
+        });
+        (content, spec, served)
+    }
+
+    fn listed_fill(spec: &MetadataFrames, out: File, served: &Arc<Served>) -> FrameFill {
+        let source: Arc<dyn RangeSource> = served.clone();
+        FrameFill::with_source(spec, out, Some(source)).unwrap()
+    }
+
+    /// Issue 44: frames listed in the manifest are fetched one by one as
+    /// reads need them (the first from the mount's copy), each checked
+    /// against its digest; a corrupt answer is fetched again, never
+    /// written; then the file is whole, hashed and recorded.
+    #[test]
+    fn listed_frames_are_fetched_as_they_are_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (content, spec, served) = listed(dir.path(), 4096, 3);
+        let path = dir.path().join("meta.erofs");
+        let fill = Arc::new(listed_fill(&spec, sparse(&path, content.len()), &served));
+        fill.ensure(0..100).unwrap();
+        assert_eq!(
+            served.requests.load(Ordering::SeqCst),
+            0,
+            "frame 0 is local"
+        );
+        served.bad.store(1, Ordering::SeqCst);
+        fill.ensure(5000..5010).unwrap();
+        assert_eq!(
+            served.requests.load(Ordering::SeqCst),
+            2,
+            "one bad answer, one good"
+        );
+        let now = read_all(&path);
+        assert!(now[..8192] == content[..8192], "frames 0 and 1 written");
+        assert!(now[8192..].iter().all(|&b| b == 0), "frames 2, 3 not yet");
+
+        fill_in_background(fill.clone(), path.clone(), 2);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while spec.compressed_path.exists() {
+            assert!(std::time::Instant::now() < deadline, "never finished");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(read_all(&path) == content);
+        assert_eq!(served.requests.load(Ordering::SeqCst), 4, "each frame once");
+        let file = File::open(&path).unwrap();
+        assert!(lamina_fetch::store::recorded_whole(&file, &path, &sha256(&content)).unwrap());
+    }
+
+    /// A frame whose every answer is wrong fails the reads that need it,
+    /// and only those, and nothing of it is written; a later read fetches
+    /// it again, and once the source answers right the frame is there.
+    #[test]
+    fn a_listed_frame_that_cannot_be_had_is_fetched_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (content, spec, served) = listed(dir.path(), 4096, 3);
+        let path = dir.path().join("meta.erofs");
+        let fill = listed_fill(&spec, sparse(&path, content.len()), &served);
+        served.bad.store(usize::MAX, Ordering::SeqCst);
+        let err = fill.ensure(4096..4097).unwrap_err();
+        assert!(err.contains("metadata frame 1"), "{err}");
+        assert!(read_all(&path)[4096..8192].iter().all(|&b| b == 0));
+        fill.ensure(0..4096).unwrap();
+        served.bad.store(0, Ordering::SeqCst);
+        fill.ensure(4096..4097).unwrap();
+        assert!(read_all(&path)[..8192] == content[..8192]);
+
+        // The mount's copy of the first frame is checked too.
+        let (content, spec, served) = listed(dir.path(), 4096, 3);
+        let mut first = std::fs::read(&spec.compressed_path).unwrap();
+        let last = first.len() - 5;
+        first[last] ^= 1;
+        std::fs::write(&spec.compressed_path, &first).unwrap();
+        let path = dir.path().join("meta2.erofs");
+        let fill = listed_fill(&spec, sparse(&path, content.len()), &served);
+        assert!(fill.ensure(0..1).is_err());
+        assert!(read_all(&path).iter().all(|&b| b == 0));
+    }
+
+    /// Digests that do not match the frames in number, or frames that do
+    /// not fit a chunk's 32-bit sizes, are refused before anything is read.
+    #[test]
+    fn listed_frames_must_be_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (content, spec, served) = listed(dir.path(), 4096, 3);
+        let path = dir.path().join("meta.erofs");
+        let source: Arc<dyn RangeSource> = served.clone();
+        let mut s = spec.clone();
+        s.remote.as_mut().unwrap().digests.pop();
+        let mut local = spec.clone();
+        local.remote.as_mut().unwrap().local = 2; // frame 1 is not in the file
+        let mut digest = spec.clone();
+        digest.remote.as_mut().unwrap().digests[2] = "sha256:zz".into();
+        for bad in [s, local, digest] {
+            let err =
+                FrameFill::with_source(&bad, sparse(&path, content.len()), Some(source.clone()))
+                    .unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
+        }
+        let mut big = spec.clone();
+        big.frames[3].len = 1 << 32;
+        let err = FrameFill::with_source(&big, sparse(&path, content.len()), Some(source.clone()))
+            .unwrap_err();
+        assert!(err.to_string().contains("out of place"), "{err}");
+        assert!(FrameFill::with_source(&spec, sparse(&path, content.len()), Some(source)).is_ok());
     }
 
     /// The sparse file the mount makes, `len` bytes.

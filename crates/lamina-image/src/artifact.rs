@@ -21,8 +21,8 @@ pub use binding::{
 };
 pub use boot::{boot_frames_annotation, boot_layer, boot_layers, BootFrame, BootLayer};
 pub use frames::{
-    copy_compressed_layer_in_parallel, read_frames_or_copy, FramesOrCopy, LayerFrame, LayerFrames,
-    MAX_LAZY_FRAMES,
+    copy_compressed_layer_in_parallel, frames_annotation, metadata_frames, read_frames_or_copy,
+    FramesOrCopy, LayerFrame, LayerFrames, ListedFrame, MAX_LAZY_FRAMES,
 };
 pub(crate) use layer::read_full;
 pub use layer::{copy_compressed_layer, read_compressed_layer};
@@ -80,6 +80,13 @@ pub const ANNOTATION_UNCOMPRESSED_SIZE: &str = "dev.lamina.uncompressed.size";
 /// frame>"]`. Each frame decompresses to a boot-pages segment of its own.
 /// Without it the layer is one frame (images before frames).
 pub const ANNOTATION_BOOT_FRAMES: &str = "dev.lamina.boot.frames";
+/// Metadata layer annotation: its zstd frames, in layer order, as a JSON
+/// array of `[compressed size, size, "sha256:<digest of the frame's
+/// content>"]`, so that a mount may fetch a frame alone by range and check
+/// it before it decompresses a byte more than the size named. Without it
+/// (images before it) the layer is fetched whole and checked against its
+/// own digest.
+pub const ANNOTATION_METADATA_FRAMES: &str = "dev.lamina.metadata.frames";
 /// Annotation on a boot-pages layer made from the image alone (`lamina
 /// convert --boot-exec`), value [`BOOT_SOURCE_IMAGE`]; absent on pages a
 /// recorded start read. A mount keeps its readahead for such pages: they
@@ -791,6 +798,55 @@ mod tests {
             "[{}]",
             vec![format!("[0,16,\"{d}\"]"); MAX_BOOT_FRAMES + 1].join(",")
         ));
+    }
+
+    /// Issue 44: the metadata layer lists its frames with their content
+    /// digests (convert writes the list); a list that does not tile the
+    /// layer and its size, or names an absurd size, is refused before a
+    /// fetch; without one the layer is fetched whole.
+    #[test]
+    fn metadata_frames_tile_their_layer() {
+        let raw: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let z = crate::convert::compress_frames(&raw, 100_000, 3).unwrap();
+        let mut desc = layer(MEDIA_TYPE_METADATA, &raw, &z.bytes, Some(raw.len() as u64));
+        assert_eq!(metadata_frames(&desc).unwrap(), None);
+        desc.annotations
+            .insert(ANNOTATION_METADATA_FRAMES.into(), z.annotation.clone());
+        let frames = metadata_frames(&desc).unwrap().unwrap();
+        // 64 KiB, then 100,000 bytes a frame.
+        let sizes: Vec<u64> = frames.iter().map(|f| f.size).collect();
+        assert_eq!(sizes, [65_536, 100_000, 100_000, 34_464]);
+        let mut content = 0;
+        for f in &frames {
+            let at = f.offset as usize..(f.offset + f.compressed_size) as usize;
+            let bytes = zstd::bulk::decompress(&z.bytes[at], f.size as usize).unwrap();
+            assert_eq!(f.digest, Digest::of_bytes(&bytes));
+            assert_eq!(bytes, raw[content..content + bytes.len()]);
+            content += bytes.len();
+        }
+        let refused = |value: String, size: Option<u64>| {
+            let mut bad = layer(MEDIA_TYPE_METADATA, &raw, &z.bytes, size);
+            bad.annotations
+                .insert(ANNOTATION_METADATA_FRAMES.into(), value);
+            assert!(metadata_frames(&bad).is_err(), "{bad:?}");
+        };
+        let d = Digest::of_bytes(b"x").to_string();
+        let len = z.bytes.len();
+        let size = Some(raw.len() as u64);
+        refused(z.annotation.clone(), None); // no size to tile
+        refused(format!("[[{len},300001,\"{d}\"]]"), size); // sizes
+        refused(format!("[[{},300000,\"{d}\"]]", len - 1), size); // short
+        refused(format!("[[0,0,\"{d}\"],[{len},300000,\"{d}\"]]"), size);
+        refused(format!("[[{len},5000000000,\"{d}\"]]"), Some(5_000_000_000));
+        refused(format!("[[{len},300000,\"sha256:zz\"]]"), size);
+        refused(format!("[[{len},300000]]"), size);
+        refused(
+            format!(
+                "[{}]",
+                vec![format!("[1,1,\"{d}\"]"); MAX_LAZY_FRAMES + 1].join(",")
+            ),
+            Some(MAX_LAZY_FRAMES as u64 + 1),
+        );
     }
 
     /// Boot segments: each bounded as one, and all together as one; a

@@ -269,7 +269,7 @@ pub fn convert(
         manifest_digest: manifest_digest.to_string(),
         source_manifest_digest: image.manifest_digest.to_string(),
         metadata_bytes: built.metadata.len() as u64,
-        metadata_compressed_bytes: tables.metadata_z.len() as u64,
+        metadata_compressed_bytes: tables.metadata_z.bytes.len() as u64,
         index_bytes: tables.index_raw.len() as u64,
         lookup_bytes,
         blobs: blob_reports,
@@ -329,7 +329,7 @@ fn build_image(
 
 /// The metadata, chunk index and lookup table, raw and compressed.
 struct Tables {
-    metadata_z: Vec<u8>,
+    metadata_z: CompressedFrames,
     index_raw: Vec<u8>,
     index_z: Vec<u8>,
     lookup_raw: Vec<u8>,
@@ -417,7 +417,11 @@ fn put_small_layers(
 ) -> Result<Option<BootReport>, ConvertError> {
     let small_layers: [(&[u8], &[u8], &str); 3] = [
         (&tables.index_raw, &tables.index_z, MEDIA_TYPE_INDEX),
-        (&built.metadata, &tables.metadata_z, MEDIA_TYPE_METADATA),
+        (
+            &built.metadata,
+            &tables.metadata_z.bytes,
+            MEDIA_TYPE_METADATA,
+        ),
         (&tables.lookup_raw, &tables.lookup_z, MEDIA_TYPE_LOOKUP),
     ];
     let boot_layer = boot_pages_layer(boot, from_image).map_err(|e| match e {
@@ -426,11 +430,18 @@ fn put_small_layers(
     })?;
     let boot_report = boot_layer.as_ref().map(|b| b.report.clone());
     for (raw, compressed, media_type) in small_layers {
+        let mut annotations = content_annotations(raw);
+        if media_type == MEDIA_TYPE_METADATA {
+            annotations.insert(
+                ANNOTATION_METADATA_FRAMES.to_string(),
+                tables.metadata_z.annotation.clone(),
+            );
+        }
         let desc = Descriptor {
             media_type: media_type.to_string(),
             digest: Digest::of_bytes(compressed),
             size: compressed.len() as u64,
-            annotations: content_annotations(raw),
+            annotations,
             platform: None,
             artifact_type: None,
         };
@@ -546,13 +557,26 @@ pub fn read_trace(path: &std::path::Path) -> Result<Vec<TraceEntry>, ConvertErro
     parse_trace(path, &text).map_err(|e| ConvertError::Config(e.to_string()))
 }
 
+/// A layer compressed as independent zstd frames.
+pub(crate) struct CompressedFrames {
+    /// The frames back to back: the layer.
+    pub bytes: Vec<u8>,
+    /// Its [`ANNOTATION_METADATA_FRAMES`] value: each frame's compressed
+    /// and content size and content digest.
+    pub annotation: String,
+}
+
 /// `bytes` compressed at `level` as independent zstd frames: the first of
 /// [`METADATA_FIRST_FRAME_SIZE`] bytes (what a lazy FUSE mount waits for),
 /// then `frame` bytes each (the metadata layer's form: a mount decompresses
-/// the frames in parallel, or as they are needed), on up to 8 threads. Each
-/// frame depends only on its own bytes, so the output is the same on any
-/// machine and the image stays reproducible.
-pub(crate) fn compress_frames(bytes: &[u8], frame: usize, level: i32) -> io::Result<Vec<u8>> {
+/// the frames in parallel, or fetches them as they are needed), on up to 8
+/// threads. Each frame depends only on its own bytes, so the output is the
+/// same on any machine and the image stays reproducible.
+pub(crate) fn compress_frames(
+    bytes: &[u8],
+    frame: usize,
+    level: i32,
+) -> io::Result<CompressedFrames> {
     compress_frames_on(bytes, frame, level, frame_threads())
 }
 
@@ -561,16 +585,17 @@ fn compress_frames_on(
     frame: usize,
     level: i32,
     threads: usize,
-) -> io::Result<Vec<u8>> {
+) -> io::Result<CompressedFrames> {
     let (first, rest) = bytes.split_at(bytes.len().min(METADATA_FIRST_FRAME_SIZE.min(frame)));
     // One empty frame for no bytes: a stream has at least one.
     let mut frames: Vec<&[u8]> = vec![first];
     frames.extend(rest.chunks(frame.max(1)));
     let next = AtomicUsize::new(0);
+    type Done = (usize, Vec<u8>, Digest);
     let mut compressed = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads.clamp(1, frames.len()))
             .map(|_| {
-                scope.spawn(|| -> io::Result<Vec<(usize, Vec<u8>)>> {
+                scope.spawn(|| -> io::Result<Vec<Done>> {
                     let mut done = Vec::new();
                     let mut compressor = zstd::bulk::Compressor::new(level)?;
                     // The size in each header lets a reader place the frame.
@@ -580,7 +605,7 @@ fn compress_frames_on(
                         let Some(frame) = frames.get(i) else {
                             return Ok(done);
                         };
-                        done.push((i, compressor.compress(frame)?));
+                        done.push((i, compressor.compress(frame)?, Digest::of_bytes(frame)));
                     }
                 })
             })
@@ -595,8 +620,14 @@ fn compress_frames_on(
         }
         io::Result::Ok(all)
     })?;
-    compressed.sort_unstable_by_key(|(i, _)| *i);
-    Ok(compressed.into_iter().flat_map(|(_, z)| z).collect())
+    compressed.sort_unstable_by_key(|(i, _, _)| *i);
+    let listed: Vec<(u64, u64, &Digest)> = compressed
+        .iter()
+        .map(|(i, z, digest)| (z.len() as u64, frames[*i].len() as u64, digest))
+        .collect();
+    let annotation = frames_annotation(&listed);
+    let bytes = compressed.iter().flat_map(|(_, z, _)| z).copied().collect();
+    Ok(CompressedFrames { bytes, annotation })
 }
 
 /// Runs `reader` (decompression and digest checks) on a second thread, so
@@ -686,8 +717,23 @@ mod tests {
         let one = compress_frames_on(&bytes, METADATA_FRAME_SIZE, 3, 1).unwrap();
         for threads in [2, 3] {
             let many = compress_frames_on(&bytes, METADATA_FRAME_SIZE, 3, threads).unwrap();
-            assert!(many == one, "{threads} threads compressed otherwise");
+            assert!(
+                many.bytes == one.bytes,
+                "{threads} threads compressed otherwise"
+            );
+            assert_eq!(many.annotation, one.annotation);
         }
+        let listed: Vec<(u64, u64, String)> = serde_json::from_str(&one.annotation).unwrap();
+        let mut at = 0;
+        for (len, size, digest) in &listed {
+            let z = &one.bytes[at..at + *len as usize];
+            let content = zstd::decode_all(z).unwrap();
+            assert_eq!(content.len() as u64, *size);
+            assert_eq!(Digest::of_bytes(&content).to_string(), *digest);
+            at += *len as usize;
+        }
+        assert_eq!(at, one.bytes.len());
+        let one = one.bytes;
         assert!(zstd::decode_all(&one[..]).unwrap() == bytes);
         let mut sizes = Vec::new();
         let mut rest = &one[..];
@@ -700,7 +746,9 @@ mod tests {
         let last = len - first - frame;
         let want = [first, frame, last].map(|n| Some(n as u64));
         assert_eq!(sizes, want);
-        let empty = compress_frames_on(&[], METADATA_FRAME_SIZE, 3, 2).unwrap();
+        let empty = compress_frames_on(&[], METADATA_FRAME_SIZE, 3, 2)
+            .unwrap()
+            .bytes;
         assert!(zstd::decode_all(&empty[..]).unwrap().is_empty());
     }
 }

@@ -338,17 +338,14 @@ pub fn artifact(
 fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, IndexError> {
     let index_raw = built.index.to_bytes();
     let lookup_raw = lamina_format::lookup::build_from_image(&built.metadata)?;
+    let metadata = compress_frames(&built.metadata, METADATA_FRAME_SIZE, 12)?;
     let parts = [
         (
             MEDIA_TYPE_TAR_INDEX,
             zstd::bulk::compress(&index_raw, 12)?,
             &index_raw,
         ),
-        (
-            MEDIA_TYPE_METADATA,
-            compress_frames(&built.metadata, METADATA_FRAME_SIZE, 12)?,
-            &built.metadata,
-        ),
+        (MEDIA_TYPE_METADATA, metadata.bytes, &built.metadata),
         (
             MEDIA_TYPE_LOOKUP,
             zstd::bulk::compress(&lookup_raw, 3)?,
@@ -358,10 +355,16 @@ fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, 
     let mut layers: Vec<_> = parts
         .into_iter()
         .map(|(media_type, compressed, raw)| {
-            let desc = Descriptor {
+            let mut desc = Descriptor {
                 annotations: content_annotations(raw),
                 ..Descriptor::of_bytes(media_type, &compressed)
             };
+            if media_type == MEDIA_TYPE_METADATA {
+                desc.annotations.insert(
+                    ANNOTATION_METADATA_FRAMES.to_string(),
+                    metadata.annotation.clone(),
+                );
+            }
             (desc, compressed)
         })
         .collect();

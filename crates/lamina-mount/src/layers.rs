@@ -122,21 +122,55 @@ pub(crate) fn cache_layer_file(
     Ok(Some(bytes))
 }
 
-/// The metadata layer for a lazy FUSE mount, whose daemon decompresses its
+/// The metadata layer as a lazy FUSE mount hands it to its daemon.
+#[derive(Debug)]
+pub(crate) enum MetadataFrames {
+    /// Fetched whole and checked against its digest; its frames not
+    /// decompressed yet.
+    Whole(artifact::LayerFrames),
+    /// Its frames as its manifest lists them, only the first fetched (its
+    /// compressed bytes, checked): the daemon fetches the others by range.
+    Listed {
+        first: Vec<u8>,
+        frames: Vec<artifact::ListedFrame>,
+    },
+}
+
+/// The metadata layer for a lazy FUSE mount, whose daemon writes its
 /// frames into `path` as requests need them ([`lamina_fuse::frames`]):
-/// `None` when `path` is recorded already, else the layer, fetched and
-/// checked against its digest, and `path` made a sparse file of its size
-/// (unrecorded: the daemon records it once written whole and hashed). A
-/// layer not in sized frames (images from before them) is decompressed
-/// into `path` at once, as [`cache_layer_file`] does for [`Record::Later`].
+/// `None` when `path` is recorded already, else `path` made a sparse file
+/// of the metadata's size (unrecorded: the daemon records it once written
+/// whole and hashed) and the frames. With `by_range` and frames listed in
+/// the manifest, only the first frame is fetched, by range, and checked
+/// against its listed digest; if that fails, or without a list, the layer
+/// is fetched whole and checked against its digest. A layer not in sized
+/// frames (images from before them) is decompressed into `path` at once,
+/// as [`cache_layer_file`] does for [`Record::Later`].
 pub(crate) fn cache_metadata_frames(
     source: &dyn lamina_oci::ImageSource,
     desc: &lamina_oci::Descriptor,
     path: &Path,
-) -> Result<Option<artifact::LayerFrames>, MountError> {
+    by_range: bool,
+) -> Result<Option<MetadataFrames>, MountError> {
     let expected = content_digest(desc, "metadata")?;
     if open_recorded(path, &expected).is_some() {
         return Ok(None);
+    }
+    let listed = match by_range {
+        true => artifact::metadata_frames(desc)?,
+        false => None,
+    };
+    if let Some(frames) = listed {
+        match first_frame(source, desc, &frames[0]) {
+            Ok(first) => {
+                let size = frames.iter().map(|f| f.size).sum();
+                store_streamed::<MountError>(path, None, |file| {
+                    file.set_len(size).map_err(io_err(path))
+                })?;
+                return Ok(Some(MetadataFrames::Listed { first, frames }));
+            }
+            Err(e) => tracing::warn!("metadata: {e}; fetching the layer whole"),
+        }
     }
     let mut frames = None;
     store_streamed::<MountError>(path, None, |file| {
@@ -144,13 +178,36 @@ pub(crate) fn cache_metadata_frames(
             artifact::FramesOrCopy::Frames(layer) => {
                 let size = layer.frames.last().map_or(0, |f| f.offset + f.size);
                 file.set_len(size).map_err(io_err(path))?;
-                frames = Some(layer);
+                frames = Some(MetadataFrames::Whole(layer));
             }
             artifact::FramesOrCopy::Copied(_) => {}
         }
         Ok(())
     })?;
     Ok(frames)
+}
+
+/// The compressed bytes of the metadata layer's first frame, fetched by
+/// range and checked: they decompress to the listed size and digest.
+fn first_frame(
+    source: &dyn lamina_oci::ImageSource,
+    desc: &lamina_oci::Descriptor,
+    frame: &artifact::ListedFrame,
+) -> Result<Vec<u8>, String> {
+    if frame.size > artifact::METADATA_FIRST_FRAME_SIZE as u64 {
+        return Err(format!("a first frame of {} bytes", frame.size));
+    }
+    let first = source
+        .read_blob_range(desc, frame.offset, frame.compressed_size)
+        .map_err(|e| format!("its first frame: {e}"))?
+        .ok_or("the source reads layers whole only")?;
+    let content = zstd::bulk::decompress(&first, frame.size as usize)
+        .map_err(|e| format!("its first frame: {e}"))?;
+    if content.len() as u64 != frame.size || lamina_oci::Digest::of_bytes(&content) != frame.digest
+    {
+        return Err("its first frame does not match its listed digest".into());
+    }
+    Ok(first)
 }
 
 /// The cache file at `path`, open, if its fill record says it holds

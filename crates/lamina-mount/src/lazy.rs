@@ -16,7 +16,7 @@ use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
 use lamina_fetch::store::{BlobStore, Prepared};
 use lamina_format::lookup::LOOKUP_HEADER_LEN;
-use lamina_fuse::frames::{FrameSpan, MetadataFrames};
+use lamina_fuse::frames::{FrameSpan, MetadataFrames, RemoteFrames};
 use lamina_fuse::LookupLater;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
 use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
@@ -24,7 +24,8 @@ use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 use crate::common::{io_err, run_dir, MountError, MountInfo, MountOptions};
 use crate::daemons::start_daemon;
 use crate::layers::{
-    cache_layer_file, cache_metadata_frames, cached_layer, content_digest, open_recorded, Record,
+    cache_layer_file, cache_metadata_frames, cached_layer, content_digest, open_recorded,
+    MetadataFrames as MetadataLayer, Record,
 };
 use crate::mode::Mode;
 
@@ -279,6 +280,8 @@ pub fn mount_lazy_from(
     let src = source.as_ref();
     let blob_dir = &dirs.blobs;
     let early_boot = boot_frame_at_mount(lazy, blob_dir);
+    // A --share-files mount splits the metadata before it mounts.
+    let by_range = !opts.share_files;
     let (index_bytes, metadata, lookup_path) = std::thread::scope(|scope| {
         let index = scope.spawn(|| {
             let bytes = cached_layer(
@@ -302,7 +305,7 @@ pub fn mount_lazy_from(
         // Through FUSE, the metadata's frames are decompressed by the
         // daemon as requests need them: the mount waits for one frame.
         let metadata = match mode {
-            Mode::Fuse => cache_metadata_frames(src, &layers.metadata, &meta_path),
+            Mode::Fuse => cache_metadata_frames(src, &layers.metadata, &meta_path, by_range),
             Mode::Kernel => cache_layer_file(
                 src,
                 &layers.metadata,
@@ -374,7 +377,7 @@ pub fn mount_lazy_from(
     config.later_layers = lookup_later.iter().map(|(spec, _)| spec.clone()).collect();
     config.xattrs = artifact::may_have_xattrs(&img.manifest);
     let frames = match metadata_frames {
-        Some(layer) => Some(frames_for_daemon(layer, &run, &layers.metadata)?),
+        Some(layer) => Some(frames_for_daemon(layer, &run, &layers.metadata, &config)?),
         None => None,
     };
     if opts.share_files {
@@ -737,29 +740,62 @@ pub(crate) fn start_serving(
 }
 
 /// The metadata's frames as a FUSE daemon takes them: the layer's bytes in
-/// the run dir `run` (the daemon removes them once every frame is written).
+/// the run dir `run` (the daemon removes them once every frame is
+/// written), only its first frame's when the others are listed, to be
+/// fetched from `config`'s source.
 fn frames_for_daemon(
-    layer: artifact::LayerFrames,
+    layer: MetadataLayer,
     run: &Path,
     desc: &lamina_oci::Descriptor,
+    config: &DaemonConfig,
 ) -> Result<MetadataFrames, MountError> {
     let compressed_path = run.join("metadata.zst");
-    private::write_atomic(&compressed_path, &layer.compressed, false)
+    let digest = format!("sha256:{}", hex::encode(content_digest(desc, "metadata")?));
+    let (compressed, frames, remote) = match layer {
+        MetadataLayer::Whole(layer) => {
+            let frames = layer
+                .frames
+                .iter()
+                .map(|f| FrameSpan {
+                    start: f.start,
+                    len: f.len,
+                    offset: f.offset,
+                    size: f.size,
+                })
+                .collect();
+            (layer.compressed, frames, None)
+        }
+        MetadataLayer::Listed { first, frames } => {
+            let mut offset = 0;
+            let spans = frames
+                .iter()
+                .map(|f| {
+                    offset += f.size;
+                    FrameSpan {
+                        start: f.offset,
+                        len: f.compressed_size,
+                        offset: offset - f.size,
+                        size: f.size,
+                    }
+                })
+                .collect();
+            let remote = RemoteFrames {
+                source: config.source.clone(),
+                layer: desc.digest.to_string(),
+                digests: frames.iter().map(|f| f.digest.to_string()).collect(),
+                local: 1,
+                timeout_secs: config.timeout_secs,
+            };
+            (first, spans, Some(remote))
+        }
+    };
+    private::write_atomic(&compressed_path, &compressed, false)
         .map_err(io_err(&compressed_path))?;
-    let frames = layer
-        .frames
-        .iter()
-        .map(|f| FrameSpan {
-            start: f.start,
-            len: f.len,
-            offset: f.offset,
-            size: f.size,
-        })
-        .collect();
     Ok(MetadataFrames {
         compressed_path,
         frames,
-        digest: format!("sha256:{}", hex::encode(content_digest(desc, "metadata")?)),
+        digest,
+        remote,
     })
 }
 

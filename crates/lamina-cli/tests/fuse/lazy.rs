@@ -105,6 +105,110 @@ fn lazy_fuse_mount_fills_on_read_and_equals_ociunpack() {
     again.unmount();
 }
 
+/// Issue 44: a lazy FUSE mount from a registry fetches only the first
+/// frame of the metadata before it returns (the manifest lists the
+/// frames and their digests); the daemon fetches the others by range as
+/// reads need them and the rest in the background. Every second range
+/// answer after the mount's is corrupted (one byte in 512): each is
+/// fetched again, none is written, and the tree equals ociunpack.py's.
+/// Then the metadata is whole, hashed and recorded.
+#[test]
+fn lazy_fuse_mount_fetches_metadata_frames_as_needed() {
+    if !require(&[]) {
+        return;
+    }
+    let t = TestDir::new("fuse-frames");
+    let layout = t.join("src");
+    python(
+        "bench/harness/synthetic.py",
+        [
+            std::ffi::OsStr::new("small-files"),
+            std::ffi::OsStr::new("--files"),
+            std::ffi::OsStr::new("4000"),
+            std::ffi::OsStr::new("--out"),
+            layout.as_os_str(),
+            std::ffi::OsStr::new("--tag"),
+            std::ffi::OsStr::new("src"),
+        ],
+        TIMEOUT,
+    )
+    .ok();
+    let out = t.join("out");
+    let report = lamina([
+        "convert",
+        "--json",
+        "--metadata-frame-size",
+        "64K",
+        &oci_ref(&layout, "src"),
+        &oci_ref(&out, "frames"),
+    ])
+    .ok()
+    .json();
+    let metadata = report["metadata_compressed_bytes"].as_u64().unwrap();
+    let manifest = read_manifest(&out, "frames");
+    let layers = manifest["layers"].as_array().unwrap();
+    let metadata_layer = layers
+        .iter()
+        .find(|l| l["mediaType"] == lamina_image::artifact::MEDIA_TYPE_METADATA)
+        .unwrap_or_else(|| panic!("no metadata layer: {manifest}"));
+    let reg = Registry::start();
+    reg.push(&out, "frames", "frames:v1");
+    // The metadata layer's range reads: the mount's (the first frame)
+    // untouched, then every second one corrupted.
+    let digest = metadata_layer["digest"].as_str().unwrap();
+    let only = ["--blob", digest];
+    let proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "ok,flip", &only);
+    let image = format!("docker://127.0.0.1:{}/frames:v1", proxy.port);
+    let cache = t.join("cache");
+    let args = ["--mode", "fuse", "--lazy", "--prefetch", "none"];
+    let m = Mount::with_args(&image, &t.join("mnt"), &cache, &args);
+    // Before the mount returned: one request for the metadata, a range
+    // of its first frame.
+    let before = proxy.stats();
+    let reads: Vec<&str> = before["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .filter(|l| l.contains(digest))
+        .collect();
+    let first: Option<(u64, u64)> = match reads[..] {
+        [one] => one
+            .split("bytes=")
+            .nth(1)
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?))),
+        _ => None,
+    };
+    assert!(
+        first.is_some_and(|(start, end)| start == 0 && (end + 1) * 4 < metadata),
+        "the metadata ({metadata} bytes) read before the mount returned: {reads:?}"
+    );
+    treecmp(&[], &ociunpack(&layout, "src"), &m.path);
+    let log = wait_for_log(&cache, &m.path, "metadata hashed and recorded");
+    let written = log
+        .lines()
+        .find(|l| l.contains("metadata frames all written"))
+        .unwrap_or_else(|| panic!("no frames line:\n{log}"));
+    let field = |name: &str| {
+        written
+            .split(&format!("{name}="))
+            .nth(1)
+            .and_then(|v| v.split(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {written}"))
+    };
+    assert!(field("frames") > 3, "{written}");
+    assert!(field("fetched_bytes") >= metadata / 2, "{written}");
+    assert!(field("bad_answers") > 0, "{written}");
+    let stats = proxy.stats();
+    assert!(
+        stats["faults"]["flip"].as_u64().unwrap_or(0) > 0,
+        "no answer corrupted: {stats}"
+    );
+    m.unmount();
+}
+
 /// The FUSE daemon's log at `mnt` once it holds `line` (within 30 s).
 #[track_caller]
 fn wait_for_log(cache: &Path, mnt: &Path, line: &str) -> String {

@@ -22,36 +22,26 @@ pub struct BootLayer {
     pub from_image: bool,
 }
 
-/// One zstd frame of a boot-pages layer: one segment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BootFrame {
-    /// Where it starts in the compressed layer.
-    pub offset: u64,
-    /// Its compressed size.
-    pub compressed_size: u64,
-    /// Its size decompressed (a whole boot-pages segment).
-    pub size: u64,
-    /// Digest of its compressed bytes.
-    pub digest: Digest,
-}
+/// One zstd frame of a boot-pages layer: one segment; its digest is that
+/// of its compressed bytes.
+pub type BootFrame = ListedFrame;
 
 /// The [`ANNOTATION_BOOT_FRAMES`] value for frames of these compressed
 /// bytes and sizes, in layer order.
 pub fn boot_frames_annotation(frames: &[(&[u8], u64)]) -> String {
-    let list: Vec<serde_json::Value> = frames
+    let digests: Vec<Digest> = frames.iter().map(|(z, _)| Digest::of_bytes(z)).collect();
+    let listed: Vec<(u64, u64, &Digest)> = frames
         .iter()
-        .map(|(z, size)| serde_json::json!([z.len(), size, Digest::of_bytes(z).to_string()]))
+        .zip(&digests)
+        .map(|((z, size), digest)| (z.len() as u64, *size, digest))
         .collect();
-    serde_json::Value::Array(list).to_string()
+    frames_annotation(&listed)
 }
 
 /// A boot-pages layer's frames, from its annotation (else the whole layer
 /// as one), checked to tile the layer and its uncompressed size exactly.
 fn boot_frames(desc: &Descriptor, size: u64) -> Result<Vec<BootFrame>, ArtifactError> {
-    let corrupt = |reason: String| ArtifactError::Corrupt {
-        what: "boot pages",
-        reason,
-    };
+    const WHAT: &str = "boot pages";
     let Some(list) = desc.annotations.get(ANNOTATION_BOOT_FRAMES) else {
         return Ok(vec![BootFrame {
             offset: 0,
@@ -60,37 +50,21 @@ fn boot_frames(desc: &Descriptor, size: u64) -> Result<Vec<BootFrame>, ArtifactE
             digest: desc.digest.clone(),
         }]);
     };
-    let list: Vec<(u64, u64, String)> = serde_json::from_str(list)
-        .map_err(|e| corrupt(format!("bad {ANNOTATION_BOOT_FRAMES} annotation: {e}")))?;
-    if list.len() > MAX_BOOT_FRAMES {
-        return Err(corrupt(format!("more than {MAX_BOOT_FRAMES} frames")));
-    }
-    let (mut offset, mut total) = (0u64, 0u64);
-    let mut frames = Vec::with_capacity(list.len());
-    for (compressed_size, frame_size, digest) in list {
-        let digest = Digest::parse(&digest).map_err(|e| corrupt(format!("frame digest: {e}")))?;
-        if frame_size < size_of::<BootHeader>() as u64 {
-            return Err(corrupt(format!("a frame of {frame_size} bytes")));
-        }
-        too_large(
-            "boot pages frame (compressed)",
-            compressed_size,
-            compressed_limit(frame_size),
-        )?;
-        frames.push(BootFrame {
-            offset,
-            compressed_size,
-            size: frame_size,
-            digest,
+    let frames = super::frames::listed_frames(
+        list,
+        ANNOTATION_BOOT_FRAMES,
+        WHAT,
+        (desc.size, size),
+        MAX_BOOT_FRAMES,
+    )?;
+    if let Some(f) = frames
+        .iter()
+        .find(|f| f.size < size_of::<BootHeader>() as u64)
+    {
+        return Err(ArtifactError::Corrupt {
+            what: WHAT,
+            reason: format!("a frame of {} bytes", f.size),
         });
-        offset = offset.saturating_add(compressed_size);
-        total = total.saturating_add(frame_size);
-    }
-    if offset != desc.size || total != size || frames.is_empty() {
-        return Err(corrupt(format!(
-            "frames of {offset} bytes ({total} decompressed) in a layer of {} ({size})",
-            desc.size
-        )));
     }
     Ok(frames)
 }

@@ -130,6 +130,104 @@ pub fn read_frames_or_copy(
     }))
 }
 
+/// One frame of a layer whose descriptor lists its frames
+/// ([`ANNOTATION_METADATA_FRAMES`], [`ANNOTATION_BOOT_FRAMES`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedFrame {
+    /// Where it starts in the compressed layer.
+    pub offset: u64,
+    /// Its compressed size.
+    pub compressed_size: u64,
+    /// Its size decompressed.
+    pub size: u64,
+    /// The digest its annotation names: of its content (metadata), of its
+    /// compressed bytes (boot pages).
+    pub digest: Digest,
+}
+
+/// A frames annotation's value: `[compressed size, size, digest]` per
+/// frame, in layer order.
+pub fn frames_annotation(frames: &[(u64, u64, &Digest)]) -> String {
+    let list: Vec<serde_json::Value> = frames
+        .iter()
+        .map(|(len, size, digest)| serde_json::json!([len, size, digest.to_string()]))
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+/// Parses the frames annotation `list` (named `key`) of a `what` layer of
+/// `(compressed, uncompressed)` sizes: at most `max` frames, none empty
+/// of compressed bytes or larger than zstd's bound of its size, tiling
+/// the layer and its content exactly.
+pub(crate) fn listed_frames(
+    list: &str,
+    key: &str,
+    what: &'static str,
+    (layer_size, size): (u64, u64),
+    max: usize,
+) -> Result<Vec<ListedFrame>, ArtifactError> {
+    let corrupt = |reason: String| ArtifactError::Corrupt { what, reason };
+    let list: Vec<(u64, u64, String)> =
+        serde_json::from_str(list).map_err(|e| corrupt(format!("bad {key} annotation: {e}")))?;
+    if list.len() > max {
+        return Err(corrupt(format!("more than {max} frames")));
+    }
+    let (mut offset, mut total) = (0u64, 0u64);
+    let mut frames = Vec::with_capacity(list.len());
+    for (compressed_size, frame_size, digest) in list {
+        let digest = Digest::parse(&digest).map_err(|e| corrupt(format!("frame digest: {e}")))?;
+        if compressed_size == 0 {
+            return Err(corrupt("a frame of no compressed bytes".into()));
+        }
+        too_large(what, compressed_size, compressed_limit(frame_size))?;
+        frames.push(ListedFrame {
+            offset,
+            compressed_size,
+            size: frame_size,
+            digest,
+        });
+        offset = offset.saturating_add(compressed_size);
+        total = total.saturating_add(frame_size);
+    }
+    if offset != layer_size || total != size || frames.is_empty() {
+        return Err(corrupt(format!(
+            "frames of {offset} bytes ({total} decompressed) in a layer of {layer_size} ({size})"
+        )));
+    }
+    Ok(frames)
+}
+
+/// The metadata layer's frames as its [`ANNOTATION_METADATA_FRAMES`]
+/// lists them (`None`: no such annotation, images from before it),
+/// checked before anything is fetched: within [`MAX_METADATA_SIZE`] and
+/// [`MAX_LAZY_FRAMES`], each frame's content within 4 GiB, together
+/// tiling the layer and its annotated size.
+pub fn metadata_frames(desc: &Descriptor) -> Result<Option<Vec<ListedFrame>>, ArtifactError> {
+    const WHAT: &str = "metadata";
+    let Some(list) = desc.annotations.get(ANNOTATION_METADATA_FRAMES) else {
+        return Ok(None);
+    };
+    let size = annotated_size(desc, WHAT)?.ok_or_else(|| ArtifactError::Corrupt {
+        what: WHAT,
+        reason: format!("frames listed without a {ANNOTATION_UNCOMPRESSED_SIZE} annotation"),
+    })?;
+    too_large("metadata (uncompressed)", size, MAX_METADATA_SIZE)?;
+    let frames = listed_frames(
+        list,
+        ANNOTATION_METADATA_FRAMES,
+        WHAT,
+        (desc.size, size),
+        MAX_LAZY_FRAMES,
+    )?;
+    if let Some(f) = frames.iter().find(|f| f.size > u64::from(u32::MAX)) {
+        return Err(ArtifactError::Corrupt {
+            what: WHAT,
+            reason: format!("a frame of {} bytes", f.size),
+        });
+    }
+    Ok(Some(frames))
+}
+
 /// A layer's frames as read from its source.
 type SourceFrames<'a> = FrameReader<'a, std::io::Take<Box<dyn Read + Send + 'a>>>;
 
