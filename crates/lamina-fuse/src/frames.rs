@@ -30,7 +30,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -145,10 +145,14 @@ pub struct FrameFill {
     /// (milliseconds after).
     born: Instant,
     last_read_ms: AtomicU64,
+    /// Whether a read has needed a frame not yet written.
+    demanded: AtomicBool,
 }
 
-/// Frames fetched in the background wait until no read has needed the
-/// metadata for this long...
+/// Frames fetched in the background wait for a read that needs a frame
+/// not written yet, this long at most...
+const FIRST_AT_MOST: Duration = Duration::from_secs(10);
+/// ...then until no read has needed the metadata for this long...
 const QUIET: Duration = Duration::from_secs(1);
 /// ...or this long at most.
 const QUIET_AT_MOST: Duration = Duration::from_secs(10);
@@ -222,6 +226,7 @@ impl FrameFill {
             remote,
             born: Instant::now(),
             last_read_ms: AtomicU64::new(0),
+            demanded: AtomicBool::new(false),
         })
     }
 
@@ -255,6 +260,9 @@ impl FrameFill {
             if f.offset >= range.end {
                 break;
             }
+            if self.state[i].load(Ordering::Acquire) != DONE {
+                self.demanded.store(true, Ordering::Relaxed);
+            }
             self.frame(i, &mut buffers)?;
         }
         Ok(())
@@ -280,10 +288,16 @@ impl FrameFill {
         }
     }
 
-    /// Returns once no read has needed the metadata for [`QUIET`], or
-    /// after [`QUIET_AT_MOST`]: frames fetched in the background wait for
-    /// the start's own to be answered first (the link is the start's).
+    /// Returns once a read has needed a frame not written yet (or after
+    /// [`FIRST_AT_MOST`]: the mount is idle) and then no read has needed
+    /// the metadata for [`QUIET`] (or [`QUIET_AT_MOST`] has passed):
+    /// frames fetched in the background wait for the start's own to be
+    /// answered first (the link is the start's), as the worker's later
+    /// layers do.
     fn wait_for_quiet(&self) {
+        while !self.demanded.load(Ordering::Relaxed) && self.born.elapsed() < FIRST_AT_MOST {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let began = Instant::now();
         loop {
             let last = Duration::from_millis(self.last_read_ms.load(Ordering::Relaxed));
