@@ -109,8 +109,13 @@ def manifest_layers(layout, tag="x"):
     """The manifest's layers, with their uncompressed sizes (annotation dev.lamina.uncompressed.size)."""
     with open(os.path.join(layout, "blobs", *image_info(layout, tag)["manifest_digest"].split(":", 1))) as f:
         manifest = json.load(f)
+    def first_frame(l):
+        # dev.lamina.metadata.frames: [[compressed size, size, digest], ...]
+        frames = json.loads(l.get("annotations", {}).get("dev.lamina.metadata.frames", "null") or "null")
+        return frames[0][0] if frames else None
     return [{"mediaType": l["mediaType"], "digest": l["digest"], "size": l["size"],
-             "uncompressed_size": int(l.get("annotations", {}).get("dev.lamina.uncompressed.size", 0)) or None}
+             "uncompressed_size": int(l.get("annotations", {}).get("dev.lamina.uncompressed.size", 0)) or None,
+             "first_frame_size": first_frame(l)}
             for l in manifest["layers"]]
 
 
@@ -309,13 +314,21 @@ def lazy_summary(mode, xs, meta_layers, layers):
     """One mode's lazy mounts: medians, and the bytes a mount fetches before
     it returns. A lazy FUSE mount leaves the lookup table to its worker,
     which fetches it after the mount (docs/fuse.md, "Lookups"): counted
-    apart, as a background layer."""
+    apart, as a background layer. Of metadata that lists its frames, a lazy
+    FUSE mount fetches the first frame alone (docs/format.md): counted so,
+    the rest as a background layer."""
     wanted = ["lamina.index.v1", "lamina.erofs.v1"]
     later = ["lamina.lookup.v1"] if mode == "fuse" else []
+    metadata = meta_layers["lamina.erofs.v1"]
+    first_only = mode == "fuse" and metadata and metadata.get("first_frame_size")
+    size = {t: meta_layers[t]["size"] for t in wanted if meta_layers[t]}
+    if first_only:
+        size["lamina.erofs.v1"] = metadata["first_frame_size"]
     return {
         "mount": summary([(x["mount_s"], x["mount_cpu_s"]) for x in xs]),
-        "wire_before_first_read_bytes": sum(meta_layers[t]["size"] for t in wanted if meta_layers[t]),
-        "wire_before_first_read_layers": {t: meta_layers[t]["size"] for t in wanted if meta_layers[t]},
+        "wire_before_first_read_bytes": sum(size.values()),
+        "wire_before_first_read_layers": size,
+        "metadata_first_frame_only": bool(first_only),
         "meta_files_bytes": med([sum(x["meta_files"].values()) for x in xs]),
         "meta_files_layers": meta_check(xs[0]["meta_files"], layers),
         "background_after_mount_layers": {t: meta_layers[t]["size"] for t in later if meta_layers[t]},
@@ -357,11 +370,14 @@ def registry_wire(a, lamina, P, out_oci, one):
                 before = json.load(open(stats))
                 with open(os.path.join(mnt, one), "rb") as f:
                     f.read()
+                read = json.load(open(stats))
                 time.sleep(12)  # past the worker's wait for the start to be over
                 after = json.load(open(stats))
                 lamina_umount_wait(lamina, mnt, cache)
             out[mode] = {"before_first_read_body_bytes": before["body_bytes"],
                          "before_first_read_requests": before["requests"],
+                         "read_one_file_body_bytes": read["body_bytes"] - before["body_bytes"],
+                         "read_one_file_requests": read["requests"] - before["requests"],
                          "after_read_and_quiet_body_bytes": after["body_bytes"],
                          "requests_log": after.get("log", [])[:50]}
             log(f"registry, {mode}: {before['body_bytes']:,} B in {before['requests']} answers before the "

@@ -132,25 +132,31 @@ def lazy_tables(r, w):
     if any(x.get("registry_wire") for x in by.values()):
         w("**From a registry.** The image pushed to a local registry (skopeo, digests kept) and mounted lazily "
           "through `tests/tools/faultproxy.py` spoiling nothing, which counts the answer bodies it sends (manifest, "
-          "config, layers): right after the mount (and `settle` s), then after reading the one file and 12 s more "
-          "(a lazy mount fetches layers no reader waits for, such as the FUSE lookup table, once the start is over).")
+          "config, layers): right after the mount (and `settle` s), then right after reading the one file (the "
+          "metadata frames a lazy FUSE mount fetches for it included), then 12 s more (a lazy mount fetches layers no "
+          "reader waits for, such as the FUSE lookup table and the rest of its metadata, once the start is over).")
         w("")
-        w("| files | path | bytes before first read | / mkfs.erofs metadata | answers | bytes once the start was over |")
-        w("|---:|---|---:|---:|---:|---:|")
+        w("| files | path | bytes before first read | / mkfs.erofs metadata | answers | reading one file: bytes (answers) | bytes once the start was over |")
+        w("|---:|---|---:|---:|---:|---:|---:|")
         for k, x in by.items():
             em = x["erofs_metadata"]["metadata_bytes"]
             for mode, g in (x.get("registry_wire") or {}).items():
+                one = (f"{g['read_one_file_body_bytes']:,} ({g['read_one_file_requests']})"
+                       if "read_one_file_body_bytes" in g else "–")
                 w(f"| {int(k):,} | {mode} | {g['before_first_read_body_bytes']:,} | "
-                  f"{g['before_first_read_body_bytes'] / em:.3f} | {g['before_first_read_requests']} | "
+                  f"{g['before_first_read_body_bytes'] / em:.3f} | {g['before_first_read_requests']} | {one} | "
                   f"{g['after_read_and_quiet_body_bytes']:,} |")
         w("")
     w("mkfs.erofs metadata: the image of `mkfs.erofs --chunksize=1048576 --blobdev=BLOB` (file data in BLOB), "
       "what an EROFS client must have before its first read. Bytes before the first read: the compressed "
-      "sizes, from the manifest, of the layers lamina fetches at mount (index and EROFS metadata; a lazy FUSE mount "
+      "sizes, from the manifest, of the layers lamina fetches at mount (index and EROFS metadata; of metadata that "
+      "lists its frames a lazy FUSE mount fetches the first frame alone, and the rest as reads need them or once "
+      "the start is over; a lazy FUSE mount "
       "fetches the lookup table once the start is over (its first read, then 500 ms without one, or 10 s without "
       "any), waited for before the one-file read); the C/meta column lists the layer files found in the cache dir after the mount, "
       "each checked against the manifest's digest and uncompressed size. Read one file: `lamina status` "
-      "fetched_bytes and requests before and after reading "
+      "fetched_bytes and requests before and after reading (the worker's: not the metadata frames a lazy FUSE "
+      "mount's daemon fetches itself, which the registry table counts) "
       + ", ".join(f"`{x['one_file']}`" for x in list(by.values())[:1]) + " (and the same file position at "
       "every size). Daemons: every process whose command line names the mount's cache dir (kernel path: "
       "`internal-holder` + `internal-worker`; FUSE: `internal-fuse` + `internal-worker`), VmRSS and RssAnon "
