@@ -451,6 +451,16 @@ log "  $FUSE_MODE"
 run_container fuse
 FUSE_FETCHED=$(settled_status | jq -r '"\(.fetched_bytes) bytes in \(.requests) requests for \(.misses) misses"')
 log "  through FUSE, the container's reads fetched $FUSE_FETCHED"
+# The mount fetched only the metadata's first frame (the manifest lists the
+# frames and their digests); the daemon fetched the others by range (issue 44).
+FUSE_LOG=$(ls "$CACHE"/mounts/*/fuse.log | head -1)
+for _ in $(seq 150); do grep -q "metadata frames all written" "$FUSE_LOG" && break; sleep 0.1; done
+FRAMES_LINE=$(grep "metadata frames all written" "$FUSE_LOG" | tail -1)
+[ -n "$FRAMES_LINE" ] || die "the FUSE daemon never wrote the whole metadata: $(tail -5 "$FUSE_LOG")"
+FRAMES_FETCHED=$(sed -n 's/.*fetched_bytes=\([0-9]*\).*/\1/p' <<<"$FRAMES_LINE")
+FRAMES_COUNT=$(sed -n 's/.*frames=\([0-9]*\).*/\1/p' <<<"$FRAMES_LINE")
+[ "${FRAMES_FETCHED:-0}" -gt 0 ] || die "the metadata was fetched whole before the mount: $FRAMES_LINE"
+log "  metadata: the mount fetched its first frame, the daemon the other $((FRAMES_COUNT - 1)) by range ($FRAMES_FETCHED bytes)"
 
 # ---- 12. rootless podman from a lamina mount ---------------------------------------------------
 # podman runs as nobody in its user namespace; the image is mounted in that

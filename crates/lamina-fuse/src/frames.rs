@@ -145,7 +145,7 @@ pub struct FrameFill {
     /// (milliseconds after).
     born: Instant,
     last_read_ms: AtomicU64,
-    /// Whether a read has needed a frame not yet written.
+    /// Whether a read has needed a frame to be fetched.
     demanded: AtomicBool,
 }
 
@@ -260,7 +260,8 @@ impl FrameFill {
             if f.offset >= range.end {
                 break;
             }
-            if self.state[i].load(Ordering::Acquire) != DONE {
+            let fetched = self.remote.as_ref().is_some_and(|r| i >= r.local);
+            if fetched && self.state[i].load(Ordering::Acquire) != DONE {
                 self.demanded.store(true, Ordering::Relaxed);
             }
             self.frame(i, &mut buffers)?;
@@ -288,7 +289,7 @@ impl FrameFill {
         }
     }
 
-    /// Returns once a read has needed a frame not written yet (or after
+    /// Returns once a read has needed a frame to be fetched (or after
     /// [`FIRST_AT_MOST`]: the mount is idle) and then no read has needed
     /// the metadata for [`QUIET`] (or [`QUIET_AT_MOST`] has passed):
     /// frames fetched in the background wait for the start's own to be
