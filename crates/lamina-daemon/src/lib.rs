@@ -23,7 +23,7 @@ pub mod readahead;
 mod ready;
 mod relay;
 mod sources;
-pub use sources::range_source;
+pub use sources::miss_source;
 pub mod warm;
 mod windows;
 pub mod worker;

@@ -28,7 +28,10 @@ use crate::config::{DaemonConfig, SourceSpec};
 
 /// The source `spec` names, each request given a third of `timeout_secs`
 /// (see [`attempt_timeout`]).
-pub fn range_source(spec: &SourceSpec, timeout_secs: u64) -> io::Result<Arc<dyn RangeSource>> {
+pub(crate) fn range_source(
+    spec: &SourceSpec,
+    timeout_secs: u64,
+) -> io::Result<Arc<dyn RangeSource>> {
     Ok(match spec {
         SourceSpec::Registry { repository, .. } => Arc::new(RegistrySource {
             client: registry_client(spec, timeout_secs)?,
@@ -64,6 +67,12 @@ fn registry_client(spec: &SourceSpec, timeout_secs: u64) -> io::Result<RegistryC
     };
     let timeout = attempt_timeout(Duration::from_secs(timeout_secs.max(1)));
     RegistryClient::with_timeout(host, &opts, timeout).map_err(io::Error::other)
+}
+
+/// The source for reads a reader waits on (misses): around the hosts
+/// hosts.toml marks `bulk_only`, as [`bulk_and_miss_sources`] says.
+pub fn miss_source(spec: &SourceSpec, timeout_secs: u64) -> io::Result<Arc<dyn RangeSource>> {
+    Ok(bulk_and_miss_sources(spec, timeout_secs)?.1)
 }
 
 /// The sources of a mount: for bulk reads (boot pages, reads ahead,

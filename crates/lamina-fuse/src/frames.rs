@@ -173,7 +173,8 @@ impl FrameFill {
     /// it.
     pub fn new(spec: &MetadataFrames, out: File) -> std::io::Result<FrameFill> {
         let source = match &spec.remote {
-            Some(r) => Some(lamina_daemon::range_source(&r.source, r.timeout_secs)?),
+            // A frame is a read a reader waits on: around P2P daemons.
+            Some(r) => Some(lamina_daemon::miss_source(&r.source, r.timeout_secs)?),
             None => None,
         };
         FrameFill::with_source(spec, out, source)
