@@ -149,8 +149,15 @@ pub struct FrameFill {
     demanded: AtomicBool,
 }
 
+/// Frames fetched by range beyond the mount's: at most this many are
+/// fetched at once in the background, more wait for the start (below). A
+/// start's lookups in metadata of a few frames touch most of them anyway,
+/// and the worker predicts from the whole metadata only (a Debian image's
+/// is two frames); a million files' are 22 to 31, of which a start reads
+/// a few.
+const AT_ONCE_FRAMES: usize = 2;
 /// Frames fetched in the background wait for a read that needs a frame
-/// not written yet, this long at most...
+/// to be fetched, this long at most...
 const FIRST_AT_MOST: Duration = Duration::from_secs(10);
 /// ...then until no read has needed the metadata for this long...
 const QUIET: Duration = Duration::from_secs(1);
@@ -281,7 +288,11 @@ impl FrameFill {
                 return first_error;
             }
             if self.state[i].load(Ordering::Acquire) == PENDING {
-                if self.remote.is_some() {
+                if self
+                    .remote
+                    .as_ref()
+                    .is_some_and(|r| r.deferred(self.spec.frames.len()))
+                {
                     self.wait_for_quiet();
                 }
                 let done = self.frame(i, &mut buffers);
@@ -433,6 +444,12 @@ impl FrameFill {
 }
 
 impl Remote {
+    /// Whether the background waits for the start before it fetches the
+    /// frames of a layer of `frames` ([`AT_ONCE_FRAMES`]).
+    fn deferred(&self, frames: usize) -> bool {
+        frames.saturating_sub(self.local) > AT_ONCE_FRAMES
+    }
+
     fn new(
         spec: &RemoteFrames,
         frames: usize,
@@ -770,6 +787,22 @@ mod tests {
         let fill = listed_fill(&spec, sparse(&path, content.len()), &served);
         assert!(fill.ensure(0..1).is_err());
         assert!(read_all(&path).iter().all(|&b| b == 0));
+    }
+
+    /// Metadata of a few frames beyond the mount's is fetched whole at
+    /// once (the worker's predictions wait for it); more waits for the
+    /// start's reads to be over.
+    #[test]
+    fn only_many_listed_frames_wait_for_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        for (frames, deferred) in [(1, false), (2, false), (3, true), (30, true)] {
+            let (content, spec, served) = listed(dir.path(), 4096, frames);
+            let path = dir.path().join("meta.erofs");
+            let fill = listed_fill(&spec, sparse(&path, content.len()), &served);
+            // `frames` full frames and a short one; the first is the mount's.
+            let remote = fill.remote.as_ref().unwrap();
+            assert_eq!(remote.deferred(spec.frames.len()), deferred, "{frames}");
+        }
     }
 
     /// Digests that do not match the frames in number, or frames that do

@@ -302,8 +302,9 @@ pub fn mount_lazy_from(
             Mode::Fuse => lookup_now_or_later(&layers, meta_dir),
             Mode::Kernel => Ok((None, None)),
         });
-        // Through FUSE, the metadata's frames are decompressed by the
-        // daemon as requests need them: the mount waits for one frame.
+        // Through FUSE, the metadata's frames are written by the daemon as
+        // requests need them: the mount fetches one frame (or the layer,
+        // when the manifest lists no frames).
         let metadata = match mode {
             Mode::Fuse => cache_metadata_frames(src, &layers.metadata, &meta_path, by_range),
             Mode::Kernel => cache_layer_file(
