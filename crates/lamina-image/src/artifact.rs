@@ -810,8 +810,9 @@ mod tests {
         let z = crate::convert::compress_frames(&raw, 100_000, 3).unwrap();
         let mut desc = layer(MEDIA_TYPE_METADATA, &raw, &z.bytes, Some(raw.len() as u64));
         assert_eq!(metadata_frames(&desc).unwrap(), None);
+        let listed = z.annotation.clone().unwrap();
         desc.annotations
-            .insert(ANNOTATION_METADATA_FRAMES.into(), z.annotation.clone());
+            .insert(ANNOTATION_METADATA_FRAMES.into(), listed.clone());
         let frames = metadata_frames(&desc).unwrap().unwrap();
         // 64 KiB, then 100,000 bytes a frame.
         let sizes: Vec<u64> = frames.iter().map(|f| f.size).collect();
@@ -833,7 +834,7 @@ mod tests {
         let d = Digest::of_bytes(b"x").to_string();
         let len = z.bytes.len();
         let size = Some(raw.len() as u64);
-        refused(z.annotation.clone(), None); // no size to tile
+        refused(listed, None); // no size to tile
         refused(format!("[[{len},300001,\"{d}\"]]"), size); // sizes
         refused(format!("[[{},300000,\"{d}\"]]", len - 1), size); // short
         refused(format!("[[0,0,\"{d}\"],[{len},300000,\"{d}\"]]"), size);

@@ -431,11 +431,8 @@ fn put_small_layers(
     let boot_report = boot_layer.as_ref().map(|b| b.report.clone());
     for (raw, compressed, media_type) in small_layers {
         let mut annotations = content_annotations(raw);
-        if media_type == MEDIA_TYPE_METADATA {
-            annotations.insert(
-                ANNOTATION_METADATA_FRAMES.to_string(),
-                tables.metadata_z.annotation.clone(),
-            );
+        if let (MEDIA_TYPE_METADATA, Some(frames)) = (media_type, &tables.metadata_z.annotation) {
+            annotations.insert(ANNOTATION_METADATA_FRAMES.to_string(), frames.clone());
         }
         let desc = Descriptor {
             media_type: media_type.to_string(),
@@ -562,8 +559,9 @@ pub(crate) struct CompressedFrames {
     /// The frames back to back: the layer.
     pub bytes: Vec<u8>,
     /// Its [`ANNOTATION_METADATA_FRAMES`] value: each frame's compressed
-    /// and content size and content digest.
-    pub annotation: String,
+    /// and content size and content digest; none for more than
+    /// [`MAX_LAZY_FRAMES`] frames (a mount fetches such a layer whole).
+    pub annotation: Option<String>,
 }
 
 /// `bytes` compressed at `level` as independent zstd frames: the first of
@@ -625,7 +623,7 @@ fn compress_frames_on(
         .iter()
         .map(|(i, z, digest)| (z.len() as u64, frames[*i].len() as u64, digest))
         .collect();
-    let annotation = frames_annotation(&listed);
+    let annotation = (listed.len() <= MAX_LAZY_FRAMES).then(|| frames_annotation(&listed));
     let bytes = compressed.iter().flat_map(|(_, z, _)| z).copied().collect();
     Ok(CompressedFrames { bytes, annotation })
 }
@@ -723,7 +721,8 @@ mod tests {
             );
             assert_eq!(many.annotation, one.annotation);
         }
-        let listed: Vec<(u64, u64, String)> = serde_json::from_str(&one.annotation).unwrap();
+        let listed: Vec<(u64, u64, String)> =
+            serde_json::from_str(one.annotation.as_deref().unwrap()).unwrap();
         let mut at = 0;
         for (len, size, digest) in &listed {
             let z = &one.bytes[at..at + *len as usize];
@@ -746,6 +745,11 @@ mod tests {
         let last = len - first - frame;
         let want = [first, frame, last].map(|n| Some(n as u64));
         assert_eq!(sizes, want);
+        // More frames than a mount takes one by one: no list, fetched whole.
+        let many = compress_frames_on(&[7; MAX_LAZY_FRAMES + 1], 1, 3, 2).unwrap();
+        assert_eq!(many.annotation, None);
+        let most = compress_frames_on(&[7; MAX_LAZY_FRAMES], 1, 3, 2).unwrap();
+        assert!(most.annotation.is_some());
         let empty = compress_frames_on(&[], METADATA_FRAME_SIZE, 3, 2)
             .unwrap()
             .bytes;

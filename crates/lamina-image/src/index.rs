@@ -359,11 +359,9 @@ fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, 
                 annotations: content_annotations(raw),
                 ..Descriptor::of_bytes(media_type, &compressed)
             };
-            if media_type == MEDIA_TYPE_METADATA {
-                desc.annotations.insert(
-                    ANNOTATION_METADATA_FRAMES.to_string(),
-                    metadata.annotation.clone(),
-                );
+            if let (MEDIA_TYPE_METADATA, Some(frames)) = (media_type, &metadata.annotation) {
+                desc.annotations
+                    .insert(ANNOTATION_METADATA_FRAMES.to_string(), frames.clone());
             }
             (desc, compressed)
         })
