@@ -431,8 +431,8 @@ fn put_small_layers(
     let boot_report = boot_layer.as_ref().map(|b| b.report.clone());
     for (raw, compressed, media_type) in small_layers {
         let mut annotations = content_annotations(raw);
-        if let (MEDIA_TYPE_METADATA, Some(frames)) = (media_type, &tables.metadata_z.annotation) {
-            annotations.insert(ANNOTATION_METADATA_FRAMES.to_string(), frames.clone());
+        if media_type == MEDIA_TYPE_METADATA {
+            tables.metadata_z.annotate(&mut annotations);
         }
         let desc = Descriptor {
             media_type: media_type.to_string(),
@@ -562,6 +562,15 @@ pub(crate) struct CompressedFrames {
     /// and content size and content digest; none for more than
     /// [`MAX_LAZY_FRAMES`] frames (a mount fetches such a layer whole).
     pub annotation: Option<String>,
+}
+
+impl CompressedFrames {
+    /// Adds the frames list, if any, to the layer's `annotations`.
+    pub(crate) fn annotate(&self, annotations: &mut std::collections::BTreeMap<String, String>) {
+        if let Some(frames) = &self.annotation {
+            annotations.insert(ANNOTATION_METADATA_FRAMES.to_string(), frames.clone());
+        }
+    }
 }
 
 /// `bytes` compressed at `level` as independent zstd frames: the first of

@@ -338,14 +338,18 @@ pub fn artifact(
 fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, IndexError> {
     let index_raw = built.index.to_bytes();
     let lookup_raw = lamina_format::lookup::build_from_image(&built.metadata)?;
-    let metadata = compress_frames(&built.metadata, METADATA_FRAME_SIZE, 12)?;
+    let mut metadata = compress_frames(&built.metadata, METADATA_FRAME_SIZE, 12)?;
     let parts = [
         (
             MEDIA_TYPE_TAR_INDEX,
             zstd::bulk::compress(&index_raw, 12)?,
             &index_raw,
         ),
-        (MEDIA_TYPE_METADATA, metadata.bytes, &built.metadata),
+        (
+            MEDIA_TYPE_METADATA,
+            std::mem::take(&mut metadata.bytes),
+            &built.metadata,
+        ),
         (
             MEDIA_TYPE_LOOKUP,
             zstd::bulk::compress(&lookup_raw, 3)?,
@@ -359,9 +363,8 @@ fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, 
                 annotations: content_annotations(raw),
                 ..Descriptor::of_bytes(media_type, &compressed)
             };
-            if let (MEDIA_TYPE_METADATA, Some(frames)) = (media_type, &metadata.annotation) {
-                desc.annotations
-                    .insert(ANNOTATION_METADATA_FRAMES.to_string(), frames.clone());
+            if media_type == MEDIA_TYPE_METADATA {
+                metadata.annotate(&mut desc.annotations);
             }
             (desc, compressed)
         })
