@@ -173,6 +173,10 @@ pub(crate) enum Command {
         /// the tag's digest covers the index (docs/index.md).
         #[arg(long)]
         no_bind: bool,
+        /// Bytes of metadata per zstd frame (4 KiB..64 MiB; default 4M), as
+        /// for `lamina convert`.
+        #[arg(long, hide = true, value_parser = parse_frame_size)]
+        metadata_frame_size: Option<u64>,
     },
     /// Mount a lamina image read-only with the kernel (file-backed EROFS),
     /// or through FUSE.

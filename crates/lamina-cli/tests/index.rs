@@ -58,10 +58,21 @@ fn tags(reg: &Registry, repo: &str) -> Vec<String> {
 /// index that lists that manifest, unchanged, and binds the artifact to it;
 /// returns `lamina index`'s report.
 fn index_and_check(reg: &Registry, repo: &str, tag: &str) -> Value {
+    index_with_and_check(reg, repo, tag, &[])
+}
+
+/// [`index_and_check`], `lamina index` given `args` too.
+fn index_with_and_check(reg: &Registry, repo: &str, tag: &str, args: &[&str]) -> Value {
     let before = sha256_hex(&get(reg, &format!("{repo}/manifests/{tag}")));
-    let reports = lamina(["index", "--json", &reg.reference(&format!("{repo}:{tag}"))])
-        .ok()
-        .json();
+    let image = reg.reference(&format!("{repo}:{tag}"));
+    let reports = lamina(
+        ["index", "--json"]
+            .iter()
+            .chain(args)
+            .chain([&image.as_str()]),
+    )
+    .ok()
+    .json();
     assert_eq!(reports.as_array().map(Vec::len), Some(1), "{reports}");
     let report = reports[0].clone();
     assert_eq!(report["subject"], format!("sha256:{before}"), "{report}");
@@ -165,6 +176,116 @@ fn index_of_debian_mounts_like_umoci_kernel_and_fuse() {
     }
 }
 
+/// A lazy FUSE mount through an index fetches, before it returns, the span
+/// table and the metadata's first frame, by range; the daemon fetches the
+/// metadata's other frames by range as requests need them (an answer
+/// corrupted on the way fetched again, never used), and the worker the
+/// lookup table after the mount. The tree equals ociunpack.py's.
+#[test]
+fn a_lazy_fuse_mount_through_an_index_fetches_its_metadata_as_read() {
+    if !require(TOOLS) {
+        return;
+    }
+    let reg = Registry::start();
+    let t = TestDir::new("index-frames");
+    let layout = t.join("src");
+    let files = ["small-files", "--files", "4000", "--out"];
+    let args = files.iter().map(std::ffi::OsStr::new);
+    let tag = ["--tag", "src"].map(std::ffi::OsStr::new);
+    python(
+        "bench/harness/synthetic.py",
+        args.chain([layout.as_os_str()]).chain(tag),
+        TIMEOUT,
+    )
+    .ok();
+    reg.push(&layout, "src", "many:orig");
+    let report = index_with_and_check(&reg, "many", "orig", &["--metadata-frame-size", "64K"]);
+    let path = format!(
+        "many/manifests/{}",
+        report["manifest_digest"].as_str().unwrap()
+    );
+    let artifact: Value = serde_json::from_slice(&get(&reg, &path)).unwrap();
+    let layer = |media_type: &str| {
+        let layers = artifact["layers"].as_array().unwrap();
+        let found = layers.iter().find(|l| l["mediaType"] == media_type);
+        found.unwrap_or_else(|| panic!("no {media_type} layer: {artifact}"))["digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (metadata, lookup) = (
+        layer(lamina_image::artifact::MEDIA_TYPE_METADATA),
+        layer(lamina_image::artifact::MEDIA_TYPE_LOOKUP),
+    );
+    let listed = artifact["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|l| l["annotations"][lamina_image::artifact::ANNOTATION_METADATA_FRAMES].as_str())
+        .unwrap_or_else(|| panic!("no frames listed: {artifact}"));
+    let frames: Vec<(u64, u64, String)> = serde_json::from_str(listed).unwrap();
+    assert!(frames.len() > 3, "the metadata is in few frames: {listed}");
+
+    // The metadata's range reads: the mount's untouched, the daemon's
+    // first one corrupted.
+    let only = ["--blob", metadata.as_str()];
+    let proxy = FaultProxy::start(t.path(), "proxy", 0, reg.port, "ok,flip", &only);
+    let image = format!("docker://127.0.0.1:{}/many:orig", proxy.port);
+    let cache = t.join("cache");
+    let args = ["--mode", "fuse", "--lazy", "--prefetch", "none"];
+    let m = Mount::with_args(&image, &t.join("mnt"), &cache, &args);
+    let requests = |blob: &str| -> Vec<String> {
+        let stats = proxy.stats();
+        let log = stats["log"].as_array().unwrap();
+        let lines = log.iter().filter_map(|l| l.as_str());
+        lines
+            .filter(|l| l.contains(blob))
+            .map(str::to_string)
+            .collect()
+    };
+    let first_frame = format!("bytes=0-{}", frames[0].0 - 1);
+    let at_mount = requests(&metadata);
+    assert!(
+        matches!(&at_mount[..], [one] if one.ends_with(&first_frame)),
+        "the metadata read before the mount returned, not its first frame ({first_frame}): \
+         {at_mount:?}"
+    );
+    // Fetched at the mount, the daemon would start with it.
+    let log = wait_for_log(
+        &cache,
+        &m.path,
+        "lookups through the lookup table from now on",
+    );
+    let at_start =
+        |l: &&str| l.contains("lookups through the lookup table") && !l.contains("from now on");
+    assert!(
+        !log.lines().any(|l| at_start(&l)),
+        "lookup table fetched at mount:\n{log}"
+    );
+
+    treecmp(&[], &ociunpack(&layout, "src"), &m.path);
+    let log = wait_for_log(&cache, &m.path, "metadata hashed and recorded");
+    let written = log
+        .lines()
+        .find(|l| l.contains("metadata frames all written"))
+        .unwrap_or_else(|| panic!("no frames line:\n{log}"));
+    let bad_answers = written
+        .split("bad_answers=")
+        .nth(1)
+        .and_then(|v| v.split(' ').next()?.parse::<u64>().ok());
+    assert!(bad_answers.is_some_and(|n| n > 0), "{written}");
+    let fetched = requests(&metadata);
+    assert!(
+        fetched.len() > frames.len() && fetched.iter().all(|r| r.contains(" bytes=")),
+        "the metadata read otherwise than frame by frame: {fetched:?}"
+    );
+    assert!(
+        !requests(&lookup).is_empty(),
+        "the lookup table came from nowhere"
+    );
+    m.unmount();
+}
+
 /// The torture image (hostile paths, hardlinks, xattrs, devices, gzip)
 /// through its index equals umoci's unpack.
 #[test]
@@ -241,8 +362,8 @@ fn plain_images_need_their_own_index() {
 }
 
 /// An index stored elsewhere (an OCI layout) is used when named with
-/// `--index`, for the registry image and for the same image in a layout;
-/// an index named for another image is refused.
+/// `--index`, for the registry image (kernel and FUSE) and for the same
+/// image in a layout; an index named for another image is refused.
 #[test]
 fn an_index_named_with_dash_dash_index() {
     if !require(TOOLS) {
@@ -271,6 +392,12 @@ fn an_index_named_with_dash_dash_index() {
     .failed();
     assert!(out.stderr.contains("--index"), "{}", out.describe());
     let m = Mount::with_args(&gz, &t.join("reg"), &cache, &["--index", &idx]);
+    treecmp(UMOCI_IGNORES, umoci_edge_rootfs(), &m.path);
+    m.unmount();
+    // Through FUSE, with a cache of its own: the metadata's frames and the
+    // lookup table come from the index's layout, not the image's registry.
+    let fuse = ["--index", &idx, "--mode", "fuse"];
+    let m = Mount::with_args(&gz, &t.join("fuse"), &t.join("cache-fuse"), &fuse);
     treecmp(UMOCI_IGNORES, umoci_edge_rootfs(), &m.path);
     m.unmount();
     let local = oci_ref(&edge_layout(), "edge-gz");

@@ -53,6 +53,9 @@ pub struct IndexOptions {
     /// is a referrer only, and a mount uses it only when the node's policy
     /// pins or trusts it otherwise.
     pub bind: bool,
+    /// Bytes of metadata per zstd frame (default [`METADATA_FRAME_SIZE`]),
+    /// as `lamina convert` has it.
+    pub metadata_frame_size: Option<usize>,
 }
 
 /// What `lamina index` made.
@@ -245,7 +248,8 @@ fn index_one(
         image.manifest_digest.clone(),
         image.manifest_bytes.len() as u64,
     );
-    let (layers, manifest_bytes) = artifact(&built, boot.as_ref(), subject, opts.span_size)?;
+    let sizes = (opts.span_size, opts.metadata_frame_size);
+    let (layers, manifest_bytes) = artifact(&built, boot.as_ref(), subject, sizes)?;
     let (digest, stored) = store(src, dst, opts, &layers, &manifest_bytes)?;
     let artifact = Descriptor::new(
         media_types::OCI_MANIFEST,
@@ -316,15 +320,16 @@ fn manifest_entry(image: &lamina_oci::SourceImage, selected: &(String, String)) 
 pub type ArtifactLayers = Vec<(Descriptor, Vec<u8>)>;
 
 /// The artifact of `built` (with `boot` pages) for the image manifest
-/// `subject`: its layers, compressed, with their descriptors, and its
+/// `subject`, with its span size and metadata frame size (`None`: the
+/// default): its layers, compressed, with their descriptors, and its
 /// manifest's bytes.
 pub fn artifact(
     built: &BuiltTarIndex,
     boot: Option<&crate::convert::BootPagesLayer>,
     subject: Descriptor,
-    span_size: u64,
+    (span_size, frame_size): (u64, Option<usize>),
 ) -> Result<(ArtifactLayers, Vec<u8>), IndexError> {
-    let mut layers = artifact_layers(built)?;
+    let mut layers = artifact_layers(built, frame_size.unwrap_or(METADATA_FRAME_SIZE))?;
     if let Some(boot) = boot {
         layers.push((boot.descriptor.clone(), boot.compressed.clone()));
     }
@@ -335,10 +340,13 @@ pub fn artifact(
 }
 
 /// The artifact's layers, compressed, with their descriptors.
-fn artifact_layers(built: &BuiltTarIndex) -> Result<Vec<(Descriptor, Vec<u8>)>, IndexError> {
+fn artifact_layers(
+    built: &BuiltTarIndex,
+    frame_size: usize,
+) -> Result<Vec<(Descriptor, Vec<u8>)>, IndexError> {
     let index_raw = built.index.to_bytes();
     let lookup_raw = lamina_format::lookup::build_from_image(&built.metadata)?;
-    let mut metadata = compress_frames(&built.metadata, METADATA_FRAME_SIZE, 12)?;
+    let mut metadata = compress_frames(&built.metadata, frame_size, 12)?;
     let parts = [
         (
             MEDIA_TYPE_TAR_INDEX,

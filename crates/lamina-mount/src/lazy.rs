@@ -176,10 +176,11 @@ fn adopt_specs(
 /// no bytes for it: 14 MB for an image of a million files.
 #[allow(clippy::type_complexity)]
 fn lookup_now_or_later(
-    layers: &LaminaLayers,
+    lookup: Option<&lamina_oci::Descriptor>,
+    metadata: &lamina_oci::Descriptor,
     meta_dir: &Path,
 ) -> Result<(Option<PathBuf>, Option<(LayerSpec, LookupLater)>), MountError> {
-    let Some(desc) = &layers.lookup else {
+    let Some(desc) = lookup else {
         return Ok((None, None));
     };
     let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
@@ -187,7 +188,7 @@ fn lookup_now_or_later(
     if let Some(mut file) = open_recorded(&path, &content) {
         let mut header = [0; LOOKUP_HEADER_LEN];
         std::io::Read::read_exact(&mut file, &mut header).map_err(io_err(&path))?;
-        artifact::check_lookup(&header, layers)?;
+        artifact::check_lookup_for(&header, metadata)?;
         return Ok((Some(path), None));
     }
     let size = artifact::check_lookup_layer(desc)?;
@@ -205,7 +206,7 @@ fn lookup_now_or_later(
         digest,
         metadata_digest: format!(
             "sha256:{}",
-            hex::encode(content_digest(&layers.metadata, "metadata")?)
+            hex::encode(content_digest(metadata, "metadata")?)
         ),
     };
     Ok((None, Some((spec, later))))
@@ -299,7 +300,7 @@ pub fn mount_lazy_from(
         // Only the FUSE daemon reads the lookup table, and only once its
         // worker has fetched it, unless it is cached already.
         let lookup = scope.spawn(|| match mode {
-            Mode::Fuse => lookup_now_or_later(&layers, meta_dir),
+            Mode::Fuse => lookup_now_or_later(layers.lookup.as_ref(), &layers.metadata, meta_dir),
             Mode::Kernel => Ok((None, None)),
         });
         // Through FUSE, the metadata's frames are written by the daemon as
@@ -378,7 +379,11 @@ pub fn mount_lazy_from(
     config.later_layers = lookup_later.iter().map(|(spec, _)| spec.clone()).collect();
     config.xattrs = artifact::may_have_xattrs(&img.manifest);
     let frames = match metadata_frames {
-        Some(layer) => Some(frames_for_daemon(layer, &run, &layers.metadata, &config)?),
+        Some(layer) => {
+            let source = config.source.clone();
+            let remote = (source, config.timeout_secs);
+            Some(frames_for_daemon(layer, &run, &layers.metadata, remote)?)
+        }
         None => None,
     };
     if opts.share_files {
@@ -743,12 +748,12 @@ pub(crate) fn start_serving(
 /// The metadata's frames as a FUSE daemon takes them: the layer's bytes in
 /// the run dir `run` (the daemon removes them once every frame is
 /// written), only its first frame's when the others are listed, to be
-/// fetched from `config`'s source.
+/// fetched from `source` with a deadline of `timeout_secs` each.
 fn frames_for_daemon(
     layer: MetadataLayer,
     run: &Path,
     desc: &lamina_oci::Descriptor,
-    config: &DaemonConfig,
+    (source, timeout_secs): (SourceSpec, u64),
 ) -> Result<MetadataFrames, MountError> {
     let compressed_path = run.join("metadata.zst");
     let digest = format!("sha256:{}", hex::encode(content_digest(desc, "metadata")?));
@@ -781,11 +786,11 @@ fn frames_for_daemon(
                 })
                 .collect();
             let remote = RemoteFrames {
-                source: config.source.clone(),
+                source,
                 layer: desc.digest.to_string(),
                 digests: frames.iter().map(|f| f.digest.to_string()).collect(),
                 local: 1,
-                timeout_secs: config.timeout_secs,
+                timeout_secs,
             };
             (first, spans, Some(remote))
         }

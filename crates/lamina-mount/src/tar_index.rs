@@ -199,11 +199,10 @@ pub(crate) fn layer<'a>(
         })
 }
 
-/// An image's tar index as a mount uses it: the span table (parsed and
-/// checked against the image), and the cached metadata and lookup table.
+/// An image's tar index as an eager mount uses it: the span table (parsed
+/// and checked against the image), and the cached metadata and lookup table.
 pub(crate) struct IndexFiles {
     pub index: TarIndex,
-    pub spans_path: std::path::PathBuf,
     pub metadata_path: std::path::PathBuf,
     pub lookup_path: Option<std::path::PathBuf>,
 }
@@ -217,34 +216,58 @@ pub(crate) fn cache_index_files(
     lookup: bool,
 ) -> Result<IndexFiles, MountError> {
     let art = artifact.image();
-    let cached = |media_type: &str, suffix: &str, what: &'static str, read: bool| {
-        let desc = layer(art, media_type)?;
-        let path = meta_dir.join(format!("{}.{suffix}", desc.digest.hex()));
-        let bytes = cache_layer_file(artifact, desc, what, &path, read, Record::Now)?;
-        Ok::<_, MountError>((path, bytes))
-    };
-    let (spans_path, spans) = cached(MEDIA_TYPE_TAR_INDEX, "tarindex", "tar index", true)?;
-    let (metadata_path, _) = cached(MEDIA_TYPE_METADATA, "erofs", "metadata", false)?;
+    let (index, _) = cache_spans(img, artifact, meta_dir)?;
+    let metadata = layer(art, MEDIA_TYPE_METADATA)?;
+    let metadata_path = meta_dir.join(format!("{}.erofs", metadata.digest.hex()));
+    cache_layer_file(
+        artifact,
+        metadata,
+        "metadata",
+        &metadata_path,
+        false,
+        Record::Now,
+    )?;
     let lookup_path = match lookup {
-        true => {
-            let (path, _) = cached(MEDIA_TYPE_LOOKUP, "lookup", "lookup table", false)?;
-            // Bound to this index's metadata, as a lamina image's is
-            // (layers::cached_lookup): the header says which it was built for.
-            let mut header = [0; LOOKUP_HEADER_LEN];
-            std::fs::File::open(&path)
-                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header))
-                .map_err(io_err(&path))?;
-            check_lookup_for(&header, layer(art, MEDIA_TYPE_METADATA)?)?;
-            Some(path)
-        }
+        true => Some(cache_lookup(artifact, meta_dir)?),
         false => None,
     };
     Ok(IndexFiles {
-        index: parse(&spans.unwrap_or_default(), img)?,
-        spans_path,
+        index,
         metadata_path,
         lookup_path,
     })
+}
+
+/// Caches `artifact`'s span table, checked against its digest, recorded
+/// and parsed against `img`; the table and its path.
+pub(crate) fn cache_spans(
+    img: &SourceImage,
+    artifact: &dyn ImageSource,
+    meta_dir: &Path,
+) -> Result<(TarIndex, std::path::PathBuf), MountError> {
+    let desc = layer(artifact.image(), MEDIA_TYPE_TAR_INDEX)?;
+    let path = meta_dir.join(format!("{}.tarindex", desc.digest.hex()));
+    let spans = cache_layer_file(artifact, desc, "tar index", &path, true, Record::Now)?;
+    Ok((parse(&spans.unwrap_or_default(), img)?, path))
+}
+
+/// Caches `artifact`'s lookup table, checked against its digest, recorded
+/// and bound to the index's metadata (its header names the metadata it was
+/// built for, as a lamina image's does: `layers::cached_lookup`).
+pub(crate) fn cache_lookup(
+    artifact: &dyn ImageSource,
+    meta_dir: &Path,
+) -> Result<std::path::PathBuf, MountError> {
+    let art = artifact.image();
+    let desc = layer(art, MEDIA_TYPE_LOOKUP)?;
+    let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
+    cache_layer_file(artifact, desc, "lookup table", &path, false, Record::Now)?;
+    let mut header = [0; LOOKUP_HEADER_LEN];
+    std::fs::File::open(&path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header))
+        .map_err(io_err(&path))?;
+    check_lookup_for(&header, layer(art, MEDIA_TYPE_METADATA)?)?;
+    Ok(path)
 }
 
 /// Fills the cache for a mount of `source`'s image through its tar index

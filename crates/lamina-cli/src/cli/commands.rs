@@ -99,6 +99,7 @@ pub(super) fn index_image(command: Command, source: SourceOptions, json: bool) -
         prefetch,
         boot_exec,
         no_bind,
+        metadata_frame_size,
     } = command
     else {
         unreachable!("run hands index_image only Command::Index");
@@ -111,6 +112,7 @@ pub(super) fn index_image(command: Command, source: SourceOptions, json: bool) -
         prefetch_trace: prefetch,
         boot_execs: boot_exec,
         bind: !no_bind,
+        metadata_frame_size: metadata_frame_size.map(|n| n as usize),
     };
     let bar = progress_bar(json);
     let report = index(&src, dst.as_ref(), &opts, &|layer| {

@@ -34,7 +34,8 @@ pub fn push_forged_index(reg: &Registry, image: &str, edit: &dyn Fn(&mut Vec<u8>
     // Built from the true metadata (the publisher's tool refuses some
     // forgeries while it builds the lookup table), then the metadata
     // layer swapped for the forged one, as a forger's own tool would.
-    let (mut layers, bytes) = lamina_image::index::artifact(&built, None, subject, span).unwrap();
+    let (mut layers, bytes) =
+        lamina_image::index::artifact(&built, None, subject, (span, None)).unwrap();
     let bytes = swap_metadata(&mut layers, &bytes, &forged);
     let ImageRef::Registry(at) = &image else {
         unreachable!("a registry reference")

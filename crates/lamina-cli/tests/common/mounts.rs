@@ -521,3 +521,34 @@ impl Drop for LoopExt4 {
         );
     }
 }
+
+/// The FUSE daemon's log of the mount at `mnt` served from `cache`.
+pub fn fuse_log(cache: &Path, mnt: &Path) -> String {
+    let config = fs::read_dir(cache.join("mounts"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|run| {
+            fs::read(run.join("fuse.json")).is_ok_and(|c| {
+                let c: serde_json::Value = serde_json::from_slice(&c).unwrap_or_default();
+                c["mountpoint"].as_str().map(Path::new) == Some(canonical(mnt).as_path())
+            })
+        });
+    let run = config.unwrap_or_else(|| panic!("no FUSE daemon config for {}", mnt.display()));
+    fs::read_to_string(run.join("fuse.log")).unwrap_or_default()
+}
+
+/// The FUSE daemon's log at `mnt` once it holds `line` (within 30 s).
+#[track_caller]
+pub fn wait_for_log(cache: &Path, mnt: &Path, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = fuse_log(cache, mnt);
+        if log.contains(line) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "no {line:?} in 30 s:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

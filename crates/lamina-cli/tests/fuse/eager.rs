@@ -8,9 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::*;
-use crate::{
-    converted_edge, fs_type, fuse_daemons, fuse_log, without_lookup_layer, LOOKUP_TABLE_LINE,
-};
+use crate::{converted_edge, fs_type, fuse_daemons, without_lookup_layer, LOOKUP_TABLE_LINE};
 
 /// convert oci:FIX/edge:edge, mount with --mode fuse, then:
 /// * it is a FUSE mount (not the kernel's EROFS) with its daemon running;

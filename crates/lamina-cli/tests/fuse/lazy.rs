@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use crate::{converted_edge, fs_type, fuse_daemons, fuse_log, worker_status};
+use crate::{converted_edge, fs_type, fuse_daemons, worker_status};
 
 /// A lazy FUSE mount of a local image: nothing is filled at mount time,
 /// and the lookup table is not fetched before the mount either: the worker
@@ -207,20 +207,6 @@ fn lazy_fuse_mount_fetches_metadata_frames_as_needed() {
         "no answer corrupted: {stats}"
     );
     m.unmount();
-}
-
-/// The FUSE daemon's log at `mnt` once it holds `line` (within 30 s).
-#[track_caller]
-fn wait_for_log(cache: &Path, mnt: &Path, line: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let log = fuse_log(cache, mnt);
-        if log.contains(line) {
-            return log;
-        }
-        assert!(Instant::now() < deadline, "no {line:?} in 30 s:\n{log}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The `read_ahead_kb` of the FUSE mount at `mnt` (its bdi is named after

@@ -66,23 +66,6 @@ fn converted_edge(t: &TestDir) -> String {
     image
 }
 
-/// The FUSE daemon's log of the mount at `mnt` served from `cache`.
-fn fuse_log(cache: &Path, mnt: &Path) -> String {
-    let config = fs::read_dir(cache.join("mounts"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .find(|run| {
-            fs::read(run.join("fuse.json")).is_ok_and(|c| {
-                let c: serde_json::Value = serde_json::from_slice(&c).unwrap_or_default();
-                c["mountpoint"].as_str().map(Path::new) == Some(canonical(mnt).as_path())
-            })
-        });
-    let run = config.unwrap_or_else(|| panic!("no FUSE daemon config for {}", mnt.display()));
-    fs::read_to_string(run.join("fuse.log")).unwrap_or_default()
-}
-
 /// What the FUSE daemon logs when it answers lookups through the table.
 const LOOKUP_TABLE_LINE: &str = "lookups through the lookup table";
 
