@@ -27,7 +27,9 @@ status` before and after (bytes and requests fetched).
 Options (--set): sizes (10000,100000,1000000), runs (3: convert and mounts),
 warm_runs (3*runs), cold_runs (2*runs), py_runs (5), python=no, settle
 (1.0 s), tmpfs_size (12g), metadata (regular; varied: every file a name of
-its own and an mtime spread over a year, see synthetic.py). --quick: 10,000 and 100,000 files, one run, 3
+its own and an mtime spread over a year, see synthetic.py), index (yes:
+the unmodified source image from the registry too, through its tar index;
+no). --quick: 10,000 and 100,000 files, one run, 3
 warm / 2 cold, 3 python3 starts. Moved from scripts/bench_scale.sh;
 docs/bench-scale.md carries its tables and plot.
 """
@@ -193,7 +195,7 @@ def part_size(a, lamina, work, n_files):
     r["one_file"] = one
     r["lazy"] = measure_lazy_mounts(a, lamina, d, one, layers)
     r["lamina_layers"] = layers
-    r["registry_wire"] = registry_wire(a, lamina, d.path, d.out_oci, one)
+    r["registry_wire"] = registry_wire(a, lamina, d, one)
     measure_ls(a, lamina, d, r)
     sys_umount(d.tmp)
     shutil.rmtree(d.dir)
@@ -349,23 +351,36 @@ def lazy_summary(mode, xs, meta_layers, layers):
     }
 
 
-def registry_wire(a, lamina, P, out_oci, one):
+def registry_wire(a, lamina, d, one):
     """Issue 29 point 4: the image from a registry, mounted lazily through
     tests/tools/faultproxy.py spoiling nothing, which counts the answer
     bodies it sends: bytes before the first read (right after the mount and
     `settle`), then after reading one file and a quiet spell (the worker's
-    later layers, e.g. the FUSE lookup table, go then)."""
+    later layers, e.g. the FUSE lookup table, go then). With index=yes, the
+    same for the unmodified source image mounted through its tar index
+    (`lamina index`, paths index-kernel and index-fuse)."""
+    P = d.path
     registry = Registry(P("registry"))
     out = {}
     try:
         run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false",
-             f"oci:{out_oci}:x", registry.ref("scale:x")])
-        for mode in MODES:
-            with fault_proxy(P(f"proxy-{mode}"), registry.port, ["none"], lifetime=1800) as (proxy_port, stats):
-                cache, mnt = P(f"cache-reg-{mode}"), P("mnt-reg")
+             f"oci:{d.out_oci}:x", registry.ref("scale:x")])
+        images = [(mode, "scale:x", mode) for mode in MODES]
+        if a.index == "yes":
+            run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false",
+                 f"oci:{d.layout}:bench", registry.ref("scale:src")])
+            t0 = time.perf_counter()
+            report = json.loads(run([lamina, "index", "--json", registry.ref("scale:src")], timeout=1800,
+                                    stdout=subprocess.PIPE).stdout)[0]
+            out["index"] = {"s": round(time.perf_counter() - t0, 2), "artifact_bytes": report["artifact_bytes"],
+                            "image_layer_bytes": report["image_layer_bytes"]}
+            images += [(f"index-{mode}", "scale:src", mode) for mode in MODES]
+        for name, tag, mode in images:
+            with fault_proxy(P(f"proxy-{name}"), registry.port, ["none"], lifetime=1800) as (proxy_port, stats):
+                cache, mnt = P(f"cache-reg-{name}"), P("mnt-reg")
                 rm(cache)
                 os.makedirs(mnt, exist_ok=True)
-                lamina_mount(lamina, f"docker://127.0.0.1:{proxy_port}/scale:x", mnt, cache, mode, lazy=True)
+                lamina_mount(lamina, f"docker://127.0.0.1:{proxy_port}/{tag}", mnt, cache, mode, lazy=True)
                 time.sleep(a.settle)
                 before = json.load(open(stats))
                 with open(os.path.join(mnt, one), "rb") as f:
@@ -374,13 +389,13 @@ def registry_wire(a, lamina, P, out_oci, one):
                 time.sleep(12)  # past the worker's wait for the start to be over
                 after = json.load(open(stats))
                 lamina_umount_wait(lamina, mnt, cache)
-            out[mode] = {"before_first_read_body_bytes": before["body_bytes"],
+            out[name] = {"before_first_read_body_bytes": before["body_bytes"],
                          "before_first_read_requests": before["requests"],
                          "read_one_file_body_bytes": read["body_bytes"] - before["body_bytes"],
                          "read_one_file_requests": read["requests"] - before["requests"],
                          "after_read_and_quiet_body_bytes": after["body_bytes"],
                          "requests_log": after.get("log", [])[:50]}
-            log(f"registry, {mode}: {before['body_bytes']:,} B in {before['requests']} answers before the "
+            log(f"registry, {name}: {before['body_bytes']:,} B in {before['requests']} answers before the "
                 f"first read; {after['body_bytes']:,} B once the start was over")
     finally:
         registry.stop()
@@ -474,7 +489,7 @@ def options(quick, given):
     """The run's options: defaults, --quick, then --set KEY=VALUE."""
     o = types.SimpleNamespace(sizes="10000,100000" if quick else "10000,100000,1000000", runs=1 if quick else 3,
                               warm_runs=None, cold_runs=None, py_runs=3 if quick else 5, python="yes",
-                              settle=1.0, tmpfs_size="12g", metadata="regular")
+                              settle=1.0, tmpfs_size="12g", metadata="regular", index="yes")
     for key, value in given.items():
         if not hasattr(o, key):
             raise SystemExit(f"bench scale: no option {key} (see python3 -m bench scale --help)")
@@ -571,14 +586,14 @@ def size_ratios(v, k, x):
     """The ratios of one image size; adds the daemons' highest RSS to its lazy figures."""
     v[f"convert_lamina_vs_mkfs_erofs@{k}"] = (x["convert"]["lamina"]["median_s"]
                                              / x["convert"]["mkfs.erofs"]["median_s"])
+    for path, reg in (x.get("registry_wire") or {}).items():
+        if "before_first_read_body_bytes" in reg:
+            v[f"registry_wire_before_first_read_vs_erofs_metadata@{k}/{path}"] = (
+                reg["before_first_read_body_bytes"] / x["erofs_metadata"]["metadata_bytes"])
     for mode in MODES:
         lz = x["lazy"][mode]
         v[f"wire_before_first_read_vs_erofs_metadata@{k}/{mode}"] = (
             lz["wire_before_first_read_bytes"] / x["erofs_metadata"]["metadata_bytes"])
-        reg = (x.get("registry_wire") or {}).get(mode)
-        if reg:
-            v[f"registry_wire_before_first_read_vs_erofs_metadata@{k}/{mode}"] = (
-                reg["before_first_read_body_bytes"] / x["erofs_metadata"]["metadata_bytes"])
         v[f"read_one_file_requests@{k}/{mode}"] = lz["read_one_file_requests"]
         v[f"lazy_mount_s@{k}/{mode}"] = lz["mount"]["median_s"]
         lz["rss_max_kib"] = max(lz["rss_after_mount_kib"], lz["rss_after_read_kib"],

@@ -141,12 +141,22 @@ def lazy_tables(r, w):
         for k, x in by.items():
             em = x["erofs_metadata"]["metadata_bytes"]
             for mode, g in (x.get("registry_wire") or {}).items():
+                if "before_first_read_body_bytes" not in g:
+                    continue  # the index's own figures, below
                 one = (f"{g['read_one_file_body_bytes']:,} ({g['read_one_file_requests']})"
                        if "read_one_file_body_bytes" in g else "–")
                 w(f"| {int(k):,} | {mode} | {g['before_first_read_body_bytes']:,} | "
                   f"{g['before_first_read_body_bytes'] / em:.3f} | {g['before_first_read_requests']} | {one} | "
                   f"{g['after_read_and_quiet_body_bytes']:,} |")
         w("")
+        for k, x in by.items():
+            ix = (x.get("registry_wire") or {}).get("index")
+            if ix:
+                w(f"Paths index-kernel and index-fuse: the unmodified source image ({int(k):,} files, "
+                  f"{ix['image_layer_bytes']:,} bytes of layers) pushed beside it and mounted through its tar "
+                  f"index (`lamina index` at its defaults: {ix['s']:.1f} s, an artifact of "
+                  f"{ix['artifact_bytes']:,} bytes).")
+                w("")
     w("mkfs.erofs metadata: the image of `mkfs.erofs --chunksize=1048576 --blobdev=BLOB` (file data in BLOB), "
       "what an EROFS client must have before its first read. Bytes before the first read: the compressed "
       "sizes, from the manifest, of the layers lamina fetches at mount (index and EROFS metadata; of metadata that "
