@@ -430,6 +430,21 @@ impl FrameFill {
             .map_err(|e| format!("writing: {e}"))
     }
 
+    /// The fill's figures for the daemon's status file: frames, those
+    /// written, and for remote frames the compressed bytes fetched, the
+    /// requests and the answers that failed their digest.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (fetched_bytes, requests, bad_answers) = self.fetched();
+        serde_json::json!({
+            "frames": self.spec.frames.len(),
+            "written": self.decompressed(),
+            "complete": self.complete(),
+            "fetched_bytes": fetched_bytes,
+            "requests": requests,
+            "bad_answers": bad_answers,
+        })
+    }
+
     /// For remote frames so far: compressed bytes fetched, requests, and
     /// answers that failed their digest (fetched again).
     pub fn fetched(&self) -> (u64, u64, u64) {

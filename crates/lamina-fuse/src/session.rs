@@ -146,13 +146,13 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
         }
     };
     report(None)?;
+    if let Some(path) = &config.status_path {
+        write_status_while_serving(path.clone(), stats, frames.clone());
+    }
     if let Some(frames) = frames {
         let threads = std::thread::available_parallelism().map_or(2, usize::from);
         let path = config.metadata_path.clone();
         frames::fill_in_background(frames, path, threads);
-    }
-    if let Some(path) = &config.status_path {
-        write_status_while_serving(path.clone(), stats);
     }
     if let Some(f) = &filler {
         lower_readahead_while_incomplete(config, f.clone());
@@ -171,15 +171,23 @@ pub fn serve(config: &ServeConfig) -> std::io::Result<()> {
     served
 }
 
-/// Rewrites the status file at `path` whenever `stats` changed (checked
-/// every quarter second), for the daemon's life.
-pub(crate) fn write_status_while_serving(path: PathBuf, stats: Arc<Stats>) {
+/// Rewrites the status file at `path` whenever `stats` (or the metadata
+/// `frames` the daemon writes) changed (checked every quarter second), for
+/// the daemon's life.
+pub(crate) fn write_status_while_serving(
+    path: PathBuf,
+    stats: Arc<Stats>,
+    frames: Option<Arc<frames::FrameFill>>,
+) {
     let spawned = std::thread::Builder::new()
         .name("status".into())
         .spawn(move || {
             let mut last = serde_json::Value::Null;
             loop {
-                let now = stats.to_json();
+                let mut now = stats.to_json();
+                if let Some(frames) = &frames {
+                    now["metadata_frames"] = frames.to_json();
+                }
                 if now != last {
                     if let Err(e) = write_atomic(&path, now.to_string().as_bytes()) {
                         tracing::warn!("{}: {e}", path.display());

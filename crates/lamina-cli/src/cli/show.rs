@@ -195,6 +195,13 @@ pub(super) fn status(cache_dir: &std::path::Path, json: bool) -> Result<()> {
             s["cached_bytes"], s["total_bytes"], s["fetched_bytes"], s["requests"],
             s["misses"], s["failed_misses"], s["prefetch_done"], s["prefetch_total"]
         );
+        let f = &m["fuse"]["metadata_frames"];
+        if f.is_object() {
+            println!(
+                "  metadata frames (FUSE daemon): {} of {} written, fetched {} bytes in {} requests ({} bad answers)",
+                f["written"], f["frames"], f["fetched_bytes"], f["requests"], f["bad_answers"]
+            );
+        }
     }
     Ok(())
 }

@@ -201,6 +201,28 @@ fn lazy_fuse_mount_fetches_metadata_frames_as_needed() {
     assert!(field("frames") > 3, "{written}");
     assert!(field("fetched_bytes") >= metadata / 2, "{written}");
     assert!(field("bad_answers") > 0, "{written}");
+    // `lamina status` shows the daemon's figures, once complete the log's.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let shown = loop {
+        let shown = m.status().map(|e| e["fuse"]["metadata_frames"].clone());
+        if let Some(f) = shown.filter(|f| f["complete"] == true) {
+            break f;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no complete frames in lamina status: {:?}",
+            m.status()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for name in ["frames", "fetched_bytes", "requests", "bad_answers"] {
+        assert_eq!(
+            shown[name].as_u64(),
+            Some(field(name)),
+            "{name}: {shown} against {written}"
+        );
+    }
+    assert_eq!(shown["written"], shown["frames"], "{shown}");
     let stats = proxy.stats();
     assert!(
         stats["faults"]["flip"].as_u64().unwrap_or(0) > 0,
