@@ -501,22 +501,13 @@ impl Remote {
     /// when the mount put it there, else fetched. The error says whether
     /// a later read may try again.
     fn frame(&self, i: usize, f: &FrameSpan, compressed: &File) -> Result<Vec<u8>, (String, bool)> {
-        let entry = ChunkEntry {
-            cache_offset: f.offset.into(),
-            compressed_offset: f.start.into(),
-            compressed_size: (f.len as u32).into(), // checked in `with_source`
-            size: (f.size as u32).into(),
-            flags: CHUNK_ZSTD.into(),
-            reserved: 0.into(),
-            digest: self.digests[i],
-        };
+        let entry = frame_entry(f, self.digests[i]);
         if i < self.local {
             let mut stored = vec![0; f.len as usize];
             compressed
                 .read_exact_at(&mut stored, f.start)
                 .map_err(|e| (e.to_string(), true))?;
-            let mut dctx = zstd::bulk::Decompressor::new().map_err(|e| (e.to_string(), true))?;
-            return decode_chunk(&mut dctx, &entry, &stored).map_err(|e| (e, false));
+            return decode_frame(f, self.digests[i], &stored).map_err(|e| (e, false));
         }
         let got = Mutex::new(None);
         let blob = BlobChunks {
@@ -632,6 +623,37 @@ fn record(fill: &FrameFill, path: &Path) -> std::io::Result<bool> {
     let digest = crate::sha256_digest(&fill.spec.digest)
         .ok_or_else(|| std::io::Error::other(format!("bad digest {}", fill.spec.digest)))?;
     lamina_fetch::store::adopt_whole(path, &digest)
+}
+
+/// A listed frame as the chunk fetcher takes it: zstd, of `digest`'s
+/// content. Its sizes fit (checked where the frames are: `with_source`,
+/// `lamina_image::artifact::metadata_frames`).
+fn frame_entry(f: &FrameSpan, digest: [u8; 32]) -> ChunkEntry {
+    ChunkEntry {
+        cache_offset: f.offset.into(),
+        compressed_offset: f.start.into(),
+        compressed_size: (f.len as u32).into(),
+        size: (f.size as u32).into(),
+        flags: CHUNK_ZSTD.into(),
+        reserved: 0.into(),
+        digest,
+    }
+}
+
+/// Frame `f`'s content from its compressed bytes `stored`, checked: it
+/// decompresses to its size and hashes to `digest` (SHA-256). What the
+/// mount checks the first frame with before it hands it over, and the
+/// daemon before it writes it.
+pub fn decode_frame(f: &FrameSpan, digest: [u8; 32], stored: &[u8]) -> Result<Vec<u8>, String> {
+    if f.len != stored.len() as u64 || f.len > u64::from(u32::MAX) || f.size > u64::from(u32::MAX) {
+        return Err(format!(
+            "a frame of {} bytes, {} stored",
+            f.len,
+            stored.len()
+        ));
+    }
+    let mut dctx = zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?;
+    decode_chunk(&mut dctx, &frame_entry(f, digest), stored)
 }
 
 #[cfg(test)]

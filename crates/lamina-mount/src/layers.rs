@@ -201,12 +201,16 @@ fn first_frame(
         .read_blob_range(desc, frame.offset, frame.compressed_size)
         .map_err(|e| format!("its first frame: {e}"))?
         .ok_or("the source reads layers whole only")?;
-    let content = zstd::bulk::decompress(&first, frame.size as usize)
+    let span = lamina_fuse::frames::FrameSpan {
+        start: frame.offset,
+        len: frame.compressed_size,
+        offset: 0,
+        size: frame.size,
+    };
+    let digest = <[u8; 32]>::try_from(hex::decode(frame.digest.hex()).unwrap_or_default())
+        .map_err(|_| format!("its first frame's digest {} is not SHA-256", frame.digest))?;
+    lamina_fuse::frames::decode_frame(&span, digest, &first)
         .map_err(|e| format!("its first frame: {e}"))?;
-    if content.len() as u64 != frame.size || lamina_oci::Digest::of_bytes(&content) != frame.digest
-    {
-        return Err("its first frame does not match its listed digest".into());
-    }
     Ok(first)
 }
 
@@ -276,6 +280,7 @@ mod tests {
         image: SourceImage,
         compressed: Vec<u8>,
         fetches: AtomicUsize,
+        ranges: AtomicUsize,
     }
 
     impl OneLayer {
@@ -317,6 +322,7 @@ mod tests {
                 image,
                 compressed,
                 fetches: AtomicUsize::new(0),
+                ranges: AtomicUsize::new(0),
             };
             (source, desc)
         }
@@ -333,6 +339,82 @@ mod tests {
             self.fetches.fetch_add(1, Ordering::Relaxed);
             Ok(Box::new(&self.compressed[..]))
         }
+        fn read_blob_range(
+            &self,
+            _: &Descriptor,
+            offset: u64,
+            len: u64,
+        ) -> Result<Option<Vec<u8>>, OciError> {
+            self.ranges.fetch_add(1, Ordering::Relaxed);
+            let range = offset as usize..(offset + len) as usize;
+            Ok(self.compressed.get(range).map(<[u8]>::to_vec))
+        }
+    }
+
+    /// `raw` in a 64 KiB first frame and 1 MiB frames after it, listed in
+    /// the descriptor with each frame's content digest (the first one's
+    /// `first_digest` when given).
+    fn listed(raw: &[u8], first_digest: Option<Digest>) -> (OneLayer, Descriptor) {
+        let first = artifact::METADATA_FIRST_FRAME_SIZE;
+        let pieces: Vec<&[u8]> = std::iter::once(&raw[..first])
+            .chain(raw[first..].chunks(1 << 20))
+            .collect();
+        let frames: Vec<Vec<u8>> = pieces
+            .iter()
+            .map(|p| zstd::bulk::compress(p, 3).unwrap())
+            .collect();
+        let mut digests: Vec<Digest> = pieces.iter().map(|p| Digest::of_bytes(p)).collect();
+        if let Some(d) = first_digest {
+            digests[0] = d;
+        }
+        let list: Vec<_> = frames
+            .iter()
+            .zip(&pieces)
+            .zip(&digests)
+            .map(|((f, p), d)| (f.len() as u64, p.len() as u64, d))
+            .collect();
+        let annotation = artifact::frames_annotation(&list);
+        let (source, mut desc) = OneLayer::of(raw, frames.concat());
+        desc.annotations
+            .insert(artifact::ANNOTATION_METADATA_FRAMES.into(), annotation);
+        (source, desc)
+    }
+
+    /// A lazy FUSE mount reads only the listed first frame, by range, and
+    /// hands the rest to its daemon; a first frame that is not what its
+    /// listed digest says, or a mount that splits the metadata, fetches
+    /// the layer whole (checked against the layer's digest), as before the
+    /// list.
+    #[test]
+    fn a_listed_first_frame_is_read_by_range_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let counts = |s: &OneLayer| {
+            let n = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+            (n(&s.ranges), n(&s.fetches))
+        };
+
+        let (source, desc) = listed(&raw, None);
+        let path = dir.path().join("right.erofs");
+        let got = cache_metadata_frames(&source, &desc, &path, true).unwrap();
+        assert!(
+            matches!(&got, Some(MetadataFrames::Listed { frames, .. }) if frames.len() == 4),
+            "{got:?}"
+        );
+        assert_eq!(counts(&source), (1, 0));
+        assert_eq!(fs::metadata(&path).unwrap().len(), raw.len() as u64);
+
+        let (source, desc) = listed(&raw, Some(Digest::of_bytes(b"another frame")));
+        let path = dir.path().join("wrong.erofs");
+        let got = cache_metadata_frames(&source, &desc, &path, true).unwrap();
+        assert!(matches!(got, Some(MetadataFrames::Whole(_))), "{got:?}");
+        assert_eq!(counts(&source), (1, 1));
+
+        let (source, desc) = listed(&raw, None);
+        let path = dir.path().join("split.erofs");
+        let got = cache_metadata_frames(&source, &desc, &path, false).unwrap();
+        assert!(matches!(got, Some(MetadataFrames::Whole(_))), "{got:?}");
+        assert_eq!(counts(&source), (0, 1));
     }
 
     #[test]
