@@ -49,7 +49,9 @@
 #      hello container runs on it while only the spans of the tars it reads are fetched
 #      from the original gzip layers. A mount of the manifest's own digest, which the
 #      binding does not cover, finds the index only as a referrer, which anyone who may
-#      push can list: nothing vouches for it, and it is refused (issue 42)
+#      push can list: nothing vouches for it, and it is refused (issue 42). The same tag
+#      mounted through FUSE fetches only the index's first metadata frame; the daemon
+#      fetches the others by range (`lamina status`, issue 44)
 #  14. trust: the index signed by its publisher (cosign) mounts by digest; `lamina run
 #      --userns` runs a container whose root is an unprivileged host uid
 #  15. density: the image converted again with 128 KiB chunks (the same files in other
@@ -452,15 +454,22 @@ run_container fuse
 FUSE_FETCHED=$(settled_status | jq -r '"\(.fetched_bytes) bytes in \(.requests) requests for \(.misses) misses"')
 log "  through FUSE, the container's reads fetched $FUSE_FETCHED"
 # The mount fetched only the metadata's first frame (the manifest lists the
-# frames and their digests); the daemon fetched the others by range (issue 44).
-FUSE_LOG=$(ls "$CACHE"/mounts/*/fuse.log | head -1)
-for _ in $(seq 150); do grep -q "metadata frames all written" "$FUSE_LOG" && break; sleep 0.1; done
-FRAMES_LINE=$(grep "metadata frames all written" "$FUSE_LOG" | tail -1)
-[ -n "$FRAMES_LINE" ] || die "the FUSE daemon never wrote the whole metadata: $(tail -5 "$FUSE_LOG")"
-FRAMES_FETCHED=$(sed -n 's/.*fetched_bytes=\([0-9]*\).*/\1/p' <<<"$FRAMES_LINE")
-FRAMES_COUNT=$(sed -n 's/.*frames=\([0-9]*\).*/\1/p' <<<"$FRAMES_LINE")
-[ "${FRAMES_FETCHED:-0}" -gt 0 ] || die "the metadata was fetched whole before the mount: $FRAMES_LINE"
-log "  metadata: the mount fetched its first frame, the daemon the other $((FRAMES_COUNT - 1)) by range ($FRAMES_FETCHED bytes)"
+# frames and their digests); the daemon fetched the others by range (issue
+# 44), as `lamina status` shows.
+metadata_frames() { # the FUSE daemon's metadata frames at $MNT, once all written
+    local f
+    for _ in $(seq 150); do
+        f=$("$LAMINA" status --json --cache-dir "$CACHE" |
+            jq -c --arg m "$MNT" '.[] | select(.mountpoint == $m) | .fuse.metadata_frames')
+        [ "$(jq -r '.complete' <<<"$f" 2>/dev/null)" = true ] && break
+        sleep 0.1
+    done
+    [ "$(jq -r '.complete' <<<"$f" 2>/dev/null)" = true ] ||
+        die "the FUSE daemon never wrote the whole metadata: $f"
+    [ "$(jq -r '.fetched_bytes' <<<"$f")" -gt 0 ] || die "the metadata was fetched whole before the mount: $f"
+    jq -r '"  metadata: the mount fetched its first frame, the daemon the other \(.frames - 1) by range (\(.fetched_bytes) bytes in \(.requests) requests; lamina status)"' <<<"$f" >&2
+}
+metadata_frames
 
 # ---- 12. rootless podman from a lamina mount ---------------------------------------------------
 # podman runs as nobody in its user namespace; the image is mounted in that
@@ -517,6 +526,17 @@ settled_status >"$TMP/status-index.json"
 jq -r '"  fetched \(.fetched_bytes) bytes (boot pages, spans and their windows) in \(.requests) range requests of the original layers (\(.boot_page_bytes) bytes of boot pages applied), \(.cached_bytes) of \(.total_bytes) tar bytes cached"' \
     "$TMP/status-index.json" >&2
 teardown
+# Through FUSE, the index's metadata comes as the mount's own does (issue 44).
+log "lamina mount --mode fuse docker://$R/debian:bookworm $MNT (through its index, a fresh cache)"
+CACHE="$TMP/cache-index-fuse"
+t=$(now)
+"$LAMINA" mount --mode fuse "docker://$R/debian:bookworm" "$MNT" --cache-dir "$CACHE" >/dev/null 2>&1 ||
+    die "the FUSE mount through the index failed"
+step "lamina mount (FUSE, through its index)" "$t" "$(now)"
+run_container index-fuse
+metadata_frames
+teardown
+CACHE="$TMP/cache-index"
 SUBJECT=$(jq -r '.[0].subject' "$TMP/index.json")
 log "lamina mount docker://$R/debian@$SUBJECT (the manifest's digest: its index is only a referrer there)"
 if "$LAMINA" mount "docker://$R/debian@$SUBJECT" "$MNT" --cache-dir "$CACHE" 2>"$TMP/refused.err"; then
