@@ -29,7 +29,8 @@ warm_runs (3*runs), cold_runs (2*runs), py_runs (5), python=no, settle
 (1.0 s), tmpfs_size (12g), metadata (regular; varied: every file a name of
 its own and an mtime spread over a year, see synthetic.py), index (yes:
 the unmodified source image from the registry too, through its tar index;
-no). --quick: 10,000 and 100,000 files, one run, 3
+no), metadata_frame_size (lamina's default; e.g. 1M: passed to lamina
+convert and lamina index). --quick: 10,000 and 100,000 files, one run, 3
 warm / 2 cold, 3 python3 starts. Moved from scripts/bench_scale.sh;
 docs/bench-scale.md carries its tables and plot.
 """
@@ -229,7 +230,7 @@ def measure_convert(a, lamina, d):
     def convert(name):
         if name == "lamina":
             rm(d.out_oci)
-            cmd = [lamina, "convert", "--json", f"oci:{d.layout}:bench", f"oci:{d.out_oci}:x"]
+            cmd = [lamina, "convert", "--json", *frame_args(a), f"oci:{d.layout}:bench", f"oci:{d.out_oci}:x"]
         else:
             rm(d.img)
             cmd = ["mkfs.erofs", d.img, d.rootfs]
@@ -246,13 +247,18 @@ def measure_convert(a, lamina, d):
     for name, v in conv.items():
         v["peak_rss_kib"] = med(peaks[name])
         v["peak_rss_runs_kib"] = peaks[name]
-    conv["lamina"]["cmd"] = "lamina convert --json oci:SRC:bench oci:OUT:x"
+    conv["lamina"]["cmd"] = " ".join(["lamina convert --json", *frame_args(a), "oci:SRC:bench oci:OUT:x"])
     conv["mkfs.erofs"]["cmd"] = "mkfs.erofs IMG ROOTFS"
     conv["lamina"]["json"] = conv_json
     log(f"{d.n:,} files: convert lamina {conv['lamina']['median_s']:.2f}s "
         f"({conv['lamina']['peak_rss_kib']} KiB), mkfs.erofs {conv['mkfs.erofs']['median_s']:.2f}s "
         f"({conv['mkfs.erofs']['peak_rss_kib']} KiB)")
     return conv
+
+
+def frame_args(a):
+    """`--metadata-frame-size` for lamina convert and lamina index, when set."""
+    return ["--metadata-frame-size", a.metadata_frame_size] if a.metadata_frame_size else []
 
 
 def erofs_metadata(d):
@@ -370,7 +376,7 @@ def registry_wire(a, lamina, d, one):
             run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false",
                  f"oci:{d.layout}:bench", registry.ref("scale:src")])
             t0 = time.perf_counter()
-            report = json.loads(run([lamina, "index", "--json", registry.ref("scale:src")], timeout=1800,
+            report = json.loads(run([lamina, "index", "--json", *frame_args(a), registry.ref("scale:src")], timeout=1800,
                                     stdout=subprocess.PIPE).stdout)[0]
             out["index"] = {"s": round(time.perf_counter() - t0, 2), "artifact_bytes": report["artifact_bytes"],
                             "image_layer_bytes": report["image_layer_bytes"]}
@@ -489,7 +495,8 @@ def options(quick, given):
     """The run's options: defaults, --quick, then --set KEY=VALUE."""
     o = types.SimpleNamespace(sizes="10000,100000" if quick else "10000,100000,1000000", runs=1 if quick else 3,
                               warm_runs=None, cold_runs=None, py_runs=3 if quick else 5, python="yes",
-                              settle=1.0, tmpfs_size="12g", metadata="regular", index="yes")
+                              settle=1.0, tmpfs_size="12g", metadata="regular", index="yes",
+                              metadata_frame_size="")
     for key, value in given.items():
         if not hasattr(o, key):
             raise SystemExit(f"bench scale: no option {key} (see python3 -m bench scale --help)")
@@ -513,7 +520,8 @@ def measure(results, lamina, work, quick, given):
     doc = results.doc
     doc["machine"] = machine_info(lamina, packages=("erofs-utils", "fuse3", "tar"))
     doc["config"].update(sizes=a.sizes, runs=a.runs, warm_runs=a.warm_runs, cold_runs=a.cold_runs,
-                         py_runs=a.py_runs, settle_s=a.settle, statistic="median", metadata=a.metadata)
+                         py_runs=a.py_runs, settle_s=a.settle, statistic="median", metadata=a.metadata,
+                         metadata_frame_size=a.metadata_frame_size or "default")
     doc["not_measured"] = {"python_start_time_at_100mbit": "`bench coldstart` shapes a link for the registry it "
                            "starts; this bench mounts from a local layout, so it records bytes and requests, "
                            "not time on a link"}
