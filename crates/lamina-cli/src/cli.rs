@@ -130,7 +130,7 @@ pub(crate) enum Command {
         /// image's PATH. Repeat for more; not with --prefetch.
         #[arg(long, value_name = "PROGRAM", conflicts_with = "prefetch")]
         boot_exec: Vec<String>,
-        /// Bytes of metadata per zstd frame (4 KiB..64 MiB; default 4M): a
+        /// Bytes of metadata per zstd frame (4 KiB..64 MiB; default 1M): a
         /// lazy FUSE mount decompresses the frames as they are needed.
         #[arg(long, hide = true, value_parser = parse_frame_size)]
         metadata_frame_size: Option<u64>,
@@ -173,7 +173,7 @@ pub(crate) enum Command {
         /// the tag's digest covers the index (docs/index.md).
         #[arg(long)]
         no_bind: bool,
-        /// Bytes of metadata per zstd frame (4 KiB..64 MiB; default 4M), as
+        /// Bytes of metadata per zstd frame (4 KiB..64 MiB; default 1M), as
         /// for `lamina convert`.
         #[arg(long, hide = true, value_parser = parse_frame_size)]
         metadata_frame_size: Option<u64>,

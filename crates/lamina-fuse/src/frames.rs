@@ -149,13 +149,13 @@ pub struct FrameFill {
     demanded: AtomicBool,
 }
 
-/// Frames fetched by range beyond the mount's: at most this many are
-/// fetched at once in the background, more wait for the start (below). A
-/// start's lookups in metadata of a few frames touch most of them anyway,
-/// and the worker predicts from the whole metadata only (a Debian image's
-/// is two frames); a million files' are 22 to 31, of which a start reads
-/// a few.
-const AT_ONCE_FRAMES: usize = 2;
+/// Content of the frames fetched by range beyond the mount's: up to this
+/// much is fetched at once in the background, more waits for the start
+/// (below). A start's lookups in metadata of a few MiB touch most of it
+/// anyway, and the worker predicts from the whole metadata only (a Debian
+/// image's is 1 MiB); a million files' is 120 MiB, of which a start reads
+/// a few frames. (Two frames when they held 4 MiB each.)
+const AT_ONCE_BYTES: u64 = 8 << 20;
 /// Frames fetched in the background wait for a read that needs a frame
 /// to be fetched, this long at most...
 const FIRST_AT_MOST: Duration = Duration::from_secs(10);
@@ -291,7 +291,7 @@ impl FrameFill {
                 if self
                     .remote
                     .as_ref()
-                    .is_some_and(|r| r.deferred(self.spec.frames.len()))
+                    .is_some_and(|r| r.deferred(&self.spec.frames))
                 {
                     self.wait_for_quiet();
                 }
@@ -460,9 +460,14 @@ impl FrameFill {
 
 impl Remote {
     /// Whether the background waits for the start before it fetches the
-    /// frames of a layer of `frames` ([`AT_ONCE_FRAMES`]).
-    fn deferred(&self, frames: usize) -> bool {
-        frames.saturating_sub(self.local) > AT_ONCE_FRAMES
+    /// remote ones of `frames` ([`AT_ONCE_BYTES`]).
+    fn deferred(&self, frames: &[FrameSpan]) -> bool {
+        self.deferred_over(frames, AT_ONCE_BYTES)
+    }
+
+    fn deferred_over(&self, frames: &[FrameSpan], at_once: u64) -> bool {
+        let remote: u64 = frames.iter().skip(self.local).map(|f| f.size).sum();
+        remote > at_once
     }
 
     fn new(
@@ -838,7 +843,13 @@ mod tests {
             let fill = listed_fill(&spec, sparse(&path, content.len()), &served);
             // `frames` full frames and a short one; the first is the mount's.
             let remote = fill.remote.as_ref().unwrap();
-            assert_eq!(remote.deferred(spec.frames.len()), deferred, "{frames}");
+            let two = 2 * 4096;
+            assert_eq!(
+                remote.deferred_over(&spec.frames, two),
+                deferred,
+                "{frames}"
+            );
+            assert!(!remote.deferred(&spec.frames), "{frames} frames of 4 KiB");
         }
     }
 

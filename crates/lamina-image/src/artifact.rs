@@ -122,11 +122,15 @@ pub fn format_version() -> &'static str {
 /// a plain zstd stream made of independent frames of this many bytes (the
 /// last one shorter), each naming its size in its header, so a lazy mount
 /// decompresses them on every core. Images from before have one frame;
-/// both read the same. The 85 MB metadata of a million files compresses to
-/// 6.86 MB in frames of 4 MiB (6.92 MB with the small first frame below),
-/// 7.44 MB in frames of 1 MiB and 6.80 MB in one frame: a lazy mount over a
-/// network fetches it before anything else.
-pub const METADATA_FRAME_SIZE: usize = 4 << 20;
+/// both read the same. A lazy FUSE mount fetches the frames its requests
+/// need (`lamina_fuse::frames`): reading one file of a million with names
+/// and mtimes of their own fetched 0.76 MB of frames and data in frames of
+/// 1 MiB, 2.1 MB in frames of 4 MiB (docs/bench-scale.md), and that
+/// metadata (126 MB) compresses to 27.25 MB against 27.23 MB. A kernel
+/// mount fetches all of it: metadata that repeats itself a lot (a million
+/// files, every directory with the same 1,000 names, 85 MB) compresses to
+/// 7.46 MB in frames of 1 MiB, 6.92 MB in frames of 4 MiB.
+pub const METADATA_FRAME_SIZE: usize = 1 << 20;
 
 /// The metadata's first frame is this small: it holds the superblock, the
 /// device table and the root directory, which is all a lazy FUSE mount
