@@ -199,7 +199,7 @@ fn a_lazy_fuse_mount_through_an_index_fetches_its_metadata_as_read() {
     )
     .ok();
     reg.push(&layout, "src", "many:orig");
-    let report = index_with_and_check(&reg, "many", "orig", &["--metadata-frame-size", "64K"]);
+    let report = index_with_and_check(&reg, "many", "orig", &["--metadata-frame-size", "16K"]);
     let path = format!(
         "many/manifests/{}",
         report["manifest_digest"].as_str().unwrap()

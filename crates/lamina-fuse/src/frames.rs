@@ -149,13 +149,15 @@ pub struct FrameFill {
     demanded: AtomicBool,
 }
 
-/// Content of the frames fetched by range beyond the mount's: up to this
-/// much is fetched at once in the background, more waits for the start
-/// (below). A start's lookups in metadata of a few MiB touch most of it
-/// anyway, and the worker predicts from the whole metadata only (a Debian
-/// image's is 1 MiB); a million files' is 120 MiB, of which a start reads
-/// a few frames. (Two frames when they held 4 MiB each.)
-const AT_ONCE_BYTES: u64 = 8 << 20;
+/// Frames fetched by range beyond the mount's: at most this many are
+/// fetched at once in the background, more wait for the start (below):
+/// 8 MiB of content in frames of the default 1 MiB. A start's lookups in
+/// metadata of a few MiB touch most of it anyway, and the worker predicts
+/// from the whole metadata only (a Debian image's is 1 MiB); a million
+/// files' is 120 MiB, of which a start reads a few frames. (Two frames
+/// when they held 4 MiB each.) Counted in frames, not bytes: a request
+/// each.
+const AT_ONCE_FRAMES: usize = 8;
 /// Frames fetched in the background wait for a read that needs a frame
 /// to be fetched, this long at most...
 const FIRST_AT_MOST: Duration = Duration::from_secs(10);
@@ -291,7 +293,7 @@ impl FrameFill {
                 if self
                     .remote
                     .as_ref()
-                    .is_some_and(|r| r.deferred(&self.spec.frames))
+                    .is_some_and(|r| r.deferred(self.spec.frames.len()))
                 {
                     self.wait_for_quiet();
                 }
@@ -460,14 +462,9 @@ impl FrameFill {
 
 impl Remote {
     /// Whether the background waits for the start before it fetches the
-    /// remote ones of `frames` ([`AT_ONCE_BYTES`]).
-    fn deferred(&self, frames: &[FrameSpan]) -> bool {
-        self.deferred_over(frames, AT_ONCE_BYTES)
-    }
-
-    fn deferred_over(&self, frames: &[FrameSpan], at_once: u64) -> bool {
-        let remote: u64 = frames.iter().skip(self.local).map(|f| f.size).sum();
-        remote > at_once
+    /// frames of a layer of `frames` ([`AT_ONCE_FRAMES`]).
+    fn deferred(&self, frames: usize) -> bool {
+        frames.saturating_sub(self.local) > AT_ONCE_FRAMES
     }
 
     fn new(
@@ -837,19 +834,13 @@ mod tests {
     #[test]
     fn only_many_listed_frames_wait_for_the_start() {
         let dir = tempfile::tempdir().unwrap();
-        for (frames, deferred) in [(1, false), (2, false), (3, true), (30, true)] {
+        for (frames, deferred) in [(1, false), (8, false), (9, true), (30, true)] {
             let (content, spec, served) = listed(dir.path(), 4096, frames);
             let path = dir.path().join("meta.erofs");
             let fill = listed_fill(&spec, sparse(&path, content.len()), &served);
             // `frames` full frames and a short one; the first is the mount's.
             let remote = fill.remote.as_ref().unwrap();
-            let two = 2 * 4096;
-            assert_eq!(
-                remote.deferred_over(&spec.frames, two),
-                deferred,
-                "{frames}"
-            );
-            assert!(!remote.deferred(&spec.frames), "{frames} frames of 4 KiB");
+            assert_eq!(remote.deferred(spec.frames.len()), deferred, "{frames}");
         }
     }
 

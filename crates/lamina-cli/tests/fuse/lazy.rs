@@ -138,7 +138,7 @@ fn lazy_fuse_mount_fetches_metadata_frames_as_needed() {
         "convert",
         "--json",
         "--metadata-frame-size",
-        "64K",
+        "16K",
         &oci_ref(&layout, "src"),
         &oci_ref(&out, "frames"),
     ])
