@@ -264,15 +264,8 @@ fn a_lazy_fuse_mount_through_an_index_fetches_its_metadata_as_read() {
     );
 
     treecmp(&[], &ociunpack(&layout, "src"), &m.path);
-    let log = wait_for_log(&cache, &m.path, "metadata hashed and recorded");
-    let written = log
-        .lines()
-        .find(|l| l.contains("metadata frames all written"))
-        .unwrap_or_else(|| panic!("no frames line:\n{log}"));
-    let bad_answers = written
-        .split("bad_answers=")
-        .nth(1)
-        .and_then(|v| v.split(' ').next()?.parse::<u64>().ok());
+    let written = metadata_frames_written(&cache, &m.path);
+    let bad_answers = log_field(&written, "bad_answers");
     assert!(bad_answers.is_some_and(|n| n > 0), "{written}");
     let fetched = requests(&metadata);
     assert!(

@@ -215,18 +215,9 @@ pub(crate) fn cache_index_files(
     meta_dir: &Path,
     lookup: bool,
 ) -> Result<IndexFiles, MountError> {
-    let art = artifact.image();
     let (index, _) = cache_spans(img, artifact, meta_dir)?;
-    let metadata = layer(art, MEDIA_TYPE_METADATA)?;
-    let metadata_path = meta_dir.join(format!("{}.erofs", metadata.digest.hex()));
-    cache_layer_file(
-        artifact,
-        metadata,
-        "metadata",
-        &metadata_path,
-        false,
-        Record::Now,
-    )?;
+    let (metadata, metadata_path) = metadata_file(artifact.image(), meta_dir)?;
+    cache_metadata_whole(artifact, metadata, &metadata_path)?;
     let lookup_path = match lookup {
         true => Some(cache_lookup(artifact, meta_dir)?),
         false => None,
@@ -236,6 +227,25 @@ pub(crate) fn cache_index_files(
         metadata_path,
         lookup_path,
     })
+}
+
+/// The artifact's metadata layer and the file a mount keeps it in.
+pub(crate) fn metadata_file<'a>(
+    art: &'a SourceImage,
+    meta_dir: &Path,
+) -> Result<(&'a Descriptor, std::path::PathBuf), MountError> {
+    let desc = layer(art, MEDIA_TYPE_METADATA)?;
+    Ok((desc, meta_dir.join(format!("{}.erofs", desc.digest.hex()))))
+}
+
+/// Caches the metadata layer `desc` whole at `path`, checked against its
+/// digest and recorded (eager mounts and the kernel path).
+pub(crate) fn cache_metadata_whole(
+    artifact: &dyn ImageSource,
+    desc: &Descriptor,
+    path: &Path,
+) -> Result<(), MountError> {
+    cache_layer_file(artifact, desc, "metadata", path, false, Record::Now).map(drop)
 }
 
 /// Caches `artifact`'s span table, checked against its digest, recorded

@@ -552,3 +552,21 @@ pub fn wait_for_log(cache: &Path, mnt: &Path, line: &str) -> String {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The FUSE daemon's "metadata frames all written" line at `mnt`, once it
+/// has hashed and recorded the metadata (within 30 s).
+#[track_caller]
+pub fn metadata_frames_written(cache: &Path, mnt: &Path) -> String {
+    let log = wait_for_log(cache, mnt, "metadata hashed and recorded");
+    let line = log
+        .lines()
+        .find(|l| l.contains("metadata frames all written"));
+    line.unwrap_or_else(|| panic!("no frames line:\n{log}"))
+        .to_string()
+}
+
+/// The number a log line gives as `name=N`.
+pub fn log_field(line: &str, name: &str) -> Option<u64> {
+    let value = line.split(&format!("{name}=")).nth(1)?;
+    value.split(' ').next()?.parse().ok()
+}

@@ -185,19 +185,9 @@ fn lazy_fuse_mount_fetches_metadata_frames_as_needed() {
         "the metadata ({metadata} bytes) read before the mount returned: {reads:?}"
     );
     treecmp(&[], &ociunpack(&layout, "src"), &m.path);
-    let log = wait_for_log(&cache, &m.path, "metadata hashed and recorded");
-    let written = log
-        .lines()
-        .find(|l| l.contains("metadata frames all written"))
-        .unwrap_or_else(|| panic!("no frames line:\n{log}"));
-    let field = |name: &str| {
-        written
-            .split(&format!("{name}="))
-            .nth(1)
-            .and_then(|v| v.split(' ').next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in {written}"))
-    };
+    let written = metadata_frames_written(&cache, &m.path);
+    let field =
+        |name: &str| log_field(&written, name).unwrap_or_else(|| panic!("no {name} in {written}"));
     assert!(field("frames") > 3, "{written}");
     assert!(field("fetched_bytes") >= metadata / 2, "{written}");
     assert!(field("bad_answers") > 0, "{written}");

@@ -3,12 +3,10 @@
 
 use lamina_daemon::config::WindowsSpec;
 use lamina_format::tar_index::{TarLayer, SPAN_ZSTD};
-use lamina_image::artifact::{
-    MEDIA_TYPE_BOOT, MEDIA_TYPE_LOOKUP, MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_WINDOWS,
-};
+use lamina_image::artifact::{MEDIA_TYPE_BOOT, MEDIA_TYPE_LOOKUP, MEDIA_TYPE_TAR_WINDOWS};
 use lamina_oci::{Descriptor, SourceImage};
 
-use crate::tar_index::{cache_lookup, cache_spans, layer};
+use crate::tar_index::{cache_lookup, cache_metadata_whole, cache_spans, layer, metadata_file};
 
 use super::*;
 
@@ -30,18 +28,10 @@ pub(crate) fn mount_lazy(
 ) -> Result<MountInfo, MountError> {
     let dirs = crate::common::DomainDirs::of(opts, image);
     let (index, spans_path) = cache_spans(img, artifact, &dirs.meta)?;
-    let metadata = layer(artifact.image(), MEDIA_TYPE_METADATA)?;
-    let metadata_path = dirs.meta.join(format!("{}.erofs", metadata.digest.hex()));
+    let (metadata, metadata_path) = metadata_file(artifact.image(), &dirs.meta)?;
     let tables = match mode {
         Mode::Kernel => {
-            cache_layer_file(
-                artifact,
-                metadata,
-                "metadata",
-                &metadata_path,
-                false,
-                Record::Now,
-            )?;
+            cache_metadata_whole(artifact, metadata, &metadata_path)?;
             FuseTables::default()
         }
         // The worker fetches from the image's repository: a lookup table
