@@ -102,12 +102,15 @@ pub(crate) fn mount_lazy(
     // twice the bytes (docs/index.md).
     config.predict_max = 0;
     // The worker checks each window's range against the blob's size.
-    let index_source = source_spec(index_ref, opts, &config.mountpoint)?;
+    // Only what the worker or daemon fetches from it needs the index's
+    // source (a reference that has none fails only then).
+    let mountpoint = config.mountpoint.clone();
+    let index_source = || source_spec(index_ref, opts, &mountpoint);
     config.tar_windows = match layer(artifact.image(), MEDIA_TYPE_TAR_WINDOWS) {
         Ok(desc) => Some(WindowsSpec {
             digest: desc.digest.to_string(),
             size: desc.size,
-            source: index_source.clone(),
+            source: index_source()?,
         }),
         Err(_) => None,
     };
@@ -133,7 +136,7 @@ pub(crate) fn mount_lazy(
         .collect();
     let frames = match tables.frames {
         Some(layer) => {
-            let remote = (index_source, config.timeout_secs);
+            let remote = (index_source()?, config.timeout_secs);
             Some(frames_for_daemon(layer, &run, metadata, remote)?)
         }
         None => None,
