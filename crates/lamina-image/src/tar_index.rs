@@ -531,10 +531,7 @@ fn tar_layer(
     spans: LayerSpans,
     windows_blob: &mut Vec<u8>,
 ) -> Result<TarLayer, TarIndexError> {
-    let digest: [u8; 32] = hex::decode(layer.descriptor.digest.hex())
-        .ok()
-        .and_then(|d| d.try_into().ok())
-        .ok_or_else(|| TarIndexError::Limit(format!("{}: not sha256", layer.descriptor.digest)))?;
+    let digest = layer.descriptor.digest.to_sha256();
     let mut chunks = Vec::with_capacity(spans.spans.len());
     let mut windows = Vec::with_capacity(spans.spans.len());
     for span in &spans.spans {

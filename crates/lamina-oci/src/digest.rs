@@ -95,6 +95,14 @@ impl Digest {
         &self.full[PREFIX.len()..]
     }
 
+    /// The 32 bytes of the hash.
+    pub fn to_sha256(&self) -> [u8; 32] {
+        let mut bytes = [0; 32];
+        // Parsing checked 64 lowercase hex digits.
+        hex::decode_to_slice(self.hex(), &mut bytes).expect("a parsed digest is hex");
+        bytes
+    }
+
     /// The full `sha256:<hex>` string.
     pub fn as_str(&self) -> &str {
         &self.full

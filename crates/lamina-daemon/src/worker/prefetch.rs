@@ -22,9 +22,7 @@ pub(super) fn adopt_in_background(files: Vec<AdoptSpec>) {
         .name("lamina-adopt".into())
         .spawn(move || {
             for f in files {
-                let digest = Digest::parse(&f.digest)
-                    .ok()
-                    .and_then(|d| <[u8; 32]>::try_from(hex::decode(d.hex()).ok()?).ok());
+                let digest = Digest::parse(&f.digest).ok().map(|d| d.to_sha256());
                 let Some(digest) = digest else {
                     tracing::warn!("{}: bad digest {:?}, not recorded", f.path.display(), f.digest);
                     continue;
@@ -94,8 +92,7 @@ impl Shared {
 
     pub(super) fn store_layer(&self, spec: &LayerSpec) -> io::Result<()> {
         let digest = Digest::parse(&spec.digest).map_err(io::Error::other)?;
-        let content = <[u8; 32]>::try_from(hex::decode(digest.hex()).map_err(io::Error::other)?)
-            .map_err(|_| io::Error::other("not a SHA-256 digest"))?;
+        let content = digest.to_sha256();
         if lamina_fetch::store::adopt_whole(&spec.path, &content).unwrap_or(false) {
             return Ok(()); // another mount stored it
         }
