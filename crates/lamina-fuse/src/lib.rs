@@ -266,7 +266,7 @@ impl ImageFs {
 
     /// Answers lookups from `table`, the image's lookup table. Its bytes'
     /// digest must have been checked, and the table's binding to this
-    /// image (see `lamina_image::artifact::check_lookup`): this checks only
+    /// image (see `lamina_image::artifact::check_lookup_for`): this checks only
     /// its shape and root, so nothing is read in proportion to its size.
     pub fn with_lookup(self, table: &'static [u8]) -> Result<Self, ReadError> {
         let _ = self

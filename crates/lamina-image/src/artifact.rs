@@ -26,9 +26,7 @@ pub use frames::{
 };
 pub(crate) use layer::read_full;
 pub use layer::{copy_compressed_layer, read_compressed_layer};
-pub use tables::{
-    check_blob_table, check_lookup, check_lookup_for, check_lookup_layer, parse_index, read_index,
-};
+pub use tables::{check_blob_table, check_lookup_for, check_lookup_layer, parse_index, read_index};
 
 /// Media type of a data blob: concatenated chunks, each a zstd frame or raw.
 pub const MEDIA_TYPE_BLOB: &str = "application/vnd.oci.image.layer.lamina.blob.v1";
@@ -952,14 +950,14 @@ mod tests {
         ];
         let layers = LaminaLayers::from_manifest(&manifest).unwrap();
         assert!(layers.lookup.is_some());
-        check_lookup(&table, &layers).unwrap();
+        check_lookup_for(&table, &layers.metadata).unwrap();
         // Another image's metadata in the manifest: refused.
         manifest.layers[1] = layer(MEDIA_TYPE_METADATA, b"other", &z, None);
         let layers = LaminaLayers::from_manifest(&manifest).unwrap();
-        let err = check_lookup(&table, &layers).unwrap_err();
+        let err = check_lookup_for(&table, &layers.metadata).unwrap_err();
         assert!(err.to_string().contains("built for metadata"), "{err}");
         // Not a table at all.
-        let err = check_lookup(&image, &layers).unwrap_err();
+        let err = check_lookup_for(&image, &layers.metadata).unwrap_err();
         assert!(err.to_string().contains("lookup table"), "{err}");
         // Two lookup layers: not an image this build wrote.
         manifest.layers.push(manifest.layers[2].clone());

@@ -21,18 +21,40 @@ pub(crate) fn cached_lookup(
     meta_dir: &Path,
     record: Record,
 ) -> Result<Option<PathBuf>, MountError> {
-    let Some(desc) = &layers.lookup else {
-        return Ok(None);
-    };
+    match &layers.lookup {
+        Some(desc) => cached_lookup_for(source, desc, &layers.metadata, meta_dir, record).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The lookup table layer `desc` cached at `meta/<layer-hex>.lookup` and
+/// checked to be built for the metadata layer `metadata` (a lamina
+/// image's or a tar index's).
+pub(crate) fn cached_lookup_for(
+    source: &dyn lamina_oci::ImageSource,
+    desc: &lamina_oci::Descriptor,
+    metadata: &lamina_oci::Descriptor,
+    meta_dir: &Path,
+    record: Record,
+) -> Result<PathBuf, MountError> {
     let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
     cache_layer_file(source, desc, "lookup table", &path, false, record)?;
-    // The binding is in the header: the table is not read here.
+    let file = fs::File::open(&path).map_err(io_err(&path))?;
+    check_lookup_file(file, &path, metadata)?;
+    Ok(path)
+}
+
+/// Checks that the lookup table in `file` (at `path`) was built for the
+/// metadata layer `metadata`. The binding is in the header: the table is
+/// not read here.
+pub(crate) fn check_lookup_file(
+    mut file: fs::File,
+    path: &Path,
+    metadata: &lamina_oci::Descriptor,
+) -> Result<(), MountError> {
     let mut header = [0; LOOKUP_HEADER_LEN];
-    fs::File::open(&path)
-        .and_then(|mut f| f.read_exact(&mut header))
-        .map_err(io_err(&path))?;
-    artifact::check_lookup(&header, layers)?;
-    Ok(Some(path))
+    file.read_exact(&mut header).map_err(io_err(path))?;
+    Ok(artifact::check_lookup_for(&header, metadata)?)
 }
 
 /// A zstd-compressed lamina layer (metadata, chunk index, lookup table),
@@ -207,9 +229,7 @@ fn first_frame(
         offset: 0,
         size: frame.size,
     };
-    let digest = <[u8; 32]>::try_from(hex::decode(frame.digest.hex()).unwrap_or_default())
-        .map_err(|_| format!("its first frame's digest {} is not SHA-256", frame.digest))?;
-    lamina_fuse::frames::decode_frame(&span, digest, &first)
+    lamina_fuse::frames::decode_frame(&span, frame.digest.to_sha256(), &first)
         .map_err(|e| format!("its first frame: {e}"))?;
     Ok(first)
 }
@@ -235,12 +255,7 @@ pub(crate) fn content_digest(
         .get(artifact::ANNOTATION_UNCOMPRESSED_DIGEST)
         .ok_or_else(missing)?;
     let digest = lamina_oci::Digest::parse(annotation).map_err(|_| missing())?;
-    let mut bytes = [0; 32];
-    match digest.algorithm() {
-        "sha256" => hex::decode_to_slice(digest.hex(), &mut bytes).map_err(|_| missing())?,
-        _ => return Err(missing().into()),
-    }
-    Ok(bytes)
+    Ok(digest.to_sha256())
 }
 
 /// Reads every directory and inode of the metadata at `path` with

@@ -15,7 +15,6 @@ use lamina_daemon::config::{
 use lamina_daemon::holder::Ready;
 use lamina_fetch::private;
 use lamina_fetch::store::{BlobStore, Prepared};
-use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_fuse::frames::{FrameSpan, MetadataFrames, RemoteFrames};
 use lamina_fuse::LookupLater;
 use lamina_image::artifact::{self, ArtifactError, LaminaLayers};
@@ -24,8 +23,8 @@ use lamina_oci::{open_source, ImageRef, ImageSource, RegistryRef};
 use crate::common::{io_err, run_dir, MountError, MountInfo, MountOptions};
 use crate::daemons::start_daemon;
 use crate::layers::{
-    cache_layer_file, cache_metadata_frames, cached_layer, content_digest, open_recorded,
-    MetadataFrames as MetadataLayer, Record,
+    cache_layer_file, cache_metadata_frames, cached_layer, check_lookup_file, content_digest,
+    open_recorded, MetadataFrames as MetadataLayer, Record,
 };
 use crate::mode::Mode;
 
@@ -185,10 +184,8 @@ fn lookup_now_or_later(
     };
     let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
     let content = content_digest(desc, "lookup table")?;
-    if let Some(mut file) = open_recorded(&path, &content) {
-        let mut header = [0; LOOKUP_HEADER_LEN];
-        std::io::Read::read_exact(&mut file, &mut header).map_err(io_err(&path))?;
-        artifact::check_lookup_for(&header, metadata)?;
+    if let Some(file) = open_recorded(&path, &content) {
+        check_lookup_file(file, &path, metadata)?;
         return Ok((Some(path), None));
     }
     let size = artifact::check_lookup_layer(desc)?;

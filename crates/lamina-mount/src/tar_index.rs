@@ -10,11 +10,10 @@
 
 use std::path::Path;
 
-use lamina_format::lookup::LOOKUP_HEADER_LEN;
 use lamina_format::tar_index::TarIndex;
 use lamina_image::artifact::{
-    bound_index, check_lookup_for, ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE,
-    MEDIA_TYPE_LOOKUP, MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX,
+    bound_index, ArtifactError, ARTIFACT_TYPE_TAR_INDEX, MAX_TAR_INDEX_SIZE, MEDIA_TYPE_LOOKUP,
+    MEDIA_TYPE_METADATA, MEDIA_TYPE_TAR_INDEX,
 };
 use lamina_oci::{
     open_source, Descriptor, Digest, ImageRef, ImageSource, RegistryClient, RegistryRef,
@@ -23,7 +22,7 @@ use lamina_oci::{
 
 use crate::cache::materialize_tar;
 use crate::common::{io_err, MountError, MountInfo, MountOptions};
-use crate::layers::{cache_layer_file, Record};
+use crate::layers::{cache_layer_file, cached_lookup_for, Record};
 use lamina_fetch::store::{BlobStore, EntryKey};
 
 /// A tar index artifact, where it is and opened.
@@ -269,15 +268,11 @@ pub(crate) fn cache_lookup(
     meta_dir: &Path,
 ) -> Result<std::path::PathBuf, MountError> {
     let art = artifact.image();
-    let desc = layer(art, MEDIA_TYPE_LOOKUP)?;
-    let path = meta_dir.join(format!("{}.lookup", desc.digest.hex()));
-    cache_layer_file(artifact, desc, "lookup table", &path, false, Record::Now)?;
-    let mut header = [0; LOOKUP_HEADER_LEN];
-    std::fs::File::open(&path)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header))
-        .map_err(io_err(&path))?;
-    check_lookup_for(&header, layer(art, MEDIA_TYPE_METADATA)?)?;
-    Ok(path)
+    let (desc, metadata) = (
+        layer(art, MEDIA_TYPE_LOOKUP)?,
+        layer(art, MEDIA_TYPE_METADATA)?,
+    );
+    cached_lookup_for(artifact, desc, metadata, meta_dir, Record::Now)
 }
 
 /// Fills the cache for a mount of `source`'s image through its tar index

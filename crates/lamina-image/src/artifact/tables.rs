@@ -49,16 +49,10 @@ pub fn check_blob_table(table: &[BlobSummary], layers: &LaminaLayers) -> Result<
 }
 
 /// Checks that a lookup table, of which `header` holds at least the first
-/// [`lamina_format::lookup::LOOKUP_HEADER_LEN`] bytes, was built for the manifest's metadata image:
-/// its image digest must be the metadata layer's content digest. Reads
-/// nothing beyond the header; the table's shape is checked where it is
-/// parsed.
-pub fn check_lookup(header: &[u8], layers: &LaminaLayers) -> Result<(), ArtifactError> {
-    check_lookup_for(header, &layers.metadata)
-}
-
-/// [`check_lookup`] against the metadata layer `metadata` (a lamina image's
-/// or a tar index's).
+/// [`lamina_format::lookup::LOOKUP_HEADER_LEN`] bytes, was built for the
+/// metadata layer `metadata` (a lamina image's or a tar index's): its image
+/// digest must be the metadata layer's content digest. Reads nothing
+/// beyond the header; the table's shape is checked where it is parsed.
 pub fn check_lookup_for(header: &[u8], metadata: &Descriptor) -> Result<(), ArtifactError> {
     let corrupt = |reason: String| ArtifactError::Corrupt {
         what: "lookup table",
