@@ -11,7 +11,9 @@ path, squashfuse and ext4, in one run:
    warm (stat_repeat passes per run) and cold (one pass): paths per second.
 3. fio, 4 KiB buffered reads (psync), sequential and random, of one file of
    fio_mib MiB of random bytes on ext4 (the reference), through lamina FUSE
-   and lamina's kernel path (eager, complete caches); drop_caches first.
+   and lamina's kernel path (eager, complete caches); drop_caches first. Then
+   the same through a read-write overlayfs over each (as a container reads
+   its rootfs), with libaio and 16 requests in flight.
 4. lookup_bench (the perfect-hash build) at each of mphf_keys, under
    /usr/bin/time -v: build s per million keys, bits per key, peak RSS.
 5. Images of small_files and files small files (synthetic, cached in
@@ -53,6 +55,11 @@ from .harness.registry import DEBIAN_LAYOUT, DEBIAN_TAG, debian_layout
 HARNESS_DIR = str(ROOT / "bench" / "harness")
 IMAGES_DIR = "/var/cache/lamina-test/bench-fuse"
 PARTS = ("debian", "fio", "mphf", "big")
+# fio's libaio runs (through an overlay, as a container reads): requests in flight
+FIO_AIO_DEPTH = 16
+# fio's cases: key -> (rw, through an overlayfs, engine)
+FIO_CASES = {"seq": ("read", False, "psync"), "rand": ("randread", False, "psync"),
+             "seq_overlay": ("read", True, "libaio"), "rand_overlay": ("randread", True, "libaio")}
 
 
 # name -> (comparison, bound): "<=" for times, ratios and sizes, ">=" for throughput ratios.
@@ -61,7 +68,13 @@ TARGETS = {
     "ls_cold_lamina-fuse_vs_erofs": ("<=", 1.5),
     "ls_cold_lamina-fuse-fresh_vs_erofs": ("<=", 1.5),
     "fio_seq_lamina-fuse_vs_ext4": (">=", 0.95),
+    "fio_seq_lamina-kernel_vs_ext4": (">=", 0.95),
     "fio_rand_lamina-fuse_vs_ext4": (">=", 0.95),
+    "fio_rand_lamina-kernel_vs_ext4": (">=", 0.95),
+    "fio_seq_overlay_lamina-fuse_vs_ext4": (">=", 0.95),
+    "fio_seq_overlay_lamina-kernel_vs_ext4": (">=", 0.95),
+    "fio_rand_overlay_lamina-fuse_vs_ext4": (">=", 0.95),
+    "fio_rand_overlay_lamina-kernel_vs_ext4": (">=", 0.95),
     "mphf_build_s_per_million_keys": ("<=", 0.15),
     "mphf_bits_per_key": ("<=", 3.5),
     "big_fuse_mount_ms": ("<=", 50.0),
@@ -140,8 +153,10 @@ def disk_read_bytes(path):
         return None
 
 
-def fio(path, rw, size_mib, io_mib, disk_of):
-    cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", "--bs=4k", "--ioengine=psync",
+def fio(path, rw, size_mib, io_mib, disk_of, engine="psync"):
+    """One cold fio run; `engine` psync, or libaio (queue depth FIO_AIO_DEPTH)."""
+    depth = [f"--iodepth={FIO_AIO_DEPTH}"] if engine == "libaio" else []
+    cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", "--bs=4k", f"--ioengine={engine}", *depth,
            "--direct=0", "--readonly", "--invalidate=1", "--randrepeat=1", f"--size={size_mib}m",
            f"--io_size={io_mib}m", "--output-format=json"]
     d0 = disk_read_bytes(disk_of)
@@ -314,6 +329,17 @@ def part_fio(a, lamina, work, result):
     shutil.copyfile(os.path.join(mnts["lamina-kernel"], rel), ext4)
     os.sync()
     files = {"ext4": ext4, **{n: os.path.join(m, rel) for n, m in mnts.items()}}
+    # Each file again through a read-write overlayfs whose lower is its
+    # directory tree, as a container's rootfs reads it.
+    lowers = {"ext4": (os.path.join(d, "ext4"), "random.bin"), **{n: (m, rel) for n, m in mnts.items()}}
+    overlaid = {}
+    for n, (lower, path) in lowers.items():
+        o = os.path.join(d, f"overlay-{n}")
+        for sub in ("upper", "work", "merged"):
+            os.makedirs(os.path.join(o, sub), exist_ok=True)
+        run(["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={lower},upperdir={o}/upper,workdir={o}/work", f"{o}/merged"])
+        overlaid[n] = os.path.join(o, "merged", path)
     size = file_size(ext4)
     for n, p in files.items():
         if file_size(p) != size:
@@ -322,7 +348,10 @@ def part_fio(a, lamina, work, result):
     res = {"file_bytes": size, "bs": "4k", "ioengine": "psync", "direct": 0,
            "cold": "sync; echo 3 > /proc/sys/vm/drop_caches before every run",
            "cmd": f"fio --rw=read|randread --bs=4k --ioengine=psync --direct=0 --readonly --invalidate=1 "
-                  f"--size={a.fio_mib}m --io_size=IO"}
+                  f"--size={a.fio_mib}m --io_size=IO",
+           "overlay_cmd": f"fio --rw=read|randread --bs=4k --ioengine=libaio --iodepth={FIO_AIO_DEPTH} --direct=0 "
+                          f"--readonly --invalidate=1 --size={a.fio_mib}m --io_size=IO, on the file through a "
+                          "read-write overlayfs (lowerdir: the file's tree)"}
     # The first open of a complete file is served by the daemon while its
     # passthrough object is made: measured on its own, then the timed runs
     # start once the object is there (the state every later open sees).
@@ -330,13 +359,15 @@ def part_fio(a, lamina, work, result):
     res["fuse_first_open"] = fio(files["lamina-fuse"], "read", a.fio_mib, a.fio_mib, work)
     log(f"fio seq: lamina-fuse first open {res['fuse_first_open']['mb_s']:.1f} MB/s")
     res["fuse_objects_before_runs"] = wait_for_objects(caches["lamina-fuse"], 1)
-    for rw, key, io in (("read", "seq", a.fio_mib), ("randread", "rand", a.fio_rand_mib)):
+    for key, (rw, through_overlay, engine) in FIO_CASES.items():
+        io = a.fio_rand_mib if rw == "randread" else a.fio_mib
+        paths = overlaid if through_overlay else files
         out = {n: [] for n in names}
         for i in range(a.fio_runs):
             k = i % len(names)
             for n in names[k:] + names[:k]:
                 drop_caches()
-                out[n].append(fio(files[n], rw, a.fio_mib, io, work))
+                out[n].append(fio(paths[n], rw, a.fio_mib, io, work, engine))
             log(f"fio {key}: run {i + 1}/{a.fio_runs}: " + ", ".join(f"{n} {out[n][-1]['mb_s']:.1f} MB/s"
                                                                       for n in names))
         res[key] = {"io_mib": io, **{n: {"mb_s": med([r["mb_s"] for r in v]),
@@ -349,6 +380,8 @@ def part_fio(a, lamina, work, result):
     res["fuse_log_passthrough_lines"] = sum(1 for line in log_text.splitlines() if "passthrough" in line.lower())
     res["fuse_log_passthrough_sample"] = [line for line in log_text.splitlines()
                                           if "passthrough" in line.lower()][:3]
+    for n in lowers:
+        run(["umount", os.path.join(d, f"overlay-{n}", "merged")])
     for n in mnts:
         lamina_umount_wait(lamina, mnts[n], caches[n])
     os.unlink(ext4)
@@ -554,7 +587,7 @@ def derive(doc):
                 v[f"stat_open_{t}_{fs}_vs_erofs"] = ratio(so[t][fs]["paths_per_s"],
                                                           so[t]["erofs"]["paths_per_s"])
     if "fio" in result:
-        for k in ("seq", "rand"):
+        for k in (k for k in FIO_CASES if k in result["fio"]):
             for fs in ("lamina-fuse", "lamina-kernel"):
                 v[f"fio_{k}_{fs}_vs_ext4"] = ratio(result["fio"][k][fs]["mb_s"], result["fio"][k]["ext4"]["mb_s"])
     if "mphf" in result:

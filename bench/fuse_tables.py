@@ -108,6 +108,19 @@ def tables(r):
               f"{s['mb_s'] / f['seq']['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
               f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
               f"{q['mb_s'] / f['rand']['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
+        if "seq_overlay" in f:
+            w("")
+            w(f"Through a read-write overlayfs over each (lowerdir: the file's tree), libaio, "
+              f"{f['overlay_cmd'].split('--iodepth=')[1].split()[0]} requests in flight:")
+            w("")
+            w("| file | sequential | / ext4 | disk read, MiB | random | / ext4 | disk read, MiB |")
+            w("|---|---:|---:|---:|---:|---:|---:|")
+            for n in ("ext4", "lamina-fuse", "lamina-kernel"):
+                s, q = f["seq_overlay"][n], f["rand_overlay"][n]
+                w(f"| {FIO_LABEL[n]} | {s['mb_s']:.1f} ({min(s['runs_mb_s']):.1f}–{max(s['runs_mb_s']):.1f}) | "
+                  f"{s['mb_s'] / f['seq_overlay']['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
+                  f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
+                  f"{q['mb_s'] / f['rand_overlay']['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
         first = f.get("fuse_first_open")
         if first:
             w("")
