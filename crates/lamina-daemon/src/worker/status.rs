@@ -82,6 +82,11 @@ pub struct Status {
     /// what fetching ahead cost without use (so far).
     #[serde(default)]
     pub ahead_used_bytes: u64,
+    /// The rate of recent miss fetches (bytes over the time readers
+    /// waited, round trips included; `crate::predict::RateMeter`), bytes
+    /// per second; 0 before enough were timed.
+    #[serde(default)]
+    pub miss_rate_bps: u64,
     /// First misses in a shared library or a group of small files that
     /// fetched the rest of it (`crate::predict`); its bytes count in
     /// `ahead_chunk_bytes`.
@@ -162,6 +167,10 @@ impl Shared {
                 .saturating_sub(self.boot_pending.load(Ordering::SeqCst))
                 as u64,
             predictions: self.predictions.load(Ordering::Relaxed),
+            miss_rate_bps: self
+                .miss_rate
+                .rate()
+                .map_or(0, |r| r.min(u64::MAX as f64) as u64),
             hedges: self.hedging.hedges.load(Ordering::Relaxed),
             hedge_wins: self.hedging.wins.load(Ordering::Relaxed),
             hedge_bound_ms: self.hedging.bound(256 << 10).as_millis() as u64,
