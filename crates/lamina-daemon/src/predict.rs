@@ -12,6 +12,10 @@
 //!   their pages in no order a stream shows (headers, relocations near
 //!   the end, code here and there), one page fault and one round trip at
 //!   a time.
+//! - **A window of a larger one** ([`WINDOW`] bytes of the file, aligned),
+//!   once a second chunk of it is missed ([`WindowMisses`]): a 99 MB
+//!   `node` binary is read here and there over much of its code, and
+//!   fetching it whole costs more than its start reads.
 //!
 //! Both turn a chain of dependent round trips into a few requests in
 //! flight at once, at the cost of what is fetched and never read
@@ -41,6 +45,15 @@ pub const SMALL_FILE: u64 = 512 << 10;
 /// more is split into several groups, in name order.
 pub const GROUP_MAX: u64 = 4 << 20;
 
+/// A mapped file over the mount's `predict_max` is predicted in windows
+/// of this many bytes of the file (aligned), each a group of its own.
+pub const WINDOW: u64 = 1 << 20;
+
+/// Window groups in one map at most: past them, larger mapped files get
+/// none (a hostile image of many huge executables would otherwise cost
+/// the worker memory for groups).
+pub const MAX_WINDOWS: usize = 1 << 16;
+
 /// Below this rate of miss answers (bytes over the time readers waited
 /// for them, round trips included) nothing is predicted: the link's bytes,
 /// not its round trips, bound a start there, and predicted bytes would
@@ -62,6 +75,24 @@ pub const MISSED_PER_PREDICTED: u64 = 4;
 /// worth fetching ahead once misses have fetched `missed` bytes.
 pub fn worth_fetching(cost: u64, missed: u64) -> bool {
     cost > 0 && cost.saturating_mul(MISSED_PER_PREDICTED) <= missed
+}
+
+/// The first chunk missed in each window of a mapped file over the
+/// limit: a window is fetched ahead only on a miss in a second chunk of
+/// it. A start that reads one chunk of a window often reads no other
+/// (the data-science start read 53% of what windows fetched on their
+/// first miss, and took 1.05x its time at 100 Mbit/s); one that reads
+/// two reads most of it.
+#[derive(Debug, Default)]
+pub struct WindowMisses(Mutex<HashMap<(u32, u32), usize>>);
+
+impl WindowMisses {
+    /// Whether `chunk` is a second chunk of window `group` of `blob` to
+    /// miss; notes it as the first if none was.
+    pub fn second_chunk(&self, blob: u32, group: u32, chunk: usize) -> bool {
+        let mut first = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *first.entry((blob, group)).or_insert(chunk) != chunk
+    }
 }
 
 /// Miss fetches timed before the rate is trusted, and at most kept.
@@ -121,6 +152,8 @@ struct Group {
     /// (blob, start, end), in the order the files were met.
     extents: Vec<(u32, u64, u64)>,
     bytes: u64,
+    /// A window of a mapped file over the limit.
+    window: bool,
 }
 
 /// Per blob, the extents of the files that are fetched with others (or
@@ -130,6 +163,7 @@ pub struct FileMap {
     blobs: Vec<Vec<Extent>>,
     groups: Vec<Group>,
     mapped: usize,
+    windows: usize,
 }
 
 /// Why a map was not built.
@@ -149,9 +183,14 @@ pub enum MapError {
 impl FileMap {
     /// The map of `image` over `blobs` data blobs (device `d` is blob
     /// `d - 1`): its shared libraries and executables of at most
-    /// `max_mapped` bytes each, and its small files by directory and
-    /// extension.
-    pub fn build(image: &Image<'_>, blobs: usize, max_mapped: u64) -> Result<FileMap, MapError> {
+    /// `max_mapped` bytes each (larger ones in windows of `window` bytes;
+    /// 0: not at all), and its small files by directory and extension.
+    pub fn build(
+        image: &Image<'_>,
+        blobs: usize,
+        max_mapped: u64,
+        window: u64,
+    ) -> Result<FileMap, MapError> {
         let mut map = FileMap {
             blobs: vec![Vec::new(); blobs],
             ..FileMap::default()
@@ -178,10 +217,12 @@ impl FileMap {
                     Some(Kind::Regular) if seen_files.insert(entry.nid) => {
                         let inode = image.inode(entry.nid)?;
                         let name = entry.name;
-                        if let Some(group) =
+                        if map.in_windows(name, &inode, max_mapped, window) {
+                            map.add_windows(image, &inode, window)?;
+                        } else if let Some(group) =
                             map.group_for(name, &inode, max_mapped, &mut by_extension)
                         {
-                            map.add_file(image, &inode, group)?;
+                            map.add_file(image, &inode, |_| group)?;
                         }
                     }
                     _ => {}
@@ -227,6 +268,41 @@ impl FileMap {
         }
     }
 
+    /// Whether a file is predicted in windows: mapped, over `max_mapped`
+    /// (and [`SMALL_FILE`]), windows on, and room for its windows.
+    fn in_windows(
+        &self,
+        name: &[u8],
+        inode: &lamina_format::erofs::Inode<'_>,
+        max_mapped: u64,
+        window: u64,
+    ) -> bool {
+        let size = inode.size;
+        window > 0
+            && max_mapped > 0
+            && size > max_mapped.max(SMALL_FILE)
+            && is_mapped(name, inode.mode)
+            && self.windows + size.div_ceil(window) as usize <= MAX_WINDOWS
+    }
+
+    /// Adds a mapped file's data in windows of `window` bytes of the
+    /// file, a group each.
+    fn add_windows(
+        &mut self,
+        image: &Image<'_>,
+        inode: &lamina_format::erofs::Inode<'_>,
+        window: u64,
+    ) -> Result<(), ReadError> {
+        let count = inode.size.div_ceil(window) as usize;
+        let first = self.groups.len() as u32;
+        for _ in 0..count {
+            let g = self.new_group();
+            self.groups[g as usize].window = true;
+        }
+        self.windows += count;
+        self.add_file(image, inode, |at| first + (at / window) as u32)
+    }
+
     fn new_group(&mut self) -> u32 {
         self.groups.push(Group::default());
         (self.groups.len() - 1) as u32
@@ -236,33 +312,37 @@ impl FileMap {
         self.groups[group as usize].bytes + size <= GROUP_MAX
     }
 
-    /// Adds a regular file's data to `group`, as runs of adjacent chunks.
+    /// Adds a regular file's data, as runs of adjacent chunks, to the
+    /// groups `group_of` names by file offset.
     fn add_file(
         &mut self,
         image: &Image<'_>,
         inode: &lamina_format::erofs::Inode<'_>,
-        group: u32,
+        group_of: impl Fn(u64) -> u32,
     ) -> Result<(), ReadError> {
         let chunks = image.chunks(inode)?;
         let chunk_size = 1u64 << chunks.chunk_bits;
-        let mut runs: Vec<(u32, u64, u64)> = Vec::new();
+        // (group, blob, start, end)
+        let mut runs: Vec<(u32, u32, u64, u64)> = Vec::new();
         for i in 0..chunks.len() {
+            let at = i as u64 * chunk_size;
+            let len = chunk_size.min(inode.size.saturating_sub(at));
+            let group = group_of(at);
+            // Holes count as the file's bytes, as its size does.
+            self.groups[group as usize].bytes += len;
             let Some(Chunk::Data { device, offset }) = chunks.get(i) else {
                 continue;
             };
-            let len = chunk_size.min(inode.size - i as u64 * chunk_size);
             let blob = u32::from(device) - 1;
             match runs.last_mut() {
-                Some((b, _, end)) if *b == blob && *end == offset => *end += len,
-                _ => runs.push((blob, offset, offset + len)),
+                Some((g, b, _, end)) if *g == group && *b == blob && *end == offset => *end += len,
+                _ => runs.push((group, blob, offset, offset + len)),
             }
         }
-        let g = &mut self.groups[group as usize];
-        g.bytes += inode.size;
-        for &(blob, start, end) in &runs {
+        for &(group, blob, start, end) in &runs {
             if let Some(extents) = self.blobs.get_mut(blob as usize) {
                 extents.push(Extent { start, end, group });
-                g.extents.push((blob, start, end));
+                self.groups[group as usize].extents.push((blob, start, end));
             }
         }
         Ok(())
@@ -273,7 +353,17 @@ impl FileMap {
         self.mapped
     }
 
-    /// Groups in the map (mapped files and small-file groups).
+    /// Windows of mapped files over the limit in the map.
+    pub fn windows(&self) -> usize {
+        self.windows
+    }
+
+    /// Whether `group` is a window of a mapped file over the limit.
+    pub fn is_window(&self, group: u32) -> bool {
+        self.groups.get(group as usize).is_some_and(|g| g.window)
+    }
+
+    /// Groups in the map (mapped files, their windows and small-file groups).
     pub fn groups(&self) -> usize {
         self.groups.len()
     }
@@ -401,6 +491,17 @@ mod tests {
     }
 
     #[test]
+    fn a_window_waits_for_a_miss_in_a_second_chunk() {
+        let misses = WindowMisses::default();
+        assert!(!misses.second_chunk(0, 7, 40), "a first miss");
+        assert!(!misses.second_chunk(0, 7, 40), "the same chunk again");
+        assert!(!misses.second_chunk(1, 7, 41), "another blob's window");
+        assert!(!misses.second_chunk(0, 8, 41), "another window");
+        assert!(misses.second_chunk(0, 7, 41), "a second chunk");
+        assert!(misses.second_chunk(0, 7, 43), "and any after it");
+    }
+
+    #[test]
     fn batches_run_from_the_miss_on_then_before_it() {
         let file: Vec<usize> = (10..30).collect();
         assert_eq!(
@@ -471,7 +572,7 @@ mod tests {
         ];
         let (bytes, at) = image(&files);
         let image = Image::new(&bytes).unwrap();
-        let map = FileMap::build(&image, 1, 8 << 20).unwrap();
+        let map = FileMap::build(&image, 1, 8 << 20, 0).unwrap();
         let group = |i: usize| map.group_at(0, at[i] + 100);
         // The two small .py files go together; the large one stays alone.
         assert_eq!(group(0), group(1));
@@ -503,7 +604,7 @@ mod tests {
             .map(|n| (n.as_str(), 0o644, 256 << 10))
             .collect();
         let (bytes, at) = image(&files);
-        let map = FileMap::build(&Image::new(&bytes).unwrap(), 1, 0).unwrap();
+        let map = FileMap::build(&Image::new(&bytes).unwrap(), 1, 0, WINDOW).unwrap();
         let groups: HashSet<u32> = at.iter().map(|&a| map.group_at(0, a).unwrap()).collect();
         // 40 files of 256 KiB: 10 MiB, in groups of at most GROUP_MAX.
         assert_eq!(
@@ -514,5 +615,60 @@ mod tests {
             let bytes: u64 = map.ranges(g, 0).map(|r| r.end - r.start).sum();
             assert!(bytes <= GROUP_MAX, "{bytes}");
         }
+    }
+
+    #[test]
+    fn a_mapped_file_over_the_limit_is_predicted_in_aligned_windows() {
+        const K: u64 = 1024;
+        let files = [
+            ("node", 0o755, 3 * WINDOW + 100 * K),
+            ("libsmall.so", 0o644, 2 * SMALL_FILE),
+            ("data.bin", 0o644, 3 * WINDOW),
+        ];
+        let (bytes, at) = image(&files);
+        let image = Image::new(&bytes).unwrap();
+        let map = FileMap::build(&image, 1, 2 << 20, WINDOW).unwrap();
+        let group = |file: usize, offset: u64| map.group_at(0, at[file] + offset);
+        // Four windows of the binary: the first three whole, the last its tail.
+        let windows: Vec<u32> = (0..4).map(|w| group(0, w * WINDOW).unwrap()).collect();
+        assert_eq!(windows.iter().collect::<HashSet<_>>().len(), 4);
+        assert_eq!(group(0, WINDOW - 1), Some(windows[0]));
+        assert_eq!(group(0, 3 * WINDOW + 100 * K - 1), Some(windows[3]));
+        for (w, &g) in windows.iter().enumerate() {
+            let start = at[0] + w as u64 * WINDOW;
+            let end = (start + WINDOW).min(at[0] + 3 * WINDOW + 100 * K);
+            assert_eq!(map.ranges(g, 0).collect::<Vec<_>>(), vec![start..end]);
+        }
+        assert_eq!(map.windows(), 4);
+        assert!(windows.iter().all(|&g| map.is_window(g)));
+        // A library under the limit stays whole; data is not mapped.
+        let lib = group(1, 0).unwrap();
+        assert!(!map.is_window(lib));
+        assert_eq!(
+            map.ranges(lib, 0).collect::<Vec<_>>(),
+            vec![at[1]..at[1] + 2 * SMALL_FILE]
+        );
+        assert_eq!(group(2, 0), None);
+        // Without windows, or without predictions, the binary is no group.
+        let map = FileMap::build(&image, 1, 2 << 20, 0).unwrap();
+        assert_eq!(map.group_at(0, at[0]), None);
+        assert_eq!(map.windows(), 0);
+        let map = FileMap::build(&image, 1, 0, WINDOW).unwrap();
+        assert_eq!(map.group_at(0, at[0]), None);
+    }
+
+    #[test]
+    fn windows_are_bounded_per_map() {
+        // One block per window: a file of more windows than MAX_WINDOWS
+        // gets none, a smaller one after it still does.
+        let files = [
+            ("huge", 0o755, 4096 * (MAX_WINDOWS as u64 + 1)),
+            ("tool", 0o755, SMALL_FILE + 4096),
+        ];
+        let (bytes, at) = image(&files);
+        let map = FileMap::build(&Image::new(&bytes).unwrap(), 1, 4096, 4096).unwrap();
+        assert_eq!(map.group_at(0, at[0]), None);
+        assert!(map.group_at(0, at[1]).is_some_and(|g| map.is_window(g)));
+        assert_eq!(map.windows() as u64, SMALL_FILE / 4096 + 1);
     }
 }

@@ -32,7 +32,7 @@ use crate::config::{
 };
 use crate::latency::{Histogram, Recorder};
 use crate::pool::{MissPool, MAX_MISS_THREADS};
-use crate::predict::{FileMap, MapError, RateMeter};
+use crate::predict::{FileMap, MapError, RateMeter, WindowMisses};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
 use crate::windows::{SpanWindows, WindowEntries};
@@ -108,6 +108,8 @@ struct Shared {
     miss_rate: RateMeter,
     /// Groups queued so far, by (blob, group).
     predicted: Mutex<HashSet<(u32, u32)>>,
+    /// Windows of large mapped files missed in one chunk so far.
+    window_misses: WindowMisses,
     /// Compressed bytes of boot pages known from the image applied so far:
     /// bytes the start needed, as its misses' are, when a group's cost is
     /// weighed.
@@ -335,6 +337,7 @@ fn build_shared(
         reserve_reached: AtomicBool::new(false),
         file_map: OnceLock::new(),
         predicted: Mutex::new(HashSet::new()),
+        window_misses: WindowMisses::default(),
         image_boot_bytes: AtomicU64::new(0),
         miss_rate: RateMeter::default(),
         predictions: AtomicU64::new(0),

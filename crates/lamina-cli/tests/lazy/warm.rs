@@ -253,6 +253,129 @@ fn a_group_larger_than_the_start_has_missed_waits() {
     m.unmount();
 }
 
+/// Issue 44: a mapped file over `--predict-max` is predicted in windows of
+/// 1 MiB (`lamina_daemon::predict::WINDOW`), each fetched ahead once a
+/// second chunk of it is missed. With `--predict-max 1M`, python3.11 (6.8
+/// MB) is such a file: after small misses elsewhere (the link timed, bytes
+/// missed), a read in the first chunk of its second window predicts
+/// nothing, one in its second chunk fetches the window, and reads of its
+/// last two chunks then take no miss request. Every block read is checked
+/// against the reference tree.
+#[test]
+fn a_second_miss_in_a_window_of_a_large_binary_fetches_the_window() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_second_miss_in_a_window_of_a_large_binary_fetches_the_window",
+        "lazy-predict-window",
+    ) else {
+        return;
+    };
+    const KIB: u64 = 1 << 10;
+    let binary = "usr/bin/python3.11";
+    assert!(
+        deb.sizes[binary] > 2048 * KIB,
+        "{binary}: {}",
+        deb.sizes[binary]
+    );
+    let small: Vec<String> = deb
+        .files
+        .iter()
+        .filter(|p| !p.starts_with("usr/bin/") && (1..=16 << 10).contains(&deb.sizes[*p]))
+        .cloned()
+        .collect();
+    let spread: Vec<String> = small
+        .iter()
+        .step_by((small.len() / 48).max(1))
+        .take(48)
+        .cloned()
+        .collect();
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &[
+            "--mode",
+            "kernel",
+            "--prefetch",
+            "none",
+            "--predict-max",
+            "1M",
+        ],
+    );
+    let mut f = Failures::default();
+    let got = hash_files(&m.path, &spread, t.path(), "small", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    check_reads(&mut f, "small", deb, &spread, &got);
+    // One 4 KiB block at `offset` of the binary, through the mount and in
+    // the reference tree; then the status once the worker settled.
+    let block = t.join("block");
+    let mut read_at = |offset: u64| {
+        let mut c = command(
+            "dd",
+            [
+                format!("if={}", m.path.join(binary).display()),
+                format!("of={}", block.display()),
+                "bs=4096".into(),
+                format!("skip={}", offset / 4096),
+                "count=1".into(),
+                "status=none".into(),
+            ],
+        );
+        let out = try_run(&mut c, TIMEOUT).unwrap_or_else(|e| panic!("{e}"));
+        let reference = std::fs::read(deb.rootfs.join(binary)).unwrap();
+        let want = &reference[offset as usize..offset as usize + 4096];
+        let got = std::fs::read(&block).unwrap_or_default();
+        f.check(out.status.success() && got == want, || {
+            format!(
+                "{binary} at {offset}: wrong bytes or failed read: {}",
+                out.describe()
+            )
+        });
+        settled_status(&m)
+    };
+    let window = 1024 * KIB;
+    let before = read_at(0);
+    let first = read_at(window);
+    let second = read_at(window + 256 * KIB);
+    let rest = [read_at(window + 512 * KIB), read_at(window + 768 * KIB)];
+    let predictions = |s: &serde_json::Value| num(s, "predictions");
+    let miss_requests = |s: &serde_json::Value| num(s, "miss_requests");
+    eprintln!(
+        "figures: {} small files ({} bytes missed); predictions {} -> {} (first chunk) -> {} (second); \
+         miss requests {} -> {} -> {} -> {} -> {}",
+        spread.len(),
+        num(&before, "miss_fetched_bytes"),
+        predictions(&before),
+        predictions(&first),
+        predictions(&second),
+        miss_requests(&before),
+        miss_requests(&first),
+        miss_requests(&second),
+        miss_requests(&rest[0]),
+        miss_requests(&rest[1]),
+    );
+    f.check(predictions(&first) == predictions(&before), || {
+        format!("a first miss in the window predicted something: {first}")
+    });
+    f.check(predictions(&second) == predictions(&first) + 1, || {
+        format!("a second miss in the window did not fetch it: {second}")
+    });
+    f.check(miss_requests(&rest[1]) == miss_requests(&second), || {
+        format!(
+            "the window's last chunks missed after it was fetched: {}",
+            rest[1]
+        )
+    });
+    // The rate predictions wait for, as status shows it.
+    f.check(num(&second, "miss_rate_bps") > 0, || {
+        format!("no miss rate in status: {second}")
+    });
+    f.check(num(&rest[1], "failed_misses") == 0, || {
+        format!("failed misses: {}", rest[1])
+    });
+    finish_with_logs(f, &run_dir(&m), String::new, "predict-window");
+    m.unmount();
+}
+
 fn predicted_module_reads(test: &'static str, mode: &str) {
     let Some(Lazy { _time, deb, reg, t }) = start(test, &format!("lazy-predict-{mode}")) else {
         return;

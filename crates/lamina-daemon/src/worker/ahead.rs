@@ -76,13 +76,15 @@ impl Shared {
             .map_err(MapError::from)
             .and_then(|bytes| {
                 let image = Image::new(&bytes)?;
-                FileMap::build(&image, self.stores.len(), self.config.predict_max)
+                let (max, window) = (self.config.predict_max, crate::predict::WINDOW);
+                FileMap::build(&image, self.stores.len(), max, window)
             });
         match map {
             Ok(map) => {
                 tracing::info!(
                     groups = map.groups(),
                     mapped = map.mapped_files(),
+                    windows = map.windows(),
                     "predicting misses: files fetched together on a first miss"
                 );
                 let _ = self.file_map.set(map);
@@ -132,6 +134,12 @@ impl Shared {
         // Not decided yet: a later miss asks again, once the link proved
         // fast.
         if !self.miss_rate.fast_enough() {
+            return;
+        }
+        // A window waits for a second chunk of it to be missed (undecided
+        // till then): a start that reads one chunk of a window often reads
+        // no other.
+        if map.is_window(group) && !self.window_misses.second_chunk(blob, group, needed.start) {
             return;
         }
         // Decided once: a group asked again later would qualify only when
