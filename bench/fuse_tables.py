@@ -63,6 +63,20 @@ def debian_tables(r, w):
             w(f"| {FS_LABEL.get(n, n)} | – | {cv:,.0f} | – | {cv / so['cold']['erofs']['paths_per_s']:.3f} |")
 
 
+def fio_table(w, f, seq, rand):
+    """The fio table of cases `seq` and `rand` of the fio part `f`."""
+    def mib(x):
+        return f"{x:.0f}" if x is not None else "–"
+    w("| file | sequential | / ext4 | disk read, MiB | random | / ext4 | disk read, MiB |")
+    w("|---|---:|---:|---:|---:|---:|---:|")
+    for n in ("ext4", "lamina-fuse", "lamina-kernel"):
+        s, q = f[seq][n], f[rand][n]
+        w(f"| {FIO_LABEL[n]} | {s['mb_s']:.1f} ({min(s['runs_mb_s']):.1f}–{max(s['runs_mb_s']):.1f}) | "
+          f"{s['mb_s'] / f[seq]['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
+          f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
+          f"{q['mb_s'] / f[rand]['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
+
+
 def tables(r):
     out = []
     w = out.append
@@ -97,30 +111,13 @@ def tables(r):
         w("")
         w(f"Sequential: the whole file; random: {f['rand']['io_mib']} MiB of it. {f['cold']}.")
         w("")
-        w("| file | sequential | / ext4 | disk read, MiB | random | / ext4 | disk read, MiB |")
-        w("|---|---:|---:|---:|---:|---:|---:|")
-
-        def mib(x):
-            return f"{x:.0f}" if x is not None else "–"
-        for n in ("ext4", "lamina-fuse", "lamina-kernel"):
-            s, q = f["seq"][n], f["rand"][n]
-            w(f"| {FIO_LABEL[n]} | {s['mb_s']:.1f} ({min(s['runs_mb_s']):.1f}–{max(s['runs_mb_s']):.1f}) | "
-              f"{s['mb_s'] / f['seq']['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
-              f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
-              f"{q['mb_s'] / f['rand']['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
+        fio_table(w, f, "seq", "rand")
         if "seq_overlay" in f:
             w("")
             w(f"Through a read-write overlayfs over each (lowerdir: the file's tree), libaio, "
               f"{f['overlay_cmd'].split('--iodepth=')[1].split()[0]} requests in flight:")
             w("")
-            w("| file | sequential | / ext4 | disk read, MiB | random | / ext4 | disk read, MiB |")
-            w("|---|---:|---:|---:|---:|---:|---:|")
-            for n in ("ext4", "lamina-fuse", "lamina-kernel"):
-                s, q = f["seq_overlay"][n], f["rand_overlay"][n]
-                w(f"| {FIO_LABEL[n]} | {s['mb_s']:.1f} ({min(s['runs_mb_s']):.1f}–{max(s['runs_mb_s']):.1f}) | "
-                  f"{s['mb_s'] / f['seq_overlay']['ext4']['mb_s']:.3f} | {mib(s.get('disk_read_mib'))} | "
-                  f"{q['mb_s']:.1f} ({min(q['runs_mb_s']):.1f}–{max(q['runs_mb_s']):.1f}) | "
-                  f"{q['mb_s'] / f['rand_overlay']['ext4']['mb_s']:.3f} | {mib(q.get('disk_read_mib'))} |")
+            fio_table(w, f, "seq_overlay", "rand_overlay")
         first = f.get("fuse_first_open")
         if first:
             w("")
