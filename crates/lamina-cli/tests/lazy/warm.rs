@@ -1,5 +1,6 @@
 //! Section 2, a warm cache: a second mount fetches nothing; reads fetch
-//! ahead, and a first miss in a module fetches its directory's modules.
+//! ahead, a first miss in a module fetches its directory's modules, and a
+//! second miss in a window of a large binary fetches the window.
 
 use std::time::{Duration, Instant};
 
@@ -7,6 +8,7 @@ use crate::common::*;
 use crate::daemon::{
     daemon_logs, finish_with_logs, fully_cached, mib, num, settled_status, start, wait_status, Lazy,
 };
+use crate::fixture::Debian;
 use crate::readers::{check_reads, chroot_python, hash_files};
 use crate::IMAGE;
 
@@ -177,18 +179,7 @@ fn a_group_larger_than_the_start_has_missed_waits() {
     let top_level = |p: &&String| p.starts_with(dir) && !p[dir.len()..].contains('/');
     // Small files spread over the image, outside the group's directory:
     // each a miss of its own chunk, timed for the rate predictions wait for.
-    let small: Vec<String> = deb
-        .files
-        .iter()
-        .filter(|p| !top_level(p) && (1..=16 << 10).contains(&deb.sizes[*p]))
-        .cloned()
-        .collect();
-    let spread: Vec<String> = small
-        .iter()
-        .step_by((small.len() / 16).max(1))
-        .take(16)
-        .cloned()
-        .collect();
+    let spread = small_files_spread(deb, 16, |p| !top_level(&p));
     let modules: Vec<String> = deb
         .files
         .iter()
@@ -208,19 +199,7 @@ fn a_group_larger_than_the_start_has_missed_waits() {
     let (first, rest) = group
         .split_first()
         .expect("python3.11's modules in the image");
-    let m = Mount::with_args(
-        &reg.reference(IMAGE),
-        &t.join("mnt"),
-        &t.join("cache"),
-        &[
-            "--mode",
-            "kernel",
-            "--prefetch",
-            "none",
-            "--predict-max",
-            "8M",
-        ],
-    );
+    let m = predicting_mount(&reg, &t, "8M");
     let mut f = Failures::default();
     for (label, files) in [
         ("small", &spread[..]),
@@ -276,31 +255,8 @@ fn a_second_miss_in_a_window_of_a_large_binary_fetches_the_window() {
         "{binary}: {}",
         deb.sizes[binary]
     );
-    let small: Vec<String> = deb
-        .files
-        .iter()
-        .filter(|p| !p.starts_with("usr/bin/") && (1..=16 << 10).contains(&deb.sizes[*p]))
-        .cloned()
-        .collect();
-    let spread: Vec<String> = small
-        .iter()
-        .step_by((small.len() / 48).max(1))
-        .take(48)
-        .cloned()
-        .collect();
-    let m = Mount::with_args(
-        &reg.reference(IMAGE),
-        &t.join("mnt"),
-        &t.join("cache"),
-        &[
-            "--mode",
-            "kernel",
-            "--prefetch",
-            "none",
-            "--predict-max",
-            "1M",
-        ],
-    );
+    let spread = small_files_spread(deb, 48, |p| !p.starts_with("usr/bin/"));
+    let m = predicting_mount(&reg, &t, "1M");
     let mut f = Failures::default();
     let got = hash_files(&m.path, &spread, t.path(), "small", TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
@@ -374,6 +330,37 @@ fn a_second_miss_in_a_window_of_a_large_binary_fetches_the_window() {
     });
     finish_with_logs(f, &run_dir(&m), String::new, "predict-window");
     m.unmount();
+}
+
+/// `n` small files (1 byte to 16 KiB) spread over the image, of those
+/// `keep` keeps: each a miss of its own chunk on a fresh mount, timed for
+/// the rate predictions wait for.
+fn small_files_spread(deb: &Debian, n: usize, keep: impl Fn(&String) -> bool) -> Vec<String> {
+    let small: Vec<&String> = deb
+        .files
+        .iter()
+        .filter(|p| keep(p) && (1..=16 << 10).contains(&deb.sizes[*p]))
+        .collect();
+    let step = (small.len() / n).max(1);
+    small.into_iter().step_by(step).take(n).cloned().collect()
+}
+
+/// A kernel-path lazy mount of the image that prefetches nothing and
+/// predicts with `--predict-max predict_max`.
+fn predicting_mount(reg: &Registry, t: &TestDir, predict_max: &str) -> Mount {
+    Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &[
+            "--mode",
+            "kernel",
+            "--prefetch",
+            "none",
+            "--predict-max",
+            predict_max,
+        ],
+    )
 }
 
 fn predicted_module_reads(test: &'static str, mode: &str) {
