@@ -751,8 +751,7 @@ impl Filesystem for ImageFs {
 
 /// The bytes of a `sha256:<hex>` digest from a daemon config, if it is one.
 pub(crate) fn sha256_digest(s: &str) -> Option<[u8; 32]> {
-    let hex = s.strip_prefix("sha256:")?;
-    <[u8; 32]>::try_from(hex::decode(hex).ok()?).ok()
+    lamina_oci::Digest::parse(s).ok().map(|d| d.to_sha256())
 }
 
 #[cfg(test)]

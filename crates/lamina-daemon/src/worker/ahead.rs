@@ -99,11 +99,10 @@ impl Shared {
     /// it is not within `START_AT_MOST`.
     pub(super) fn wait_metadata_whole(&self, named: &str) -> Option<File> {
         let path = &self.config.metadata_path;
-        let mut digest = [0u8; 32];
-        if hex::decode_to_slice(named, &mut digest).is_err() {
+        let Ok(digest) = Digest::from_hex(named).map(|d| d.to_sha256()) else {
             tracing::info!("no predicted misses: the metadata's digest {named:?} is not SHA-256");
             return None;
-        }
+        };
         let deadline = Instant::now() + START_AT_MOST;
         while Instant::now() < deadline {
             if let Ok(file) = lamina_fetch::private::open_existing(path) {
