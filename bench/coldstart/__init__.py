@@ -86,7 +86,7 @@ from .workloads import HEAVY, HEAVY_LAYOUT, HEAVY_VARIANTS, READALL_MIN_BPS, WOR
 
 VARIANTS = ("containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
             "proxy", "faults", "faults-nohedge", "local", "index", "index-boot", "docker-index",
-            "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128", "lamina-static", "index-static")
+            "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128", "lamina-static", "index-static", "lamina-all")
 DEFAULTS = {"links": "1gbit,100mbit,10mbit", "runs": "3", "slow_runs": "1",
             "workloads": "python,nginx,redis,readall", "readall_runs": "1", "variants": ",".join(VARIANTS[:11]),
             "idle_images": "20", "max_minutes": "60", "containerd": "", "keep_logs": ""}
@@ -304,6 +304,8 @@ def start(b, v, w, local):
         return lamina_run(b, tag, w, mount_args=["--predict-max", "0"])
     if v == "lamina-static":
         return lamina_run(b, b.static_tag(w), w)
+    if v == "lamina-all":
+        return lamina_run(b, tag, w, mount_args=["--prefetch", "all"])
     if v.startswith("lamina-boot-ra"):
         return lamina_run(b, tag, w, mount_args=["--readahead", v.removeprefix("lamina-boot-ra")])
     return lamina_run(b, tag, w)

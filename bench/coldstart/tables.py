@@ -9,7 +9,8 @@ VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina
           "faults-nohedge": "lamina, fault mix, --no-hedge", "local": "local disk (limit)",
           "index": "tar index (unmodified image)", "index-boot": "tar index + boot set",
           "docker-index": "docker, through the tar index", "lamina-nopredict": "lamina, --predict-max 0",
-          "lamina-static": "lamina + boot set from the image", "index-static": "tar index + boot set from the image"}
+          "lamina-static": "lamina + boot set from the image", "index-static": "tar index + boot set from the image",
+          "lamina-all": "lamina, --prefetch all"}
 THROUGH = ("containerd", "snapshotter", "snapshotter-boot", "run", "run-boot")
 WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis", "readall": "read all",
           "datasci": "data science (python3)", "node": "Node.js"}
