@@ -542,8 +542,8 @@ pub(crate) struct ServeArgs {
     pub(crate) prefetch_all: bool,
     /// What to fetch with no reader waiting: `none`; `pages` (the
     /// image's boot pages); `boot` (boot pages, then the boot set's whole
-    /// chunks once the start is over); `all` (then the rest of the image,
-    /// yielding to every miss).
+    /// chunks once the start is over); `all` (then, once the start is
+    /// over, the rest of the image, yielding to every miss).
     #[arg(long, value_name = "MODE", default_value = "boot", value_parser = ["none", "pages", "boot", "all"])]
     pub(crate) prefetch: String,
     /// read_ahead_kb of the mount until all data is local (default: 0

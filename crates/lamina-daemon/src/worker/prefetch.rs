@@ -7,6 +7,14 @@ use super::*;
 
 /// Whole blobs a prefetch streams at once through a bulk_only host.
 const P2P_STREAMS: usize = 4;
+/// A background batch waits until no miss has come for this long: a start
+/// that begins while the image streams in waits for one batch at most.
+const BULK_QUIET: Duration = Duration::from_millis(100);
+/// The most compressed bytes a background batch asks for in one request
+/// (0.17 s at 100 Mbit/s): what a miss arriving just after it waits behind.
+const BULK_BATCH_BYTES: u64 = 2 << 20;
+/// The most chunks a background batch asks for.
+const BULK_BATCH_CHUNKS: usize = 32;
 
 /// Hashes, syncs and records the layer files the mount wrote without a
 /// record, off the mount's path; a failure only means a later mount hashes
@@ -198,16 +206,28 @@ impl Shared {
         // registry's link for as long as the image takes.
         if boot_chunks_later || self.streams_whole_blobs() {
             self.wait_quiet(self.start_quiet());
+        } else if !rest.is_empty() {
+            // The rest of the image (`--prefetch all`) shares the link with
+            // the start's misses: it waits for the start to be over, as
+            // SOCI's and stargz's background fetchers wait out a silence
+            // period. Begun at mount, it made the heavy starts 1.4-2.5x
+            // slower (docs/coldstart-heavy.md, "--prefetch all").
+            self.wait_first_read();
+            self.wait_quiet(self.start_quiet());
         }
+        tracing::info!(
+            chunks = rest.len(),
+            "fetching the rest in the background, yielding to misses"
+        );
         self.prefetch_rest(&rest);
     }
 
     /// Fetches `rest` (blob, chunk): through a bulk_only host (a P2P
     /// daemon) with `--prefetch all`, each blob whole ([`P2P_STREAMS`] at
     /// once, `stream.rs`); what that leaves, and everything otherwise, in
-    /// batches of up to 32 chunks of one blob, one batch at a time and
-    /// yielding to every miss: ranges go the misses' way, on the link both
-    /// use.
+    /// batches of one blob ([`BULK_BATCH_CHUNKS`], [`BULK_BATCH_BYTES`]),
+    /// one batch at a time, each once no miss came for [`BULK_QUIET`]:
+    /// ranges go the misses' way, on the link both use.
     fn prefetch_rest(&self, rest: &[(u32, usize)]) {
         let leftover;
         let rest = if self.streams_whole_blobs() {
@@ -216,27 +236,46 @@ impl Shared {
         } else {
             rest
         };
-        let mut batches: Vec<&[(u32, usize)]> = Vec::new();
-        let mut at = 0;
-        while at < rest.len() {
-            let blob = rest[at].0;
-            let mut end = at;
-            while end < rest.len() && end - at < 32 && rest[end].0 == blob {
-                end += 1;
-            }
-            batches.push(&rest[at..end]);
-            at = end;
-        }
-        for batch in batches {
-            while self.active_misses.load(Ordering::Relaxed) > 0 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
+        for batch in self.bulk_batches(rest) {
+            self.wait_quiet(BULK_QUIET);
             let mut chunks: Vec<usize> = batch.iter().map(|p| p.1).collect();
             chunks.sort_unstable(); // boot-set order is not blob order: merge what is adjacent
             self.prefetch_chunks(batch[0].0, chunks, &self.fetch);
             self.prefetch_done
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
+    }
+
+    /// `rest` cut into runs of one blob's chunks of at most
+    /// [`BULK_BATCH_CHUNKS`] and [`BULK_BATCH_BYTES`] (a single larger
+    /// chunk alone).
+    fn bulk_batches<'a>(&self, rest: &'a [(u32, usize)]) -> Vec<&'a [(u32, usize)]> {
+        let compressed = |&(b, i): &(u32, usize)| {
+            self.lock_store(b)
+                .ok()
+                .and_then(|s| {
+                    s.blob
+                        .chunks
+                        .get(i)
+                        .map(|c| u64::from(c.compressed_size.get()))
+                })
+                .unwrap_or(0)
+        };
+        let mut batches = Vec::new();
+        let mut at = 0;
+        while at < rest.len() {
+            let (mut end, mut bytes) = (at, 0);
+            while end < rest.len() && end - at < BULK_BATCH_CHUNKS && rest[end].0 == rest[at].0 {
+                bytes += compressed(&rest[end]);
+                if bytes > BULK_BATCH_BYTES && end > at {
+                    break;
+                }
+                end += 1;
+            }
+            batches.push(&rest[at..end]);
+            at = end;
+        }
+        batches
     }
 
     /// Whether bulk reads go another way than misses (a bulk_only host).
@@ -258,12 +297,19 @@ impl Shared {
     /// 8.5 MB of a million-file image) go on the wire after it, not
     /// before the first read or beside the start's misses.
     pub(super) fn wait_start_over(&self) {
+        self.wait_first_read();
+        self.wait_quiet(START_QUIET);
+    }
+
+    /// Returns at the mount's first read (a miss, or a read the holder
+    /// answered within boot pages), or once [`START_AT_MOST`] passed
+    /// without one.
+    fn wait_first_read(&self) {
         let reads =
             || self.misses.load(Ordering::Relaxed) + self.ready_events.load(Ordering::Relaxed);
         while reads() == 0 && self.started.elapsed() < START_AT_MOST {
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.wait_quiet(START_QUIET);
     }
 
     /// How long without a miss ends the start. Reads of warmed boot pages
