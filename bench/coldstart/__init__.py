@@ -44,7 +44,7 @@ Options (--set KEY=VALUE; defaults as scripts/coldstart.sh had them):
   variants=containerd,lamina,lamina-boot,snapshotter,snapshotter-boot,run,run-boot,
   proxy,faults,faults-nohedge,local  idle_images=20 (0: skip)  max_minutes=60 (the
   measurements stop there: the results are written, marked incomplete, and the
-  command fails)  containerd=BIN (a containerd to measure: its directory goes
+  command fails; a start that fails is listed in failed_runs and the run goes on)  containerd=BIN (a containerd to measure: its directory goes
   first on PATH)  keep_logs=DIR (containerd at debug level, the snapshotter,
   its mounts' daemons and `lamina mount`'s at LAMINA_LOG=debug; their logs
   copied to DIR, a directory per start)
@@ -66,6 +66,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import types
 from pathlib import Path
 
@@ -225,7 +226,7 @@ def measure_all(b, o, doc):
                          variants=o.variants, peers=images.peer_snapshotters(), containerd=b.ctd.version, tbf=TBF,
                          lo_mtu=1500, fill_window=images.mount_default(b.lamina, "--fill-window"),
                          ready_probe_interval_s=0.01, mount_args=o.mount_args, convert_args=o.convert_args)
-    doc.update(setup={}, links={}, incomplete=None)
+    doc.update(setup={}, links={}, incomplete=None, failed_runs=[])
     if "docker-index" in o.variants and not docker_bins():
         doc["not_measured"]["docker-index"] = f"no dockerd and docker in {DOCKER_DIR} or on PATH"
     b.set_link(None)
@@ -254,7 +255,14 @@ def measure_link(b, o, doc, link, cd_runs, local):
                 b.check_deadline()
                 with open("/proc/loadavg") as f:
                     load = float(f.read().split()[0])
-                rec = start(b, v, w, local)
+                try:
+                    rec = start(b, v, w, local)
+                except (TimeoutError, OSError, subprocess.SubprocessError) as e:
+                    # One start that fails (a workload with no output in its
+                    # 300 s) is a figure of the run, not the end of it.
+                    doc["failed_runs"].append(dict(link=link, workload=w, variant=v, run=i + 1, error=str(e)))
+                    log(f"{link} {w} {v} run {i + 1}: failed: {e}")
+                    continue
                 rec.update(link=link, workload=w, variant=v, run=i + 1, loadavg_1min_before=load)
                 doc["runs"].append(rec)
                 extra = "" if v == "containerd" else (

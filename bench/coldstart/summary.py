@@ -32,7 +32,7 @@ SUMMARY_KEYS = ("pull_s", "mount_s", "overlay_s", "container_s", "wire_bytes_pul
                 "requests_ready", "misses_ready", "events_ready", "content_blobs", "ahead_chunk_bytes", "ahead_used_bytes",
                 "predictions", "predicted_requests")
 # what a schema-1 results file keeps beside its runs (raw figures of the set-up)
-MEASURED = ("image", "images", "lamina_image", "setup", "links", "idle", "incomplete")
+MEASURED = ("image", "images", "lamina_image", "setup", "links", "idle", "incomplete", "failed_runs")
 
 
 def lift(doc):

@@ -61,6 +61,10 @@ def heading(w, r):
     if r.get("incomplete"):
         w("")
         w(f"**Incomplete run**: {r['incomplete']}.")
+    for f in r.get("failed_runs") or []:
+        w("")
+        w(f"**Failed start** ({f['link']}, {WLABEL.get(f['workload'], f['workload'])}, "
+          f"{VLABEL.get(f['variant'], f['variant'])}, run {f['run']}): {f['error']}; not in the medians.")
 
 
 def targets(w, r):
