@@ -211,14 +211,17 @@ impl Shared {
             // the start's misses: it waits for the start to be over, as
             // SOCI's and stargz's background fetchers wait out a silence
             // period. Begun at mount, it made the heavy starts 1.4-2.5x
-            // slower (docs/coldstart-heavy.md, "--prefetch all").
+            // slower (docs/coldstart-heavy.md, "`--prefetch all` during a
+            // start").
             self.wait_first_read();
             self.wait_quiet(self.start_quiet());
         }
-        tracing::info!(
-            chunks = rest.len(),
-            "fetching the rest in the background, yielding to misses"
-        );
+        if !rest.is_empty() {
+            tracing::info!(
+                chunks = rest.len(),
+                "fetching the rest in the background, yielding to misses"
+            );
+        }
         self.prefetch_rest(&rest);
     }
 
