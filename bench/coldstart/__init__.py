@@ -44,8 +44,9 @@ Options (--set KEY=VALUE; defaults as scripts/coldstart.sh had them):
   variants=containerd,lamina,lamina-boot,snapshotter,snapshotter-boot,run,run-boot,
   proxy,faults,faults-nohedge,local  idle_images=20 (0: skip)  max_minutes=60 (the
   measurements stop there: the results are written, marked incomplete, and the
-  command fails; a start that fails is listed in failed_runs and the run goes on)  containerd=BIN (a containerd to measure: its directory goes
-  first on PATH)  keep_logs=DIR (containerd at debug level, the snapshotter,
+  command fails; a start that fails is listed in failed_runs and the run goes
+  on)  containerd=BIN (a containerd to measure: its directory goes first on
+  PATH)  keep_logs=DIR (containerd at debug level, the snapshotter,
   its mounts' daemons and `lamina mount`'s at LAMINA_LOG=debug; their logs
   copied to DIR, a directory per start)
   mount_args=... / convert_args=... (more `lamina mount` / `lamina convert`
