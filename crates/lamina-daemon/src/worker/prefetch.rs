@@ -178,10 +178,7 @@ impl Shared {
             let mut bytes = 0u64;
             while end < boot.len() && (bytes < WINDOW || end == at) {
                 let (b, i) = boot[end];
-                bytes += self
-                    .lock_store(b)
-                    .map(|s| u64::from(s.blob.chunks[i].compressed_size.get()))
-                    .unwrap_or(0);
+                bytes += self.compressed_bytes(b, i);
                 end += 1;
             }
             for blob in 0..self.stores.len() as u32 {
@@ -253,23 +250,12 @@ impl Shared {
     /// [`BULK_BATCH_CHUNKS`] and [`BULK_BATCH_BYTES`] (a single larger
     /// chunk alone).
     fn bulk_batches<'a>(&self, rest: &'a [(u32, usize)]) -> Vec<&'a [(u32, usize)]> {
-        let compressed = |&(b, i): &(u32, usize)| {
-            self.lock_store(b)
-                .ok()
-                .and_then(|s| {
-                    s.blob
-                        .chunks
-                        .get(i)
-                        .map(|c| u64::from(c.compressed_size.get()))
-                })
-                .unwrap_or(0)
-        };
         let mut batches = Vec::new();
         let mut at = 0;
         while at < rest.len() {
             let (mut end, mut bytes) = (at, 0);
             while end < rest.len() && end - at < BULK_BATCH_CHUNKS && rest[end].0 == rest[at].0 {
-                bytes += compressed(&rest[end]);
+                bytes += self.compressed_bytes(rest[end].0, rest[end].1);
                 if bytes > BULK_BATCH_BYTES && end > at {
                     break;
                 }
@@ -279,6 +265,20 @@ impl Shared {
             at = end;
         }
         batches
+    }
+
+    /// Chunk `i` of blob `blob`'s compressed size (0 for none such): what
+    /// fetching it puts on the wire.
+    fn compressed_bytes(&self, blob: u32, i: usize) -> u64 {
+        self.lock_store(blob)
+            .ok()
+            .and_then(|s| {
+                s.blob
+                    .chunks
+                    .get(i)
+                    .map(|c| u64::from(c.compressed_size.get()))
+            })
+            .unwrap_or(0)
     }
 
     /// Whether bulk reads go another way than misses (a bulk_only host).
