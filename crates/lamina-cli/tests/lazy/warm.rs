@@ -1,6 +1,6 @@
 //! Section 2, a warm cache: a second mount fetches nothing; `--prefetch
 //! all` waits for the start; reads fetch
-//! ahead, a first miss in a module fetches its directory's modules, and a
+//! ahead, a start missing much of a blob streams it, a first miss in a module fetches its directory's modules, and a
 //! second miss in a window of a large binary fetches the window.
 
 use std::time::{Duration, Instant};
@@ -511,4 +511,138 @@ fn predicted_module_reads(test: &'static str, mode: &str) {
         misses_after_first[0], 0,
         "modules predicted on the first miss were fetched again"
     );
+}
+
+/// How many blobs of a status are complete.
+fn complete_blobs(s: &serde_json::Value) -> u64 {
+    let blobs = s["blobs"].as_array().cloned().unwrap_or_default();
+    blobs.iter().filter(|b| b["complete"] == true).count() as u64
+}
+
+/// A start without a boot set that misses much of a blob (an eighth of
+/// its compressed bytes) on a fast link gets the rest of the blob streamed
+/// in one request beside its misses (`lamina_daemon::worker::stream`): the
+/// streamed blobs are complete without a reader asking, and every file of
+/// the tree reads back right. With `--predict-max 0` (only what is read)
+/// nothing is streamed.
+#[test]
+fn a_start_missing_much_of_a_blob_on_a_fast_link_streams_it() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_start_missing_much_of_a_blob_on_a_fast_link_streams_it",
+        "lazy-miss-stream",
+    ) else {
+        return;
+    };
+    let spread = small_files_spread(deb, 1500, |_| true);
+    for predict_max in ["8M", "0"] {
+        let mut f = Failures::default();
+        let m = Mount::with_args(
+            &reg.reference(IMAGE),
+            &t.join(&format!("mnt-{predict_max}")),
+            &t.join(&format!("cache-{predict_max}")),
+            &[
+                "--mode",
+                "kernel",
+                "--prefetch",
+                "none",
+                "--predict-max",
+                predict_max,
+            ],
+        );
+        let got = hash_files(&m.path, &spread, t.path(), "spread", TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+        check_reads(&mut f, "the start's reads", deb, &spread, &got);
+        let s = settled_status(&m);
+        let streamed = num(&s, "miss_streams");
+        let wanted = (predict_max == "8M") == (streamed > 0);
+        f.check(wanted, || {
+            format!("--predict-max {predict_max}: {streamed} blobs streamed on misses: {s}")
+        });
+        if predict_max == "8M" {
+            let s = wait_status(
+                &m,
+                "the streamed blobs complete",
+                Duration::from_secs(120),
+                |s| complete_blobs(s) >= streamed,
+            );
+            f.check(num(&s, "failed_misses") == 0, || {
+                format!("failed misses: {s}")
+            });
+            let got = hash_files(&m.path, &deb.files, t.path(), "after", TIMEOUT)
+                .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+            check_reads(&mut f, "the tree after the stream", deb, &deb.files, &got);
+            eprintln!(
+                "figures: {} files read; {} miss bytes, then {} fetched in {} requests",
+                spread.len(),
+                num(&s, "miss_fetched_bytes"),
+                num(&s, "fetched_bytes"),
+                num(&s, "requests")
+            );
+        }
+        finish_with_logs(f, &run_dir(&m), String::new, "miss stream");
+        m.unmount();
+    }
+}
+
+/// The same start through a proxy that sends whole blobs at 1 MB/s (a slow
+/// link for streams, while its range answers come fast): the stream is
+/// timed, found under 30 MB/s and stopped (its connection dropped, so the
+/// proxy sends no more of it), no blob is streamed after it (those that
+/// started beside it stop too), and every read is right, served by misses
+/// in ranges.
+#[test]
+fn a_slow_blob_stream_is_stopped_and_misses_go_on() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_slow_blob_stream_is_stopped_and_misses_go_on",
+        "lazy-miss-stream-slow",
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(
+        t.path(),
+        "proxy",
+        0,
+        reg.port,
+        "none",
+        &["--whole-rate", "1000000"],
+    );
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    let args = ["--mode", "kernel", "--prefetch", "none"];
+    let m = Mount::with_args(&image, &t.join("mnt"), &t.join("cache"), &args);
+    let mut f = Failures::default();
+    let spread = small_files_spread(deb, 1500, |_| true);
+    let got = hash_files(&m.path, &spread, t.path(), "spread", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    check_reads(&mut f, "the start's reads", deb, &spread, &got);
+    let s = settled_status(&m);
+    let sent = |stats: &serde_json::Value| stats["slow_whole_bytes"].as_u64().unwrap_or(0);
+    let before = proxy.stats();
+    std::thread::sleep(Duration::from_secs(2));
+    let after = proxy.stats();
+    let streams = num(&s, "miss_streams");
+    f.check(streams >= 1, || format!("no blob streamed on misses: {s}"));
+    f.check(after["slow_wholes"].as_u64() == Some(streams), || {
+        format!("the proxy did not send the {streams} streamed blobs: {after}")
+    });
+    f.check(sent(&after) > 0 && sent(&after) == sent(&before), || {
+        format!(
+            "the slow stream went on: {} then {} bytes sent",
+            sent(&before),
+            sent(&after)
+        )
+    });
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    let logs = daemon_logs(&run_dir(&m));
+    f.check(logs.contains("misses stream no more blobs"), || {
+        "the worker's log does not say the stream was stopped".into()
+    });
+    eprintln!(
+        "figures: slow stream: {} bytes sent before it was stopped; {}",
+        sent(&after),
+        after
+    );
+    finish_with_logs(f, &run_dir(&m), || proxy.bg.describe(), "slow stream");
+    m.unmount();
 }

@@ -92,6 +92,15 @@ pub struct Status {
     /// `ahead_chunk_bytes`.
     #[serde(default)]
     pub predictions: u64,
+    /// Blobs streamed whole from the registry on a miss, the link being
+    /// fast (`stream_on_miss`); their bytes count in `fetched_bytes`.
+    #[serde(default)]
+    pub miss_streams: u64,
+    /// The link's rate as the fastest large fetch showed it, bytes per
+    /// second (`crate::predict::LinkRate`; 0 before one): blobs are
+    /// streamed on misses only at 30 MB/s or more.
+    #[serde(default)]
+    pub link_rate_bps: u64,
     /// Requests sent a second time because the first had not answered
     /// within the hedging bound (see `lamina_fetch::hedge`).
     #[serde(default)]
@@ -167,6 +176,8 @@ impl Shared {
                 .saturating_sub(self.boot_pending.load(Ordering::SeqCst))
                 as u64,
             predictions: self.predictions.load(Ordering::Relaxed),
+            miss_streams: self.miss_streams.load(Ordering::Relaxed),
+            link_rate_bps: self.link_rate.bps(),
             miss_rate_bps: self
                 .miss_rate
                 .rate()
