@@ -152,8 +152,11 @@ struct Shared {
     /// A stream from the registry came slower than
     /// `stream::STREAM_MIN_RATE`: misses stream no more blobs.
     streams_slow: AtomicBool,
-    /// Blobs streamed whole on a miss (`stream::stream_on_miss`).
+    /// Blobs streamed whole on a miss (`stream::stream_on_miss`), and the
+    /// compressed bytes they read that filled nothing (chunks already
+    /// there, or being fetched by a miss).
     miss_streams: AtomicU64,
+    miss_stream_unused: AtomicU64,
     /// Per blob: compressed bytes fetched for misses, and how long
     /// readers waited on those fetches (ns).
     blob_missed: Vec<AtomicU64>,
@@ -396,6 +399,7 @@ fn build_shared(
         stream_asked_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
         streams_slow: AtomicBool::new(false),
         miss_streams: AtomicU64::new(0),
+        miss_stream_unused: AtomicU64::new(0),
         blob_missed: (0..n).map(|_| AtomicU64::new(0)).collect(),
         blob_waited_ns: (0..n).map(|_| AtomicU64::new(0)).collect(),
         link_rate: LinkRate::default(),

@@ -96,6 +96,11 @@ pub struct Status {
     /// fast (`stream_on_miss`); their bytes count in `fetched_bytes`.
     #[serde(default)]
     pub miss_streams: u64,
+    /// Of `fetched_bytes`, what those streams read that filled nothing:
+    /// chunks already there, or being fetched by a miss (what streaming
+    /// cost beyond the chunks it brought).
+    #[serde(default)]
+    pub miss_stream_unused_bytes: u64,
     /// The link's rate as the fastest large fetch showed it, bytes per
     /// second (`crate::predict::LinkRate`; 0 before one): blobs are
     /// streamed on misses only at 30 MB/s or more.
@@ -177,6 +182,7 @@ impl Shared {
                 as u64,
             predictions: self.predictions.load(Ordering::Relaxed),
             miss_streams: self.miss_streams.load(Ordering::Relaxed),
+            miss_stream_unused_bytes: self.miss_stream_unused.load(Ordering::Relaxed),
             link_rate_bps: self.link_rate.bps(),
             miss_rate_bps: self
                 .miss_rate

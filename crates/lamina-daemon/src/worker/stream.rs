@@ -240,11 +240,13 @@ impl Shared {
     }
 
     /// A miss in blob `blob`, on a start without a boot set, with
-    /// predictions on: once misses came fast (`RateMeter::fast_enough`) and
-    /// no stream from the registry was slow, the blob is streamed whole
-    /// from the registry beside the misses, on a thread of its own, once
-    /// per blob and [`MISS_STREAMS`] at a time, where the cache has room
-    /// for background fills. Not through a P2P daemon
+    /// predictions on: once the misses in the blob waited long enough
+    /// ([`waited_long_enough_on`](Self::waited_long_enough_on)) and no
+    /// stream from the registry was slow, the blob is streamed whole from
+    /// the registry beside the misses, on a thread of its own, once per
+    /// blob and [`MISS_STREAMS`] at a time, where the cache has room for
+    /// background fills, and by one mount of a shared cache file at a time
+    /// (`BlobStore::try_lock_stream`). Not through a P2P daemon
     /// (its streams are for readers in order and `--prefetch all`), not for
     /// a tar index (spans decode with windows) or blobs under
     /// [`STREAM_AT_LEAST`].
@@ -274,7 +276,6 @@ impl Shared {
         {
             return;
         }
-        self.miss_streams.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(blob, "a miss on a fast link: the whole blob streamed");
         self.spawn_stream(blob, StreamFrom::Registry);
     }
@@ -371,7 +372,18 @@ impl Shared {
                 state.store(OPENING, Ordering::Relaxed);
                 self.source.stream_blob(digest)
             }
-            StreamFrom::Registry => self.source.stream_blob_direct(digest),
+            StreamFrom::Registry => match self.lock_store(blob).and_then(|s| s.try_lock_stream()) {
+                Ok(true) => self.source.stream_blob_direct(digest),
+                // Another mount of this cache file streams it: its fills
+                // serve this mount's misses too.
+                Ok(false) => Ok(None),
+                Err(e) => Err(e),
+            },
+        };
+        let unlock = || {
+            if let Ok(store) = self.lock_store(blob) {
+                let _ = store.unlock_stream();
+            }
         };
         let reader = match opened {
             Ok(Some(reader)) => reader,
@@ -380,6 +392,8 @@ impl Shared {
                 // (through a P2P daemon; on a miss, once per blob).
                 if from == StreamFrom::P2p {
                     state.store(NOT_STREAMED, Ordering::Relaxed);
+                } else if opened.is_err() {
+                    unlock();
                 }
                 self.landed.notify_all();
                 if let Err(e) = opened {
@@ -403,7 +417,17 @@ impl Shared {
         };
         let settled = match from {
             StreamFrom::P2p => self.fill_from_stream(blob, (&entries, &key), &order, &mut stream),
-            StreamFrom::Registry => self.fill_as_read(blob, (&entries, &key), &order, &mut stream),
+            StreamFrom::Registry => {
+                self.miss_streams.fetch_add(1, Ordering::Relaxed);
+                let mut used = 0;
+                let settled =
+                    self.fill_as_read(blob, (&entries, &key), &order, &mut stream, &mut used);
+                let unused = stream.read.saturating_sub(used);
+                self.miss_stream_unused.fetch_add(unused, Ordering::Relaxed);
+                drop(stream.reader);
+                unlock();
+                settled
+            }
         };
         state.store(STREAMED, Ordering::Relaxed);
         self.stats.bytes.fetch_add(stream.read, Ordering::Relaxed);
@@ -490,12 +514,14 @@ impl Shared {
     /// its first [`STREAM_PROBE`] (the time spent waiting on the stream's
     /// bytes, not decoding them): slower than [`STREAM_MIN_RATE`], it
     /// stops (an `Interrupted` error) and misses stream no more blobs.
+    /// Adds the compressed bytes of the chunks it filled to `used`.
     fn fill_as_read(
         &self,
         blob: u32,
         (entries, key): (&[ChunkEntry], &lamina_fetch::store::EntryKey),
         order: &[usize],
         stream: &mut InOrder,
+        used: &mut u64,
     ) -> io::Result<()> {
         let opened = Instant::now();
         let mut timed = false;
@@ -512,6 +538,7 @@ impl Shared {
                 self.release(blob, &mine);
                 filled?;
                 self.note_located(entry, key);
+                *used += u64::from(entry.compressed_size.get());
             }
             if !timed && opened.elapsed() >= STREAM_PROBE {
                 timed = true;
