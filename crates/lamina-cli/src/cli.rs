@@ -521,10 +521,8 @@ pub(crate) struct ServeArgs {
     pub(crate) no_hedge: bool,
     /// Largest shared library or executable fetched whole on its first
     /// miss (programs map these and touch their pages in no order a
-    /// stream shows); 0 fetches only what is read (no predictions, and no
-    /// blob streamed whole on a fast link once a start has waited on its
-    /// misses as long as the blob takes). Mounts through a tar index never
-    /// predict (measured slower there: docs/index.md).
+    /// stream shows); 0 fetches only what is read. Mounts through a tar
+    /// index never predict (measured slower there: docs/index.md).
     #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
     pub(crate) predict_max: u64,
     /// Free space of the cache filesystem that fills no reader waits for

@@ -28,7 +28,6 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -135,57 +134,6 @@ impl RateMeter {
     /// Whether misses come fast enough for predictions to pay.
     pub fn fast_enough(&self) -> bool {
         self.rate().is_some_and(|r| r >= MIN_RATE)
-    }
-}
-
-/// Fetches smaller than this (compressed bytes) say little of the link's
-/// rate: their round trip takes most of their time.
-const LINK_SAMPLE_MIN: u64 = 128 << 10;
-
-/// The link's rate from the fastest large fetch, less half the quickest
-/// small fetch's time (the round trip, the registry's own time and a chunk's decoding),
-/// unlike [`RateMeter`], whose small fetches are mostly round trips (a
-/// lazy start's misses came at 5-9 MB/s over 100 Mbit/s and 1 Gbit/s
-/// alike). Other fetches on the link at the same time count against it.
-#[derive(Debug)]
-pub struct LinkRate {
-    /// The quickest fetch under [`LINK_SAMPLE_MIN`], in ns.
-    quickest_ns: AtomicU64,
-    /// The best rate so far, bytes per second.
-    best_bps: AtomicU64,
-}
-
-impl Default for LinkRate {
-    fn default() -> Self {
-        LinkRate {
-            quickest_ns: AtomicU64::new(u64::MAX),
-            best_bps: AtomicU64::new(0),
-        }
-    }
-}
-
-impl LinkRate {
-    /// Notes a fetch of `bytes` that took `took`.
-    pub fn note(&self, took: Duration, bytes: u64) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        if bytes < LINK_SAMPLE_MIN {
-            self.quickest_ns.fetch_min(ns, Ordering::Relaxed);
-            return;
-        }
-        // Half the quickest small fetch is taken off (none timed: nothing):
-        // that fetch carried bytes of its own.
-        let quickest = match self.quickest_ns.load(Ordering::Relaxed) {
-            u64::MAX => 0,
-            q => q,
-        };
-        let transfer = ns.saturating_sub(quickest / 2).max(1);
-        let bps = bytes as f64 * 1e9 / transfer as f64;
-        self.best_bps.fetch_max(bps as u64, Ordering::Relaxed);
-    }
-
-    /// Bytes per second; 0 before a fetch large enough was timed.
-    pub fn bps(&self) -> u64 {
-        self.best_bps.load(Ordering::Relaxed)
     }
 }
 
@@ -524,21 +472,6 @@ mod tests {
         assert!(worth_fetching(mib, MISSED_PER_PREDICTED * mib));
         assert!(!worth_fetching(0, u64::MAX), "nothing left to fetch");
         assert!(!worth_fetching(u64::MAX, u64::MAX - 1), "no overflow");
-    }
-
-    #[test]
-    fn the_link_rate_leaves_out_the_round_trip() {
-        let link = LinkRate::default();
-        link.note(Duration::from_millis(20), 1_000_000);
-        assert_eq!(link.bps(), 50_000_000, "no small fetch timed: all of it");
-        // 4 ms for a small fetch: half of it is the round trip of the next.
-        let link = LinkRate::default();
-        link.note(Duration::from_millis(4), 40 << 10);
-        assert_eq!(link.bps(), 0, "a small fetch says nothing of the rate");
-        link.note(Duration::from_millis(12), 1_000_000);
-        assert_eq!(link.bps(), 100_000_000);
-        link.note(Duration::from_millis(52), 1_000_000);
-        assert_eq!(link.bps(), 100_000_000, "the fastest fetch is kept");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::config::{
 };
 use crate::latency::{Histogram, Recorder};
 use crate::pool::{MissPool, MAX_MISS_THREADS};
-use crate::predict::{FileMap, LinkRate, MapError, RateMeter, WindowMisses};
+use crate::predict::{FileMap, MapError, RateMeter, WindowMisses};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
 use crate::windows::{SpanWindows, WindowEntries};
@@ -149,20 +149,6 @@ struct Shared {
     /// When each blob's stream was last asked for, in milliseconds since
     /// `started`: misses wait for an opening stream until a bound past it.
     stream_asked_ms: Vec<AtomicU64>,
-    /// A stream from the registry came slower than
-    /// `stream::STREAM_MIN_RATE`: misses stream no more blobs.
-    streams_slow: AtomicBool,
-    /// Blobs streamed whole on a miss (`stream::stream_on_miss`), and the
-    /// compressed bytes they read that filled nothing (chunks already
-    /// there, or being fetched by a miss).
-    miss_streams: AtomicU64,
-    miss_stream_unused: AtomicU64,
-    /// Per blob: compressed bytes fetched for misses, and how long
-    /// readers waited on those fetches (ns).
-    blob_missed: Vec<AtomicU64>,
-    blob_waited_ns: Vec<AtomicU64>,
-    /// The link's rate as large fetches showed it.
-    link_rate: LinkRate,
     boot_set: Vec<(u32, u32)>,
     /// Chunks this mount's reads never ask of its cache files
     /// (`BlobSpec::served_elsewhere`): never fetched ahead or streamed.
@@ -397,12 +383,6 @@ fn build_shared(
         complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
         streaming: (0..n).map(|_| AtomicU8::new(0)).collect(),
         stream_asked_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
-        streams_slow: AtomicBool::new(false),
-        miss_streams: AtomicU64::new(0),
-        miss_stream_unused: AtomicU64::new(0),
-        blob_missed: (0..n).map(|_| AtomicU64::new(0)).collect(),
-        blob_waited_ns: (0..n).map(|_| AtomicU64::new(0)).collect(),
-        link_rate: LinkRate::default(),
         boot_chunks: boot_set.iter().copied().collect(),
         boot_set,
         served_elsewhere,

@@ -43,15 +43,6 @@ pub trait RangeSource: Send + Sync + std::fmt::Debug {
         let _ = digest;
         Ok(None)
     }
-
-    /// Blob `digest` whole, as one stream to read in order, from the hosts
-    /// misses use (the registry and its mirrors): for a lazy mount on a link
-    /// measured fast, where a start's misses wait on round trips, not
-    /// bytes. `None`: this source reads ranges only.
-    fn stream_blob_direct(&self, digest: &Digest) -> io::Result<Option<Box<dyn io::Read + Send>>> {
-        let _ = digest;
-        Ok(None)
-    }
 }
 
 /// A registry repository, read with HTTP Range requests over one pooled client.
@@ -88,15 +79,6 @@ impl RangeSource for RegistrySource {
         let body = self
             .client
             .for_whole_blobs()
-            .get_blob(&self.repository, digest)
-            .map_err(|e| e.into_io())?;
-        Ok(Some(Box::new(body)))
-    }
-
-    fn stream_blob_direct(&self, digest: &Digest) -> io::Result<Option<Box<dyn io::Read + Send>>> {
-        let body = self
-            .client
-            .for_misses()
             .get_blob(&self.repository, digest)
             .map_err(|e| e.into_io())?;
         Ok(Some(Box::new(body)))

@@ -153,11 +153,6 @@ impl PendingSave {
 /// so no chunk write lands between the check and the page.
 const WRITE_LOCKS: u64 = 1 << 62;
 
-/// The lock of a whole-blob stream into a cache file (one byte, past any
-/// chunk and below the write locks): held for the stream's length, so that
-/// mounts sharing the file stream the blob once.
-const STREAM_LOCK: u64 = 1 << 61;
-
 /// Writes verified chunk `i` of `blob` (its bytes `data`) into the cache
 /// file `fd`, and zeros over the gap after it ([`tail_gap`]), under the
 /// write lock of that range: what every writer of verified chunks does (a
@@ -658,17 +653,6 @@ impl BlobStore {
     pub fn unlock_chunk(&self, i: usize) -> io::Result<()> {
         let c = &self.blob.chunks[i];
         lamina_sys::unlock_range(&self.cache, c.cache_offset.get(), c.size.get().into())
-    }
-
-    /// Takes the cross-process lock of a whole-blob stream into this file
-    /// ([`STREAM_LOCK`]). `Ok(false)`: another process is streaming it.
-    pub fn try_lock_stream(&self) -> io::Result<bool> {
-        lamina_sys::try_lock_range(&self.cache, STREAM_LOCK, 1)
-    }
-
-    /// Releases [`try_lock_stream`](Self::try_lock_stream).
-    pub fn unlock_stream(&self) -> io::Result<()> {
-        lamina_sys::unlock_range(&self.cache, STREAM_LOCK, 1)
     }
 
     /// Whether every chunk is present.

@@ -92,20 +92,6 @@ pub struct Status {
     /// `ahead_chunk_bytes`.
     #[serde(default)]
     pub predictions: u64,
-    /// Blobs streamed whole from the registry on a miss, the link being
-    /// fast (`stream_on_miss`); their bytes count in `fetched_bytes`.
-    #[serde(default)]
-    pub miss_streams: u64,
-    /// Of `fetched_bytes`, what those streams read that filled nothing:
-    /// chunks already there, or being fetched by a miss (what streaming
-    /// cost beyond the chunks it brought).
-    #[serde(default)]
-    pub miss_stream_unused_bytes: u64,
-    /// The link's rate as the fastest large fetch showed it, bytes per
-    /// second (`crate::predict::LinkRate`; 0 before one): blobs are
-    /// streamed on misses only at 30 MB/s or more.
-    #[serde(default)]
-    pub link_rate_bps: u64,
     /// Requests sent a second time because the first had not answered
     /// within the hedging bound (see `lamina_fetch::hedge`).
     #[serde(default)]
@@ -181,9 +167,6 @@ impl Shared {
                 .saturating_sub(self.boot_pending.load(Ordering::SeqCst))
                 as u64,
             predictions: self.predictions.load(Ordering::Relaxed),
-            miss_streams: self.miss_streams.load(Ordering::Relaxed),
-            miss_stream_unused_bytes: self.miss_stream_unused.load(Ordering::Relaxed),
-            link_rate_bps: self.link_rate.bps(),
             miss_rate_bps: self
                 .miss_rate
                 .rate()

@@ -6,13 +6,7 @@
 //! to the registry from each node when the seed lacks its pieces; a blob
 //! asked for whole is fetched by the seed once for the fleet
 //! (docs/dragonfly.md). Without a P2P host that answers, nothing is
-//! streamed for them: the chunks go in ranges, as a lazy mount fetches them.
-//!
-//! Straight from the registry, a blob is streamed on a start's miss in it
-//! when the link is fast ([`Shared::stream_on_miss`]): there a start
-//! without a boot set waits on round trips, not bytes, and the blob's
-//! bytes in order come sooner than its misses one by one
-//! (docs/coldstart-heavy.md, "Blobs streamed on a miss").
+//! streamed: the chunks go in ranges, as a lazy mount fetches them.
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -40,31 +34,6 @@ const STREAM_AT_LEAST: u64 = 4 << 20;
 /// second.
 const STREAM_OPEN_WAIT: Duration = Duration::from_secs(5);
 
-/// Blobs streamed from the registry on misses at once, at most.
-const MISS_STREAMS: usize = 4;
-
-/// The slowest link (as `crate::predict::LinkRate` measures it) on which a
-/// blob is streamed on a miss; a stream slower than this over its first
-/// [`STREAM_PROBE`] is given up, and misses stream no more blobs. At
-/// 100 Mbit/s (11.8 MB/s) a whole blob streamed at a start's first misses
-/// made the data-science and Node.js starts 1.5x and 2.1x slower; at
-/// 1 Gbit/s (112 MB/s) 0.72x and 0.69x (docs/coldstart-heavy.md, "Blobs
-/// streamed on a miss").
-const STREAM_MIN_RATE: f64 = 30e6;
-/// How long a stream from the registry is timed before it is kept.
-const STREAM_PROBE: Duration = Duration::from_millis(100);
-
-/// Where a blob's stream comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum StreamFrom {
-    /// A P2P daemon (a `bulk_only` host): chunks are claimed ahead of the
-    /// stream, and misses on them wait for it.
-    P2p,
-    /// The registry, on a miss: a chunk is claimed only once its bytes are
-    /// in hand, so a miss never waits on the stream; the stream is timed.
-    Registry,
-}
-
 /// `Shared::streaming` states: never streamed, a stream asked for and not
 /// yet answered, a stream running, streamed.
 const NOT_STREAMED: u8 = 0;
@@ -81,9 +50,6 @@ struct InOrder {
     buf: Vec<u8>,
     /// Bytes taken from `reader`.
     read: u64,
-    /// Time spent waiting on `reader`: the link's share of the stream's
-    /// time, not the chunks' decoding.
-    reading: Duration,
 }
 
 impl InOrder {
@@ -94,16 +60,6 @@ impl InOrder {
             return Err(io::Error::other("a chunk lies behind the stream"));
         }
         let end = self.start + self.buf.len() as u64;
-        let waiting = Instant::now();
-        let taken = self.take(offset, end, len);
-        self.reading += waiting.elapsed();
-        taken?;
-        Ok(&self.buf[..len])
-    }
-
-    /// Moves the buffer to `offset` (the buffer ends at `end`) and fills
-    /// it to `len` bytes from the reader.
-    fn take(&mut self, offset: u64, end: u64, len: usize) -> io::Result<()> {
         if offset >= end {
             let gap = offset - end;
             let skipped = io::copy(&mut (&mut self.reader).take(gap), &mut io::sink())?;
@@ -122,7 +78,7 @@ impl InOrder {
             self.reader.read_exact(&mut self.buf[have..])?;
             self.read += (len - have) as u64;
         }
-        Ok(())
+        Ok(&self.buf[..len])
     }
 }
 
@@ -146,7 +102,7 @@ impl Shared {
                         by_blob.get(next.fetch_add(1, Ordering::Relaxed))
                     {
                         let unsettled = match self.room_for_background() {
-                            true => self.stream_blob(*blob, chunks, StreamFrom::P2p),
+                            true => self.stream_blob(*blob, chunks),
                             false => chunks.clone(),
                         };
                         let settled = chunks.len().saturating_sub(unsettled.len());
@@ -236,81 +192,6 @@ impl Shared {
             return self.is_streaming(blob);
         }
         self.note_stream_asked(blob);
-        self.spawn_stream(blob, StreamFrom::P2p)
-    }
-
-    /// A miss in blob `blob`, on a start without a boot set, with
-    /// predictions on: once the misses in the blob waited long enough
-    /// ([`waited_long_enough_on`](Self::waited_long_enough_on)) and no
-    /// stream from the registry was slow, the blob is streamed whole from
-    /// the registry beside the misses, on a thread of its own, once per
-    /// blob and [`MISS_STREAMS`] at a time, where the cache has room for
-    /// background fills, and by one mount of a shared cache file at a time
-    /// (`BlobStore::try_lock_stream`). Not through a P2P daemon
-    /// (its streams are for readers in order and `--prefetch all`), not for
-    /// a tar index (spans decode with windows) or blobs under
-    /// [`STREAM_AT_LEAST`].
-    pub(super) fn stream_on_miss(&self, blob: u32) {
-        let wanted = self.predict.is_some()
-            && self.boot_set.is_empty()
-            && self.config.boot_pages.is_empty()
-            && !self.bulk_apart()
-            && self.windows.is_none()
-            && !self.streams_slow.load(Ordering::Relaxed)
-            && self.waited_long_enough_on(blob)
-            && self.room_for_background();
-        if !wanted || self.miss_streams_running() >= MISS_STREAMS {
-            return;
-        }
-        // STREAMING at once: misses fetch their own chunks meanwhile and do
-        // not wait for it to open.
-        let state = &self.streaming[blob as usize];
-        if state
-            .compare_exchange(
-                NOT_STREAMED,
-                STREAMING,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            return;
-        }
-        tracing::debug!(blob, "a miss on a fast link: the whole blob streamed");
-        self.spawn_stream(blob, StreamFrom::Registry);
-    }
-
-    /// Whether blob `blob` is large enough to stream ([`STREAM_AT_LEAST`]),
-    /// the link fast enough ([`STREAM_MIN_RATE`]), and readers have waited
-    /// on misses in it as long as the rest of it takes to stream at the
-    /// link's rate: how long one rents before one buys. A start that reads
-    /// little of a large blob never waits that long (python3's start, at
-    /// 1 Gbit/s, streamed nothing), one that reads much of it waits at
-    /// most about twice what the better choice would have cost.
-    fn waited_long_enough_on(&self, blob: u32) -> bool {
-        let size = self.stores[blob as usize].summary.compressed_size;
-        let rate = self.link_rate.bps() as f64;
-        if size < STREAM_AT_LEAST || rate < STREAM_MIN_RATE {
-            return false;
-        }
-        let missed = self.blob_missed[blob as usize].load(Ordering::Relaxed);
-        let waited = self.blob_waited_ns[blob as usize].load(Ordering::Relaxed) as f64 / 1e9;
-        waited >= size.saturating_sub(missed) as f64 / rate
-    }
-
-    /// Blobs being streamed from the registry now.
-    fn miss_streams_running(&self) -> usize {
-        self.streaming
-            .iter()
-            .filter(|s| s.load(Ordering::Relaxed) == STREAMING)
-            .count()
-    }
-
-    /// Streams blob `blob` whole on a thread of its own; the blob is
-    /// STREAMED afterwards (whole, or left to ranges). False when no thread
-    /// could be started.
-    fn spawn_stream(&self, blob: u32, from: StreamFrom) -> bool {
-        let state = &self.streaming[blob as usize];
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
             state.store(NOT_STREAMED, Ordering::Relaxed);
             return false;
@@ -322,8 +203,11 @@ impl Shared {
                 let chunks: Vec<usize> = (0..count)
                     .filter(|&i| !me.served_elsewhere.contains(&(blob, i)))
                     .collect();
-                tracing::debug!(blob, ?from, "the whole blob streamed");
-                let left = me.stream_blob(blob, &chunks, from);
+                tracing::debug!(
+                    blob,
+                    "read in order: the whole blob streamed through the P2P host"
+                );
+                let left = me.stream_blob(blob, &chunks);
                 // Also when the stream never started (it set nothing).
                 me.streaming[blob as usize].store(STREAMED, Ordering::Relaxed);
                 me.landed.notify_all();
@@ -341,7 +225,7 @@ impl Shared {
     /// Returns the chunks of `wanted` the stream did not settle, for the
     /// caller to fetch in ranges: all of them when the source has no
     /// whole-blob read, the rest when the stream fails.
-    pub(super) fn stream_blob(&self, blob: u32, wanted: &[usize], from: StreamFrom) -> Vec<usize> {
+    pub(super) fn stream_blob(&self, blob: u32, wanted: &[usize]) -> Vec<usize> {
         let (entries, key) = match self.lock_store(blob) {
             Ok(store) => (store.blob.chunks.clone(), store.key),
             Err(_) => return wanted.to_vec(),
@@ -366,35 +250,14 @@ impl Shared {
         order.sort_by_key(|&i| (entries[i].compressed_offset.get(), i));
         let digest = &self.digests[blob as usize];
         let state = &self.streaming[blob as usize];
-        let opened = match from {
-            StreamFrom::P2p => {
-                self.note_stream_asked(blob);
-                state.store(OPENING, Ordering::Relaxed);
-                self.source.stream_blob(digest)
-            }
-            StreamFrom::Registry => match self.lock_store(blob).and_then(|s| s.try_lock_stream()) {
-                Ok(true) => self.source.stream_blob_direct(digest),
-                // Another mount of this cache file streams it: its fills
-                // serve this mount's misses too.
-                Ok(false) => Ok(None),
-                Err(e) => Err(e),
-            },
-        };
-        let unlock = || {
-            if let Ok(store) = self.lock_store(blob) {
-                let _ = store.unlock_stream();
-            }
-        };
+        self.note_stream_asked(blob);
+        state.store(OPENING, Ordering::Relaxed);
+        let opened = self.source.stream_blob(digest);
         let reader = match opened {
             Ok(Some(reader)) => reader,
             Ok(None) | Err(_) => {
-                // Not streamed: a reader's in-order reads may ask again
-                // (through a P2P daemon; on a miss, once per blob).
-                if from == StreamFrom::P2p {
-                    state.store(NOT_STREAMED, Ordering::Relaxed);
-                } else if opened.is_err() {
-                    unlock();
-                }
+                // Not streamed: a reader's in-order reads may ask again.
+                state.store(NOT_STREAMED, Ordering::Relaxed);
                 self.landed.notify_all();
                 if let Err(e) = opened {
                     tracing::warn!(
@@ -413,36 +276,18 @@ impl Shared {
             start: 0,
             buf: Vec::new(),
             read: 0,
-            reading: Duration::ZERO,
         };
-        let settled = match from {
-            StreamFrom::P2p => self.fill_from_stream(blob, (&entries, &key), &order, &mut stream),
-            StreamFrom::Registry => {
-                self.miss_streams.fetch_add(1, Ordering::Relaxed);
-                let mut used = 0;
-                let settled =
-                    self.fill_as_read(blob, (&entries, &key), &order, &mut stream, &mut used);
-                let unused = stream.read.saturating_sub(used);
-                self.miss_stream_unused.fetch_add(unused, Ordering::Relaxed);
-                drop(stream.reader);
-                unlock();
-                settled
-            }
-        };
+        let settled = self.fill_from_stream(blob, (&entries, &key), &order, &mut stream);
         state.store(STREAMED, Ordering::Relaxed);
         self.stats.bytes.fetch_add(stream.read, Ordering::Relaxed);
         self.landed.notify_all();
         self.check_complete(blob);
         if let Err(e) = &settled {
-            if e.kind() == io::ErrorKind::Interrupted {
-                tracing::info!(blob, "{e}");
-            } else {
-                tracing::warn!(
-                    blob,
-                    "prefetch of the whole blob stopped after {} bytes: {e}; the rest in ranges",
-                    stream.read
-                );
-            }
+            tracing::warn!(
+                blob,
+                "prefetch of the whole blob stopped after {} bytes: {e}; the rest in ranges",
+                stream.read
+            );
         }
         // Also what a miss was fetching when the stream passed it, and lost.
         if let Ok(store) = self.lock_store(blob) {
@@ -506,60 +351,6 @@ impl Shared {
     }
 }
 
-impl Shared {
-    /// The loop of [`stream_blob`](Shared::stream_blob) for a stream from
-    /// the registry: each chunk still unfilled and unclaimed when its bytes
-    /// are in hand is claimed, verified and filled, so a miss ahead of the
-    /// stream fetches its chunk itself and never waits on it. Timed over
-    /// its first [`STREAM_PROBE`] (the time spent waiting on the stream's
-    /// bytes, not decoding them): slower than [`STREAM_MIN_RATE`], it
-    /// stops (an `Interrupted` error) and misses stream no more blobs.
-    /// Adds the compressed bytes of the chunks it filled to `used`.
-    fn fill_as_read(
-        &self,
-        blob: u32,
-        (entries, key): (&[ChunkEntry], &lamina_fetch::store::EntryKey),
-        order: &[usize],
-        stream: &mut InOrder,
-        used: &mut u64,
-    ) -> io::Result<()> {
-        let opened = Instant::now();
-        let mut timed = false;
-        let mut decompressor = zstd::bulk::Decompressor::new()?;
-        for &i in order {
-            let entry = &entries[i];
-            let offset = entry.compressed_offset.get();
-            let stored = stream.bytes_at(offset, entry.compressed_size.get() as usize)?;
-            let mine = self.claim(blob, std::iter::once(i), None, false)?;
-            if !mine.is_empty() {
-                let filled = decode_chunk(&mut decompressor, entry, stored)
-                    .map_err(|e| io::Error::other(format!("chunk {i}: {e}")))
-                    .and_then(|data| self.lock_store(blob)?.fill(i, &data, None));
-                self.release(blob, &mine);
-                filled?;
-                self.note_located(entry, key);
-                *used += u64::from(entry.compressed_size.get());
-            }
-            if !timed && opened.elapsed() >= STREAM_PROBE {
-                timed = true;
-                let rate = stream.read as f64 / stream.reading.as_secs_f64().max(1e-6);
-                if rate < STREAM_MIN_RATE {
-                    self.streams_slow.store(true, Ordering::Relaxed);
-                    return Err(io::Error::new(
-                        io::ErrorKind::Interrupted,
-                        format!(
-                            "the blob's stream came at {:.1} MB/s, under {:.0} MB/s: stopped, and misses stream no more blobs",
-                            rate / 1e6,
-                            STREAM_MIN_RATE / 1e6
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -570,7 +361,6 @@ mod tests {
             start: 0,
             buf: Vec::new(),
             read: 0,
-            reading: Duration::ZERO,
         }
     }
 
