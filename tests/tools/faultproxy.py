@@ -36,6 +36,13 @@ whatever the mode: 200, an empty OCI image index, headers at once and the
 body one byte every SECS (a registry front that stalls without ever timing
 out a read). Counted as `dripping` (answers under way) and `dripped`.
 
+--large-rate BYTES_PER_S sends the body of every blob GET answer (range or
+whole) of 1 MiB or more at that rate, whatever the mode, while smaller
+answers go at once (a link that is slow for large requests only, as a
+shared link is when other traffic takes it); counted as `slow_answers`, and
+the bytes sent before the client hung up or the body ended as
+`slow_bytes`.
+
 --repo REPO makes only requests in that repository eligible (two tenants'
 repositories behind one host: one trust domain, one of them failing).
 
@@ -116,6 +123,8 @@ class Plan:
             "authorized": 0,
             "unauthorized": 0,
             "authorized_ranges": 0,
+            "slow_answers": 0,
+            "slow_bytes": 0,
             # The first 1,000 requests, in order: "METHOD PATH [RANGE]".
             "log": [],
         }
@@ -322,7 +331,32 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             return
+        large = self.command == "GET" and status in (200, 206) and len(data) >= 1 << 20
+        if cfg.large_rate and large and BLOB_PATH.match(self.path.split("?", 1)[0]):
+            self.send_slowly(status, out_headers, data, cfg.large_rate)
+            return
         self.reply(status, out_headers, data)
+
+    def send_slowly(self, status, headers, body, rate):
+        """`body` at `rate` bytes a second, in 16 KiB pieces."""
+        plan = self.server.plan
+        plan.count("slow_answers")
+        self.send_response_only(status)
+        for k, v in headers:
+            if k.lower() != "content-length":
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        piece = 16 << 10
+        try:
+            for at in range(0, len(body), piece):
+                self.wfile.write(body[at:at + piece])
+                self.wfile.flush()
+                plan.count("slow_bytes", len(body[at:at + piece]))
+                time.sleep(piece / rate)
+        except OSError:
+            self.close_connection = True
+        plan.write()
 
 
 def main():
@@ -336,6 +370,7 @@ def main():
     ap.add_argument("--blob", default="", help="fault range reads of this blob (sha256:...) only")
     ap.add_argument("--repo", default="", help="fault range reads in this repository only")
     ap.add_argument("--whole", action="store_true", help="fault full-blob GETs too, not only range reads")
+    ap.add_argument("--large-rate", type=float, default=0.0, metavar="BYTES_PER_S")
     ap.add_argument("--basic-auth", default="", metavar="USER:PASSWORD")
     ap.add_argument("--lifetime", type=float, default=600.0)
     ap.add_argument("--port-file")
