@@ -38,7 +38,7 @@ FETCH_KEYS = ("fetched_bytes", "requests", "misses", "failed_misses", "bad_chunk
 STATUS_KEYS = FETCH_KEYS + ("prefetch_done", "prefetch_total")
 MOUNT_STATUS_KEYS = STATUS_KEYS + ("hedges", "hedge_wins", "boot_frames", "ahead_chunk_bytes", "ahead_used_bytes",
                                    "predictions", "predicted_requests", "predicted_fetched_bytes", "ready_events",
-                                   "worker_events", "warmed_bytes", "miss_rate_bps")
+                                   "worker_events", "warmed_bytes", "miss_rate_bps", "rests", "rest_fetched_bytes", "link_rate_bps")
 
 
 def rss_of(st):

@@ -28,6 +28,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -137,6 +138,70 @@ impl RateMeter {
     }
 }
 
+/// Fetches smaller than this (compressed bytes) say little of the link's
+/// rate: their round trip takes most of their time.
+const LINK_SAMPLE_MIN: u64 = 128 << 10;
+
+/// The link's rate from the fastest large fetch, less half the quickest
+/// small fetch's time (the round trip, the registry's own time and a chunk's decoding),
+/// unlike [`RateMeter`], whose small fetches are mostly round trips (a
+/// lazy start's misses came at 5-9 MB/s over 100 Mbit/s and 1 Gbit/s
+/// alike). Other fetches on the link at the same time count against it.
+#[derive(Debug)]
+pub struct LinkRate {
+    /// The quickest fetch under [`LINK_SAMPLE_MIN`], in ns.
+    quickest_ns: AtomicU64,
+    /// The best rate so far, bytes per second.
+    best_bps: AtomicU64,
+}
+
+impl Default for LinkRate {
+    fn default() -> Self {
+        LinkRate {
+            quickest_ns: AtomicU64::new(u64::MAX),
+            best_bps: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LinkRate {
+    /// Notes a fetch of `bytes` that took `took`.
+    pub fn note(&self, took: Duration, bytes: u64) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        if bytes < LINK_SAMPLE_MIN {
+            self.quickest_ns.fetch_min(ns, Ordering::Relaxed);
+            return;
+        }
+        // Half the quickest small fetch is taken off (none timed: nothing):
+        // that fetch carried bytes of its own.
+        let quickest = match self.quickest_ns.load(Ordering::Relaxed) {
+            u64::MAX => 0,
+            q => q,
+        };
+        let transfer = ns.saturating_sub(quickest / 2).max(1);
+        let bps = bytes as f64 * 1e9 / transfer as f64;
+        self.best_bps.fetch_max(bps as u64, Ordering::Relaxed);
+    }
+
+    /// Bytes per second; 0 before a fetch large enough was timed.
+    pub fn bps(&self) -> u64 {
+        self.best_bps.load(Ordering::Relaxed)
+    }
+}
+
+/// `runs` sorted and merged where they overlap or touch.
+fn merged(mut runs: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    runs.sort_by_key(|r| (r.start, r.end));
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(runs.len());
+    for r in runs {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
 /// Bytes of one blob that belong to a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Extent {
@@ -161,6 +226,10 @@ struct Group {
 #[derive(Debug, Default)]
 pub struct FileMap {
     blobs: Vec<Vec<Extent>>,
+    /// Per blob, the cache-file bytes some regular file's data uses, as
+    /// sorted runs: what a read of the whole tree fetches (a blob also
+    /// holds the data of files a later layer replaced, which nothing reads).
+    live: Vec<Vec<Range<u64>>>,
     groups: Vec<Group>,
     mapped: usize,
     windows: usize,
@@ -193,6 +262,7 @@ impl FileMap {
     ) -> Result<FileMap, MapError> {
         let mut map = FileMap {
             blobs: vec![Vec::new(); blobs],
+            live: vec![Vec::new(); blobs],
             ..FileMap::default()
         };
         let mut seen_dirs = HashSet::from([image.root_nid()]);
@@ -216,6 +286,7 @@ impl FileMap {
                     Some(Kind::Directory) if seen_dirs.insert(entry.nid) => dirs.push(entry.nid),
                     Some(Kind::Regular) if seen_files.insert(entry.nid) => {
                         let inode = image.inode(entry.nid)?;
+                        map.add_live(image, &inode)?;
                         let name = entry.name;
                         if map.in_windows(name, &inode, max_mapped, window) {
                             map.add_windows(image, &inode, window)?;
@@ -232,7 +303,40 @@ impl FileMap {
         for extents in &mut map.blobs {
             extents.sort_by_key(|e| (e.start, e.end));
         }
+        for runs in &mut map.live {
+            *runs = merged(std::mem::take(runs));
+        }
         Ok(map)
+    }
+
+    /// Notes the cache-file bytes a regular file's data uses.
+    fn add_live(
+        &mut self,
+        image: &Image<'_>,
+        inode: &lamina_format::erofs::Inode<'_>,
+    ) -> Result<(), ReadError> {
+        let chunks = image.chunks(inode)?;
+        let chunk_size = 1u64 << chunks.chunk_bits;
+        for i in 0..chunks.len() {
+            let at = i as u64 * chunk_size;
+            let len = chunk_size.min(inode.size.saturating_sub(at));
+            if let Some(Chunk::Data { device, offset }) = chunks.get(i) {
+                let blob = usize::from(device).wrapping_sub(1);
+                if let Some(runs) = self.live.get_mut(blob) {
+                    match runs.last_mut() {
+                        Some(last) if last.end == offset => last.end += len,
+                        _ => runs.push(offset..offset + len),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The cache-file bytes of blob `blob` some regular file uses, as
+    /// sorted runs that do not touch.
+    pub fn live(&self, blob: u32) -> &[Range<u64>] {
+        self.live.get(blob as usize).map_or(&[], Vec::as_slice)
     }
 
     /// The group a regular file joins: a group of its own for a mapped
@@ -472,6 +576,28 @@ mod tests {
         assert!(worth_fetching(mib, MISSED_PER_PREDICTED * mib));
         assert!(!worth_fetching(0, u64::MAX), "nothing left to fetch");
         assert!(!worth_fetching(u64::MAX, u64::MAX - 1), "no overflow");
+    }
+
+    #[test]
+    fn live_runs_merge_where_they_touch() {
+        let runs = merged(vec![10..20, 0..5, 5..8, 15..30, 40..41]);
+        assert_eq!(runs, [0..8, 10..30, 40..41]);
+        assert!(merged(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn the_link_rate_leaves_out_the_round_trip() {
+        let link = LinkRate::default();
+        link.note(Duration::from_millis(20), 1_000_000);
+        assert_eq!(link.bps(), 50_000_000, "no small fetch timed: all of it");
+        // 4 ms for a small fetch: half of it is the round trip of the next.
+        let link = LinkRate::default();
+        link.note(Duration::from_millis(4), 40 << 10);
+        assert_eq!(link.bps(), 0, "a small fetch says nothing of the rate");
+        link.note(Duration::from_millis(12), 1_000_000);
+        assert_eq!(link.bps(), 100_000_000);
+        link.note(Duration::from_millis(52), 1_000_000);
+        assert_eq!(link.bps(), 100_000_000, "the fastest fetch is kept");
     }
 
     #[test]

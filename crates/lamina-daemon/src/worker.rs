@@ -32,7 +32,7 @@ use crate::config::{
 };
 use crate::latency::{Histogram, Recorder};
 use crate::pool::{MissPool, MAX_MISS_THREADS};
-use crate::predict::{FileMap, MapError, RateMeter, WindowMisses};
+use crate::predict::{FileMap, LinkRate, MapError, RateMeter, WindowMisses};
 use crate::protocol::{self, Message};
 use crate::readahead::Stream;
 use crate::windows::{SpanWindows, WindowEntries};
@@ -42,6 +42,7 @@ mod boot;
 mod located;
 mod misses;
 mod prefetch;
+mod rest;
 mod status;
 mod stream;
 mod tables;
@@ -149,6 +150,21 @@ struct Shared {
     /// When each blob's stream was last asked for, in milliseconds since
     /// `started`: misses wait for an opening stream until a bound past it.
     stream_asked_ms: Vec<AtomicU64>,
+    /// Per blob: compressed bytes fetched for misses, and how long readers
+    /// waited on those fetches (ns): what `rest.rs` weighs.
+    blob_missed: Vec<AtomicU64>,
+    blob_waited_ns: Vec<AtomicU64>,
+    /// Per blob: whether its rest was fetched on a miss (`rest.rs`).
+    rest_asked: Vec<AtomicBool>,
+    /// Rests being fetched now, and started in all.
+    rests_running: AtomicUsize,
+    rests: AtomicU64,
+    /// A rest came slower than `rest::REST_STOP_RATE`: no more are fetched.
+    rests_slow: AtomicBool,
+    /// Fetched as the rest of a blob.
+    rest_stats: FetchStats,
+    /// The link's rate as large fetches showed it.
+    link_rate: LinkRate,
     boot_set: Vec<(u32, u32)>,
     /// Chunks this mount's reads never ask of its cache files
     /// (`BlobSpec::served_elsewhere`): never fetched ahead or streamed.
@@ -383,6 +399,14 @@ fn build_shared(
         complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
         streaming: (0..n).map(|_| AtomicU8::new(0)).collect(),
         stream_asked_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        blob_missed: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        blob_waited_ns: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        rest_asked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        rests_running: AtomicUsize::new(0),
+        rests: AtomicU64::new(0),
+        rests_slow: AtomicBool::new(false),
+        rest_stats: FetchStats::default(),
+        link_rate: LinkRate::default(),
         boot_chunks: boot_set.iter().copied().collect(),
         boot_set,
         served_elsewhere,

@@ -1,7 +1,8 @@
 //! Section 2, a warm cache: a second mount fetches nothing; `--prefetch
 //! all` waits for the start; reads fetch
-//! ahead, a first miss in a module fetches its directory's modules, and a
-//! second miss in a window of a large binary fetches the window.
+//! ahead, a first miss in a module fetches its directory's modules, a
+//! second miss in a window of a large binary fetches the window, and a
+//! start that waited long on misses in a blob gets the rest of it.
 
 use std::time::{Duration, Instant};
 
@@ -511,4 +512,151 @@ fn predicted_module_reads(test: &'static str, mode: &str) {
         misses_after_first[0], 0,
         "modules predicted on the first miss were fetched again"
     );
+}
+
+/// A start without a boot set that reads small files all over the image
+/// (1,500 of them, each a miss) on a fast link waits on misses in a blob as
+/// long as its rest takes at the link's rate, and the worker fetches the
+/// rest in large ranges beside the misses (`lamina_daemon::worker::rest`),
+/// the whole tree then reads back right, and no chunk went on the wire
+/// twice (all fetched, the misses' and the rests', within the image's
+/// compressed bytes: a blob streamed whole instead fetched more than the
+/// image, and so did rests that fetched chunks no file uses). With
+/// `--predict-max 0` (only what is read) no rest is fetched.
+#[test]
+fn a_start_waiting_long_on_a_blob_gets_the_rest_of_it() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_start_waiting_long_on_a_blob_gets_the_rest_of_it",
+        "lazy-rest",
+    ) else {
+        return;
+    };
+    let spread = small_files_spread(deb, 1500, |_| true);
+    for predict_max in ["8M", "0"] {
+        let mut f = Failures::default();
+        let m = Mount::with_args(
+            &reg.reference(IMAGE),
+            &t.join(&format!("mnt-{predict_max}")),
+            &t.join(&format!("cache-{predict_max}")),
+            &[
+                "--mode",
+                "kernel",
+                "--prefetch",
+                "none",
+                "--predict-max",
+                predict_max,
+            ],
+        );
+        let got = hash_files(&m.path, &spread, t.path(), "spread", TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+        check_reads(&mut f, "the start's reads", deb, &spread, &got);
+        let s = settled_status(&m);
+        let rests = num(&s, "rests");
+        f.check((predict_max == "8M") == (rests > 0), || {
+            format!("--predict-max {predict_max}: {rests} rests fetched: {s}")
+        });
+        if predict_max == "8M" {
+            let s = wait_status(&m, "the rests fetched", Duration::from_secs(120), |s| {
+                num(s, "rests_running") == 0
+            });
+            f.check(num(&s, "rest_fetched_bytes") > 0, || {
+                format!("rests fetched nothing: {s}")
+            });
+            let got = hash_files(&m.path, &deb.files, t.path(), "after", TIMEOUT)
+                .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+            check_reads(
+                &mut f,
+                "the whole tree after the rests",
+                deb,
+                &deb.files,
+                &got,
+            );
+            let s = settled_status(&m);
+            f.check(num(&s, "failed_misses") == 0, || {
+                format!("failed misses: {s}")
+            });
+            f.check(num(&s, "fetched_bytes") <= deb.compressed_bytes(), || {
+                format!(
+                    "the whole tree fetched {} bytes, more than the image's {}: {s}",
+                    num(&s, "fetched_bytes"),
+                    deb.compressed_bytes()
+                )
+            });
+            eprintln!(
+                "figures: {} files read, {rests} rests; {} of misses, {} of rests, {} in all \
+                 of {} (link {} MB/s)",
+                spread.len(),
+                mib(num(&s, "miss_fetched_bytes")),
+                mib(num(&s, "rest_fetched_bytes")),
+                mib(num(&s, "fetched_bytes")),
+                mib(deb.compressed_bytes()),
+                num(&s, "link_rate_bps") / 1_000_000
+            );
+        }
+        finish_with_logs(f, &run_dir(&m), String::new, "rest of a blob");
+        m.unmount();
+    }
+}
+
+/// The same start through a proxy that sends every blob answer of 1 MiB or
+/// more at 4 MB/s (a link slow for large requests, while the misses' small
+/// ones come fast, so the link looks fast): the rest's first window comes
+/// slower than 12 MB/s, no more of it is fetched and no other rest starts
+/// (at most one window per rest under way), and every read is right, the
+/// misses fetching their own chunks.
+#[test]
+fn a_slow_rest_of_a_blob_is_stopped_and_misses_go_on() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_slow_rest_of_a_blob_is_stopped_and_misses_go_on",
+        "lazy-rest-slow",
+    ) else {
+        return;
+    };
+    let proxy = FaultProxy::start(
+        t.path(),
+        "proxy",
+        0,
+        reg.port,
+        "none",
+        &["--large-rate", "4000000"],
+    );
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    let args = ["--mode", "kernel", "--prefetch", "none"];
+    let m = Mount::with_args(&image, &t.join("mnt"), &t.join("cache"), &args);
+    let mut f = Failures::default();
+    let spread = small_files_spread(deb, 1500, |_| true);
+    let got = hash_files(&m.path, &spread, t.path(), "spread", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    check_reads(&mut f, "the start's reads", deb, &spread, &got);
+    let stopped = "no more rests are fetched";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !daemon_logs(&run_dir(&m)).contains(stopped) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let s = wait_status(&m, "no rest under way", Duration::from_secs(60), |s| {
+        num(s, "rests_running") == 0
+    });
+    let rests = num(&s, "rests");
+    f.check(rests >= 1, || format!("no rest fetched: {s}"));
+    f.check(daemon_logs(&run_dir(&m)).contains(stopped), || {
+        format!("the worker's log does not say the rests were stopped: {s}")
+    });
+    // One window per rest at most: 8 MiB of chunks, the last one past it.
+    let most = rests * ((8 << 20) + (1 << 20));
+    f.check(num(&s, "rest_fetched_bytes") <= most, || {
+        format!("the slow rests went on past their first window: {s}")
+    });
+    let proxied = proxy.stats();
+    f.check(proxied["slow_answers"].as_u64() > Some(0), || {
+        format!("the proxy sent no large answer slowly: {proxied}")
+    });
+    f.check(num(&s, "failed_misses") == 0, || {
+        format!("failed misses: {s}")
+    });
+    eprintln!(
+        "figures: {rests} rests, {} fetched by them before they stopped; proxy {proxied}",
+        mib(num(&s, "rest_fetched_bytes"))
+    );
+    finish_with_logs(f, &run_dir(&m), || proxy.bg.describe(), "slow rest");
+    m.unmount();
 }

@@ -84,6 +84,7 @@ impl Shared {
             if self.wait_boot_pages(blob, offset, count, needed.clone())? {
                 return Ok(());
             }
+            self.fetch_rest_on_miss(blob, needed.start);
             self.predict_from(blob, offset, &needed);
             // A stream not answered yet may still bring these chunks; one
             // that did not answer in time leaves the blob to windows.
@@ -376,8 +377,11 @@ impl Shared {
         let source = &self.miss_source;
         let result = self.fetch_from(source, blob, chunks, via, &self.fetch, Some(&mine));
         add_stats(&self.miss_stats, &mine);
+        let bytes = mine.bytes.load(Ordering::Relaxed);
+        self.blob_missed[blob as usize].fetch_add(bytes, Ordering::Relaxed);
+        let waited = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.blob_waited_ns[blob as usize].fetch_add(waited, Ordering::Relaxed);
         if result.is_ok() {
-            let bytes = mine.bytes.load(Ordering::Relaxed);
             self.miss_rate.note(started.elapsed(), bytes);
         }
         result
@@ -415,7 +419,7 @@ impl Shared {
             (store.blob.chunks.clone(), store.key)
         };
         let chunks = &self.copy_located(blob, (&entries, &key), chunks, via)?;
-        let counted = FetchStats::default();
+        let (counted, started) = (FetchStats::default(), Instant::now());
         let fetch = |codec: ChunkCodec<'_>| {
             let target = BlobChunks {
                 digest: &self.digests[blob as usize],
@@ -432,6 +436,10 @@ impl Shared {
             Some(windows) => windows.with_windows(blob, chunks, opts, &counted, fetch),
             None => fetch(ChunkCodec::Lamina),
         };
+        let bytes = counted.bytes.load(Ordering::Relaxed);
+        if result.is_ok() && counted.requests.load(Ordering::Relaxed) == 1 {
+            self.link_rate.note(started.elapsed(), bytes);
+        }
         add_stats(&self.stats, &counted);
         if let Some(stats) = also_count {
             add_stats(stats, &counted);

@@ -92,6 +92,25 @@ pub struct Status {
     /// `ahead_chunk_bytes`.
     #[serde(default)]
     pub predictions: u64,
+    /// Blobs whose rest was fetched on a miss, the start having waited on
+    /// misses in it as long as the rest takes at the link's rate
+    /// (`rest.rs`); their bytes count in `rest_fetched_bytes`.
+    #[serde(default)]
+    pub rests: u64,
+    /// Of `fetched_bytes`, what was fetched as the rest of a blob.
+    #[serde(default)]
+    pub rest_fetched_bytes: u64,
+    /// Rests being fetched now.
+    #[serde(default)]
+    pub rests_running: u64,
+    /// Of `requests`, those for the rest of a blob.
+    #[serde(default)]
+    pub rest_requests: u64,
+    /// The link's rate as the fastest single large fetch showed it, bytes
+    /// per second (`crate::predict::LinkRate`; 0 before one): rests are
+    /// fetched only at 30 MB/s or more.
+    #[serde(default)]
+    pub link_rate_bps: u64,
     /// Requests sent a second time because the first had not answered
     /// within the hedging bound (see `lamina_fetch::hedge`).
     #[serde(default)]
@@ -167,6 +186,11 @@ impl Shared {
                 .saturating_sub(self.boot_pending.load(Ordering::SeqCst))
                 as u64,
             predictions: self.predictions.load(Ordering::Relaxed),
+            rests: self.rests.load(Ordering::Relaxed),
+            rest_fetched_bytes: self.rest_stats.bytes.load(Ordering::Relaxed),
+            rests_running: self.rests_running.load(Ordering::Relaxed) as u64,
+            rest_requests: self.rest_stats.requests.load(Ordering::Relaxed),
+            link_rate_bps: self.link_rate.bps(),
             miss_rate_bps: self
                 .miss_rate
                 .rate()
