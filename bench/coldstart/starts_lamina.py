@@ -170,8 +170,9 @@ def wait_prefetch(status, st):
     return st
 
 
-def lamina_run(b, tag, workload, record_trace=None, second=True, ref=None, mount_args=()):
-    """`lamina mount` + overlay + runc, cold; then (second) a warm container on the same mount."""
+def lamina_run(b, tag, workload, record_trace=None, second=True, ref=None, mount_args=(), binary=None):
+    """`lamina mount` + overlay + runc, cold; then (second) a warm container on the same mount.
+    `binary`: another lamina build mounts (variant lamina-base)."""
     seq = b.next_seq()
     rd = b.run_dir(seq, f"{tag}-{workload}")
     cache, mnt = os.path.join(rd, "cache"), os.path.join(rd, "mnt")
@@ -191,7 +192,7 @@ def lamina_run(b, tag, workload, record_trace=None, second=True, ref=None, mount
         t0 = time.perf_counter()
         if b.keep:
             rec["started_unix"] = time.time()
-        run_quiet(b.ns.argv(log_env + [b.lamina, "mount", ref, mnt, "--cache-dir", cache] + extra),
+        run_quiet(b.ns.argv(log_env + [binary or b.lamina, "mount", ref, mnt, "--cache-dir", cache] + extra),
                   stdin=subprocess.DEVNULL, timeout=120)
         t_mount = time.perf_counter()
         tx_mount = b.tx_bytes()
