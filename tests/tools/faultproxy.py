@@ -37,8 +37,9 @@ body one byte every SECS (a registry front that stalls without ever timing
 out a read). Counted as `dripping` (answers under way) and `dripped`.
 
 --large-rate BYTES_PER_S sends the body of every blob GET answer (range or
-whole) of 1 MiB or more at that rate, whatever the mode, while smaller
-answers go at once (a link that is slow for large requests only, as a
+whole) of --large-at bytes or more (default 1 MiB) at that rate, whatever
+the mode, after the first --large-after such answers (default 0), while
+smaller answers go at once (a link that is slow for large requests only, as a
 shared link is when other traffic takes it); counted as `slow_answers`, and
 the bytes sent before the client hung up or the body ended as
 `slow_bytes`.
@@ -123,6 +124,7 @@ class Plan:
             "authorized": 0,
             "unauthorized": 0,
             "authorized_ranges": 0,
+            "large_answers": 0,
             "slow_answers": 0,
             "slow_bytes": 0,
             # The first 1,000 requests, in order: "METHOD PATH [RANGE]".
@@ -331,10 +333,12 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             return
-        large = self.command == "GET" and status in (200, 206) and len(data) >= 1 << 20
+        large = self.command == "GET" and status in (200, 206) and len(data) >= cfg.large_at
         if cfg.large_rate and large and BLOB_PATH.match(self.path.split("?", 1)[0]):
-            self.send_slowly(status, out_headers, data, cfg.large_rate)
-            return
+            self.server.plan.count("large_answers")
+            if self.server.plan.stats["large_answers"] > cfg.large_after:
+                self.send_slowly(status, out_headers, data, cfg.large_rate)
+                return
         self.reply(status, out_headers, data)
 
     def send_slowly(self, status, headers, body, rate):
@@ -371,6 +375,8 @@ def main():
     ap.add_argument("--repo", default="", help="fault range reads in this repository only")
     ap.add_argument("--whole", action="store_true", help="fault full-blob GETs too, not only range reads")
     ap.add_argument("--large-rate", type=float, default=0.0, metavar="BYTES_PER_S")
+    ap.add_argument("--large-at", type=int, default=1 << 20, metavar="BYTES")
+    ap.add_argument("--large-after", type=int, default=0, metavar="N")
     ap.add_argument("--basic-auth", default="", metavar="USER:PASSWORD")
     ap.add_argument("--lifetime", type=float, default=600.0)
     ap.add_argument("--port-file")
