@@ -525,6 +525,12 @@ pub(crate) struct ServeArgs {
     /// index never predict (measured slower there: docs/index.md).
     #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
     pub(crate) predict_max: u64,
+    /// Fetch the rest of a blob a start without a boot set reads much of,
+    /// in large ranges beside its misses, once the misses in it waited as
+    /// long as the rest takes at the link's rate (30 MB/s or more): fewer
+    /// round trips for more bytes (docs/lazy.md, "The rest of a blob").
+    #[arg(long)]
+    pub(crate) fetch_rests: bool,
     /// Free space of the cache filesystem that fills no reader waits for
     /// (prefetches, reads ahead, predictions) leave to the reads readers
     /// wait on, this mount's and every other's (default: a tenth of the
@@ -628,6 +634,7 @@ impl ServeArgs {
             readahead_kb: self.readahead,
             hedge: !self.no_hedge,
             predict_max: self.predict_max,
+            fetch_rests: self.fetch_rests,
             cache_reserve: self.cache_reserve,
             reserve_space: self.reserve_space,
             ..lamina_mount::LazyOptions::default()

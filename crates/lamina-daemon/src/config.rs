@@ -215,6 +215,11 @@ pub struct DaemonConfig {
     /// miss (see `crate::predict`); 0: never.
     #[serde(default = "default_predict_max")]
     pub predict_max: u64,
+    /// Fetch the rest of a blob a start without a boot set has waited on
+    /// long, on a fast link (`crate::worker`'s `rest.rs`; off: only what
+    /// is read and predicted).
+    #[serde(default)]
+    pub fetch_rests: bool,
     /// When the worker may read `metadata_path`, to predict misses
     /// (`None`, a config written before: never).
     #[serde(default)]

@@ -70,6 +70,9 @@ pub struct LazyOptions {
     /// Largest shared library or executable fetched whole on its first
     /// miss (`lamina_daemon::predict`; 0: never).
     pub predict_max: u64,
+    /// Fetch the rest of a blob a start has waited on long, on a fast link
+    /// (`DaemonConfig::fetch_rests`).
+    pub fetch_rests: bool,
     /// Free bytes of the cache filesystem that fills no reader waits for
     /// leave to the reads readers wait on (`None`: a tenth of it, at most
     /// 1 GiB; `lamina_daemon::config::DaemonConfig::cache_reserve`).
@@ -92,6 +95,7 @@ impl Default for LazyOptions {
             readahead_kb: None,
             hedge: true,
             predict_max: lamina_daemon::config::DEFAULT_PREDICT_MAX,
+            fetch_rests: false,
             cache_reserve: None,
             reserve_space: false,
         }
@@ -610,6 +614,7 @@ pub(crate) fn daemon_config(
         hedge: lazy.hedge,
         // A trace must hold every page the start reads: nothing predicted.
         predict_max: if recording { 0 } else { lazy.predict_max },
+        fetch_rests: lazy.fetch_rests,
         metadata_fill: Some(MetadataFill::Whole),
         workers: lazy.workers,
         prefetch: !recording && lazy.prefetch != Prefetch::None,
