@@ -20,6 +20,8 @@ shaped link (docs/coldstart.md; moved from scripts/coldstart.sh), with
   index-static      `index` through a tar index made with `--boot-exec` (python only)
   lamina-boot-ra32, lamina-boot-ra128  `lamina-boot` with `--readahead 32` / `128`
                     (the boot set still recorded at 0): what readahead costs a boot-set start
+  lamina-rests      `lamina` with `--fetch-rests` (the rest of a blob a start waited long
+                    on, fetched beside its misses on a fast link)
   lamina-base       `lamina` mounted by another build, the binary LAMINA_BASE_BIN names
                     (main before a change), to weigh a change against it in one run
   docker-index      dockerd (containerd image store, storage driver lamina) pulls and
@@ -90,7 +92,8 @@ from .workloads import HEAVY, HEAVY_LAYOUT, HEAVY_VARIANTS, READALL_MIN_BPS, WOR
 
 VARIANTS = ("containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
             "proxy", "faults", "faults-nohedge", "local", "index", "index-boot", "docker-index",
-            "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128", "lamina-static", "index-static", "lamina-all", "lamina-base")
+            "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128", "lamina-static", "index-static", "lamina-all", "lamina-base",
+            "lamina-rests")
 DEFAULTS = {"links": "1gbit,100mbit,10mbit", "runs": "3", "slow_runs": "1",
             "workloads": "python,nginx,redis,readall", "readall_runs": "1", "variants": ",".join(VARIANTS[:11]),
             "idle_images": "20", "max_minutes": "60", "containerd": "", "keep_logs": ""}
@@ -316,6 +319,8 @@ def start(b, v, w, local):
         if not base or not os.access(base, os.X_OK):
             raise SystemExit("variant lamina-base: set LAMINA_BASE_BIN to a lamina binary to compare with")
         return lamina_run(b, tag, w, binary=base)
+    if v == "lamina-rests":
+        return lamina_run(b, tag, w, mount_args=["--fetch-rests"])
     if v == "lamina-nopredict":
         return lamina_run(b, tag, w, mount_args=["--predict-max", "0"])
     if v == "lamina-static":
