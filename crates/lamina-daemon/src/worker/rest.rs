@@ -35,15 +35,18 @@ const REST_AT_LEAST: u64 = 4 << 20;
 const REST_WINDOW: u64 = 8 << 20;
 /// Largest request of a window; a window's requests go in parallel.
 const REST_REQUEST: u64 = 2 << 20;
+/// A window that fetched less than this says little of the link (its round
+/// trips take most of its time): it is not timed.
+const REST_TIMED_AT_LEAST: u64 = 1 << 20;
 /// Rests fetched at once, at most.
 const REST_AT_ONCE: usize = 2;
 
 impl Shared {
     /// A miss at chunk `at` of blob `blob`, with `--fetch-rests`, on a start
-    /// without a boot set, with predictions on: once [`waited_long_enough_on`] the blob, the
-    /// rest of it is fetched on a thread of its own, from `at` on and then
-    /// from its start, once per blob, where the cache has room for
-    /// background fills. Not through a P2P daemon (bulk goes whole through
+    /// without a boot set, with predictions on: once
+    /// [`waited_long_enough_on`] the blob, the rest of it is fetched on a
+    /// thread of its own, from `at` on and then from its start, once per
+    /// blob, where the cache has room for background fills. Not through a P2P daemon (bulk goes whole through
     /// it), nor a tar index (spans decode with windows).
     ///
     /// [`waited_long_enough_on`]: Shared::waited_long_enough_on
@@ -113,6 +116,9 @@ impl Shared {
             let Ok(mine) = self.claim(blob, window.iter().map(|&(i, _)| i), None, false) else {
                 return;
             };
+            if mine.is_empty() {
+                continue; // misses took them meanwhile
+            }
             let started = Instant::now();
             let counted = FetchStats::default();
             let fetched = self.fetch_with(blob, &mine, None, &opts, Some(&counted));
@@ -179,9 +185,10 @@ fn rent_paid(size: u64, missed: u64, waited_ns: u64, link_bps: u64) -> bool {
     waited_ns as f64 / 1e9 >= size.saturating_sub(missed) as f64 / rate
 }
 
-/// Whether `bytes` in `took` is slower than [`REST_STOP_RATE`].
+/// Whether `bytes` in `took` is slower than [`REST_STOP_RATE`], for at
+/// least [`REST_TIMED_AT_LEAST`] bytes.
 fn too_slow(bytes: u64, took: Duration) -> bool {
-    (bytes as f64) < REST_STOP_RATE * took.as_secs_f64()
+    bytes >= REST_TIMED_AT_LEAST && (bytes as f64) < REST_STOP_RATE * took.as_secs_f64()
 }
 
 /// `order` cut into windows of about `window` compressed bytes (each at
@@ -225,6 +232,9 @@ mod tests {
     fn a_window_under_the_least_rate_is_too_slow() {
         assert!(too_slow(1_199_999, Duration::from_millis(100)));
         assert!(!too_slow(1_200_000, Duration::from_millis(100)));
+        // A window with little left to fetch is not timed.
+        assert!(!too_slow(100_000, Duration::from_secs(1)));
+        assert!(!too_slow(0, Duration::from_millis(1)));
     }
 
     #[test]
