@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use lamina_format::erofs::{Chunk, Image, Kind, ReadError};
+use lamina_format::erofs::{Chunk, Chunks, Image, Kind, ReadError};
 
 /// Directory entries walked at most; a larger image gets no predictions
 /// (the walk would compete with its start for CPU).
@@ -189,6 +189,27 @@ impl LinkRate {
     }
 }
 
+/// A file's chunks (`chunks`, of a file of `size` bytes): each one's file
+/// offset, length, and for data its blob (device `d` is blob `d - 1`; a
+/// device 0 names none) and cache-file offset (`None`: a hole).
+fn file_chunks<'c>(
+    chunks: &'c Chunks<'_>,
+    size: u64,
+) -> impl Iterator<Item = (u64, u64, Option<(u32, u64)>)> + 'c {
+    let chunk_size = 1u64 << chunks.chunk_bits;
+    (0..chunks.len()).map(move |i| {
+        let at = i as u64 * chunk_size;
+        let len = chunk_size.min(size.saturating_sub(at));
+        let data = match chunks.get(i) {
+            Some(Chunk::Data { device, offset }) => {
+                Some((u32::from(device).wrapping_sub(1), offset))
+            }
+            _ => None,
+        };
+        (at, len, data)
+    })
+}
+
 /// `runs` sorted and merged where they overlap or touch.
 fn merged(mut runs: Vec<Range<u64>>) -> Vec<Range<u64>> {
     runs.sort_by_key(|r| (r.start, r.end));
@@ -286,14 +307,16 @@ impl FileMap {
                     Some(Kind::Directory) if seen_dirs.insert(entry.nid) => dirs.push(entry.nid),
                     Some(Kind::Regular) if seen_files.insert(entry.nid) => {
                         let inode = image.inode(entry.nid)?;
-                        map.add_live(image, &inode)?;
+                        // Read once, for both: the chunk index of a file.
+                        let chunks = image.chunks(&inode)?;
+                        map.add_live(&chunks, inode.size);
                         let name = entry.name;
                         if map.in_windows(name, &inode, max_mapped, window) {
-                            map.add_windows(image, &inode, window)?;
+                            map.add_windows(&chunks, inode.size, window);
                         } else if let Some(group) =
                             map.group_for(name, &inode, max_mapped, &mut by_extension)
                         {
-                            map.add_file(image, &inode, |_| group)?;
+                            map.add_file(&chunks, inode.size, |_| group);
                         }
                     }
                     _ => {}
@@ -309,28 +332,18 @@ impl FileMap {
         Ok(map)
     }
 
-    /// Notes the cache-file bytes a regular file's data uses.
-    fn add_live(
-        &mut self,
-        image: &Image<'_>,
-        inode: &lamina_format::erofs::Inode<'_>,
-    ) -> Result<(), ReadError> {
-        let chunks = image.chunks(inode)?;
-        let chunk_size = 1u64 << chunks.chunk_bits;
-        for i in 0..chunks.len() {
-            let at = i as u64 * chunk_size;
-            let len = chunk_size.min(inode.size.saturating_sub(at));
-            if let Some(Chunk::Data { device, offset }) = chunks.get(i) {
-                let blob = usize::from(device).wrapping_sub(1);
-                if let Some(runs) = self.live.get_mut(blob) {
-                    match runs.last_mut() {
-                        Some(last) if last.end == offset => last.end += len,
-                        _ => runs.push(offset..offset + len),
-                    }
+    /// Notes the cache-file bytes a regular file's data (`chunks`, of a
+    /// file of `size` bytes) uses.
+    fn add_live(&mut self, chunks: &Chunks<'_>, size: u64) {
+        for (_, len, data) in file_chunks(chunks, size) {
+            let Some((blob, offset)) = data else { continue };
+            if let Some(runs) = self.live.get_mut(blob as usize) {
+                match runs.last_mut() {
+                    Some(last) if last.end == offset => last.end += len,
+                    _ => runs.push(offset..offset + len),
                 }
             }
         }
-        Ok(())
     }
 
     /// The cache-file bytes of blob `blob` some regular file uses, as
@@ -391,20 +404,15 @@ impl FileMap {
 
     /// Adds a mapped file's data in windows of `window` bytes of the
     /// file, a group each.
-    fn add_windows(
-        &mut self,
-        image: &Image<'_>,
-        inode: &lamina_format::erofs::Inode<'_>,
-        window: u64,
-    ) -> Result<(), ReadError> {
-        let count = inode.size.div_ceil(window) as usize;
+    fn add_windows(&mut self, chunks: &Chunks<'_>, size: u64, window: u64) {
+        let count = size.div_ceil(window) as usize;
         let first = self.groups.len() as u32;
         for _ in 0..count {
             let g = self.new_group();
             self.groups[g as usize].window = true;
         }
         self.windows += count;
-        self.add_file(image, inode, |at| first + (at / window) as u32)
+        self.add_file(chunks, size, |at| first + (at / window) as u32)
     }
 
     fn new_group(&mut self) -> u32 {
@@ -416,28 +424,19 @@ impl FileMap {
         self.groups[group as usize].bytes + size <= GROUP_MAX
     }
 
-    /// Adds a regular file's data, as runs of adjacent chunks, to the
-    /// groups `group_of` names by file offset.
-    fn add_file(
-        &mut self,
-        image: &Image<'_>,
-        inode: &lamina_format::erofs::Inode<'_>,
-        group_of: impl Fn(u64) -> u32,
-    ) -> Result<(), ReadError> {
-        let chunks = image.chunks(inode)?;
-        let chunk_size = 1u64 << chunks.chunk_bits;
+    /// Adds a regular file's data (`chunks`, of a file of `size` bytes), as
+    /// runs of adjacent chunks, to the groups `group_of` names by file
+    /// offset.
+    fn add_file(&mut self, chunks: &Chunks<'_>, size: u64, group_of: impl Fn(u64) -> u32) {
         // (group, blob, start, end)
         let mut runs: Vec<(u32, u32, u64, u64)> = Vec::new();
-        for i in 0..chunks.len() {
-            let at = i as u64 * chunk_size;
-            let len = chunk_size.min(inode.size.saturating_sub(at));
+        for (at, len, data) in file_chunks(chunks, size) {
             let group = group_of(at);
             // Holes count as the file's bytes, as its size does.
             self.groups[group as usize].bytes += len;
-            let Some(Chunk::Data { device, offset }) = chunks.get(i) else {
+            let Some((blob, offset)) = data else {
                 continue;
             };
-            let blob = u32::from(device) - 1;
             match runs.last_mut() {
                 Some((g, b, _, end)) if *g == group && *b == blob && *end == offset => *end += len,
                 _ => runs.push((group, blob, offset, offset + len)),
@@ -449,7 +448,6 @@ impl FileMap {
                 self.groups[group as usize].extents.push((blob, start, end));
             }
         }
-        Ok(())
     }
 
     /// Mapped files in the map.
