@@ -44,6 +44,9 @@ shared link is when other traffic takes it); counted as `slow_answers`, and
 the bytes sent before the client hung up or the body ended as
 `slow_bytes`.
 
+--min-range BYTES makes only range reads asking for at least BYTES
+eligible (a link or front that fails large requests only).
+
 --repo REPO makes only requests in that repository eligible (two tenants'
 repositories behind one host: one trust domain, one of them failing).
 
@@ -93,6 +96,12 @@ HOP_BY_HOP = {
     "upgrade",
     "content-length",
 }
+
+
+def range_length(range_hdr):
+    """The bytes a `bytes=A-B` Range header asks for; 0 for any other."""
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", (range_hdr or "").strip())
+    return int(m.group(2)) - int(m.group(1)) + 1 if m else 0
 
 
 class Plan:
@@ -254,6 +263,8 @@ class Handler(BaseHTTPRequestHandler):
             eligible = eligible and path.endswith("/" + cfg.blob)
         if cfg.repo:
             eligible = eligible and path.startswith(f"/v2/{cfg.repo}/blobs/")
+        if cfg.min_range:
+            eligible = eligible and range_length(range_hdr) >= cfg.min_range
         fault = plan.next_fault(eligible, f"{self.command} {path} {range_hdr or ''}".strip())
         if fault:
             log(f"{self.command} {self.path} {range_hdr}: {fault}")
@@ -373,6 +384,7 @@ def main():
     ap.add_argument("--drip-referrers", type=float, default=0.0, metavar="SECS")
     ap.add_argument("--blob", default="", help="fault range reads of this blob (sha256:...) only")
     ap.add_argument("--repo", default="", help="fault range reads in this repository only")
+    ap.add_argument("--min-range", type=int, default=0, metavar="BYTES", help="fault range reads of at least BYTES only")
     ap.add_argument("--whole", action="store_true", help="fault full-blob GETs too, not only range reads")
     ap.add_argument("--large-rate", type=float, default=0.0, metavar="BYTES_PER_S")
     ap.add_argument("--large-at", type=int, default=1 << 20, metavar="BYTES")

@@ -366,6 +366,10 @@ pub(crate) enum Command {
         /// miss (as `lamina mount --predict-max`); 0 predicts nothing.
         #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
         predict_max: u64,
+        /// Fetch the rest of a blob a start without a boot set reads much
+        /// of, beside its misses (as `lamina mount --fetch-rests`).
+        #[arg(long)]
+        fetch_rests: bool,
         /// `auto`, `kernel` or `fuse`: how lamina images are mounted (as
         /// `lamina mount --mode`; auto decides once, at start).
         #[arg(long, value_name = "MODE", default_value = "auto", value_parser = MODES)]

@@ -27,6 +27,7 @@
 //! reserve_space = false   # true: allocate the image's cache files whole at mount
 //! fill_ahead = "8M"       # largest window fetched ahead of an in-order reader; 0: off
 //! predict_max = "8M"      # largest library fetched whole on a first miss; 0: no predictions
+//! fetch_rests = false     # true: --fetch-rests (the rest of a blob a start reads much of)
 //! prefetch = "boot"       # none | pages | boot | all
 //! readahead = 0           # KiB
 //!
@@ -42,6 +43,7 @@
 //! prefetch = "boot"
 //! fill_ahead = "8M"
 //! predict_max = "8M"
+//! fetch_rests = false
 //! metrics_address = "127.0.0.1:9464"   # or "unix:/run/lamina/metrics.sock"
 //! cache_max_size = "50G"  # the shared cache, collected in the background
 //! cache_reserve = "1G"
@@ -227,6 +229,7 @@ pub(crate) struct ServeSection {
     pub(crate) fill_window: Option<Size>,
     pub(crate) fill_ahead: Option<Size>,
     pub(crate) predict_max: Option<Size>,
+    pub(crate) fetch_rests: Option<bool>,
     pub(crate) prefetch: Option<PrefetchMode>,
     pub(crate) readahead: Option<u32>,
     pub(crate) hedge: Option<bool>,
@@ -244,6 +247,7 @@ pub(crate) struct RunSection {
     pub(crate) fill_window: Option<Size>,
     pub(crate) fill_ahead: Option<Size>,
     pub(crate) predict_max: Option<Size>,
+    pub(crate) fetch_rests: Option<bool>,
     pub(crate) prefetch: Option<PrefetchMode>,
     pub(crate) readahead: Option<u32>,
     pub(crate) hedge: Option<bool>,
@@ -262,6 +266,7 @@ impl RunSection {
             fill_window: self.fill_window,
             fill_ahead: self.fill_ahead,
             predict_max: self.predict_max,
+            fetch_rests: self.fetch_rests,
             prefetch: self.prefetch,
             readahead: self.readahead,
             hedge: self.hedge,
@@ -281,6 +286,7 @@ pub(crate) struct SnapshotterSection {
     pub(crate) prefetch: Option<PrefetchMode>,
     pub(crate) fill_ahead: Option<Size>,
     pub(crate) predict_max: Option<Size>,
+    pub(crate) fetch_rests: Option<bool>,
     pub(crate) mode: Option<MountMode>,
     #[serde(default, deserialize_with = "parsed")]
     pub(crate) metrics_address: Option<MetricsAddress>,

@@ -274,12 +274,14 @@ impl FileMap {
     /// The map of `image` over `blobs` data blobs (device `d` is blob
     /// `d - 1`): its shared libraries and executables of at most
     /// `max_mapped` bytes each (larger ones in windows of `window` bytes;
-    /// 0: not at all), and its small files by directory and extension.
+    /// 0: not at all), and its small files by directory and extension;
+    /// with `live`, also the bytes each blob's files use ([`FileMap::live`]).
     pub fn build(
         image: &Image<'_>,
         blobs: usize,
         max_mapped: u64,
         window: u64,
+        live: bool,
     ) -> Result<FileMap, MapError> {
         let mut map = FileMap {
             blobs: vec![Vec::new(); blobs],
@@ -309,7 +311,9 @@ impl FileMap {
                         let inode = image.inode(entry.nid)?;
                         // Read once, for both: the chunk index of a file.
                         let chunks = image.chunks(&inode)?;
-                        map.add_live(&chunks, inode.size);
+                        if live {
+                            map.add_live(&chunks, inode.size);
+                        }
                         let name = entry.name;
                         if map.in_windows(name, &inode, max_mapped, window) {
                             map.add_windows(&chunks, inode.size, window);
@@ -347,7 +351,7 @@ impl FileMap {
     }
 
     /// The cache-file bytes of blob `blob` some regular file uses, as
-    /// sorted runs that do not touch.
+    /// sorted runs that do not touch (none unless built with `live`).
     pub fn live(&self, blob: u32) -> &[Range<u64>] {
         self.live.get(blob as usize).map_or(&[], Vec::as_slice)
     }
@@ -696,7 +700,7 @@ mod tests {
         ];
         let (bytes, at) = image(&files);
         let image = Image::new(&bytes).unwrap();
-        let map = FileMap::build(&image, 1, 8 << 20, 0).unwrap();
+        let map = FileMap::build(&image, 1, 8 << 20, 0, true).unwrap();
         let group = |i: usize| map.group_at(0, at[i] + 100);
         // The two small .py files go together; the large one stays alone.
         assert_eq!(group(0), group(1));
@@ -718,6 +722,18 @@ mod tests {
         assert_eq!(lib, vec![at[4]..at[4] + 2 * SMALL_FILE]);
         // Past a file's end (block padding) is no file's.
         assert_eq!(map.group_at(0, at[0] + 10 * K + 1), None);
+        // Every file's bytes are live, whatever its group; asked for only.
+        let live = map.live(0);
+        for (i, &(_, _, size)) in files.iter().enumerate() {
+            let used = at[i]..at[i] + size;
+            assert!(
+                live.iter()
+                    .any(|r| r.start <= used.start && used.end <= r.end),
+                "file {i} not live: {live:?}"
+            );
+        }
+        let unasked = FileMap::build(&image, 1, 8 << 20, 0, false).unwrap();
+        assert!(unasked.live(0).is_empty());
     }
 
     #[test]
@@ -728,7 +744,7 @@ mod tests {
             .map(|n| (n.as_str(), 0o644, 256 << 10))
             .collect();
         let (bytes, at) = image(&files);
-        let map = FileMap::build(&Image::new(&bytes).unwrap(), 1, 0, WINDOW).unwrap();
+        let map = FileMap::build(&Image::new(&bytes).unwrap(), 1, 0, WINDOW, true).unwrap();
         let groups: HashSet<u32> = at.iter().map(|&a| map.group_at(0, a).unwrap()).collect();
         // 40 files of 256 KiB: 10 MiB, in groups of at most GROUP_MAX.
         assert_eq!(
@@ -751,7 +767,7 @@ mod tests {
         ];
         let (bytes, at) = image(&files);
         let image = Image::new(&bytes).unwrap();
-        let map = FileMap::build(&image, 1, 2 << 20, WINDOW).unwrap();
+        let map = FileMap::build(&image, 1, 2 << 20, WINDOW, true).unwrap();
         let group = |file: usize, offset: u64| map.group_at(0, at[file] + offset);
         // Four windows of the binary: the first three whole, the last its tail.
         let windows: Vec<u32> = (0..4).map(|w| group(0, w * WINDOW).unwrap()).collect();
@@ -774,10 +790,10 @@ mod tests {
         );
         assert_eq!(group(2, 0), None);
         // Without windows, or without predictions, the binary is no group.
-        let map = FileMap::build(&image, 1, 2 << 20, 0).unwrap();
+        let map = FileMap::build(&image, 1, 2 << 20, 0, true).unwrap();
         assert_eq!(map.group_at(0, at[0]), None);
         assert_eq!(map.windows(), 0);
-        let map = FileMap::build(&image, 1, 0, WINDOW).unwrap();
+        let map = FileMap::build(&image, 1, 0, WINDOW, true).unwrap();
         assert_eq!(map.group_at(0, at[0]), None);
     }
 
@@ -790,7 +806,7 @@ mod tests {
             ("tool", 0o755, SMALL_FILE + 4096),
         ];
         let (bytes, at) = image(&files);
-        let map = FileMap::build(&Image::new(&bytes).unwrap(), 1, 4096, 4096).unwrap();
+        let map = FileMap::build(&Image::new(&bytes).unwrap(), 1, 4096, 4096, true).unwrap();
         assert_eq!(map.group_at(0, at[0]), None);
         assert!(map.group_at(0, at[1]).is_some_and(|g| map.is_window(g)));
         assert_eq!(map.windows() as u64, SMALL_FILE / 4096 + 1);

@@ -117,6 +117,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             prefetch,
             fill_ahead,
             predict_max,
+            fetch_rests,
             mode,
             share_files,
             metrics_address,
@@ -143,6 +144,7 @@ pub fn apply(args: &mut Args, matches: &ArgMatches, file: &ConfigFile) {
             m.fill(prefetch, "prefetch", s.prefetch.map(|p| p.as_str().into()));
             m.fill(fill_ahead, "fill_ahead", s.fill_ahead.map(|w| w.0));
             m.fill(predict_max, "predict_max", s.predict_max.map(|w| w.0));
+            m.fill(fetch_rests, "fetch_rests", s.fetch_rests);
             let metrics = s.metrics_address.clone().map(Some);
             m.fill(metrics_address, "metrics_address", metrics);
         }
@@ -172,6 +174,7 @@ fn fill_serve(m: &Sources, serve: &mut ServeArgs, cache_dir: Option<PathBuf>, s:
         "predict_max",
         s.predict_max.map(|w| w.0),
     );
+    m.fill(&mut serve.fetch_rests, "fetch_rests", s.fetch_rests);
     m.fill(&mut serve.readahead, "readahead", s.readahead.map(Some));
     let reserve = s.cache_reserve.map(|v| Some(v.0));
     m.fill(&mut serve.cache_reserve, "cache_reserve", reserve);
@@ -216,6 +219,7 @@ mod tests {
         prefetch = "all"
         hedge = false
         predict_max = "2M"
+        fetch_rests = true
         reserve_space = true
         [snapshotter]
         mode = "kernel"
@@ -224,6 +228,7 @@ mod tests {
         address = "/file/sock"
         fill_ahead = "2M"
         predict_max = "1M"
+        fetch_rests = true
         metrics_address = "unix:/file/metrics.sock"
         [convert]
         chunk_size = "1M"
@@ -246,6 +251,7 @@ mod tests {
         assert_eq!(serve.prefetch, "all");
         assert!(serve.no_hedge, "hedge = false is --no-hedge");
         assert_eq!(serve.predict_max, 2 << 20);
+        assert!(serve.fetch_rests);
         assert_eq!(serve.mode, "fuse");
         assert!(serve.reserve_space);
         let args = parse_with(&["lamina", "mount", "--mode", "auto", "oci:x", "/m"], FILE);
@@ -258,6 +264,7 @@ mod tests {
             panic!()
         };
         assert_eq!(serve.mode, "auto", "[mount] is not [run]");
+        assert!(!serve.fetch_rests, "[mount] is not [run]");
 
         let args = parse_with(&["lamina", "snapshotter"], FILE);
         let Command::Snapshotter {
@@ -266,6 +273,7 @@ mod tests {
             metrics_address,
             fill_ahead,
             predict_max,
+            fetch_rests,
             mode,
             reserve_space,
             ..
@@ -284,6 +292,7 @@ mod tests {
         );
         assert_eq!(*fill_ahead, 2 << 20);
         assert_eq!(*predict_max, 1 << 20);
+        assert!(*fetch_rests);
         assert_eq!(mode, "kernel");
         assert!(parse("[snapshotter]\nmode = \"both\"\n").is_err());
 

@@ -412,6 +412,7 @@ pub(super) fn serve_snapshotter(
         prefetch,
         fill_ahead,
         predict_max,
+        fetch_rests,
         mode,
         share_files,
         metrics_address,
@@ -445,6 +446,7 @@ pub(super) fn serve_snapshotter(
             prefetch: parse_prefetch(&prefetch),
             fill_ahead,
             predict_max,
+            fetch_rests,
             cache_reserve,
             reserve_space,
             ..lamina_mount::LazyOptions::default()

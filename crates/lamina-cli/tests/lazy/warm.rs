@@ -665,3 +665,69 @@ fn a_slow_rest_of_a_blob_is_stopped_and_misses_go_on() {
     finish_with_logs(f, &run_dir(&m), || proxy.bg.describe(), "slow rest");
     m.unmount();
 }
+
+/// The same start through a proxy that answers every range read of 1 MiB
+/// or more with a 500 (misses ask for a chunk or two; a rest's requests
+/// for up to 2 MiB): the rest fails, the worker says so and gives its
+/// chunks back, and the misses fetch them: the whole tree reads right
+/// afterwards, no miss failed.
+#[test]
+fn a_failing_rest_of_a_blob_gives_its_chunks_back_to_the_misses() {
+    let Some(Lazy { _time, deb, reg, t }) = start(
+        "a_failing_rest_of_a_blob_gives_its_chunks_back_to_the_misses",
+        "lazy-rest-fail",
+    ) else {
+        return;
+    };
+    let large = (1u32 << 20).to_string();
+    let proxy = FaultProxy::start(
+        t.path(),
+        "proxy",
+        0,
+        reg.port,
+        "500",
+        &["--min-range", &large],
+    );
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    let args = ["--mode", "kernel", "--prefetch", "none", "--fetch-rests"];
+    let m = Mount::with_args(&image, &t.join("mnt"), &t.join("cache"), &args);
+    let mut f = Failures::default();
+    let spread = small_files_spread(deb, 3000, |_| true);
+    let got = hash_files(&m.path, &spread, t.path(), "spread", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    check_reads(&mut f, "the start's reads", deb, &spread, &got);
+    let s = wait_status(&m, "the rests ended", Duration::from_secs(120), |s| {
+        num(s, "rests_running") == 0
+    });
+    f.check(num(&s, "rests") >= 1, || format!("no rest fetched: {s}"));
+    f.check(
+        daemon_logs(&run_dir(&m)).contains("the rest of the blob stopped"),
+        || format!("the worker's log does not say a rest failed: {s}"),
+    );
+    let proxied = proxy.stats();
+    f.check(proxied["faults"]["500"].as_u64() > Some(0), || {
+        format!("the proxy failed no large range read: {proxied}")
+    });
+    // What the failed rests had claimed is the misses' again.
+    let got = hash_files(&m.path, &deb.files, t.path(), "after", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    check_reads(
+        &mut f,
+        "the whole tree after the rests failed",
+        deb,
+        &deb.files,
+        &got,
+    );
+    let later = settled_status(&m);
+    f.check(num(&later, "failed_misses") == 0, || {
+        format!("failed misses: {later}")
+    });
+    eprintln!(
+        "figures: {} rests, {} fetched by them; {} large range reads failed by the proxy",
+        num(&s, "rests"),
+        mib(num(&s, "rest_fetched_bytes")),
+        proxied["faults"]["500"]
+    );
+    finish_with_logs(f, &run_dir(&m), || proxy.bg.describe(), "failing rest");
+    m.unmount();
+}

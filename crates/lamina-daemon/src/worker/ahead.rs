@@ -77,7 +77,9 @@ impl Shared {
             .and_then(|bytes| {
                 let image = Image::new(&bytes)?;
                 let (max, window) = (self.config.predict_max, crate::predict::WINDOW);
-                FileMap::build(&image, self.stores.len(), max, window)
+                // Only rests ask which bytes files use.
+                let live = self.config.fetch_rests;
+                FileMap::build(&image, self.stores.len(), max, window, live)
             });
         match map {
             Ok(map) => {
