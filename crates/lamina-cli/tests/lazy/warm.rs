@@ -626,22 +626,9 @@ fn a_slow_rest_of_a_blob_is_stopped_and_misses_go_on() {
             "10",
         ],
     );
-    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
-    let args = ["--mode", "kernel", "--prefetch", "none", "--fetch-rests"];
-    let m = Mount::with_args(&image, &t.join("mnt"), &t.join("cache"), &args);
     let mut f = Failures::default();
-    let spread = small_files_spread(deb, 3000, |_| true);
-    let got = hash_files(&m.path, &spread, t.path(), "spread", TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
-    check_reads(&mut f, "the start's reads", deb, &spread, &got);
     let stopped = "no more rests are fetched";
-    let s = wait_status(&m, "the rests stopped", Duration::from_secs(120), |s| {
-        num(s, "rests_running") == 0
-    });
-    f.check(num(&s, "rests") >= 1, || format!("no rest fetched: {s}"));
-    f.check(daemon_logs(&run_dir(&m)).contains(stopped), || {
-        format!("the worker's log does not say the rests were stopped: {s}")
-    });
+    let (m, s) = spread_start_with_rests((deb, &t), &proxy, &mut f, stopped);
     // Nothing fetched as a rest once they stopped.
     std::thread::sleep(Duration::from_secs(2));
     let later = settled_status(&m);
@@ -688,22 +675,9 @@ fn a_failing_rest_of_a_blob_gives_its_chunks_back_to_the_misses() {
         "500",
         &["--min-range", &large],
     );
-    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
-    let args = ["--mode", "kernel", "--prefetch", "none", "--fetch-rests"];
-    let m = Mount::with_args(&image, &t.join("mnt"), &t.join("cache"), &args);
     let mut f = Failures::default();
-    let spread = small_files_spread(deb, 3000, |_| true);
-    let got = hash_files(&m.path, &spread, t.path(), "spread", TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
-    check_reads(&mut f, "the start's reads", deb, &spread, &got);
-    let s = wait_status(&m, "the rests ended", Duration::from_secs(120), |s| {
-        num(s, "rests_running") == 0
-    });
-    f.check(num(&s, "rests") >= 1, || format!("no rest fetched: {s}"));
-    f.check(
-        daemon_logs(&run_dir(&m)).contains("the rest of the blob stopped"),
-        || format!("the worker's log does not say a rest failed: {s}"),
-    );
+    let failed = "the rest of the blob stopped";
+    let (m, s) = spread_start_with_rests((deb, &t), &proxy, &mut f, failed);
     let proxied = proxy.stats();
     f.check(proxied["faults"]["500"].as_u64() > Some(0), || {
         format!("the proxy failed no large range read: {proxied}")
@@ -730,4 +704,31 @@ fn a_failing_rest_of_a_blob_gives_its_chunks_back_to_the_misses() {
     );
     finish_with_logs(f, &run_dir(&m), || proxy.bg.describe(), "failing rest");
     m.unmount();
+}
+
+/// A start of 3,000 small files spread over the image through `proxy`,
+/// with `--fetch-rests`: every read right, then, once no rest runs, at
+/// least one rest fetched and the worker's log saying `log_says`. The
+/// mount, and its status then.
+fn spread_start_with_rests(
+    (deb, t): (&Debian, &TestDir),
+    proxy: &FaultProxy,
+    f: &mut Failures,
+    log_says: &str,
+) -> (Mount, serde_json::Value) {
+    let image = format!("docker://127.0.0.1:{}/{IMAGE}", proxy.port);
+    let args = ["--mode", "kernel", "--prefetch", "none", "--fetch-rests"];
+    let m = Mount::with_args(&image, &t.join("mnt"), &t.join("cache"), &args);
+    let spread = small_files_spread(deb, 3000, |_| true);
+    let got = hash_files(&m.path, &spread, t.path(), "spread", TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon_logs(&run_dir(&m))));
+    check_reads(f, "the start's reads", deb, &spread, &got);
+    let s = wait_status(&m, "no rest running", Duration::from_secs(120), |s| {
+        num(s, "rests_running") == 0
+    });
+    f.check(num(&s, "rests") >= 1, || format!("no rest fetched: {s}"));
+    f.check(daemon_logs(&run_dir(&m)).contains(log_says), || {
+        format!("the worker's log does not say {log_says:?}: {s}")
+    });
+    (m, s)
 }
