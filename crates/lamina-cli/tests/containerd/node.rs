@@ -300,14 +300,18 @@ impl Node {
 
     /// Bytes lamina fetched for the mounts under the snapshotter's cache.
     pub(crate) fn fetched_bytes(&self) -> u64 {
+        self.status_sum("fetched_bytes")
+    }
+
+    /// The status field `key` summed over the mounts under the
+    /// snapshotter's cache; a status without it is a failure.
+    pub(crate) fn status_sum(&self, key: &str) -> u64 {
         self.status()
             .iter()
             .map(|m| match &m["status"] {
                 // The worker has not written its first status yet.
                 Value::Null => 0,
-                s => s["fetched_bytes"]
-                    .as_u64()
-                    .unwrap_or_else(|| panic!("no fetched_bytes in {m}")),
+                s => s[key].as_u64().unwrap_or_else(|| panic!("no {key} in {m}")),
             })
             .sum()
     }

@@ -183,18 +183,15 @@ fn containerd_2_fetches_the_rest_of_a_blob_with_fetch_rests() {
     f.check(out.stdout.contains("rc=0 0 0"), || {
         format!("the shuffled reads:\n{}", out.describe())
     });
-    let sum = |key: &str| -> u64 {
-        let statuses = node.status();
-        statuses
-            .iter()
-            .filter_map(|m| m["status"][key].as_u64())
-            .sum()
-    };
+    let sum = |key: &str| node.status_sum(key);
     // Rests run on beside the reads; wait for them before weighing bytes.
     let started = Instant::now();
     while sum("rests_running") > 0 && started.elapsed() < Duration::from_secs(120) {
         std::thread::sleep(Duration::from_millis(200));
     }
+    f.check(sum("rests_running") == 0, || {
+        "rests still running after 120 s".to_string()
+    });
     let out = node.run_rm(LAMINA_IMAGE, "reader", &["bash", "-c", HASH_USR]);
     let reference = reference_usr_hash(&imgs.source);
     f.check(out.stdout.trim() == reference.trim(), || {
