@@ -61,7 +61,7 @@ free_port() {
 }
 
 start() {
-    local pid port i
+    local pid port attempt
     if pid=$(running_pid) && port=$(cat "$dir/port" 2>/dev/null) && answers "$port"; then
         [ -z "$want_port" ] || [ "$port" = "$want_port" ] ||
             die "already running on port $port, not $want_port"
@@ -71,7 +71,32 @@ start() {
     [ -x "$REGISTRY_BIN" ] || die "$REGISTRY_BIN not found (apt-get install docker-registry)"
     stop_quiet
     mkdir -p "$dir/data"
-    port=${want_port:-$(free_port)}
+    # A free port can be taken by another process (tests run in parallel)
+    # before the registry binds it: it then exits, and another port is tried.
+    for ((attempt = 1; attempt <= 5; attempt++)); do
+        port=${want_port:-$(free_port)}
+        if serve_on "$port"; then
+            echo "$port"
+            return 0
+        fi
+        log_tail
+        [ -z "$want_port" ] || break
+    done
+    die "docker-registry exited during startup (port ${want_port:-taken five times})"
+}
+
+log_tail() { tail -n 20 "$dir/registry.log" >&2 || true; }
+
+# Whether process $1 listens on 127.0.0.1:$2 itself (not another process
+# that took the port).
+listens() {
+    ss -Hltnp "sport = :$2" 2>/dev/null | grep -q "pid=$1,"
+}
+
+# Starts the registry on port $1 and waits until it answers there itself;
+# fails if it exits first (the port was taken).
+serve_on() {
+    local port=$1 pid i
     local accesslog_disabled=true
     [ -z "${PULL_THROUGH_OF:-}" ] || accesslog_disabled=false
     cat >"$dir/config.yml" <<EOF
@@ -97,18 +122,16 @@ EOF
     echo "$pid" >"$dir/pid"
     echo "$port" >"$dir/port"
     for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
-        if answers "$port"; then
-            echo "$port"
+        if listens "$pid" "$port" && answers "$port"; then
             return 0
         fi
         if ! kill -0 "$pid" 2>/dev/null; then
-            tail -n 20 "$dir/registry.log" >&2 || true
             rm -f "$dir/pid" "$dir/port"
-            die "docker-registry exited during startup"
+            return 1
         fi
         sleep 0.1
     done
-    tail -n 20 "$dir/registry.log" >&2 || true
+    log_tail
     stop_quiet
     die "docker-registry did not answer on 127.0.0.1:$port within ${WAIT_SECONDS}s"
 }
