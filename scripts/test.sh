@@ -58,10 +58,10 @@ for pair in fleet:docs/fleet-results.json fuse:docs/bench-fuse-results.json imag
 done
 
 step "cargo test --workspace --no-run (build the tests first)"
-cargo test --workspace --no-run
-# One "package dir<TAB>source<TAB>executable" line per test binary.
+# One "package dir<TAB>source<TAB>executable" line per test binary, from
+# the build's own messages (its diagnostics still printed as text).
 binaries=$(mktemp /tmp/lamina-tests.XXXXXX)
-cargo test --workspace --no-run --message-format=json 2>/dev/null |
+cargo test --workspace --no-run --message-format=json-render-diagnostics |
     jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null)
         | [(.manifest_path | rtrimstr("/Cargo.toml")), .target.src_path, .executable] | @tsv' >"$binaries"
 [ "$(grep -c . "$binaries")" -gt 20 ] || { cat "$binaries"; echo "too few test binaries listed"; exit 1; }
@@ -85,6 +85,8 @@ QUIET="tests/lazy/main.rs:warm:: tests/containerd/main.rs:fetches_the_rest"
 tab=$(printf '\t')
 queue=$(mktemp /tmp/lamina-queue.XXXXXX)
 quiet=$(mktemp /tmp/lamina-quiet.XXXXXX)
+slow_first=$(mktemp /tmp/lamina-slow.XXXXXX)
+for slow in $SLOW; do grep -F "/lamina-cli/$slow$tab" "$binaries" || true; done >"$slow_first"
 # A binary's line: its command with --skip (lanes) or a filter (quiet) for
 # each QUIET entry of it.
 queue_line() {
@@ -98,9 +100,8 @@ queue_line() {
     printf '%s\t%s\t%s --test-threads=1%s\n' "$dir" "$src" "$exe" "$skips"
 }
 {
-    for slow in $SLOW; do grep -F "/lamina-cli/$slow$tab" "$binaries" || true; done
-    for slow in $SLOW; do grep -F "/lamina-cli/$slow$tab" "$binaries" || true; done |
-        grep -vFf - "$binaries" || true
+    cat "$slow_first"
+    grep -vFf "$slow_first" "$binaries" || true
 } | while IFS=$tab read -r dir src exe; do queue_line "$dir" "$src" "$exe"; done >"$queue"
 printf '%s\t%s\t%s\n' "$PWD" "scripts/snapshotter-suite.sh" "bash scripts/snapshotter-suite.sh" >>"$queue"
 lines=$(($(grep -c . "$binaries") + 1))
