@@ -291,6 +291,21 @@ fn prefetch_all(nodes: &[Value], image: &str, t: &TestDir) -> Vec<Mount> {
     mounts
 }
 
+/// The lines of the mounts' worker logs that contain any of `words`, each
+/// after its mount's directory.
+fn worker_lines(mounts: &[Mount], words: &[&str]) -> Vec<String> {
+    mounts
+        .iter()
+        .flat_map(|m| {
+            let log = fs::read_to_string(run_dir(m).join("worker.log")).unwrap_or_default();
+            log.lines()
+                .filter(|l| words.iter().any(|w| l.contains(w)))
+                .map(|l| format!("{}: {l}", m.path.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Starts python3 on every node of `nodes` at once (`image`, each node's
 /// own cache): the seconds each took.
 fn start_all(nodes: &[Value], image: &str, t: &TestDir, label: &str) -> Vec<(Mount, f64)> {
@@ -401,16 +416,36 @@ fn three_nodes_start_python3_through_dragonfly_and_fall_back_without_it() {
     // blobs: those are tasks of their own (a task's seed fetches only what
     // it was first asked for; docs/dragonfly.md).
     let before = fleet.settled_egress();
+    let log_lines = fleet.served(0)["lines"].as_u64().unwrap();
     let all = prefetch_all(&nodes, &boot, &t);
     let all_bytes = fleet.egress() - before;
-    eprintln!("three nodes prefetching everything: {all_bytes} bytes sent by the registry, the image is {image_bytes}");
+    let by_client = fleet.served(log_lines)["by_client"].clone();
+    eprintln!(
+        "three nodes prefetching everything: {all_bytes} bytes sent by the registry, the image is {image_bytes}; \
+         the registry's log by client: {by_client}"
+    );
+    let streams_failed = worker_lines(&all, &["whole blob", "asked first", "this request goes to"]);
+    let dir = t.join("fleet");
+    let sent_to_source: Vec<(String, usize)> = ["node1", "node2", "node3"]
+        .iter()
+        .map(|node| {
+            let log =
+                fs::read_to_string(dir.join(node).join("logs/dfdaemon.log")).unwrap_or_default();
+            (
+                node.to_string(),
+                log.matches("need back to source response").count(),
+            )
+        })
+        .collect();
     for m in all {
         m.unmount();
     }
     f.check(all_bytes as f64 <= 1.2 * image_bytes as f64, || {
         format!(
             "three nodes prefetching the whole image through Dragonfly made the registry send {all_bytes} bytes; \
-             the image is {image_bytes}"
+             the image is {image_bytes}; the registry's log by client: {by_client}; \
+             the workers on streams and hosts: {streams_failed:#?}; \
+             tasks the scheduler sent back to the registry, by dfdaemon (all steps so far): {sent_to_source:?}"
         )
     });
 
