@@ -168,6 +168,13 @@ http:
 
 
 def scheduler_config(d, ip):
+    # retryBackToSourceLimit: a node's peer with no parent yet (its seed,
+    # triggered by the task's first registration, not registered yet) asks
+    # this many times, retryInterval apart, before it is sent to the
+    # registry while the seed fetches the blob too. Three tries (0.6 s) let
+    # one blob come twice in a CI run; ten allow about 2 s
+    # (docs/dragonfly.md, "A node sent to the registry while its seed is
+    # starting").
     write(d / "scheduler-dynconfig.yaml", """applications: []
 seedPeerClusterConfig:
   loadLimit: 2000
@@ -188,8 +195,8 @@ schedulerClusterClientConfig:
   dataDir: {d / "scheduler-data"}
 scheduler:
   algorithm: default
-  retryBackToSourceLimit: 3
-  retryLimit: 5
+  retryBackToSourceLimit: 10
+  retryLimit: 12
   retryInterval: 200ms
 job:
   enable: false
