@@ -431,10 +431,11 @@ fn one_failed_request_does_not_send_the_rest_around_a_mirror() {
 /// each data blob whole, in one request, filling chunks as they stream by:
 /// dfdaemon schedules a task per request, and a task first asked for in
 /// ranges has its seed fetch those ranges only. When a stream is cut short
-/// (the mirror sends half the answer for a data blob and closes), the rest
-/// of that blob is fetched in ranges: the prefetch completes and every file
-/// equals the source. Fails if the prefetch goes in ranges only, or if a
-/// stream cut short loses what it had not delivered.
+/// every time (the mirror sends half the answer for a data blob and
+/// closes), it is asked for once more, then the rest of that blob is
+/// fetched in ranges: the prefetch completes and every file equals the
+/// source. Fails if the prefetch goes in ranges only, if a stream cut short
+/// loses what it had not delivered, or if it is asked for without end.
 #[test]
 fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
     if !require(TOOLS) {
@@ -464,19 +465,79 @@ fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
         .map(|l| l.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     for blob in &blobs {
-        let whole = asked
-            .iter()
-            .filter(|l| l.starts_with("GET ") && l.ends_with(blob.as_str()))
-            .count();
-        assert_eq!(whole, 1, "{blob} asked for whole {whole} times: {asked:#?}");
+        let whole = whole_gets(&asked, blob);
+        let want = if *blob == cut { 2 } else { 1 };
+        assert_eq!(
+            whole, want,
+            "{blob} asked for whole {whole} times: {asked:#?}"
+        );
     }
     assert!(
-        stats["faults"]["truncate"].as_u64() >= Some(1),
-        "no stream was cut: {stats}"
+        stats["faults"]["truncate"].as_u64() >= Some(2),
+        "the stream was not cut twice: {stats}"
     );
     assert!(
-        worker.contains("prefetch of the whole blob stopped"),
-        "the cut stream is not in the worker's log:\n{worker}"
+        worker.contains("asking for it again") && worker.contains("; the rest in ranges"),
+        "the cut stream, asked for again and then finished in ranges, is not in the worker's log:\n{worker}"
+    );
+}
+
+/// How many times the proxy's log `asked` has a whole GET of `blob`.
+fn whole_gets(asked: &[&str], blob: &str) -> usize {
+    asked
+        .iter()
+        .filter(|l| l.starts_with("GET ") && l.ends_with(blob))
+        .count()
+}
+
+/// A whole-blob stream through a P2P mirror cut short once (dfdaemon breaks
+/// its answer when its scheduler sends it to the registry mid-way, then
+/// serves the next request from what it fetches) is asked for again and
+/// finishes there: the blob asked for whole twice, nothing of it in ranges.
+/// Fails without the second request: the rest of the blob then goes to the
+/// registry in ranges, from every node whose stream broke
+/// (docs/dragonfly.md).
+#[test]
+fn a_whole_blob_stream_cut_once_is_asked_for_again() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-stream-again");
+    let blobs = data_blobs(&reg);
+    let cut = blobs[0].clone();
+    let extra = ["--blob", cut.as_str(), "--whole"];
+    let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "truncate,ok", &extra);
+    let toml = mirror_first(reg.port, proxy.port, true);
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    let args = ["--hosts-dir", dir.to_str().unwrap(), "--prefetch", "all"];
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &args,
+    );
+    m.wait_complete(Duration::from_secs(120));
+    let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    m.unmount();
+    let stats = proxy.stats();
+    let asked: Vec<&str> = stats["log"]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(stats["faults"]["truncate"].as_u64(), Some(1), "{stats}");
+    assert_eq!(
+        whole_gets(&asked, &cut),
+        2,
+        "{cut} asked for whole: {asked:#?}"
+    );
+    assert!(
+        worker.contains("asking for it again"),
+        "the second request is not in the worker's log:\n{worker}"
+    );
+    assert!(
+        !worker.contains("; the rest in ranges"),
+        "the blob's rest went in ranges after the second request:\n{worker}"
     );
 }
 

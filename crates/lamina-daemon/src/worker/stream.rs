@@ -34,6 +34,19 @@ const STREAM_AT_LEAST: u64 = 4 << 20;
 /// second.
 const STREAM_OPEN_WAIT: Duration = Duration::from_secs(5);
 
+/// How many times a stream cut short is asked for again, and after how
+/// long: a P2P daemon breaks its answer when its scheduler sends it to the
+/// registry, and serves the next request from the task it fetches then.
+const STREAM_TRIES: usize = 1;
+const STREAM_AGAIN_AFTER: Duration = Duration::from_millis(200);
+
+/// Why a stream stopped: cut short (its bytes stopped coming: asked for
+/// again) or failed (a chunk that does not verify, the cache: not).
+enum StreamStop {
+    Cut(io::Error),
+    Failed(io::Error),
+}
+
 /// `Shared::streaming` states: never streamed, a stream asked for and not
 /// yet answered, a stream running, streamed.
 const NOT_STREAMED: u8 = 0;
@@ -268,32 +281,73 @@ impl Shared {
                 return order;
             }
         };
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
         state.store(STREAMING, Ordering::Relaxed);
         self.landed.notify_all();
-        let mut stream = InOrder {
-            reader,
-            start: 0,
-            buf: Vec::new(),
-            read: 0,
-        };
-        let settled = self.fill_from_stream(blob, (&entries, &key), &order, &mut stream);
+        self.stream_until_done(blob, (&entries, &key), &mut order, reader);
         state.store(STREAMED, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(stream.read, Ordering::Relaxed);
         self.landed.notify_all();
         self.check_complete(blob);
-        if let Err(e) = &settled {
+        order
+    }
+
+    /// Fills `order`'s chunks from `reader`, the blob's stream; a stream
+    /// cut short is asked for once more ([`STREAM_AGAIN_AFTER`] later): a
+    /// P2P daemon whose peer the scheduler sent to the registry mid-way
+    /// breaks its answer (dragonfly-client 1.5.10: `error decoding response
+    /// body`, after 0 bytes or 8 MB), and the task it then fetches serves
+    /// the next request, where ranges would each go to the registry
+    /// (docs/dragonfly.md). Leaves in `order` what is still not filled.
+    fn stream_until_done(
+        &self,
+        blob: u32,
+        (entries, key): (&[ChunkEntry], &lamina_fetch::store::EntryKey),
+        order: &mut Vec<usize>,
+        mut reader: Box<dyn Read + Send>,
+    ) {
+        for attempt in 1.. {
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            let mut stream = InOrder {
+                reader,
+                start: 0,
+                buf: Vec::new(),
+                read: 0,
+            };
+            let settled = self.fill_from_stream(blob, (entries, key), order, &mut stream);
+            self.stats.bytes.fetch_add(stream.read, Ordering::Relaxed);
+            // Also what a miss was fetching when the stream passed it, and lost.
+            if let Ok(store) = self.lock_store(blob) {
+                order.retain(|&i| !store.is_filled(i));
+            }
+            let (e, cut) = match settled {
+                Ok(()) => return,
+                Err(StreamStop::Cut(e)) => (e, true),
+                Err(StreamStop::Failed(e)) => (e, false),
+            };
+            let read = stream.read;
+            if !cut || attempt > STREAM_TRIES || order.is_empty() {
+                tracing::warn!(
+                    blob,
+                    "prefetch of the whole blob stopped after {read} bytes: {e}; the rest in ranges"
+                );
+                return;
+            }
             tracing::warn!(
                 blob,
-                "prefetch of the whole blob stopped after {} bytes: {e}; the rest in ranges",
-                stream.read
+                "prefetch of the whole blob stopped after {read} bytes: {e}; asking for it again"
             );
+            std::thread::sleep(STREAM_AGAIN_AFTER);
+            reader = match self.source.stream_blob(&self.digests[blob as usize]) {
+                Ok(Some(reader)) => reader,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(
+                        blob,
+                        "prefetch of the whole blob, again: {e}; the rest in ranges"
+                    );
+                    return;
+                }
+            };
         }
-        // Also what a miss was fetching when the stream passed it, and lost.
-        if let Ok(store) = self.lock_store(blob) {
-            order.retain(|&i| !store.is_filled(i));
-        }
-        order
     }
 
     /// The loop of [`stream_blob`](Self::stream_blob); on failure its
@@ -304,10 +358,10 @@ impl Shared {
         (entries, key): (&[ChunkEntry], &lamina_fetch::store::EntryKey),
         order: &[usize],
         stream: &mut InOrder,
-    ) -> io::Result<()> {
+    ) -> Result<(), StreamStop> {
         let mut claimed: VecDeque<usize> = VecDeque::new();
         let (mut next, mut ahead) = (0, 0u64);
-        let mut decompressor = zstd::bulk::Decompressor::new()?;
+        let mut decompressor = zstd::bulk::Decompressor::new().map_err(StreamStop::Failed)?;
         for (k, &i) in order.iter().enumerate() {
             while next < order.len() && (next <= k || ahead < CLAIM_AHEAD) {
                 let c = order[next];
@@ -326,12 +380,16 @@ impl Shared {
                     entry.compressed_offset.get(),
                     entry.compressed_size.get() as usize,
                 )
+                .map_err(StreamStop::Cut)
                 .and_then(|stored| match ours {
                     false => Ok(()),
                     true => {
-                        let data = decode_chunk(&mut decompressor, entry, stored)
-                            .map_err(|e| io::Error::other(format!("chunk {i}: {e}")))?;
-                        self.lock_store(blob)?.fill(i, &data, None)?;
+                        let data = decode_chunk(&mut decompressor, entry, stored).map_err(|e| {
+                            StreamStop::Failed(io::Error::other(format!("chunk {i}: {e}")))
+                        })?;
+                        self.lock_store(blob)
+                            .and_then(|mut store| store.fill(i, &data, None))
+                            .map_err(StreamStop::Failed)?;
                         self.note_located(entry, key);
                         Ok(())
                     }
