@@ -26,6 +26,8 @@ MODE says what happens to an eligible request that is faulted:
     reset     the connection is reset (RST) without an answer
     500, 503  that HTTP status with a small error body
     stall     the answer is held back --stall seconds, then sent intact
+    stallmid  headers and half of the body at once, the other half --stall
+              seconds later (a P2P daemon whose next piece waits for a parent)
     mix       cycles through flip, truncate, reset, 500, 503, stall
     A,B,...   a schedule: the k-th faulted request gets entry k (cyclic);
               entries are the modes above (`ok` = none), e.g. flip,ok,reset
@@ -80,7 +82,7 @@ from http.server import BaseHTTPRequestHandler
 
 import bounded_server
 
-FAULTS = ("flip", "flipall", "truncate", "reset", "500", "503", "stall")
+FAULTS = ("flip", "flipall", "truncate", "reset", "500", "503", "stall", "stallmid")
 MIX = ("flip", "truncate", "reset", "500", "503", "stall")
 BLOB_PATH = re.compile(r"^/v2/.+/blobs/[a-z0-9]+:[0-9a-f]{32,}$")
 REFERRERS_PATH = re.compile(r"^/v2/.+/(referrers/[a-z0-9]+:[0-9a-f]{32,}|manifests/sha256-[0-9a-f]{64})$")
@@ -341,6 +343,18 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             try:
                 self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        elif fault == "stallmid" and len(data) > 1:
+            half = len(data) // 2
+            self.reply(status, out_headers, data[:half], length=len(data))
+            self.server.plan.write()  # the stats say so during the stall
+            time.sleep(cfg.stall)
+            try:
+                self.wfile.write(data[half:])
+                self.wfile.flush()
+                self.server.plan.count("body_bytes", len(data) - half)
             except OSError:
                 pass
             return

@@ -541,6 +541,46 @@ fn a_whole_blob_stream_cut_once_is_asked_for_again() {
     );
 }
 
+/// A whole-blob stream through a P2P mirror that stops mid-way (half the
+/// blob, then nothing for 30 s: a piece waiting for a parent): readers of
+/// the chunks it claimed and has not sent fetch them in ranges after the
+/// hedge instead of waiting for it, and every file equals the source.
+/// Fails without it: the readers wait out the stall (their own deadline is
+/// the stream's read timeout), and nothing of the blob goes in ranges.
+#[test]
+fn readers_do_not_wait_for_a_stalled_blob_stream() {
+    if !require(TOOLS) {
+        return;
+    }
+    let (reg, t) = registry_with_edge("hosts-stream-stalled");
+    let blobs = data_blobs(&reg);
+    let stalled = blobs[0].clone();
+    let extra = ["--blob", stalled.as_str(), "--whole", "--stall", "30"];
+    let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "stallmid", &extra);
+    let toml = mirror_first(reg.port, proxy.port, true);
+    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+    let args = ["--hosts-dir", dir.to_str().unwrap(), "--prefetch", "all"];
+    let m = Mount::with_args(
+        &reg.reference(IMAGE),
+        &t.join("mnt"),
+        &t.join("cache"),
+        &args,
+    );
+    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+    let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
+    m.unmount();
+    let stats = proxy.stats();
+    // The stalled stream times out and is asked for again: at least once.
+    assert!(
+        stats["faults"]["stallmid"].as_u64() >= Some(1),
+        "{stats}\n{worker}"
+    );
+    assert!(
+        worker.contains("the blob's stream stalled: a miss's chunks in ranges"),
+        "no reader fetched past the stalled stream:\n{worker}"
+    );
+}
+
 /// The Debian image in a registry, with what a test of one of its blobs
 /// streamed through a P2P mirror needs.
 struct DebianFixture {

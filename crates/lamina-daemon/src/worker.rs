@@ -150,6 +150,8 @@ struct Shared {
     /// When each blob's stream was last asked for, in milliseconds since
     /// `started`: misses wait for an opening stream until a bound past it.
     stream_asked_ms: Vec<AtomicU64>,
+    /// When each blob's stream last brought bytes (ms after `started`).
+    stream_moved_ms: Vec<AtomicU64>,
     /// Per blob: compressed bytes fetched for misses, and how long readers
     /// waited on those fetches (ns): what `rest.rs` weighs.
     blob_missed: Vec<AtomicU64>,
@@ -399,6 +401,7 @@ fn build_shared(
         complete_sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
         streaming: (0..n).map(|_| AtomicU8::new(0)).collect(),
         stream_asked_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        stream_moved_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
         blob_missed: (0..n).map(|_| AtomicU64::new(0)).collect(),
         blob_waited_ns: (0..n).map(|_| AtomicU64::new(0)).collect(),
         rest_asked: (0..n).map(|_| AtomicBool::new(false)).collect(),

@@ -103,7 +103,7 @@ impl Shared {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(self.config.timeout_secs);
         let mut wanted: Vec<usize> = window.chain(needed.clone()).collect();
-        let (mut own, mut borrowed) = (Fetch::NotYet, Fetch::NotYet);
+        let (mut own, mut borrowed, mut straight) = (Fetch::NotYet, Fetch::NotYet, Fetch::NotYet);
         loop {
             if self.settled(blob, needed.clone(), file)? {
                 return Ok(());
@@ -128,12 +128,17 @@ impl Shared {
                     None => Fetch::Failed(io::Error::other("no other mount of this blob")),
                 };
             }
+            // Chunks this mount's stream of the blob holds while it has
+            // sent nothing for a while: fetched in ranges too, at once.
+            if straight.not_yet() && self.stream_stalled(blob) {
+                straight = Fetch::Running(self.fetch_past_stream(blob, needed.clone(), file)?);
+            }
             if Instant::now() >= deadline {
                 return Err(own.into_error().unwrap_or_else(|| {
                     io::Error::new(io::ErrorKind::TimedOut, "waiting for chunks")
                 }));
             }
-            if own.wait(SETTLE_TICK) || borrowed.wait(SETTLE_TICK) {
+            if own.wait(SETTLE_TICK) || borrowed.wait(SETTLE_TICK) || straight.wait(SETTLE_TICK) {
                 continue;
             }
             // Ours failed (and others' registries did not help): only
@@ -148,6 +153,38 @@ impl Shared {
             // we need: a thread of ours wakes us, others' fills are polled.
             self.wait_landed(SETTLE_TICK)?;
         }
+    }
+
+    /// Fetches the unfilled chunks of `needed` that a stalled stream of the
+    /// blob holds, from this mount's miss source, without claiming them (the
+    /// stream's claims stay its own; a chunk both fill is the same verified
+    /// bytes, and a fill of a filled chunk writes nothing).
+    fn fetch_past_stream(
+        self: &Arc<Self>,
+        blob: u32,
+        needed: std::ops::Range<usize>,
+        via: Option<&File>,
+    ) -> io::Result<mpsc::Receiver<io::Result<()>>> {
+        let via = via.map(File::try_clone).transpose()?;
+        let (tx, rx) = mpsc::sync_channel(1);
+        let shared = self.clone();
+        std::thread::Builder::new()
+            .name("miss-past-stream".into())
+            .spawn(move || {
+                let result = shared.lock_store(blob).and_then(|store| {
+                    let chunks: Vec<usize> = needed.filter(|&i| !store.is_filled(i)).collect();
+                    drop(store);
+                    tracing::info!(
+                        blob,
+                        chunks = chunks.len(),
+                        "the blob's stream stalled: a miss's chunks in ranges"
+                    );
+                    shared.fetch_into(blob, &chunks, via.as_ref())
+                });
+                shared.landed.notify_all();
+                let _ = tx.send(result);
+            })?;
+        Ok(rx)
     }
 
     /// Fetches the unfilled chunks of `needed` from the sources of other

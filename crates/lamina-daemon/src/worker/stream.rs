@@ -47,6 +47,12 @@ enum StreamStop {
     Failed(io::Error),
 }
 
+/// A stream that has brought nothing for this long has stalled: a miss on
+/// chunks it claimed fetches them in ranges. Longer than a P2P piece's
+/// wait while its seed fetches three blobs at once at 100 Mbit/s (4 MiB
+/// pieces, about 1 s each).
+const STREAM_STALLED_AFTER: Duration = Duration::from_secs(2);
+
 /// `Shared::streaming` states: never streamed, a stream asked for and not
 /// yet answered, a stream running, streamed.
 const NOT_STREAMED: u8 = 0;
@@ -180,8 +186,36 @@ impl Shared {
 
     /// Notes that blob `blob`'s stream is being asked for now.
     fn note_stream_asked(&self, blob: u32) {
-        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.stream_asked_ms[blob as usize].store(now, Ordering::Relaxed);
+        self.stream_asked_ms[blob as usize].store(self.elapsed_ms(), Ordering::Relaxed);
+        self.note_stream_moved(blob);
+    }
+
+    /// Notes that blob `blob`'s stream brought bytes (or opened) now.
+    fn note_stream_moved(&self, blob: u32) {
+        self.stream_moved_ms[blob as usize].store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether blob `blob` is being streamed and its stream has brought
+    /// nothing for [`STREAM_STALLED_AFTER`]: a P2P daemon's piece waiting for a
+    /// parent, a connection that stopped. A miss on chunks it claimed then
+    /// fetches them in ranges (`serve_miss`) instead of waiting up to the
+    /// stream's read timeout, which is also the miss's own deadline.
+    pub(super) fn stream_stalled(&self, blob: u32) -> bool {
+        let (Some(state), Some(moved)) = (
+            self.streaming.get(blob as usize),
+            self.stream_moved_ms.get(blob as usize),
+        ) else {
+            return false;
+        };
+        let quiet = self
+            .elapsed_ms()
+            .saturating_sub(moved.load(Ordering::Relaxed));
+        state.load(Ordering::Relaxed) == STREAMING
+            && quiet >= STREAM_STALLED_AFTER.as_millis() as u64
     }
 
     /// A reader is reading blob `blob` in order, through a node whose
@@ -281,6 +315,7 @@ impl Shared {
                 return order;
             }
         };
+        self.note_stream_moved(blob);
         state.store(STREAMING, Ordering::Relaxed);
         self.landed.notify_all();
         self.stream_until_done(blob, (&entries, &key), &mut order, reader);
@@ -337,7 +372,10 @@ impl Shared {
             );
             std::thread::sleep(STREAM_AGAIN_AFTER);
             reader = match self.source.stream_blob(&self.digests[blob as usize]) {
-                Ok(Some(reader)) => reader,
+                Ok(Some(reader)) => {
+                    self.note_stream_moved(blob);
+                    reader
+                }
                 Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(
@@ -381,6 +419,7 @@ impl Shared {
                     entry.compressed_size.get() as usize,
                 )
                 .map_err(StreamStop::Cut)
+                .inspect(|_| self.note_stream_moved(blob))
                 .and_then(|stored| match ours {
                     false => Ok(()),
                     true => {
