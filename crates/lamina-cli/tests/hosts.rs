@@ -438,35 +438,13 @@ fn one_failed_request_does_not_send_the_rest_around_a_mirror() {
 /// loses what it had not delivered, or if it is asked for without end.
 #[test]
 fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
-    if !require(TOOLS) {
+    let Some(run) = StreamFault::prefetch("hosts-stream-cut", "truncate", &[], true) else {
         return;
-    }
-    let (reg, t) = registry_with_edge("hosts-stream-cut");
-    let blobs = data_blobs(&reg);
-    let cut = blobs[0].clone();
-    let extra = ["--blob", cut.as_str(), "--whole"];
-    let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "truncate", &extra);
-    let toml = mirror_first(reg.port, proxy.port, true);
-    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
-    let args = ["--hosts-dir", dir.to_str().unwrap(), "--prefetch", "all"];
-    let m = Mount::with_args(
-        &reg.reference(IMAGE),
-        &t.join("mnt"),
-        &t.join("cache"),
-        &args,
-    );
-    m.wait_complete(Duration::from_secs(120));
-    let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
-    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
-    m.unmount();
-    let stats = proxy.stats();
-    let asked: Vec<&str> = stats["log"]
-        .as_array()
-        .map(|l| l.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    for blob in &blobs {
+    };
+    let (asked, stats, worker) = (run.asked(), &run.stats, &run.worker);
+    for blob in &run.blobs {
         let whole = whole_gets(&asked, blob);
-        let want = if *blob == cut { 2 } else { 1 };
+        let want = if *blob == run.blob { 2 } else { 1 };
         assert_eq!(
             whole, want,
             "{blob} asked for whole {whole} times: {asked:#?}"
@@ -480,6 +458,66 @@ fn a_whole_blob_prefetch_cut_short_is_finished_in_ranges() {
         worker.contains("asking for it again") && worker.contains("; the rest in ranges"),
         "the cut stream, asked for again and then finished in ranges, is not in the worker's log:\n{worker}"
     );
+}
+
+/// A `--prefetch all` mount of the edge image through a P2P mirror
+/// (`bulk_only`, a faultproxy) whose whole GETs of the first data blob get
+/// `mode` (`extra`: more faultproxy arguments), once every file was
+/// compared with umoci's unpack (after the prefetch is complete, with
+/// `complete`) and the mount is gone.
+struct StreamFault {
+    /// The image's data blobs.
+    blobs: Vec<String>,
+    /// The faulted blob.
+    blob: String,
+    /// The proxy's stats.
+    stats: Value,
+    /// The mount's worker log.
+    worker: String,
+}
+
+impl StreamFault {
+    fn prefetch(label: &str, mode: &str, extra: &[&str], complete: bool) -> Option<StreamFault> {
+        if !require(TOOLS) {
+            return None;
+        }
+        let (reg, t) = registry_with_edge(label);
+        let blobs = data_blobs(&reg);
+        let blob = blobs[0].clone();
+        let mut args = vec!["--blob", blob.as_str(), "--whole"];
+        args.extend(extra);
+        let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, mode, &args);
+        let toml = mirror_first(reg.port, proxy.port, true);
+        let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
+        let args = ["--hosts-dir", dir.to_str().unwrap(), "--prefetch", "all"];
+        let m = Mount::with_args(
+            &reg.reference(IMAGE),
+            &t.join("mnt"),
+            &t.join("cache"),
+            &args,
+        );
+        if complete {
+            m.wait_complete(Duration::from_secs(120));
+        }
+        treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
+        let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
+        m.unmount();
+        let stats = proxy.stats();
+        Some(StreamFault {
+            blobs,
+            blob,
+            stats,
+            worker,
+        })
+    }
+
+    /// The requests the proxy saw, in order.
+    fn asked(&self) -> Vec<&str> {
+        self.stats["log"]
+            .as_array()
+            .map(|l| l.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default()
+    }
 }
 
 /// How many times the proxy's log `asked` has a whole GET of `blob`.
@@ -499,38 +537,18 @@ fn whole_gets(asked: &[&str], blob: &str) -> usize {
 /// (docs/dragonfly.md).
 #[test]
 fn a_whole_blob_stream_cut_once_is_asked_for_again() {
-    if !require(TOOLS) {
+    let Some(run) = StreamFault::prefetch("hosts-stream-again", "truncate,ok", &[], true) else {
         return;
-    }
-    let (reg, t) = registry_with_edge("hosts-stream-again");
-    let blobs = data_blobs(&reg);
-    let cut = blobs[0].clone();
-    let extra = ["--blob", cut.as_str(), "--whole"];
-    let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "truncate,ok", &extra);
-    let toml = mirror_first(reg.port, proxy.port, true);
-    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
-    let args = ["--hosts-dir", dir.to_str().unwrap(), "--prefetch", "all"];
-    let m = Mount::with_args(
-        &reg.reference(IMAGE),
-        &t.join("mnt"),
-        &t.join("cache"),
-        &args,
-    );
-    m.wait_complete(Duration::from_secs(120));
-    let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
-    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
-    m.unmount();
-    let stats = proxy.stats();
-    let asked: Vec<&str> = stats["log"]
-        .as_array()
-        .map(|l| l.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    assert_eq!(stats["faults"]["truncate"].as_u64(), Some(1), "{stats}");
+    };
+    let (asked, worker) = (run.asked(), &run.worker);
     assert_eq!(
-        whole_gets(&asked, &cut),
-        2,
-        "{cut} asked for whole: {asked:#?}"
+        run.stats["faults"]["truncate"].as_u64(),
+        Some(1),
+        "{}",
+        run.stats
     );
+    let whole = whole_gets(&asked, &run.blob);
+    assert_eq!(whole, 2, "{} asked for whole: {asked:#?}", run.blob);
     assert!(
         worker.contains("asking for it again"),
         "the second request is not in the worker's log:\n{worker}"
@@ -543,33 +561,18 @@ fn a_whole_blob_stream_cut_once_is_asked_for_again() {
 
 /// A whole-blob stream through a P2P mirror that stops mid-way (half the
 /// blob, then nothing for 30 s: a piece waiting for a parent): readers of
-/// the chunks it claimed and has not sent fetch them in ranges after the
-/// hedge instead of waiting for it, and every file equals the source.
-/// Fails without it: the readers wait out the stall (their own deadline is
-/// the stream's read timeout), and nothing of the blob goes in ranges.
+/// the chunks it claimed and has not sent fetch them in ranges once it has
+/// sent nothing for 2 s, instead of waiting for it, and every file equals
+/// the source. Fails without it: the readers wait out the stall (their own
+/// deadline is the stream's read timeout), and nothing of the blob goes in
+/// ranges.
 #[test]
 fn readers_do_not_wait_for_a_stalled_blob_stream() {
-    if !require(TOOLS) {
+    let extra = ["--stall", "30"];
+    let Some(run) = StreamFault::prefetch("hosts-stream-stalled", "stallmid", &extra, false) else {
         return;
-    }
-    let (reg, t) = registry_with_edge("hosts-stream-stalled");
-    let blobs = data_blobs(&reg);
-    let stalled = blobs[0].clone();
-    let extra = ["--blob", stalled.as_str(), "--whole", "--stall", "30"];
-    let proxy = FaultProxy::start(t.path(), "p2p", 0, reg.port, "stallmid", &extra);
-    let toml = mirror_first(reg.port, proxy.port, true);
-    let dir = hosts_dir(&t, &ns_dir(reg.port), &toml);
-    let args = ["--hosts-dir", dir.to_str().unwrap(), "--prefetch", "all"];
-    let m = Mount::with_args(
-        &reg.reference(IMAGE),
-        &t.join("mnt"),
-        &t.join("cache"),
-        &args,
-    );
-    treecmp(&[], &ociunpack(&edge_layout(), "edge"), &m.path);
-    let worker = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
-    m.unmount();
-    let stats = proxy.stats();
+    };
+    let (stats, worker) = (&run.stats, &run.worker);
     // The stalled stream times out and is asked for again: at least once.
     assert!(
         stats["faults"]["stallmid"].as_u64() >= Some(1),
