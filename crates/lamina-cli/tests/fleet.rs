@@ -293,9 +293,9 @@ fn prefetch_all(nodes: &[Value], image: &str, t: &TestDir) -> Vec<Mount> {
 
 /// The lines of the mounts' worker logs that contain any of `words`, each
 /// after its mount's directory.
-fn worker_lines(mounts: &[Mount], words: &[&str]) -> Vec<String> {
+fn worker_lines<'a>(mounts: impl IntoIterator<Item = &'a Mount>, words: &[&str]) -> Vec<String> {
     mounts
-        .iter()
+        .into_iter()
         .flat_map(|m| {
             let log = fs::read_to_string(run_dir(m).join("worker.log")).unwrap_or_default();
             log.lines()
@@ -380,16 +380,7 @@ fn three_nodes_start_python3_through_dragonfly_and_fall_back_without_it() {
          three through Dragonfly: {fleet_bytes} bytes, {secs:.2?} s; the registry's log by client: {by_client}"
     );
     // Any host a node's worker gave up on, for the failure message.
-    let gave_up: Vec<String> = starts
-        .iter()
-        .map(|(m, _)| fs::read_to_string(run_dir(m).join("worker.log")).unwrap_or_default())
-        .flat_map(|log| {
-            log.lines()
-                .filter(|l| l.contains("asked first for the next"))
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let gave_up = worker_lines(starts.iter().map(|(m, _)| m), &["asked first for the next"]);
     for (m, _) in starts {
         m.unmount();
     }
@@ -400,9 +391,12 @@ fn three_nodes_start_python3_through_dragonfly_and_fall_back_without_it() {
              the registry's log by client: {by_client}; hosts the workers gave up on: {gave_up:#?}"
         )
     });
-    let dir = t.join("fleet");
+    let dfdaemon_log = |node: &str| {
+        let log = t.join("fleet").join(node).join("logs/dfdaemon.log");
+        fs::read_to_string(log).unwrap_or_default()
+    };
     for node in ["node1", "node2", "node3"] {
-        let log = fs::read_to_string(dir.join(node).join("logs/dfdaemon.log")).unwrap_or_default();
+        let log = dfdaemon_log(node);
         let proxied = log.matches("proxy HTTP request via dfdaemon").count();
         f.check(proxied > 0, || {
             format!("{node}'s dfdaemon proxied no request: lamina went around it")
@@ -425,16 +419,13 @@ fn three_nodes_start_python3_through_dragonfly_and_fall_back_without_it() {
          the registry's log by client: {by_client}"
     );
     let streams_failed = worker_lines(&all, &["whole blob", "asked first", "this request goes to"]);
-    let dir = t.join("fleet");
-    let sent_to_source: Vec<(String, usize)> = ["node1", "node2", "node3"]
-        .iter()
+    let sent_to_source: Vec<(&str, usize)> = ["node1", "node2", "node3"]
+        .into_iter()
         .map(|node| {
-            let log =
-                fs::read_to_string(dir.join(node).join("logs/dfdaemon.log")).unwrap_or_default();
-            (
-                node.to_string(),
-                log.matches("need back to source response").count(),
-            )
+            let back = dfdaemon_log(node)
+                .matches("need back to source response")
+                .count();
+            (node, back)
         })
         .collect();
     for m in all {

@@ -165,26 +165,18 @@ impl Shared {
         needed: std::ops::Range<usize>,
         via: Option<&File>,
     ) -> io::Result<mpsc::Receiver<io::Result<()>>> {
-        let via = via.map(File::try_clone).transpose()?;
-        let (tx, rx) = mpsc::sync_channel(1);
-        let shared = self.clone();
-        std::thread::Builder::new()
-            .name("miss-past-stream".into())
-            .spawn(move || {
-                let result = shared.lock_store(blob).and_then(|store| {
-                    let chunks: Vec<usize> = needed.filter(|&i| !store.is_filled(i)).collect();
-                    drop(store);
-                    tracing::info!(
-                        blob,
-                        chunks = chunks.len(),
-                        "the blob's stream stalled: a miss's chunks in ranges"
-                    );
-                    shared.fetch_into(blob, &chunks, via.as_ref())
-                });
-                shared.landed.notify_all();
-                let _ = tx.send(result);
-            })?;
-        Ok(rx)
+        self.fetch_on_thread("miss-past-stream", via, move |shared, via| {
+            let result = shared.unfilled(blob, needed).and_then(|chunks| {
+                tracing::info!(
+                    blob,
+                    chunks = chunks.len(),
+                    "the blob's stream stalled: a miss's chunks in ranges"
+                );
+                shared.fetch_into(blob, &chunks, via)
+            });
+            shared.landed.notify_all();
+            result
+        })
     }
 
     /// Fetches the unfilled chunks of `needed` from the sources of other
@@ -200,34 +192,48 @@ impl Shared {
         if sources.is_empty() {
             return Ok(None);
         }
+        let done = self.fetch_on_thread("miss-borrow", via, move |shared, via| {
+            let mut result = Err(io::Error::other("no other mount's source served"));
+            for source in &sources {
+                let chunks = shared.unfilled(blob, needed.clone())?;
+                let (opts, stats) = (&shared.fetch, Some(&shared.miss_stats));
+                result = shared.fetch_from(source, blob, &chunks, via, opts, stats);
+                match &result {
+                    Ok(()) => {
+                        tracing::info!(blob, "chunks fetched from another mount's registry");
+                        break;
+                    }
+                    Err(e) => tracing::warn!(blob, "another mount's registry: {e}"),
+                }
+            }
+            result
+        })?;
+        Ok(Some(done))
+    }
+
+    /// Runs `fetch` on a thread named `name`, with a handle of its own on
+    /// `via`; its result comes on the channel returned.
+    fn fetch_on_thread(
+        self: &Arc<Self>,
+        name: &str,
+        via: Option<&File>,
+        fetch: impl FnOnce(&Shared, Option<&File>) -> io::Result<()> + Send + 'static,
+    ) -> io::Result<mpsc::Receiver<io::Result<()>>> {
         let via = via.map(File::try_clone).transpose()?;
         let (tx, rx) = mpsc::sync_channel(1);
         let shared = self.clone();
         std::thread::Builder::new()
-            .name("miss-borrow".into())
+            .name(name.into())
             .spawn(move || {
-                let mut result = Err(io::Error::other("no other mount's source served"));
-                for source in &sources {
-                    let chunks: Vec<usize> = match shared.lock_store(blob) {
-                        Ok(store) => needed.clone().filter(|&i| !store.is_filled(i)).collect(),
-                        Err(e) => {
-                            result = Err(e);
-                            break;
-                        }
-                    };
-                    let (opts, stats) = (&shared.fetch, Some(&shared.miss_stats));
-                    result = shared.fetch_from(source, blob, &chunks, via.as_ref(), opts, stats);
-                    match &result {
-                        Ok(()) => {
-                            tracing::info!(blob, "chunks fetched from another mount's registry");
-                            break;
-                        }
-                        Err(e) => tracing::warn!(blob, "another mount's registry: {e}"),
-                    }
-                }
-                let _ = tx.send(result);
+                let _ = tx.send(fetch(&shared, via.as_ref()));
             })?;
-        Ok(Some(rx))
+        Ok(rx)
+    }
+
+    /// The chunks of `needed` not filled yet.
+    fn unfilled(&self, blob: u32, needed: std::ops::Range<usize>) -> io::Result<Vec<usize>> {
+        let store = self.lock_store(blob)?;
+        Ok(needed.filter(|&i| !store.is_filled(i)).collect())
     }
 
     /// Whether every chunk of `needed` is filled: verified by this worker,
