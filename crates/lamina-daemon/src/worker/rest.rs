@@ -26,7 +26,8 @@ const REST_MIN_RATE: f64 = 30e6;
 /// A window that comes slower than this (about a 100 Mbit/s link) stops
 /// the rest of every blob: the link is shared, or slow for large requests.
 /// Below [`REST_MIN_RATE`], since a window's time includes verifying and
-/// decoding its chunks (28 MB/s in a debug build on the CI machines).
+/// decoding its chunks (28 MB/s in a debug build on the CI machines while
+/// test builds left zstd and SHA-256 unoptimized).
 const REST_STOP_RATE: f64 = 12e6;
 /// Blobs smaller than this are left to misses and predictions.
 const REST_AT_LEAST: u64 = 4 << 20;
