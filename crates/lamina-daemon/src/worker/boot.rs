@@ -263,10 +263,12 @@ impl Shared {
             .ok()
             .filter(|z| Digest::of_bytes(z) == digest);
         let fresh = cached.is_none();
+        let fetching = Instant::now();
         let compressed = match cached {
             Some(z) => z,
             None => self.fetch_boot_frame(spec, frame, &digest)?,
         };
+        let fetched = fetching.elapsed();
         let raw = decompress_exactly(&compressed, frame.size)?;
         if spec.from_image {
             self.image_boot_bytes
@@ -300,11 +302,15 @@ impl Shared {
                 ready.push((blob, run));
             }
         }
+        let warming = Instant::now();
         self.warm(ready);
         tracing::debug!(
-            "boot pages frame {k}: {} runs, {written} bytes written {:.0} ms after the worker started",
+            "boot pages frame {k}: {} runs, {written} bytes written {:.0} ms after the worker started \
+             (fetched in {:.1} ms, warmed in {:.1} ms)",
             boot.extents.len(),
-            self.started.elapsed().as_secs_f64() * 1e3
+            self.started.elapsed().as_secs_f64() * 1e3,
+            fetched.as_secs_f64() * 1e3,
+            warming.elapsed().as_secs_f64() * 1e3
         );
         if fresh {
             // Kept for later workers, which check it against the frame's
