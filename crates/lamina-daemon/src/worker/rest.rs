@@ -27,7 +27,7 @@ const REST_MIN_RATE: f64 = 30e6;
 /// the rest of every blob: the link is shared, or slow for large requests.
 /// Below [`REST_MIN_RATE`], since a window's time includes verifying and
 /// decoding its chunks (28 MB/s in a debug build on the CI machines while
-/// test builds left zstd and SHA-256 unoptimized).
+/// test builds left the codecs unoptimized).
 const REST_STOP_RATE: f64 = 12e6;
 /// Blobs smaller than this are left to misses and predictions.
 const REST_AT_LEAST: u64 = 4 << 20;
