@@ -294,10 +294,9 @@ pub fn run_worker(config_path: &Path, sock: OwnedFd) -> io::Result<()> {
     }
     start_boot_loads(&shared);
     // Quiet periods count from now: misses queued in the holder arrive next.
-    shared.last_miss_ms.store(
-        shared.started.elapsed().as_millis() as u64,
-        Ordering::Relaxed,
-    );
+    shared
+        .last_miss_ms
+        .store(shared.elapsed_ms(), Ordering::Relaxed);
     protocol::send_owned(&shared.sock, Message::Hello, None)?;
     tracing::info!(image = %shared.config.image, blobs = n, "serving misses");
 
@@ -657,10 +656,9 @@ fn serve_holder(shared: &Shared, jobs: &MissPool<Job>) -> io::Result<()> {
                 // Reads answered by the holder are the start going on too:
                 // what waits for its end (the boot set's whole chunks) waits.
                 if shared.ready_events.fetch_max(readers, Ordering::Relaxed) < readers {
-                    shared.last_miss_ms.store(
-                        shared.started.elapsed().as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
+                    shared
+                        .last_miss_ms
+                        .store(shared.elapsed_ms(), Ordering::Relaxed);
                 }
             }
             Some((
@@ -675,10 +673,9 @@ fn serve_holder(shared: &Shared, jobs: &MissPool<Job>) -> io::Result<()> {
             )) => {
                 shared.misses.fetch_add(1, Ordering::Relaxed);
                 shared.active_misses.fetch_add(1, Ordering::Relaxed);
-                shared.last_miss_ms.store(
-                    shared.started.elapsed().as_millis() as u64,
-                    Ordering::Relaxed,
-                );
+                shared
+                    .last_miss_ms
+                    .store(shared.elapsed_ms(), Ordering::Relaxed);
                 if blob as usize >= shared.stores.len() {
                     let _ = protocol::send_owned(
                         &shared.sock,
@@ -736,6 +733,12 @@ fn add_stats(to: &FetchStats, from: &FetchStats) {
 }
 
 impl Shared {
+    /// Milliseconds since the worker started: the clock of `last_miss_ms`
+    /// and the streams' times.
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// Answers a served miss: to the holder, or, once the holder is gone,
     /// to the kernel through the group copy, by the event's fd number in the
     /// dead holder (unique among its pending events; no new event is read

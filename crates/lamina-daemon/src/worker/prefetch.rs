@@ -330,7 +330,7 @@ impl Shared {
     /// Returns once no miss has arrived for `quiet` and none is in progress.
     pub(super) fn wait_quiet(&self, quiet: Duration) {
         loop {
-            let now = self.started.elapsed().as_millis() as u64;
+            let now = self.elapsed_ms();
             let last = self.last_miss_ms.load(Ordering::Relaxed);
             let idle = Duration::from_millis(now.saturating_sub(last));
             if idle >= quiet && self.active_misses.load(Ordering::Relaxed) == 0 {

@@ -195,10 +195,6 @@ impl Shared {
         self.stream_moved_ms[blob as usize].store(self.elapsed_ms(), Ordering::Relaxed);
     }
 
-    fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
     /// Whether blob `blob` is being streamed and its stream has brought
     /// nothing for [`STREAM_STALLED_AFTER`]: a P2P daemon's piece waiting for a
     /// parent, a connection that stopped. A miss on chunks it claimed then
