@@ -24,6 +24,7 @@ shaped link (docs/coldstart.md; moved from scripts/coldstart.sh), with
                     on, fetched beside its misses on a fast link)
   lamina-base       `lamina` mounted by another build, the binary LAMINA_BASE_BIN names
                     (main before a change), to weigh a change against it in one run
+  lamina-base-boot  `lamina-boot` mounted by that build
   docker-index      dockerd (containerd image store, storage driver lamina) pulls and
                     runs the unmodified tag (python only)
 
@@ -93,7 +94,7 @@ from .workloads import HEAVY, HEAVY_LAYOUT, HEAVY_VARIANTS, READALL_MIN_BPS, WOR
 VARIANTS = ("containerd", "lamina", "lamina-boot", "snapshotter", "snapshotter-boot", "run", "run-boot",
             "proxy", "faults", "faults-nohedge", "local", "index", "index-boot", "docker-index",
             "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128", "lamina-static", "index-static", "lamina-all", "lamina-base",
-            "lamina-rests")
+            "lamina-rests", "lamina-base-boot")
 DEFAULTS = {"links": "1gbit,100mbit,10mbit", "runs": "3", "slow_runs": "1",
             "workloads": "python,nginx,redis,readall", "readall_runs": "1", "variants": ",".join(VARIANTS[:11]),
             "idle_images": "20", "max_minutes": "60", "containerd": "", "keep_logs": ""}
@@ -314,7 +315,7 @@ def start(b, v, w, local):
         return lamina_run(b, v, w, ref=b.ref("bookworm"), mount_args=["--index", b.boot_indexes[w]])
     if v == "index-static":
         return lamina_run(b, v, w, ref=b.ref("bookworm"), mount_args=["--index", b.static_indexes[w]])
-    if v == "lamina-base":
+    if v in ("lamina-base", "lamina-base-boot"):
         base = os.environ.get("LAMINA_BASE_BIN")
         if not base or not os.access(base, os.X_OK):
             raise SystemExit("variant lamina-base: set LAMINA_BASE_BIN to a lamina binary to compare with")

@@ -7,7 +7,7 @@ COLORS = {"containerd": "#7570b3", "lamina": "#d95f02", "lamina-boot": "#1b9e77"
           "snapshotter-boot": "#66a61e", "run": "#e6ab02", "run-boot": "#a6761d", "local": "#1f78b4",
           "proxy": "#999999", "faults": "#e31a1c", "faults-nohedge": "#fb9a99", "index": "#6a3d9a",
           "index-boot": "#cab2d6", "docker-index": "#0db7ed", "lamina-nopredict": "#fdbf6f", "lamina-static": "#b15928",
-          "index-static": "#8c6bb1", "lamina-all": "#33a02c", "lamina-base": "#999999",
+          "index-static": "#8c6bb1", "lamina-all": "#33a02c", "lamina-base": "#999999", "lamina-base-boot": "#bbbbbb",
           "lamina-rests": "#e6ab02"}
 LABELS = {"containerd": "containerd 1.6: pull + ctr run", "lamina": "lamina: lazy mount + runc",
           "lamina-boot": "lamina + boot set", "snapshotter": "containerd + lamina snapshotter",
@@ -22,6 +22,7 @@ LABELS = {"containerd": "containerd 1.6: pull + ctr run", "lamina": "lamina: laz
           "lamina-static": "lamina + boot set from the image (--boot-exec)",
           "index-static": "tar index + boot set from the image",
           "lamina-all": "lamina, --prefetch all", "lamina-base": "lamina, the build compared with",
+          "lamina-base-boot": "lamina + boot set, the build compared with",
           "lamina-rests": "lamina, --fetch-rests"}
 TITLES = {"python": "python3 -c 'print(\"hello\")'\n(first stdout line)",
           "nginx": "nginx\n(first HTTP 200)", "redis": "redis-server\n(first +PONG)",

@@ -11,6 +11,7 @@ VLABEL = {"containerd": "containerd", "lamina": "lamina", "lamina-boot": "lamina
           "docker-index": "docker, through the tar index", "lamina-nopredict": "lamina, --predict-max 0",
           "lamina-static": "lamina + boot set from the image", "index-static": "tar index + boot set from the image",
           "lamina-all": "lamina, --prefetch all", "lamina-base": "lamina, the build compared with",
+          "lamina-base-boot": "lamina + boot set, the build compared with",
           "lamina-rests": "lamina, --fetch-rests"}
 THROUGH = ("containerd", "snapshotter", "snapshotter-boot", "run", "run-boot")
 WLABEL = {"python": "python3", "nginx": "nginx", "redis": "redis", "readall": "read all",

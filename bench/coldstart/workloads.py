@@ -17,7 +17,7 @@ STDOUT_WORKLOADS = ("python", "readall", "datasci", "node")
 # (umoci), page cache dropped.
 HEAVY = ("datasci", "node")
 HEAVY_VARIANTS = ("containerd", "lamina", "lamina-boot", "local", "lamina-nopredict", "lamina-boot-ra32", "lamina-boot-ra128",
-                  "lamina-static", "lamina-all", "lamina-base", "lamina-rests",
+                  "lamina-static", "lamina-all", "lamina-base", "lamina-rests", "lamina-base-boot",
                   "proxy", "faults", "faults-nohedge")
 HEAVY_LAYOUT = "/var/cache/lamina-test/heavy-oci"
 DATASCI_IMPORTS = "numpy, pandas, scipy.stats, sklearn.linear_model, pyarrow, statsmodels.api, matplotlib.pyplot"

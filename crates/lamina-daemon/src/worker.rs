@@ -39,6 +39,7 @@ use crate::windows::{SpanWindows, WindowEntries};
 
 mod ahead;
 mod boot;
+mod boot_stream;
 mod located;
 mod misses;
 mod prefetch;
@@ -219,7 +220,8 @@ const PREDICT_BATCH: usize = 8;
 /// Metadata larger than this is not read to predict misses.
 const PREDICT_METADATA_MAX: u64 = 128 << 20;
 
-/// Boot-pages frames fetched at once (after the first, which goes alone).
+/// Boot-pages frames applied at once after the first, which goes alone
+/// (and fetched at once, those that come as ranges).
 const BOOT_STREAMS: usize = 4;
 
 /// The cache's chunk locator; without one, chunks are only fetched.

@@ -33,6 +33,21 @@ pub trait RangeSource: Send + Sync + std::fmt::Debug {
         self.read_range_again(digest, offset, len)
     }
 
+    /// Bytes `offset..offset + len` of blob `digest` as one stream, read
+    /// as they arrive (at most `len` bytes; fewer when the blob ends or the
+    /// answer breaks off). `None`: this source reads whole ranges only. One
+    /// try, not retried or hedged: the caller verifies each piece it reads
+    /// and asks for what did not come as ranges.
+    fn stream_range(
+        &self,
+        digest: &Digest,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Option<Box<dyn io::Read + Send>>> {
+        let _ = (digest, offset, len);
+        Ok(None)
+    }
+
     /// Blob `digest` whole, as one stream to read in order, from a P2P
     /// daemon (a host marked `bulk_only`): one request for all of it, whose
     /// task the daemon's seed fetches whole (it moves 4 MiB pieces per
@@ -70,6 +85,18 @@ impl RangeSource for RegistrySource {
     fn read_range_beside(&self, digest: &Digest, offset: u64, len: u64) -> io::Result<Vec<u8>> {
         self.client
             .get_blob_range_beside(&self.repository, digest, (offset, len))
+            .map_err(|e| e.into_io())
+    }
+
+    fn stream_range(
+        &self,
+        digest: &Digest,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Option<Box<dyn io::Read + Send>>> {
+        self.client
+            .get_blob_range_stream(&self.repository, digest, (offset, len))
+            .map(Some)
             .map_err(|e| e.into_io())
     }
 

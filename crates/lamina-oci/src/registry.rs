@@ -412,6 +412,37 @@ impl RegistryClient {
         self.blob_range(fresh, false, repo, digest, offset, len)
     }
 
+    /// Bytes `offset..offset + len` of a blob as a stream, read as they
+    /// arrive: one try per host, like
+    /// [`get_blob_range_once`](Self::get_blob_range_once), for a caller
+    /// that verifies what it reads piece by piece and asks again for what
+    /// did not come. The stream ends after at most `len` bytes (sooner when
+    /// the blob does); each read has the request's deadline.
+    pub fn get_blob_range_stream(
+        &self,
+        repo: &str,
+        digest: &Digest,
+        (offset, len): (u64, u64),
+    ) -> Result<Box<dyn Read + Send>, OciError> {
+        let repo = effective_repository(&self.host, repo);
+        if len == 0 {
+            return Ok(Box::new(io::empty()));
+        }
+        let (body, endpoint) = self.on_hosts(Op::Pull, |ep, _| {
+            let req = RangeRequest {
+                fresh: false,
+                retries: 0,
+                repo: &repo,
+                digest,
+                offset,
+                len,
+            };
+            req.open(ep)
+        })?;
+        self.remember_sender(digest, offset, len, endpoint);
+        Ok(Box::new(body.body.take(len)))
+    }
+
     /// A copy of a range request still in flight (a hedge): on a fresh
     /// connection, and unlike [`get_blob_range_once`](Self::get_blob_range_once)
     /// with `fresh`, without distrusting whoever answered the range before:
@@ -722,18 +753,35 @@ struct RangeRequest<'a> {
 }
 
 impl RangeRequest<'_> {
-    /// The bytes from `ep`: a 206 answer must start at the offset; a 200
-    /// answer (range ignored, as a pull-through cache does on a miss) is
-    /// the whole blob, skipped to the offset here.
+    /// The bytes from `ep`, read whole: at most `len`, fewer only when the
+    /// blob ends first.
     fn send_to(&self, ep: &Endpoint) -> Result<Vec<u8>, OciError> {
+        let len = self.len;
+        let RangeBody { mut body, partial } = self.open(ep)?;
+        let mut buf = Vec::with_capacity(usize::try_from(len.min(64 << 20)).unwrap_or(0));
+        (&mut body)
+            .take(len.saturating_add(1))
+            .read_to_end(&mut buf)
+            .map_err(|e| self.read_error(ep, e))?;
+        if buf.len() as u64 > len {
+            if partial {
+                return Err(self.protocol(ep, format!("got more than {len} bytes")));
+            }
+            // A 200 answer carries the rest of the blob: cut it.
+            buf.truncate(usize::try_from(len).unwrap_or(usize::MAX));
+        }
+        Ok(buf)
+    }
+
+    /// The answer from `ep`, positioned at the offset: a 206 answer must
+    /// start there; a 200 answer (range ignored, as a pull-through cache
+    /// does on a miss) is the whole blob, skipped to the offset here (an
+    /// empty body when the blob ends first).
+    fn open(&self, ep: &Endpoint) -> Result<RangeBody, OciError> {
         let (digest, offset, len) = (self.digest, self.offset, self.len);
-        let protocol = |message: String| OciError::Registry {
-            host: ep.host.clone(),
-            message: format!("blob {digest}: {message}"),
-        };
         let last = offset
             .checked_add(len - 1)
-            .ok_or_else(|| protocol(format!("range {offset}+{len} overflows")))?;
+            .ok_or_else(|| self.protocol(ep, "overflows".into()))?;
         let url = ep.url(&format!("{}/blobs/{digest}", self.repo))?;
         let range = format!("bytes={offset}-{last}");
         let task = ep.bulk_only.then(|| format!("{digest} ranges"));
@@ -761,10 +809,10 @@ impl RangeRequest<'_> {
             &[StatusCode::PARTIAL_CONTENT, StatusCode::OK],
         )?;
         let partial = resp.status() == StatusCode::PARTIAL_CONTENT;
-        // A 200 answer (range ignored) sends the blob up to the range's end.
+        // A 200 answer sends the blob up to the range's end.
         let sent = if partial { len } else { last.saturating_add(1) };
-        let resp = ep.budget.reader(resp, sent);
-        let mut body: Box<dyn Read> = if partial {
+        let mut resp = ep.budget.reader(resp, sent);
+        if partial {
             let content_range = resp
                 .get_ref()
                 .headers()
@@ -778,37 +826,42 @@ impl RangeRequest<'_> {
                 .and_then(|(start, _)| start.trim().parse::<u64>().ok())
                 == Some(offset);
             if !start_ok {
-                return Err(protocol(format!(
-                    "asked for {range}, got Content-Range {content_range:?}"
-                )));
+                return Err(self.protocol(ep, format!("got Content-Range {content_range:?}")));
             }
-            Box::new(resp)
         } else {
-            // Range ignored: skip to the offset ourselves.
-            let mut resp = resp;
             let skipped = io::copy(&mut (&mut resp).take(offset), &mut io::sink())
-                .map_err(|e| OciError::io("read", url.as_str(), e))?;
+                .map_err(|e| self.read_error(ep, e))?;
             if skipped < offset {
-                return Ok(Vec::new());
+                let body: Box<dyn Read + Send> = Box::new(io::empty());
+                return Ok(RangeBody { body, partial });
             }
-            Box::new(resp)
-        };
-        let mut buf = Vec::with_capacity(usize::try_from(len.min(64 << 20)).unwrap_or(0));
-        (&mut body)
-            .take(len.saturating_add(1))
-            .read_to_end(&mut buf)
-            .map_err(|e| OciError::io("read", url.as_str(), e))?;
-        if buf.len() as u64 > len {
-            if partial {
-                return Err(protocol(format!(
-                    "asked for {range}, got more than {len} bytes"
-                )));
-            }
-            // A 200 answer carries the rest of the blob: cut it.
-            buf.truncate(usize::try_from(len).unwrap_or(usize::MAX));
         }
-        Ok(buf)
+        Ok(RangeBody {
+            body: Box::new(resp),
+            partial,
+        })
     }
+
+    fn protocol(&self, ep: &Endpoint, message: String) -> OciError {
+        let (digest, offset, len) = (self.digest, self.offset, self.len);
+        OciError::Registry {
+            host: ep.host.clone(),
+            message: format!("blob {digest}: range {offset}+{len}: {message}"),
+        }
+    }
+
+    fn read_error(&self, ep: &Endpoint, e: io::Error) -> OciError {
+        let path = format!("{}/blobs/{}", self.repo, self.digest);
+        let url = ep.url(&path).map_or(path, |u| u.to_string());
+        OciError::io("read", url, e)
+    }
+}
+
+/// An answer to a range request, positioned at the range's start.
+struct RangeBody {
+    body: Box<dyn Read + Send>,
+    /// A 206 answer (else a 200 answer: the whole blob, cut here).
+    partial: bool,
 }
 
 /// The body of a blob upload.

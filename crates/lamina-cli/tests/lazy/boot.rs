@@ -218,6 +218,7 @@ fn boot_set_prefetch_serves_python_without_fetching() {
         .as_str()
         .unwrap_or("");
     boot_frames_do_not_hold_other_reads(&t, &reg, deb, boot_layer, &lines, &mut f);
+    a_broken_frames_stream_leaves_its_frames_to_ranges(&t, &reg, boot_layer, &mut f);
     f.finish("boot set");
 }
 
@@ -299,6 +300,71 @@ fn boot_frames_do_not_hold_other_reads(
     );
     m.unmount();
     boot_pages_match_reference(&t.join("cache-segments"), &t.join("cache-eager"), f);
+}
+
+/// Issue 44: the frames after the first come in one stream, a range of the
+/// boot layer read as it arrives. A stream whose bytes are flipped, that
+/// breaks off, or that stalls halfway (for longer than the test waits)
+/// costs no frame: the worker says why it left the stream, fetches what
+/// it did not bring as ranges, and every boot page is the image's.
+fn a_broken_frames_stream_leaves_its_frames_to_ranges(
+    t: &TestDir,
+    reg: &Registry,
+    boot_layer: &str,
+    f: &mut Failures,
+) {
+    let cases = [
+        ("flip", "does not match its digest"),
+        ("truncate", "boot pages stream: "),
+        ("stallmid", "boot pages stream: no frame for"),
+    ];
+    for (fault, said) in cases {
+        // The mount's first frame, then the worker's stream faulted, then
+        // every range as it is.
+        let mut schedule = vec!["ok", fault];
+        schedule.extend(std::iter::repeat_n("ok", 1000));
+        let label = format!("boot-stream-{fault}");
+        let proxy = FaultProxy::start(
+            t.path(),
+            &label,
+            0,
+            reg.port,
+            &schedule.join(","),
+            &["--stall", "300", "--blob", boot_layer],
+        );
+        let m = Mount::with_args(
+            &format!("docker://127.0.0.1:{}/deb:bookworm-boot", proxy.port),
+            &t.join(&format!("mnt-{label}")),
+            &t.join(&format!("cache-{label}")),
+            &["--prefetch", "pages", "--timeout", "600"],
+        );
+        // Well before the stalled half would come (300 s), and before the
+        // stream's own read timeout would end it (10 s at the most).
+        let s = wait_status(
+            &m,
+            "every boot frame applied",
+            Duration::from_secs(60),
+            |s| num(s, "boot_frames") > 1 && num(s, "boot_frames_done") == num(s, "boot_frames"),
+        );
+        let log = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
+        f.check(log.contains(said), || {
+            format!("{fault}: the worker did not say it left the stream ({said:?}): {log}")
+        });
+        let stats = proxy.stats();
+        let ranges = stats["eligible"].as_u64().unwrap_or(0);
+        f.check(ranges > 2, || {
+            format!("{fault}: no frame was fetched as a range after the stream: {stats}")
+        });
+        f.check(num(&s, "failed_misses") == 0, || {
+            format!("{fault}: failed misses: {s}")
+        });
+        m.unmount();
+        boot_pages_match_reference(
+            &t.join(&format!("cache-{label}")),
+            &t.join("cache-eager"),
+            f,
+        );
+    }
 }
 
 /// A page of python3.11 in a chunk the trace read, but not itself read:

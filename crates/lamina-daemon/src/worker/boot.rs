@@ -2,8 +2,13 @@
 //! served; misses on their chunks wait for them. Also the trace a
 //! recording mount writes.
 
+use super::boot_stream::StreamedFrame;
 use super::*;
 use lamina_format::boot::{BootExtent, BOOT_PAGE};
+
+/// One frame of the boot pages: its number in its layer, the layer, where
+/// it lies.
+pub(super) type FrameJob<'a> = (usize, &'a BootPagesSpec, BootFrameSpec);
 
 /// Decompresses zstd `compressed` to exactly `size` bytes (bounded at
 /// mount: nothing is allocated for what a frame header claims).
@@ -138,15 +143,16 @@ impl Shared {
 
     /// Fetches and applies the boot pages, frame by frame in read order:
     /// the first alone (the start's first pages, as soon as possible), then
-    /// [`BOOT_STREAMS`] at a time, each applied as soon as it is verified,
-    /// so the start reads (and computes) while later frames are on the wire.
+    /// the rest as they arrive (see [`boot_stream`](super::boot_stream)),
+    /// each applied as soon as it is verified, so the start reads (and
+    /// computes) while later frames are on the wire.
     pub(super) fn load_boot_pages(&self) {
         if self.boot_set_held() {
             self.boot_pending.store(0, Ordering::SeqCst);
             self.landed.notify_all();
             return;
         }
-        let frames: Vec<(usize, &BootPagesSpec, BootFrameSpec)> = self
+        let frames: Vec<FrameJob> = self
             .config
             .boot_pages
             .iter()
@@ -157,28 +163,25 @@ impl Shared {
                     .map(move |(k, f)| (k, spec, f))
             })
             .collect();
-        let apply = |(k, spec, frame): &(usize, &BootPagesSpec, BootFrameSpec)| {
-            if let Err(e) = self.apply_boot_frame(*k, spec, frame) {
-                tracing::warn!("boot pages frame {k} of {}: {e}", spec.layer_digest);
-            }
-            self.boot_pending.fetch_sub(1, Ordering::SeqCst);
-            self.landed.notify_all();
-        };
         let Some((first, rest)) = frames.split_first() else {
             return;
         };
-        apply(first);
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..BOOT_STREAMS.min(rest.len()) {
-                scope.spawn(|| {
-                    while let Some(frame) = rest.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        apply(frame);
-                    }
-                });
-            }
-        });
+        self.apply_frame_job(first, None);
+        self.load_frames_streamed(rest);
         self.forget_warm_map_when_done();
+    }
+
+    /// Applies one frame (`streamed`: its bytes, read and verified from
+    /// the frames' stream; else from the cache or a range), and counts it
+    /// done whatever came of it: a frame that failed leaves its chunks to
+    /// misses.
+    pub(super) fn apply_frame_job(&self, job: &FrameJob, streamed: Option<StreamedFrame>) {
+        let (k, spec, frame) = job;
+        if let Err(e) = self.apply_boot_frame(*k, spec, frame, streamed) {
+            tracing::warn!("boot pages frame {k} of {}: {e}", spec.layer_digest);
+        }
+        self.boot_pending.fetch_sub(1, Ordering::SeqCst);
+        self.landed.notify_all();
     }
 
     /// Whether this node already held every chunk of the boot set (the
@@ -247,28 +250,35 @@ impl Shared {
         Ok(rest.is_empty())
     }
 
-    /// Loads frame `k` of a boot-pages layer (a cached copy that still
-    /// hashes right, else a range of the layer, retried and hedged, checked
-    /// against the frame's digest), decompresses it to exactly its size and
+    /// Loads frame `k` of a boot-pages layer (its bytes from the frames'
+    /// stream, verified there; else a cached copy that still hashes right,
+    /// else a range of the layer, retried and hedged, checked against the
+    /// frame's digest), decompresses it to exactly its size and
     /// writes its pages into the cache files.
     pub(super) fn apply_boot_frame(
         &self,
         k: usize,
         spec: &BootPagesSpec,
         frame: &BootFrameSpec,
+        streamed: Option<StreamedFrame>,
     ) -> io::Result<()> {
-        let digest = Digest::parse(&frame.digest).map_err(io::Error::other)?;
         let cache_path = spec.frame_path(k);
-        let cached = std::fs::read(&cache_path)
-            .ok()
-            .filter(|z| Digest::of_bytes(z) == digest);
-        let fresh = cached.is_none();
-        let fetching = Instant::now();
-        let compressed = match cached {
-            Some(z) => z,
-            None => self.fetch_boot_frame(spec, frame, &digest)?,
+        let (compressed, fetched, fresh) = match streamed {
+            Some(s) => (s.bytes, s.took, true),
+            None => {
+                let digest = Digest::parse(&frame.digest).map_err(io::Error::other)?;
+                let cached = std::fs::read(&cache_path)
+                    .ok()
+                    .filter(|z| Digest::of_bytes(z) == digest);
+                let fresh = cached.is_none();
+                let fetching = Instant::now();
+                let compressed = match cached {
+                    Some(z) => z,
+                    None => self.fetch_boot_frame(spec, frame, &digest)?,
+                };
+                (compressed, fetching.elapsed(), fresh)
+            }
         };
-        let fetched = fetching.elapsed();
         let raw = decompress_exactly(&compressed, frame.size)?;
         if spec.from_image {
             self.image_boot_bytes
