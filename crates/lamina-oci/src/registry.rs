@@ -424,22 +424,12 @@ impl RegistryClient {
         digest: &Digest,
         (offset, len): (u64, u64),
     ) -> Result<Box<dyn Read + Send>, OciError> {
-        let repo = effective_repository(&self.host, repo);
         if len == 0 {
             return Ok(Box::new(io::empty()));
         }
-        let (body, endpoint) = self.on_hosts(Op::Pull, |ep, _| {
-            let req = RangeRequest {
-                fresh: false,
-                retries: 0,
-                repo: &repo,
-                digest,
-                offset,
-                len,
-            };
+        let body = self.on_range_hosts(false, false, repo, digest, (offset, len), |req, ep| {
             req.open(ep)
         })?;
-        self.remember_sender(digest, offset, len, endpoint);
         Ok(Box::new(body.body.take(len)))
     }
 
@@ -466,11 +456,29 @@ impl RegistryClient {
         offset: u64,
         len: u64,
     ) -> Result<Vec<u8>, OciError> {
-        let repo = effective_repository(&self.host, repo);
         if len == 0 {
             return Ok(Vec::new());
         }
-        let (bytes, endpoint) = self.on_hosts(Op::Pull, |ep, retries| {
+        self.on_range_hosts(fresh, retry, repo, digest, (offset, len), |req, ep| {
+            req.send_to(ep)
+        })
+    }
+
+    /// `answer` to a request for bytes `offset..offset + len` of a blob
+    /// (not empty) from the hosts that may pull, in their order; who sent
+    /// it is noted. With `retry`, the last host's answer is retried after a
+    /// 5xx or a failed connect; with `fresh`, on a new connection.
+    fn on_range_hosts<T>(
+        &self,
+        fresh: bool,
+        retry: bool,
+        repo: &str,
+        digest: &Digest,
+        (offset, len): (u64, u64),
+        answer: impl Fn(&RangeRequest, &Endpoint) -> Result<T, OciError>,
+    ) -> Result<T, OciError> {
+        let repo = effective_repository(&self.host, repo);
+        let (value, endpoint) = self.on_hosts(Op::Pull, |ep, retries| {
             let req = RangeRequest {
                 fresh,
                 retries: if retry { retries } else { 0 },
@@ -479,10 +487,10 @@ impl RegistryClient {
                 offset,
                 len,
             };
-            req.send_to(ep)
+            answer(&req, ep)
         })?;
         self.remember_sender(digest, offset, len, endpoint);
-        Ok(bytes)
+        Ok(value)
     }
 
     /// Notes who sent a range answer, when there is a choice of hosts.
