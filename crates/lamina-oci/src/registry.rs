@@ -37,10 +37,10 @@ pub use image::{RegistrySink, RegistrySource};
 pub use referrers::{fallback_tag, Listed};
 
 /// Reads the system's trusted root certificates now rather than at the
-/// first registry request: a daemon calls it at start (~15 ms here, once
-/// per process).
+/// first TLS handshake: a daemon calls it at start (~15 ms here, once per
+/// process).
 pub fn load_trust_store() {
-    transport::system_roots();
+    transport::system_verifier().verifier();
 }
 
 /// Retries after the first attempt, for connection errors and 5xx answers,

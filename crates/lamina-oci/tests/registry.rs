@@ -562,6 +562,61 @@ fn tls_registry_with_private_ca() {
         .get_blob_range("lamina/tls", &layer.descriptor.digest, 2, 7)
         .expect("range");
     assert_eq!(got, layer.blob[2..9]);
+
+    // Without --ca-file, the system store (read at the first handshake)
+    // decides: with the CA in SSL_CERT_FILE a process of its own (a process
+    // reads the store once) pulls the image.
+    let child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "system_store_trusts_a_private_ca", "--ignored"])
+        .env("SSL_CERT_FILE", dir.join("ca.pem"))
+        .env_remove("SSL_CERT_DIR")
+        .env(CHILD_REGISTRY_ENV, format!("{host} {digest}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the child test");
+    let out = wait_bounded(child, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// "HOST DIGEST" of the image `system_store_trusts_a_private_ca` pulls.
+const CHILD_REGISTRY_ENV: &str = "LAMINA_TEST_TLS_CHILD";
+
+/// Run by `tls_registry_with_private_ca` in a process of its own, with
+/// the registry's CA as the system store (`SSL_CERT_FILE`).
+#[test]
+#[ignore = "run by tls_registry_with_private_ca with SSL_CERT_FILE set"]
+fn system_store_trusts_a_private_ca() {
+    let spec = std::env::var(CHILD_REGISTRY_ENV).expect(CHILD_REGISTRY_ENV);
+    let (host, digest) = spec.split_once(' ').expect("HOST DIGEST");
+    let opts = SourceOptions {
+        tls_hosts: vec![host.to_string()],
+        ..SourceOptions::default()
+    };
+    let image = reg_ref(host, "lamina/tls:v1");
+    let src = open_source(&image, &opts).expect("trusted through the system store");
+    assert_eq!(src.image().manifest_digest.to_string(), digest);
+    check_layers(src.as_ref(), &TestImage::simple("tls"));
+}
+
+/// The output of `child`, killed if it runs longer than `limit`.
+fn wait_bounded(mut child: Child, limit: Duration) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
 }
 
 /// A manifest is read whole, so a body over 4 MiB is refused (and read no
