@@ -2,7 +2,7 @@
 //! check of every chunk before anyone may see its bytes.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Seek};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -125,6 +125,17 @@ impl RangeSource for LayoutSource {
         let mut buf = vec![0u8; len as usize];
         File::open(path)?.read_exact_at(&mut buf, offset)?;
         Ok(buf)
+    }
+
+    fn stream_range(
+        &self,
+        digest: &Digest,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Option<Box<dyn io::Read + Send>>> {
+        let mut file = File::open(lamina_oci::layout::blob_path(&self.dir, digest))?;
+        file.seek(io::SeekFrom::Start(offset))?;
+        Ok(Some(Box::new(io::Read::take(file, len))))
     }
 }
 
@@ -533,8 +544,39 @@ fn extent(chunks: &[ChunkEntry], span: &[usize]) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
     use std::sync::atomic::AtomicBool;
     use std::sync::mpsc;
+
+    /// A layout's blob streams as a range would read it, and no further
+    /// than the blob's end.
+    #[test]
+    fn a_layout_streams_the_range_asked() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let blob: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+        let digest = Digest::of_bytes(&blob);
+        let path = lamina_oci::layout::blob_path(dir.path(), &digest);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&path, &blob).expect("write blob");
+        let source = LayoutSource {
+            dir: dir.path().to_path_buf(),
+        };
+        let read = |offset: u64, len: u64| {
+            let mut body = source
+                .stream_range(&digest, offset, len)
+                .expect("open")
+                .expect("a layout streams");
+            let mut got = Vec::new();
+            body.read_to_end(&mut got).expect("read");
+            got
+        };
+        assert_eq!(
+            read(3, 4_000),
+            source.read_range(&digest, 3, 4_000).unwrap()
+        );
+        assert_eq!(read(9_000, 5_000), blob[9_000..]);
+        assert!(read(20_000, 10).is_empty());
+    }
 
     #[derive(Debug)]
     struct Flaky {

@@ -550,9 +550,52 @@ fn a_boot_set_from_the_image_needs_no_recorded_start() {
         &["--eager"],
     );
     treecmp(&[], &eager.path, &m.path);
-    eager.unmount();
     m.unmount();
+    boot_frames_stream_from_a_layout(&t, &deb.source, segments, &eager.path, &mut f);
+    eager.unmount();
     f.finish("boot set from the image");
+}
+
+/// From an OCI layout the boot pages' frames after the first come as one
+/// stream too (the layer file read in order), and the tree is the image's.
+fn boot_frames_stream_from_a_layout(
+    t: &TestDir,
+    source: &Path,
+    segments: u64,
+    eager: &Path,
+    f: &mut Failures,
+) {
+    let layout = oci_ref(&t.join("static-layout"), "boot");
+    lamina_timeout(
+        [
+            "convert",
+            "--boot-exec",
+            "python3",
+            &oci_ref(source, SRC_TAG),
+            &layout,
+        ],
+        Duration::from_secs(1200),
+    )
+    .ok();
+    let m = Mount::with_args(
+        &layout,
+        &t.join("mnt-layout"),
+        &t.join("cache-layout"),
+        &["--lazy", "--prefetch", "pages"],
+    );
+    wait_status(
+        &m,
+        "boot pages applied from a layout",
+        Duration::from_secs(60),
+        |s| num(s, "boot_frames_done") == segments,
+    );
+    let log = fs::read_to_string(run_dir(&m).join("worker.log")).unwrap_or_default();
+    let streamed = !log.contains("the frames it did not bring") && !log.contains("not streamed");
+    f.check(segments > 2 && streamed, || {
+        format!("the frames of {segments} did not come in one stream from the layout: {log}")
+    });
+    treecmp(&[], eager, &m.path);
+    m.unmount();
 }
 
 /// Reads the page in the middle of a file (closed after: a mount must be
