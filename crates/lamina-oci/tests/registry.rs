@@ -438,29 +438,23 @@ fn require_tools(tools: &[&str]) -> bool {
 /// Run `openssl ARGS` (split at whitespace) in `dir`, bounded in time;
 /// its stderr is shown only when it fails.
 fn openssl(dir: &Path, args: &str) {
-    let log = dir.join("openssl.log");
-    let mut child = Command::new("openssl")
+    let child = Command::new("openssl")
         .args(args.split_whitespace())
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn openssl");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait openssl") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("openssl {args} did not finish within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(out) = wait_bounded(child, Duration::from_secs(60)) else {
+        panic!("openssl {args} did not finish within 60 s");
     };
-    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(status.success(), "openssl {args}: {status}\n{stderr}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "openssl {args}: {}\n{stderr}",
+        out.status
+    );
 }
 
 const EC_KEY: &str = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
@@ -576,7 +570,8 @@ fn tls_registry_with_private_ca() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the child test");
-    let out = wait_bounded(child, Duration::from_secs(60));
+    let out =
+        wait_bounded(child, Duration::from_secs(60)).expect("the child test finishes within 60 s");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("1 passed"),
@@ -606,17 +601,19 @@ fn system_store_trusts_a_private_ca() {
     check_layers(src.as_ref(), &TestImage::simple("tls"));
 }
 
-/// The output of `child`, killed if it runs longer than `limit`.
-fn wait_bounded(mut child: Child, limit: Duration) -> std::process::Output {
+/// The output of `child`; None if it ran longer than `limit` (then it is
+/// killed).
+fn wait_bounded(mut child: Child, limit: Duration) -> Option<std::process::Output> {
     let deadline = Instant::now() + limit;
     while child.try_wait().expect("wait").is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
-            break;
+            let _ = child.wait();
+            return None;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().expect("output")
+    Some(child.wait_with_output().expect("output"))
 }
 
 /// A manifest is read whole, so a body over 4 MiB is refused (and read no
